@@ -1,0 +1,363 @@
+"""Jobs, sessions and tool waits, and the contextvars that carry them to the transport.
+
+A :class:`Job` is one unit of user-visible work; its completion time (JCT) runs from
+entering ``rt.job(...)`` to leaving it. A :class:`Session` is one conversation whose turns
+share a KV prefix. A tool wait (``session.tool(...)``) is an idle gap in a session.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ._errors import EndpointError, JobClosedError, SessionClosedError
+from ._protocol import validate_id, validate_nonneg
+from .telemetry._report import CallReport, JobReport, JobStatus, ToolReport, union_length
+
+if TYPE_CHECKING:
+    from openai import AsyncStream
+    from openai.types import Completion
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    from ._runtime import _Core
+
+__all__ = ["Job", "Session"]
+
+MAX_NAME_BYTES = 256
+
+# The session whose call is being made right now (set by Session.chat around one call),
+# and the session whose ``async with`` block we are in (for rt.openai() clients).
+_CALL_SESSION: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
+    "agentrt_call_session", default=None
+)
+_CURRENT_SESSION: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
+    "agentrt_current_session", default=None
+)
+
+
+def current_session() -> Session | None:
+    """The session a call made now belongs to, if any."""
+    return _CALL_SESSION.get() or _CURRENT_SESSION.get()
+
+
+def _check_name(value: str | None, what: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, got {type(value).__name__}")
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        raise ValueError(f"{what} is longer than {MAX_NAME_BYTES} bytes")
+    if any(c in value for c in "\r\n\x00"):
+        raise ValueError(f"{what} {value[:40]!r} contains CR, LF or NUL")
+    return value
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+@dataclass(eq=False)
+class _CallState:
+    """Mutable accounting for one call in flight; turned into a CallReport at the end."""
+
+    report: CallReport
+    started: float
+    done: bool = False
+
+
+class Session:
+    """One conversation in a job. Its calls share a KV prefix and are tagged as one.
+
+    Obtained from ``job.session(...)``; usable until its ``async with`` block ends.
+    """
+
+    def __init__(
+        self, job: Job, name: str | None, session_id: str, parent: Session | str | None
+    ) -> None:
+        self.job = job
+        self.name = name
+        self.id = session_id
+        if isinstance(parent, Session):
+            self.parent_id: str | None = parent.id
+        else:
+            self.parent_id = parent
+        self._closed = False
+        self._turns = 0
+        self._last_reply_at: float | None = None
+        self._idle_declared: float | None = None
+        self._expect_idle: float | None = None
+        self._tool_depth = 0
+        self.echo: dict[str, str] = {}
+        """Response headers the dialect asked to echo back on later calls."""
+        self.endpoint_index: int | None = None
+        """The endpoint this session's KV lives on, as the router last chose it."""
+
+    def __repr__(self) -> str:
+        return f"<Session id={self.id!r} name={self.name!r} job={self.job.id!r}>"
+
+    @property
+    def turns(self) -> int:
+        """Calls made in this session so far."""
+        return self._turns
+
+    @property
+    def idle(self) -> bool:
+        """True while the session is inside a tool wait."""
+        return self._tool_depth > 0
+
+    def _check_usable(self) -> None:
+        if self.job._closed:
+            raise JobClosedError(
+                f"session {self.id!r} was used after its job {self.job.id!r} ended"
+            )
+        if self._closed:
+            raise SessionClosedError(f"session {self.id!r} was used after its block ended")
+
+    def expect_idle(self, seconds: float | None) -> None:
+        """Declare the idle time expected after the session's next reply (a tool wait).
+
+        It travels with the next call as ``idle_expected_s``, so a server can decide at
+        completion whether to keep, offload or drop the session's KV.
+        """
+        self._expect_idle = validate_nonneg(seconds, "expected idle seconds")
+
+    async def chat(self, **kwargs: Any) -> ChatCompletion | AsyncStream[ChatCompletionChunk]:
+        """``chat.completions.create`` through agentrt, tagged as this session's next turn.
+
+        Takes the keyword arguments of ``openai.AsyncOpenAI().chat.completions.create``.
+        With ``stream=True`` it returns the openai ``AsyncStream`` of chunks.
+        """
+        self._check_usable()
+        client = self.job._core.client
+        token = _CALL_SESSION.set(self)
+        try:
+            return await client.chat.completions.create(**kwargs)
+        except Exception as exc:
+            _raise_endpoint_error(exc)
+            raise
+        finally:
+            _CALL_SESSION.reset(token)
+
+    async def complete(self, **kwargs: Any) -> Completion | AsyncStream[Completion]:
+        """``completions.create`` (the legacy text API) through agentrt."""
+        self._check_usable()
+        client = self.job._core.client
+        token = _CALL_SESSION.set(self)
+        try:
+            return await client.completions.create(**kwargs)
+        except Exception as exc:
+            _raise_endpoint_error(exc)
+            raise
+        finally:
+            _CALL_SESSION.reset(token)
+
+    @asynccontextmanager
+    async def tool(self, name: str, *, expected_s: float | None = None) -> AsyncIterator[None]:
+        """Mark a tool's execution: the session is idle inside this block.
+
+        The wait is recorded in the job's report; ``expected_s`` (if given) and the
+        measured idle travel with the session's next call.
+        """
+        with self._tool_wait(name, expected_s):
+            yield
+
+    @contextmanager
+    def _tool_wait(self, name: str, expected_s: float | None) -> Iterator[None]:
+        _check_name(name, "tool name")
+        if not name:
+            raise ValueError("tool name must not be empty")
+        expected = validate_nonneg(expected_s, "expected_s")
+        self._check_usable()
+        now = anyio.current_time()
+        if expected is not None:
+            self._idle_declared = (self._idle_declared or 0.0) + expected
+        self._tool_depth += 1
+        status: Any = "ok"
+        try:
+            yield
+        except anyio.get_cancelled_exc_class():
+            status = "cancelled"
+            raise
+        except BaseException:
+            status = "error"
+            raise
+        finally:
+            self._tool_depth -= 1
+            end = anyio.current_time()
+            self.job._tools.append(
+                ToolReport(
+                    session_id=self.id,
+                    name=name,
+                    start_s=now - self.job._t0,
+                    duration_s=end - now,
+                    expected_s=expected,
+                    status=status,
+                )
+            )
+
+    # -- used by the transport -----------------------------------------------------------
+
+    def _begin_turn(self) -> tuple[int, float | None, float | None, float | None]:
+        """Claim the next turn: (turn, idle_s, idle_declared_s, idle_expected_s)."""
+        turn = self._turns
+        self._turns += 1
+        now = anyio.current_time()
+        idle = None if self._last_reply_at is None else max(0.0, now - self._last_reply_at)
+        declared, self._idle_declared = self._idle_declared, None
+        expected, self._expect_idle = self._expect_idle, None
+        return turn, idle, declared, expected
+
+    def _replied(self) -> None:
+        self._last_reply_at = anyio.current_time()
+
+
+def _raise_endpoint_error(exc: Exception) -> None:
+    """openai wraps transport errors in APIConnectionError; surface agentrt's own."""
+    cause = exc.__cause__
+    if isinstance(cause, EndpointError):
+        raise cause from exc
+
+
+class Job:
+    """One unit of user-visible work. Obtained from ``rt.job(...)``.
+
+    ``job.report`` is filled when the job's block ends, whatever the outcome.
+    """
+
+    def __init__(
+        self,
+        core: _Core,
+        name: str,
+        *,
+        job_id: str | None,
+        program_id: str | None,
+        deadline_s: float | None,
+        metadata: dict[str, Any] | None,
+    ) -> None:
+        _check_name(name, "job name")
+        self._core = core
+        self.name = name
+        self.id = validate_id(job_id, "job_id") if job_id is not None else new_id("job")
+        self.program_id = (
+            validate_id(program_id, "program_id") if program_id is not None else self.id
+        )
+        self.deadline_s = validate_nonneg(deadline_s, "deadline_s")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise TypeError("job metadata must be a dict")
+        self.metadata: dict[str, Any] = dict(metadata or {})
+        self._closed = False
+        self._t0 = 0.0
+        self._started_at = datetime.now(UTC)
+        self._calls: list[_CallState] = []
+        self._tools: list[ToolReport] = []
+        self._sessions = 0
+        self._report: JobReport | None = None
+
+    def __repr__(self) -> str:
+        return f"<Job id={self.id!r} name={self.name!r}>"
+
+    @property
+    def report(self) -> JobReport:
+        """The job's report. Final once the job's block has ended; a live snapshot before."""
+        if self._report is not None:
+            return self._report
+        return self._build_report("ok", None, anyio.current_time())
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds since the job started (its JCT so far)."""
+        return anyio.current_time() - self._t0
+
+    @asynccontextmanager
+    async def session(
+        self,
+        name: str | None = None,
+        *,
+        session_id: str | None = None,
+        parent: Session | str | None = None,
+    ) -> AsyncIterator[Session]:
+        """Open a session (a conversation) in this job. Sessions may run concurrently.
+
+        ``parent`` links a sub-agent's session to the session that spawned it.
+        """
+        session = self._new_session(name, session_id, parent)
+        token = _CURRENT_SESSION.set(session)
+        try:
+            yield session
+        finally:
+            session._closed = True
+            _CURRENT_SESSION.reset(token)
+
+    def _new_session(
+        self, name: str | None, session_id: str | None, parent: Session | str | None
+    ) -> Session:
+        _check_name(name, "session name")
+        sid = validate_id(session_id, "session_id") if session_id is not None else new_id("ses")
+        if isinstance(parent, str):
+            validate_id(parent, "parent session id")
+        elif parent is not None and not isinstance(parent, Session):
+            raise TypeError("parent must be a Session, a session id, or None")
+        if self._closed:
+            raise JobClosedError(f"job {self.id!r} has ended; it cannot open a new session")
+        self._sessions += 1
+        return Session(self, name, sid, parent)
+
+    # -- lifecycle, driven by Runtime.job ----------------------------------------------
+
+    def _start(self) -> None:
+        self._t0 = anyio.current_time()
+
+    def _finish(self, status: JobStatus, error: str | None) -> JobReport:
+        end = anyio.current_time()
+        self._closed = True
+        for call in self._calls:
+            if not call.done:
+                # A call whose reply was never consumed to the end: count it as ended now.
+                call.done = True
+                rep = call.report
+                rep.latency_s = end - call.started
+                if rep.status == "ok":
+                    rep.status = "cancelled" if status == "cancelled" else "error"
+                    rep.error = rep.error or "the job ended before the reply was read"
+        self._report = self._build_report(status, error, end)
+        return self._report
+
+    def _build_report(self, status: JobStatus, error: str | None, end: float) -> JobReport:
+        calls = [c.report for c in self._calls]
+        intervals = []
+        for c in self._calls:
+            if c.report.latency_s is not None:
+                intervals.append((c.started, c.started + c.report.latency_s))
+            elif not c.done:
+                intervals.append((c.started, end))
+        return JobReport(
+            job_id=self.id,
+            name=self.name,
+            program_id=self.program_id,
+            status=status,
+            error=error,
+            started_at=self._started_at,
+            jct_s=end - self._t0,
+            llm_s=sum(c.latency_s or 0.0 for c in calls),
+            critical_llm_s=union_length(intervals),
+            queue_s=sum(c.queue_s for c in calls),
+            tool_s=sum(t.duration_s for t in self._tools),
+            calls=len(calls),
+            tool_waits=len(self._tools),
+            sessions=self._sessions,
+            prompt_tokens=sum(c.prompt_tokens or 0 for c in calls),
+            completion_tokens=sum(c.completion_tokens or 0 for c in calls),
+            cached_tokens=sum(c.cached_tokens or 0 for c in calls),
+            retries=sum(max(0, c.attempts - 1) for c in calls),
+            deadline_s=self.deadline_s,
+            metadata=self.metadata,
+            call_reports=[c.model_copy() for c in calls],
+            tool_reports=list(self._tools),
+        )

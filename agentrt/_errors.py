@@ -1,0 +1,35 @@
+"""agentrt's exceptions. Foreign exceptions are translated in one place (the transport)."""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentrtError",
+    "EndpointError",
+    "JobClosedError",
+    "SessionClosedError",
+]
+
+
+class AgentrtError(Exception):
+    """Base class of agentrt's own errors."""
+
+
+class EndpointError(AgentrtError):
+    """An endpoint could not be reached, or did not answer like an OpenAI-compatible server.
+
+    The message names the endpoint; ``endpoint`` holds its base URL and ``attempts`` the
+    number of attempts made.
+    """
+
+    def __init__(self, message: str, *, endpoint: str, attempts: int = 1) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
+        self.attempts = attempts
+
+
+class JobClosedError(AgentrtError):
+    """A session or tool wait was used after its job ended."""
+
+
+class SessionClosedError(AgentrtError):
+    """A session was used after its ``async with`` block ended."""

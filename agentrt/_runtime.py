@@ -1,0 +1,639 @@
+"""Runtime and SyncRuntime: lifecycle, endpoints, and the clients agentrt builds."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from functools import partial
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
+
+import anyio
+import httpx
+import openai
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from ._config import DEFAULT_RETRY, Endpoint, Retry
+from ._context import Job, Session
+from ._errors import AgentrtError
+from ._transport import AgentTransport
+from .dialects import Dialect, DialectOptions, combine, get_dialect
+from .scheduling._routing import EndpointLoad, Router, make_router
+from .telemetry._report import JobReport, JobStatus
+
+if TYPE_CHECKING:
+    from openai import AsyncStream
+    from openai.types import Completion
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+__all__ = ["DEFAULT_TIMEOUT_S", "Runtime", "SyncJob", "SyncRuntime", "SyncSession"]
+
+DEFAULT_TIMEOUT_S: Final = 600.0
+"""Read timeout of one attempt, seconds (LLM replies can be long). Connect: 10 s."""
+
+_PLACEHOLDER_KEY: Final = "agentrt-no-key"
+_T = TypeVar("_T")
+
+
+@dataclass(slots=True)
+class _EndpointState:
+    endpoint: Endpoint
+    dialect: Dialect
+    load: EndpointLoad
+
+
+@dataclass(slots=True)
+class _Program:
+    service_s: float = 0.0
+    service_tokens: int = 0
+    jobs: int = 0
+
+
+class _Core:
+    """The runtime's shared state, as the transport and the contexts see it."""
+
+    def __init__(
+        self,
+        endpoints: list[_EndpointState],
+        router: Router,
+        retry: Retry,
+        api_key: str | None,
+        send_priority: bool,
+    ) -> None:
+        self.endpoints = endpoints
+        self.router = router
+        self.retry = retry
+        self.api_key = api_key
+        self.placeholder_key = _PLACEHOLDER_KEY
+        self.send_priority = send_priority
+        self.dialect_options = DialectOptions(send_priority=send_priority)
+        self.programs: dict[str, _Program] = {}
+        self.active_jobs: dict[str, Job] = {}
+        self.client: openai.AsyncOpenAI = None  # type: ignore[assignment]  # set by Runtime
+        self.on_report: Callable[[JobReport], None] = lambda report: None
+        # Longest base first, so that nested base paths match the most specific one.
+        self._prefixes = sorted(
+            ((e.endpoint.url + "/", e.endpoint.url) for e in endpoints),
+            key=lambda p: -len(p[0]),
+        )
+
+    def match(self, url: httpx.URL) -> str | None:
+        """The path suffix of a request addressed to one of the endpoints, else None."""
+        text = str(url.copy_with(query=None, fragment=None))
+        for prefix, base in self._prefixes:
+            if text.startswith(prefix):
+                return text[len(base) :]
+        return None
+
+    def route(self, session: Session, avoid: Collection[int]) -> int:
+        loads = [e.load for e in self.endpoints]
+        index = self.router.choose(loads, session, avoid) if len(loads) > 1 else 0
+        if session.endpoint_index != index:
+            if session.endpoint_index is not None:
+                loads[session.endpoint_index].sessions -= 1
+            loads[index].sessions += 1
+            session.endpoint_index = index
+        return index
+
+    def program(self, program_id: str) -> _Program:
+        program = self.programs.get(program_id)
+        if program is None:
+            program = self.programs[program_id] = _Program()
+        return program
+
+    def job_started(self, job: Job) -> None:
+        self.program(job.program_id).jobs += 1
+        self.active_jobs[job.id] = job
+        job._start()
+
+    def job_ended(self, job: Job, status: JobStatus, error: str | None) -> JobReport:
+        report = job._finish(status, error)
+        self.active_jobs.pop(job.id, None)
+        program = self.programs.get(job.program_id)
+        if program is not None:
+            program.jobs -= 1
+            if program.jobs <= 0:
+                del self.programs[job.program_id]
+        self.on_report(report)
+        return report
+
+    def implicit_job(self) -> Job:
+        job = Job(self, "call", job_id=None, program_id=None, deadline_s=None, metadata=None)
+        self.job_started(job)
+        return job
+
+    def end_implicit(self, job: Job) -> None:
+        if job._closed:
+            return
+        statuses = {c.report.status for c in job._calls}
+        status: JobStatus = "ok"
+        error = None
+        if "cancelled" in statuses:
+            status, error = "cancelled", "cancelled"
+        elif "error" in statuses:
+            status = "error"
+            error = next((c.report.error for c in job._calls if c.report.error), None)
+        self.job_ended(job, status, error)
+
+
+def resolve_dialect(spec: str | Sequence[str]) -> Dialect:
+    """A dialect by name, or several combined (``"vllm"``, ``["vllm", "llm-d"]``)."""
+    if isinstance(spec, str):
+        names = [n.strip() for n in spec.split("+")]
+    else:
+        names = list(spec)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"dialect must be a name or a list of names, got {spec!r}")
+    dialects = [get_dialect(n) for n in names]
+    return dialects[0] if len(dialects) == 1 else combine(*dialects)
+
+
+def _endpoints(
+    endpoints: Sequence[str | Endpoint], dialect: str | Sequence[str]
+) -> list[_EndpointState]:
+    if isinstance(endpoints, str | Endpoint):
+        endpoints = [endpoints]
+    if not endpoints:
+        raise ValueError("Runtime needs at least one endpoint, e.g. ['http://127.0.0.1:8000/v1']")
+    out = []
+    seen: set[str] = set()
+    for item in endpoints:
+        ep = Endpoint(item) if isinstance(item, str) else item
+        if not isinstance(ep, Endpoint):
+            raise TypeError(f"an endpoint must be a URL string or agentrt.Endpoint, got {ep!r}")
+        if ep.url in seen:
+            raise ValueError(f"endpoint {ep.url} is listed twice")
+        seen.add(ep.url)
+        d = resolve_dialect(ep.dialect if ep.dialect is not None else dialect)
+        out.append(_EndpointState(ep, d, EndpointLoad(weight=ep.weight)))
+    return out
+
+
+class Runtime:
+    """agentrt's runtime: the async context manager that agent code runs its calls through.
+
+    ``endpoints`` are base URLs (``"http://127.0.0.1:8000/v1"``) or :class:`Endpoint`
+    objects. ``dialect`` names how calls are tagged for the engines (see
+    ``docs/protocol.md``); ``routing`` is ``"session"`` (a session's turns stay on the
+    replica holding its KV) or ``"round-robin"``. ``send_priority`` sends engine-level
+    priorities (only for servers started with priority scheduling). ``transport`` replaces
+    the HTTP transport underneath (tests, the embedded engine). ``on_job_end`` receives
+    each finished job's report.
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[str | Endpoint] | str | Endpoint,
+        *,
+        dialect: str | Sequence[str] = "generic",
+        api_key: str | None = None,
+        routing: str | Router = "session",
+        retry: Retry = DEFAULT_RETRY,
+        send_priority: bool = False,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+        on_job_end: Callable[[JobReport], None] | None = None,
+        keep_reports: int = 1000,
+    ) -> None:
+        if api_key is not None and any(c in api_key for c in "\r\n"):
+            raise ValueError("api_key contains CR/LF")
+        if not isinstance(retry, Retry):
+            raise TypeError("retry must be an agentrt.Retry")
+        if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a finite number > 0, got {timeout_s!r}")
+        if keep_reports < 0:
+            raise ValueError("keep_reports must be >= 0")
+        states = _endpoints(endpoints, dialect)
+        self._core = _Core(states, make_router(routing), retry, api_key, send_priority)
+        self._timeout = httpx.Timeout(timeout_s, connect=10.0)
+        self._owns_inner = transport is None
+        self._inner: httpx.AsyncBaseTransport = transport or httpx.AsyncHTTPTransport(
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        )
+        self._reports: deque[JobReport] = deque(maxlen=keep_reports)
+        self._on_job_end = on_job_end
+        self._core.on_report = self._record
+        self._http: httpx.AsyncClient | None = None
+        self._opened = False
+        self._closed = False
+
+    def __repr__(self) -> str:
+        urls = [e.endpoint.url for e in self._core.endpoints]
+        return f"<agentrt.Runtime endpoints={urls!r} routing={self._core.router.name!r}>"
+
+    @property
+    def endpoints(self) -> list[Endpoint]:
+        return [e.endpoint for e in self._core.endpoints]
+
+    def reports(self) -> list[JobReport]:
+        """The reports of the most recently finished jobs (``keep_reports`` of them)."""
+        return list(self._reports)
+
+    def endpoint_loads(self) -> list[EndpointLoad]:
+        """A snapshot of each endpoint's load as agentrt sees it."""
+        return [EndpointLoad(e.load.weight, e.load.in_flight, e.load.sessions) for e in
+                self._core.endpoints]
+
+    def _record(self, report: JobReport) -> None:
+        self._reports.append(report)
+        if self._on_job_end is not None:
+            self._on_job_end(report)
+
+    async def __aenter__(self) -> Runtime:
+        if self._opened:
+            raise AgentrtError("a Runtime can be entered only once")
+        self._opened = True
+        self._http = self.http_client()
+        self._core.client = self.openai()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._closed = True
+        running = list(self._core.active_jobs.values())
+        with anyio.CancelScope(shield=True):
+            if self._owns_inner:
+                await self._inner.aclose()
+        if running and exc is None:
+            names = ", ".join(repr(j.id) for j in running[:5])
+            raise AgentrtError(
+                f"Runtime closed while {len(running)} job(s) were still running ({names}); "
+                "end every job's block before leaving the Runtime's block"
+            )
+
+    def _check_open(self) -> None:
+        if not self._opened:
+            raise AgentrtError("use the Runtime inside 'async with Runtime(...) as rt:'")
+        if self._closed:
+            raise AgentrtError("this Runtime is closed")
+
+    @asynccontextmanager
+    async def job(
+        self,
+        name: str,
+        *,
+        job_id: str | None = None,
+        program_id: str | None = None,
+        deadline_s: float | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> AsyncIterator[Job]:
+        """Run one job. Its completion time runs from entering this block to leaving it.
+
+        ``program_id`` groups jobs whose attained service is shared (defaults to the job
+        id). ``deadline_s`` cancels the block after that many seconds and ends the job with
+        status ``deadline`` (raising ``TimeoutError``). The report is in ``job.report``
+        after the block, whatever happened inside.
+        """
+        self._check_open()
+        job = Job(
+            self._core,
+            name,
+            job_id=job_id,
+            program_id=program_id,
+            deadline_s=deadline_s,
+            metadata=metadata,
+        )
+        async with self._run_job(job, enforce_deadline=True):
+            yield job
+
+    @asynccontextmanager
+    async def _run_job(self, job: Job, *, enforce_deadline: bool) -> AsyncIterator[Job]:
+        """A job's lifecycle. Without ``enforce_deadline`` (sync code, whose calls run in
+        other tasks) each call enforces the deadline itself."""
+        self._core.job_started(job)
+        status: JobStatus = "ok"
+        error: str | None = None
+        deadline = math.inf if job.deadline_s is None else job._t0 + job.deadline_s
+        try:
+            with anyio.CancelScope(deadline=deadline if enforce_deadline else math.inf) as scope:
+                yield job
+            if scope.cancelled_caught:
+                status, error = "deadline", f"deadline of {job.deadline_s} s exceeded"
+                raise TimeoutError(f"job {job.id!r} exceeded its deadline of {job.deadline_s} s")
+        except anyio.get_cancelled_exc_class():
+            status, error = "cancelled", "cancelled"
+            raise
+        except BaseException as exc:
+            if status == "ok":
+                if isinstance(exc, TimeoutError) and anyio.current_time() >= deadline:
+                    status, error = "deadline", f"deadline of {job.deadline_s} s exceeded"
+                else:
+                    status, error = "error", f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            self._core.job_ended(job, status, error)
+
+    def http_client(self) -> httpx.AsyncClient:
+        """An async HTTP client whose requests go through agentrt (for frameworks that
+        accept one). Requests to an endpoint's base URL are tagged, routed and reported."""
+        self._check_open()
+        return httpx.AsyncClient(
+            transport=_SharedTransport(AgentTransport(self._core, self._inner)),
+            timeout=self._timeout,
+        )
+
+    def openai(self, **kwargs: Any) -> openai.AsyncOpenAI:
+        """An ``openai.AsyncOpenAI`` whose calls go through agentrt.
+
+        Inside ``job.session(...)`` its calls are that session's turns; outside any
+        session each call is counted in an implicit one-call job. Keyword arguments go
+        to ``AsyncOpenAI`` (``max_retries`` is fixed at 0: agentrt retries).
+        """
+        self._check_open()
+        if "max_retries" in kwargs and kwargs["max_retries"] != 0:
+            raise ValueError("agentrt owns retries; configure them with Runtime(retry=...)")
+        kwargs.pop("max_retries", None)
+        kwargs.setdefault("base_url", self._core.endpoints[0].endpoint.url)
+        kwargs.setdefault("api_key", self._core.api_key or _PLACEHOLDER_KEY)
+        assert self._http is not None or "http_client" not in kwargs
+        kwargs.setdefault("http_client", self._http or self.http_client())
+        return openai.AsyncOpenAI(max_retries=0, **kwargs)
+
+
+class _SharedTransport(httpx.AsyncBaseTransport):
+    """A client's view of the runtime's transport; closing the client leaves it open."""
+
+    def __init__(self, transport: AgentTransport) -> None:
+        self.transport = transport
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self.transport.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        return None
+
+
+# -- the synchronous facade --------------------------------------------------------------
+
+
+class SyncRuntime:
+    """The same shape as :class:`Runtime` for code that is not async.
+
+    An anyio blocking portal runs the async runtime in a background thread::
+
+        with agentrt.SyncRuntime(["http://127.0.0.1:8000/v1"]) as rt:
+            with rt.job("fix-bug") as job, job.session("main") as s:
+                reply = s.chat(model="m", messages=[...])
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[str | Endpoint] | str | Endpoint,
+        *,
+        backend: Literal["asyncio", "trio"] = "asyncio",
+        **kwargs: Any,
+    ) -> None:
+        self._args = (endpoints, kwargs)
+        # Validate now, before a thread starts: the same errors as Runtime.
+        Runtime(endpoints, **kwargs)
+        self._backend = backend
+        self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
+        self._portal: BlockingPortal | None = None
+        self._rt: Runtime | None = None
+
+    def __enter__(self) -> SyncRuntime:
+        self._portal_cm = start_blocking_portal(self._backend)
+        self._portal = self._portal_cm.__enter__()
+        endpoints, kwargs = self._args
+        self._rt = Runtime(endpoints, **kwargs)
+        self._portal.call(self._rt.__aenter__)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._portal is not None and self._rt is not None and self._portal_cm is not None
+        try:
+            self._portal.call(self._rt.__aexit__, exc_type, exc, tb)
+        finally:
+            self._portal_cm.__exit__(None, None, None)
+
+    @property
+    def runtime(self) -> Runtime:
+        """The async runtime underneath."""
+        if self._rt is None:
+            raise AgentrtError("use the SyncRuntime inside 'with SyncRuntime(...) as rt:'")
+        return self._rt
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self._portal is None:
+            raise AgentrtError("use the SyncRuntime inside 'with SyncRuntime(...) as rt:'")
+        return self._portal.call(fn, *args)
+
+    def reports(self) -> list[JobReport]:
+        return self.runtime.reports()
+
+    @contextmanager
+    def job(
+        self,
+        name: str,
+        *,
+        job_id: str | None = None,
+        program_id: str | None = None,
+        deadline_s: float | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Iterator[SyncJob]:
+        """Run one job (see :meth:`Runtime.job`)."""
+        rt = self.runtime
+        rt._check_open()
+        assert self._portal is not None
+        job = Job(
+            rt._core,
+            name,
+            job_id=job_id,
+            program_id=program_id,
+            deadline_s=deadline_s,
+            metadata=metadata,
+        )
+        with self._portal.wrap_async_context_manager(rt._run_job(job, enforce_deadline=False)):
+            yield SyncJob(self, job)
+
+    def openai(self, **kwargs: Any) -> openai.OpenAI:
+        """A synchronous ``openai.OpenAI`` whose calls go through agentrt."""
+        rt = self.runtime
+        rt._check_open()
+        if "max_retries" in kwargs and kwargs["max_retries"] != 0:
+            raise ValueError("agentrt owns retries; configure them with Runtime(retry=...)")
+        kwargs.pop("max_retries", None)
+        kwargs.setdefault("base_url", rt._core.endpoints[0].endpoint.url)
+        kwargs.setdefault("api_key", rt._core.api_key or _PLACEHOLDER_KEY)
+        http = httpx.Client(
+            transport=_SyncTransport(self, AgentTransport(rt._core, rt._inner)),
+            timeout=rt._timeout,
+        )
+        return openai.OpenAI(max_retries=0, http_client=http, **kwargs)
+
+
+class SyncJob:
+    """A :class:`Job` seen from synchronous code."""
+
+    def __init__(self, srt: SyncRuntime, job: Job) -> None:
+        self._srt = srt
+        self.job = job
+
+    @property
+    def id(self) -> str:
+        return self.job.id
+
+    @property
+    def report(self) -> JobReport:
+        if self.job._report is not None:
+            return self.job._report
+        return self._srt._call(lambda: self.job.report)  # type: ignore[no-any-return]
+
+    @contextmanager
+    def session(
+        self,
+        name: str | None = None,
+        *,
+        session_id: str | None = None,
+        parent: SyncSession | Session | str | None = None,
+    ) -> Iterator[SyncSession]:
+        """Open a session in this job (see :meth:`Job.session`)."""
+        if isinstance(parent, SyncSession):
+            parent = parent.session
+        session = self.job._new_session(name, session_id, parent)
+        from ._context import _CURRENT_SESSION
+
+        token = _CURRENT_SESSION.set(session)
+        try:
+            yield SyncSession(self._srt, session)
+        finally:
+            session._closed = True
+            _CURRENT_SESSION.reset(token)
+
+
+class SyncSession:
+    """A :class:`Session` seen from synchronous code."""
+
+    def __init__(self, srt: SyncRuntime, session: Session) -> None:
+        self._srt = srt
+        self.session = session
+
+    @property
+    def id(self) -> str:
+        return self.session.id
+
+    def expect_idle(self, seconds: float | None) -> None:
+        self.session.expect_idle(seconds)
+
+    def _run(self, fn: Callable[..., Any], **kwargs: Any) -> Any:
+        job = self.session.job
+        if job.deadline_s is None:
+            return self._srt._call(partial(fn, **kwargs))
+
+        async def bounded() -> Any:
+            remaining = job._t0 + (job.deadline_s or 0.0) - anyio.current_time()
+            with anyio.fail_after(max(remaining, 0.0)):
+                return await fn(**kwargs)
+
+        return self._srt._call(bounded)
+
+    def chat(self, **kwargs: Any) -> ChatCompletion | Iterator[ChatCompletionChunk]:
+        """``chat.completions.create`` through agentrt (see :meth:`Session.chat`)."""
+        result = self._run(self.session.chat, **kwargs)
+        if kwargs.get("stream"):
+            return _sync_iter(self._srt, result)
+        return result  # type: ignore[no-any-return]
+
+    def complete(self, **kwargs: Any) -> Completion | Iterator[Completion]:
+        """``completions.create`` through agentrt (see :meth:`Session.complete`)."""
+        result = self._run(self.session.complete, **kwargs)
+        if kwargs.get("stream"):
+            return _sync_iter(self._srt, result)
+        return result  # type: ignore[no-any-return]
+
+    @contextmanager
+    def tool(self, name: str, *, expected_s: float | None = None) -> Iterator[None]:
+        """Mark a tool's execution (see :meth:`Session.tool`)."""
+        assert self._srt._portal is not None
+        cm = self.session.tool(name, expected_s=expected_s)
+        with self._srt._portal.wrap_async_context_manager(cm):
+            yield
+
+
+def _sync_iter(srt: SyncRuntime, stream: AsyncStream[_T]) -> Iterator[_T]:
+    it = stream.__aiter__()
+    try:
+        while True:
+            try:
+                yield srt._call(it.__anext__)
+            except StopAsyncIteration:
+                return
+    finally:
+        srt._call(stream.close)
+
+
+class _SyncTransport(httpx.BaseTransport):
+    """Carries a synchronous client's requests into the runtime's event loop."""
+
+    def __init__(self, srt: SyncRuntime, transport: AgentTransport) -> None:
+        self._srt = srt
+        self._transport = transport
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        from ._context import current_session
+
+        session = current_session()
+        content = request.read()
+        areq = httpx.Request(
+            request.method,
+            request.url,
+            headers=request.headers,
+            content=content,
+            extensions={k: v for k, v in request.extensions.items() if k == "timeout"},
+        )
+
+        async def send() -> tuple[httpx.Response, bytes | None]:
+            from ._context import _CALL_SESSION
+
+            token = _CALL_SESSION.set(session)
+            try:
+                response = await self._transport.handle_async_request(areq)
+            finally:
+                _CALL_SESSION.reset(token)
+            if "text/event-stream" in response.headers.get("content-type", ""):
+                return response, None
+            return response, await response.aread()
+
+        response, body = self._srt._call(send)
+        headers = httpx.Headers(response.headers)
+        for h in ("content-encoding", "content-length", "transfer-encoding"):
+            if h in headers:
+                del headers[h]
+        if body is not None:
+            return httpx.Response(response.status_code, headers=headers, content=body)
+        return httpx.Response(
+            response.status_code, headers=response.headers, stream=_SyncStream(self._srt, response)
+        )
+
+
+class _SyncStream(httpx.SyncByteStream):
+    def __init__(self, srt: SyncRuntime, response: httpx.Response) -> None:
+        self._srt = srt
+        self._response = response
+        self._gen = response.aiter_raw()
+
+    def __iter__(self) -> Iterator[bytes]:
+        while True:
+            try:
+                yield self._srt._call(self._gen.__anext__)
+            except StopAsyncIteration:
+                return
+
+    def close(self) -> None:
+        async def close() -> None:
+            await self._gen.aclose()  # type: ignore[attr-defined]
+            await self._response.aclose()
+
+        self._srt._call(close)

@@ -1,0 +1,205 @@
+"""Dialects: the same call metadata in the form each engine or router reads.
+
+A dialect is a small pure function from :class:`~agentrt._protocol.CallMetadata` to
+headers and JSON body fields (see :mod:`agentrt.dialects._base`). Every dialect sends
+agentrt's own ``x-agentrt-*`` headers and adds its own fields. The spec, with the
+citation behind every field, is docs/protocol.md.
+
+>>> from agentrt.dialects import get_dialect, combine
+>>> d = combine(get_dialect("vllm"), get_dialect("vllm-router"))
+>>> d.name
+'vllm+vllm-router'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Final, TypeAlias
+
+from .._protocol import CallMetadata
+from ._base import Dialect, DialectOptions, Encoding
+from ._dynamo import DYNAMO, dynamo_priority
+from ._generic import GENERIC
+from ._llmd import LLMD
+from ._openai import OPENAI
+from ._sglang import SGLANG, sglang_dialect, sglang_priority
+from ._vllm import VLLM, vllm_dialect
+from ._vllm_router import VLLM_ROUTER, vllm_router_dialect
+
+__all__ = [
+    "DIALECTS",
+    "DYNAMO",
+    "GENERIC",
+    "LLMD",
+    "OPENAI",
+    "SGLANG",
+    "VLLM",
+    "VLLM_ROUTER",
+    "Dialect",
+    "DialectOptions",
+    "DialectSpec",
+    "Encoding",
+    "combine",
+    "dynamo_priority",
+    "get_dialect",
+    "register_dialect",
+    "resolve_dialect",
+    "sglang_dialect",
+    "sglang_priority",
+    "vllm_dialect",
+    "vllm_router_dialect",
+]
+
+DialectSpec: TypeAlias = str | Dialect | Sequence[str | Dialect]
+"""A dialect by name, a :class:`Dialect`, or several of either (combined in order)."""
+
+_REGISTRY: dict[str, Dialect] = {
+    d.name: d for d in (GENERIC, VLLM, VLLM_ROUTER, SGLANG, DYNAMO, LLMD, OPENAI)
+}
+
+DIALECTS: Final[Mapping[str, Dialect]] = MappingProxyType(_REGISTRY)
+"""The known dialects by name (read-only view; add one with :func:`register_dialect`)."""
+
+
+def _parameterized(base: str, arg: str) -> Dialect:
+    if base == "vllm-router":
+        return vllm_router_dialect(arg)
+    if base == "sglang" and arg == "low-priority-first":
+        return sglang_dialect(low_priority_values_first=True)
+    if base == "sglang":
+        raise ValueError(
+            f"unknown option {arg!r} for dialect 'sglang'; the only one is 'low-priority-first'"
+        )
+    raise ValueError(
+        f"dialect {base!r} takes no option (got {arg!r}); options exist for "
+        "'vllm-router:<session header>' and 'sglang:low-priority-first'"
+    )
+
+
+def get_dialect(name: str) -> Dialect:
+    """The dialect called ``name``.
+
+    Two take an option after a colon: ``"vllm-router:<header>"`` (the session header a
+    production-stack router reads, its ``--session-key``) and
+    ``"sglang:low-priority-first"`` (a server started with
+    ``--schedule-low-priority-values-first``).
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"a dialect name must be a str, got {type(name).__name__}")
+    key = name.strip().lower()
+    found = _REGISTRY.get(key)
+    if found is not None:
+        return found
+    base, sep, arg = key.partition(":")
+    if sep and base in _REGISTRY and arg:
+        return _parameterized(base, name.strip().partition(":")[2])
+    known = ", ".join(sorted(_REGISTRY))
+    raise ValueError(f"unknown dialect {name!r}; known dialects: {known}")
+
+
+def register_dialect(dialect: Dialect, *, replace: bool = False) -> None:
+    """Make ``dialect`` available by its name (for string configuration)."""
+    if not isinstance(dialect, Dialect):
+        raise TypeError(f"expected a Dialect, got {type(dialect).__name__}")
+    name = dialect.name.strip().lower()
+    if not name or ":" in name or "+" in name:
+        raise ValueError(f"dialect name {dialect.name!r} must be non-empty, without ':' or '+'")
+    if name in _REGISTRY and not replace:
+        raise ValueError(f"dialect {name!r} is already registered; pass replace=True")
+    _REGISTRY[name] = dialect
+
+
+def _merge_body(
+    into: dict[str, Any], add: Mapping[str, Any], owner: dict[str, str], who: str, path: str
+) -> None:
+    for key, value in add.items():
+        where = f"{path}.{key}" if path else key
+        if key not in into:
+            into[key] = _copy_nested(value)
+            owner[where] = who
+        elif isinstance(into[key], dict) and isinstance(value, Mapping):
+            owner.setdefault(where, who)
+            _merge_body(into[key], value, owner, who, where)
+        elif into[key] != value:
+            raise ValueError(
+                f"dialects {owner.get(where, '?')!r} and {who!r} both set body field "
+                f"{where!r}, to different values; they cannot be combined"
+            )
+
+
+def _copy_nested(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _copy_nested(v) for k, v in value.items()}
+    return value
+
+
+def combine(*dialects: Dialect, name: str | None = None) -> Dialect:
+    """One dialect sending what each of ``dialects`` sends.
+
+    Headers are merged by lower-case name, body dicts key by key (nested dicts too).
+    The same field set to the same value by two dialects is sent once; set to different
+    values it is a configuration error, raised as ``ValueError`` when the call is
+    encoded. ``echo_headers`` is the union, in order.
+    """
+    flat: list[Dialect] = []
+    for d in dialects:
+        if not isinstance(d, Dialect):
+            raise TypeError(f"combine() takes Dialect objects, got {type(d).__name__}")
+        flat.append(d)
+    if not flat:
+        raise ValueError("combine() needs at least one dialect")
+    if len(flat) == 1 and name is None:
+        return flat[0]
+    parts = tuple(flat)
+
+    def encode(meta: CallMetadata, options: DialectOptions) -> Encoding:
+        headers: dict[str, str] = {}
+        header_owner: dict[str, str] = {}
+        body: dict[str, Any] = {}
+        body_owner: dict[str, str] = {}
+        for d in parts:
+            enc = d.encode(meta, options)
+            for raw_key, value in enc.headers.items():
+                key = raw_key.lower()
+                if key not in headers:
+                    headers[key] = value
+                    header_owner[key] = d.name
+                elif headers[key] != value:
+                    raise ValueError(
+                        f"dialects {header_owner[key]!r} and {d.name!r} both set header "
+                        f"{key!r}, to different values; they cannot be combined"
+                    )
+            _merge_body(body, enc.body, body_owner, d.name, "")
+        return Encoding(headers=headers, body=body)
+
+    echo: dict[str, None] = {}
+    for d in parts:
+        for h in d.echo_headers:
+            echo.setdefault(h.lower(), None)
+    return Dialect(
+        name=name if name is not None else "+".join(d.name for d in parts),
+        encode=encode,
+        echo_headers=tuple(echo),
+        doc=" | ".join(d.doc for d in parts if d.doc),
+    )
+
+
+def resolve_dialect(spec: DialectSpec) -> Dialect:
+    """A :class:`Dialect` from a name, a dialect, or a sequence of either (combined)."""
+    if isinstance(spec, Dialect):
+        return spec
+    if isinstance(spec, str):
+        return get_dialect(spec)
+    if isinstance(spec, Iterable):
+        items = [resolve_dialect(s) if isinstance(s, str | Dialect) else _bad(s) for s in spec]
+        if not items:
+            raise ValueError("an empty list of dialects; give at least one name")
+        return combine(*items)
+    return _bad(spec)
+
+
+def _bad(spec: object) -> Dialect:
+    raise TypeError(
+        f"a dialect is a name, a Dialect or a sequence of them, got {type(spec).__name__}"
+    )

@@ -1,0 +1,35 @@
+"""The ``llm-d`` dialect: session affinity through llm-d's inference scheduler.
+
+llm-d's ``session-affinity-scorer`` sets an ``x-session-token`` response header (the
+base64 name of the pod that served the call); a later request carrying the same header
+gets that pod scored first. So the dialect asks the runtime to remember the header per
+session (``echo_headers``) and sends it back on the session's later calls, from
+``CallMetadata.echo``. The first call of a session carries no token.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from .._protocol import CallMetadata
+from ._base import Dialect, DialectOptions, Encoding
+from ._generic import base_encoding, echo_into
+
+__all__ = ["LLMD", "SESSION_TOKEN_HEADER"]
+
+SESSION_TOKEN_HEADER: Final = "x-session-token"
+_ECHO: Final = (SESSION_TOKEN_HEADER,)
+
+
+def _encode(meta: CallMetadata, options: DialectOptions) -> Encoding:
+    enc = base_encoding(meta)
+    echo_into(enc.headers, meta, _ECHO)
+    return enc
+
+
+LLMD: Final = Dialect(
+    name="llm-d",
+    encode=_encode,
+    echo_headers=_ECHO,
+    doc="llm-d: echo the x-session-token response header on the session's later calls.",
+)

@@ -1,0 +1,117 @@
+"""Per-job reports: completion time beside per-call latency."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["CallReport", "CallStatus", "JobReport", "JobStatus", "ToolReport"]
+
+JobStatus = Literal["ok", "error", "cancelled", "deadline"]
+CallStatus = Literal["ok", "error", "cancelled"]
+
+
+class CallReport(BaseModel):
+    """One LLM call (all its attempts), as the job saw it. Times are seconds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    call_id: str
+    session_id: str
+    session_name: str | None = None
+    turn: int
+    endpoint: str | None = None
+    """Base URL of the endpoint that served the last attempt."""
+    path: str
+    model: str | None = None
+    stream: bool = False
+    start_s: float
+    """When the call entered agentrt, relative to the job's start."""
+    queue_s: float = 0.0
+    """Time spent in agentrt's admission queue before the first attempt was sent."""
+    ttft_s: float | None = None
+    """Time to the first streamed chunk (streaming calls only)."""
+    latency_s: float | None = None
+    """From entering agentrt to the end of the reply, queue time and retries included."""
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    """Prompt tokens served from the server's prefix cache, when it reports them."""
+    attempts: int = 0
+    http_status: int | None = None
+    status: CallStatus = "ok"
+    error: str | None = None
+    priority: int | None = None
+
+
+class ToolReport(BaseModel):
+    """One tool wait: an idle gap in a session."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str
+    name: str
+    start_s: float
+    duration_s: float
+    expected_s: float | None = None
+    status: Literal["ok", "error", "cancelled"] = "ok"
+
+
+class JobReport(BaseModel):
+    """What one job did and how long it took. ``jct_s`` is what the user waited."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str
+    name: str
+    program_id: str
+    status: JobStatus
+    error: str | None = None
+    started_at: datetime
+    jct_s: float
+    """Job completion time: from entering ``rt.job(...)`` to leaving it."""
+    llm_s: float
+    """Sum of the calls' latencies (concurrent calls each count)."""
+    critical_llm_s: float
+    """Time during which at least one of the job's calls was in flight: the LLM time on
+    the job's critical path. Never more than ``jct_s``."""
+    queue_s: float
+    tool_s: float
+    """Sum of the tool waits' durations."""
+    calls: int
+    tool_waits: int
+    sessions: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    retries: int
+    """Attempts beyond the first, over all calls."""
+    deadline_s: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    call_reports: list[CallReport] = Field(default_factory=list)
+    tool_reports: list[ToolReport] = Field(default_factory=list)
+
+    @property
+    def cache_hit_rate(self) -> float | None:
+        """Share of prompt tokens served from cache, over calls that reported usage."""
+        if not self.prompt_tokens:
+            return None
+        return self.cached_tokens / self.prompt_tokens
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by a set of intervals."""
+    total = 0.0
+    cur_start = cur_end = None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None and cur_start is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        elif end > cur_end:
+            cur_end = end
+    if cur_end is not None and cur_start is not None:
+        total += cur_end - cur_start
+    return total

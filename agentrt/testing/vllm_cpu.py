@@ -1,0 +1,732 @@
+"""Start, wait for and stop vLLM CPU replicas for integration tests and benchmarks.
+
+The engine lives in its own virtual environment (vLLM pins many packages), built by
+``scripts/engine_setup.sh`` into ``$AGENTRT_ENGINE_DIR`` (default ``<repo>/.engine``), with a
+tiny random-weight Llama in ``models/tiny-llama``. This module only uses the standard library: it
+runs the engine's python as a subprocess.
+
+Typical use::
+
+    from agentrt.testing.vllm_cpu import ReplicaSpec, find_engine, launch
+
+    engine = find_engine()
+    if engine is None:
+        raise SystemExit(SETUP_MESSAGE)
+    with launch([ReplicaSpec(name="a", cpu_bind="0"), ReplicaSpec(name="b", cpu_bind="1")]) as rs:
+        print([r.base_url for r in rs])  # http://127.0.0.1:PORT/v1
+
+Every replica listens on 127.0.0.1 only, on a free port, logs to its own file, and runs in its own
+process group, which :meth:`Replica.stop` ends (SIGTERM, then SIGKILL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, TextIO
+
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "SETUP_COMMAND",
+    "SETUP_MESSAGE",
+    "EngineEnv",
+    "EngineStartError",
+    "KvEventsSubscriber",
+    "Replica",
+    "ReplicaSpec",
+    "engine_dir",
+    "find_engine",
+    "launch",
+    "parse_prometheus",
+    "start_replica",
+    "start_replicas",
+]
+
+SETUP_COMMAND = "bash scripts/engine_setup.sh"
+SETUP_MESSAGE = (
+    "the vLLM CPU engine is not set up; run `"
+    + SETUP_COMMAND
+    + "` from the repository root (about 2 minutes and 3.5 GB in .engine/; "
+    "AGENTRT_ENGINE_DIR moves it)"
+)
+DEFAULT_MODEL_NAME = "tiny-llama"
+STAMP_NAME = "setup.stamp"  # written by scripts/engine_setup.sh once the engine is complete
+MODEL_SUBDIR = Path("models") / "tiny-llama"
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class EngineStartError(RuntimeError):
+    """A replica exited or did not become ready in time. The message ends with its log's tail."""
+
+
+@dataclass(frozen=True)
+class EngineEnv:
+    """Where the engine is: the venv's python, the model folder and the engine folder."""
+
+    python: Path
+    model: Path
+    root: Path
+
+
+def engine_dir() -> Path:
+    """``$AGENTRT_ENGINE_DIR``, else ``.engine`` in the source checkout (or the working folder)."""
+    env = os.environ.get("AGENTRT_ENGINE_DIR")
+    if env:
+        return Path(env).expanduser().resolve()
+    repo = Path(__file__).resolve().parents[2]
+    if (repo / "pyproject.toml").is_file():
+        return repo / ".engine"
+    return Path.cwd() / ".engine"
+
+
+def find_engine(root: Path | None = None) -> EngineEnv | None:
+    """The engine environment if ``scripts/engine_setup.sh`` completed there, else None."""
+    root = root or engine_dir()
+    python = root / "venv" / "bin" / "python"
+    model = root / MODEL_SUBDIR
+    if not (root / STAMP_NAME).is_file():
+        return None
+    if not (python.exists() and os.access(python, os.X_OK)):
+        return None
+    if not (model / "config.json").is_file() or not (model / "tokenizer.json").is_file():
+        return None
+    return EngineEnv(python=python, model=model, root=root)
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """Options of one replica. Defaults: FCFS, prefix caching on, 1 GiB of KV cache, eager mode.
+
+    ``cpu_bind`` is ``VLLM_CPU_OMP_THREADS_BIND``: ``"0"`` binds the worker to core 0,
+    ``"0-1"`` to both, None lets vLLM choose (all cores, since no core is reserved here).
+    ``num_gpu_blocks`` shrinks the KV cache to that many blocks of 128 tokens (at least
+    ``max_model_len / 128``). ``kv_events`` publishes KV-cache events on an ``ipc://`` ZMQ
+    endpoint (see :attr:`Replica.kv_events_endpoint`). ``dev_mode`` sets ``VLLM_SERVER_DEV_MODE``,
+    which routes ``POST /reset_prefix_cache``.
+    """
+
+    name: str = "vllm"
+    priority_scheduling: bool = False
+    prefix_caching: bool = True
+    prompt_tokens_details: bool = True
+    num_gpu_blocks: int | None = None
+    kv_cache_space_gib: int | None = 1
+    kv_events: bool = False
+    kv_events_topic: str = "kv-events"
+    max_model_len: int = 4096
+    max_num_seqs: int | None = None
+    enforce_eager: bool = True
+    cpu_bind: str | None = None
+    dev_mode: bool = False
+    served_model_name: str = DEFAULT_MODEL_NAME
+    extra_args: tuple[str, ...] = ()
+    extra_env: tuple[tuple[str, str], ...] = ()
+
+    def args(self) -> list[str]:
+        """The server's command-line options that follow from this spec (no host, port, model)."""
+        out = ["--served-model-name", self.served_model_name]
+        out += ["--max-model-len", str(self.max_model_len)]
+        if self.enforce_eager:
+            out.append("--enforce-eager")
+        out.append(
+            "--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching"
+        )
+        if self.prompt_tokens_details:
+            out.append("--enable-prompt-tokens-details")
+        if self.priority_scheduling:
+            out += ["--scheduling-policy", "priority"]
+        if self.num_gpu_blocks is not None:
+            out += ["--num-gpu-blocks-override", str(self.num_gpu_blocks)]
+        if self.max_num_seqs is not None:
+            out += ["--max-num-seqs", str(self.max_num_seqs)]
+        out += list(self.extra_args)
+        return out
+
+    def env(self) -> dict[str, str]:
+        """Environment variables that follow from this spec."""
+        out: dict[str, str] = {}
+        if self.kv_cache_space_gib is not None:
+            out["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_space_gib)
+        if self.cpu_bind is not None:
+            out["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_bind
+        if self.dev_mode:
+            out["VLLM_SERVER_DEV_MODE"] = "1"
+        out.update(dict(self.extra_env))
+        return out
+
+
+@dataclass
+class Replica:
+    """One running server. ``base_url`` ends in ``/v1``; ``url`` is the server's root."""
+
+    spec: ReplicaSpec
+    port: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    kv_events_endpoint: str | None = None
+    startup_s: float | None = None
+    _log_file: TextIO | None = field(default=None, repr=False)
+    _ipc_dir: Path | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    @property
+    def model(self) -> str:
+        return self.spec.served_model_name
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def is_alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        return _tail(self.log_path, lines)
+
+    def get(self, path: str, timeout: float = 10.0) -> tuple[int, str]:
+        """GET ``url + path``; returns (status, body). Connection errors raise ``OSError``."""
+        return _http("GET", self.url + path, timeout=timeout)
+
+    def metrics(self) -> dict[str, float]:
+        """``/metrics`` parsed: each sample name's value summed over its label sets."""
+        status, body = self.get("/metrics")
+        if status != 200:
+            raise RuntimeError(f"{self.url}/metrics answered {status}")
+        return parse_prometheus(body)
+
+    def reset_prefix_cache(self) -> None:
+        """Empty the prefix cache. Needs ``ReplicaSpec(dev_mode=True)``."""
+        status, body = _http("POST", self.url + "/reset_prefix_cache", timeout=30.0)
+        if status != 200:
+            raise RuntimeError(f"reset_prefix_cache answered {status}: {body[:200]}")
+
+    def memory_bytes(self) -> int:
+        """Proportional set size (PSS) of the replica's processes, RSS where PSS is unreadable."""
+        total = 0
+        for pid in _group_pids(self.pid):
+            total += _pss_bytes(pid)
+        return total
+
+    def kill(self) -> None:
+        """SIGKILL the whole replica at once, as a crash would (for failure tests)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self._reap(10.0)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM the replica's process group, SIGKILL it after ``timeout`` s. Idempotent."""
+        if self.process.returncode is None or _group_alive(self.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                self.process.poll()
+                if self.process.returncode is not None and not _group_alive(self.pid):
+                    break
+                time.sleep(0.1)
+            else:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.pid, signal.SIGKILL)
+        self._reap(10.0)
+
+    def _reap(self, timeout: float) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout)
+        # Children re-parented to init are reaped by it; give them a moment to go.
+        deadline = time.monotonic() + timeout
+        while _group_alive(self.pid) and time.monotonic() < deadline:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+            time.sleep(0.1)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        if self._ipc_dir is not None:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
+            self._ipc_dir = None
+
+
+def _http(method: str, url: str, *, timeout: float, body: bytes | None = None) -> tuple[int, str]:
+    req = urllib.request.Request(url, method=method, data=body)
+    try:
+        with _NO_PROXY.open(req, timeout=timeout) as resp:
+            return int(resp.status), resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return int(exc.code), exc.read().decode("utf-8", "replace")
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            text = f.read().decode("utf-8", "replace")
+    except OSError as exc:
+        return f"(no log: {exc})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _group_pids(pgid: int) -> list[int]:
+    pids: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # Fields after the command name, which is in parentheses and may hold spaces.
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # Zombies still count for killpg; only live members matter.
+    return bool(_group_pids(pgid))
+
+
+def _pss_bytes(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Prometheus text format to ``{sample name: value summed over label sets}``."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        out[m.group(1)] = out.get(m.group(1), 0.0) + value
+    return out
+
+
+def _engine_environ(engine: EngineEnv, spec: ReplicaSpec) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")
+        and not k.startswith(("VLLM_", "OMP_", "KMP_", "GOMP_"))
+    }
+    cache = engine.root / "cache"
+    env.update(
+        {
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "HF_HOME": str(cache / "hf"),
+            "VLLM_CACHE_ROOT": str(cache / "vllm"),
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+            "VLLM_LOGGING_COLOR": "0",
+            "NO_COLOR": "1",
+            "PYTHONUNBUFFERED": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
+    env.update(spec.env())
+    return env
+
+
+def _spawn(spec: ReplicaSpec, engine: EngineEnv, log_dir: Path, port: int) -> Replica:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{spec.name}-{port}.log"
+    cmd = [
+        str(engine.python),
+        "-m",
+        SERVER_MODULE,
+        "--model",
+        str(engine.model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *spec.args(),
+    ]
+    ipc_dir: Path | None = None
+    endpoint: str | None = None
+    if spec.kv_events:
+        # A tcp://127.0.0.1:P endpoint makes vLLM's publisher connect, not bind; ipc:// binds,
+        # stays on this machine and needs no port.
+        ipc_dir = Path(tempfile.mkdtemp(prefix="agentrt-kv-"))
+        endpoint = f"ipc://{ipc_dir}/events.sock"
+        config = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": endpoint,
+            "topic": spec.kv_events_topic,
+        }
+        cmd += ["--kv-events-config", json.dumps(config)]
+    log_file = log_path.open("w", encoding="utf-8")
+    log_file.write("$ " + " ".join(cmd) + "\n")
+    log_file.flush()
+    try:
+        process = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=_engine_environ(engine, spec),
+            cwd=str(engine.root),
+            start_new_session=True,
+        )
+    except BaseException:
+        log_file.close()
+        if ipc_dir is not None:
+            shutil.rmtree(ipc_dir, ignore_errors=True)
+        raise
+    return Replica(
+        spec=spec,
+        port=port,
+        process=process,
+        log_path=log_path,
+        kv_events_endpoint=endpoint,
+        _log_file=log_file,
+        _ipc_dir=ipc_dir,
+    )
+
+
+def _ready(replica: Replica) -> bool:
+    try:
+        status, _ = replica.get("/health", timeout=2.0)
+        if status != 200:
+            return False
+        status, body = replica.get("/v1/models", timeout=5.0)
+    except (OSError, TimeoutError):
+        return False
+    return status == 200 and replica.model in body
+
+
+def _wait_ready(replicas: Sequence[Replica], timeout: float, started: float) -> None:
+    pending = list(replicas)
+    deadline = started + timeout
+    while pending:
+        for r in list(pending):
+            if not r.is_alive():
+                raise EngineStartError(
+                    f"vLLM replica {r.name!r} (pid {r.pid}, port {r.port}) exited with code "
+                    f"{r.process.returncode} before it was ready; log {r.log_path}:\n"
+                    + r.log_tail()
+                )
+            if _ready(r):
+                r.startup_s = time.monotonic() - started
+                pending.remove(r)
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            r = pending[0]
+            raise EngineStartError(
+                f"vLLM replica {r.name!r} (pid {r.pid}, port {r.port}) was not ready after "
+                f"{timeout:.0f} s; log {r.log_path}:\n" + r.log_tail()
+            )
+        time.sleep(0.5)
+
+
+def _default_log_dir(engine: EngineEnv) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return engine.root / "logs" / f"{stamp}-{os.getpid()}"
+
+
+def _start_many(
+    specs: Sequence[ReplicaSpec],
+    engine: EngineEnv,
+    log_dir: Path,
+    ready_timeout: float,
+) -> list[Replica]:
+    started = time.monotonic()
+    replicas: list[Replica] = []
+    try:
+        for spec in specs:
+            replicas.append(_spawn(spec, engine, log_dir, _free_port()))
+        _wait_ready(replicas, ready_timeout, started)
+    except BaseException:
+        for r in replicas:
+            r.stop()
+        raise
+    return replicas
+
+
+def start_replicas(
+    specs: Sequence[ReplicaSpec],
+    *,
+    engine: EngineEnv | None = None,
+    log_dir: Path | None = None,
+    ready_timeout: float = 300.0,
+) -> list[Replica]:
+    """Start the replicas together and wait until all serve. The caller stops them.
+
+    If one fails to start, all are stopped and :class:`EngineStartError` is raised.
+    """
+    return _start(specs, engine=engine, log_dir=log_dir, ready_timeout=ready_timeout)
+
+
+def start_replica(
+    spec: ReplicaSpec | None = None,
+    *,
+    engine: EngineEnv | None = None,
+    log_dir: Path | None = None,
+    ready_timeout: float = 300.0,
+) -> Replica:
+    """Start one replica and wait until it serves. The caller must call :meth:`Replica.stop`."""
+    return _start(
+        [spec or ReplicaSpec()], engine=engine, log_dir=log_dir, ready_timeout=ready_timeout
+    )[0]
+
+
+def _start(
+    specs: Sequence[ReplicaSpec],
+    *,
+    engine: EngineEnv | None,
+    log_dir: Path | None,
+    ready_timeout: float,
+    attempts: int = 2,
+) -> list[Replica]:
+    env = engine or find_engine()
+    if env is None:
+        raise EngineStartError(SETUP_MESSAGE)
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"replica names must differ: {names}")
+    folder = log_dir or _default_log_dir(env)
+    for attempt in range(attempts):
+        try:
+            return _start_many(specs, env, folder, ready_timeout)
+        except EngineStartError as exc:
+            # Another process may have taken the free port between our probe and the bind.
+            if attempt + 1 < attempts and "address already in use" in str(exc).lower():
+                continue
+            raise
+    raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def launch(
+    specs: Sequence[ReplicaSpec],
+    *,
+    engine: EngineEnv | None = None,
+    log_dir: Path | None = None,
+    ready_timeout: float = 300.0,
+) -> Iterator[list[Replica]]:
+    """Start the replicas together, wait until all serve, yield them, stop them all on exit.
+
+    ``engine`` defaults to :func:`find_engine`; without one, :class:`EngineStartError` carries
+    :data:`SETUP_MESSAGE`. Logs go to ``log_dir`` (default ``<engine>/logs/<time>-<pid>/``), one
+    ``<name>-<port>.log`` per replica; they are kept after the replicas stop.
+    """
+    replicas = _start(specs, engine=engine, log_dir=log_dir, ready_timeout=ready_timeout)
+    try:
+        yield replicas
+    finally:
+        for r in replicas:
+            r.stop()
+
+
+_SUBSCRIBER = r"""
+import json, sys, time
+import msgspec, zmq
+
+endpoint, topic = sys.argv[1], sys.argv[2]
+ctx = zmq.Context()
+sock = ctx.socket(zmq.SUB)
+sock.connect(endpoint)
+sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
+time.sleep(0.3)  # let the subscription reach the publisher
+print(json.dumps({"ready": True}), flush=True)
+
+def plain(x):
+    if isinstance(x, bytes):
+        return x.hex()
+    if isinstance(x, (list, tuple)):
+        return [plain(v) for v in x]
+    if isinstance(x, dict):
+        return {str(k): plain(v) for k, v in x.items()}
+    return x
+
+while True:
+    frames = sock.recv_multipart()
+    seq = int.from_bytes(frames[1], "big") if len(frames) >= 3 else None
+    batch = msgspec.msgpack.decode(frames[-1])
+    ts, events = batch[0], batch[1]
+    for ev in events:
+        print(json.dumps({"seq": seq, "ts": ts, "event": plain(ev)}), flush=True)
+"""
+
+
+class KvEventsSubscriber:
+    """Collects a replica's KV-cache events (``ReplicaSpec(kv_events=True)``).
+
+    pyzmq and msgspec live in the engine's venv, so a small subscriber runs there and prints one
+    JSON line per event; a thread here collects them. Each event is a dict such as
+    ``{"type": "BlockStored", "block_hashes": [...], "token_ids": [...], "session_id": "s1"}``
+    (bytes hex-encoded; fields at their default omitted). Use as a context manager.
+    """
+
+    def __init__(self, replica: Replica, *, engine: EngineEnv | None = None) -> None:
+        if replica.kv_events_endpoint is None:
+            raise ValueError(f"replica {replica.name!r} was started without kv_events=True")
+        env = engine or find_engine()
+        if env is None:
+            raise EngineStartError(SETUP_MESSAGE)
+        self._cmd = [
+            str(env.python),
+            "-c",
+            _SUBSCRIBER,
+            replica.kv_events_endpoint,
+            replica.spec.kv_events_topic,
+        ]
+        self._events: list[dict[str, Any]] = []
+        self._lock = threading.Condition()
+        self._ready = False
+        self._proc: subprocess.Popen[str] | None = None
+        self._thread: threading.Thread | None = None
+        self._stderr: IO[str] | None = None
+
+    def __enter__(self) -> KvEventsSubscriber:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self, timeout: float = 30.0) -> None:
+        self._stderr = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
+        self._proc = subprocess.Popen(
+            self._cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            start_new_session=True,
+        )
+        self._thread = threading.Thread(target=self._read, name="kv-events", daemon=True)
+        self._thread.start()
+        with self._lock:
+            self._lock.wait_for(lambda: self._ready or not self._running(), timeout)
+            ready = self._ready
+        if not ready:
+            err = self.close()
+            raise RuntimeError(f"KV events subscriber did not start: {err[-2000:]}")
+
+    def _running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _read(self) -> None:
+        proc = self._proc
+        assert proc is not None and proc.stdout is not None
+        for line in proc.stdout:
+            try:
+                item = json.loads(line)
+            except ValueError:
+                continue
+            with self._lock:
+                if item.get("ready"):
+                    self._ready = True
+                else:
+                    event = item.get("event")
+                    if isinstance(event, dict):
+                        event["_seq"] = item.get("seq")
+                        self._events.append(event)
+                self._lock.notify_all()
+        with self._lock:
+            self._lock.notify_all()
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._events)
+
+    def wait_for(
+        self, predicate: Callable[[Mapping[str, Any]], bool], timeout: float = 10.0
+    ) -> list[dict[str, Any]]:
+        """Wait until an event satisfies ``predicate``; return all such events ([] on timeout)."""
+
+        def matching() -> list[dict[str, Any]]:
+            return [e for e in self._events if predicate(e)]
+
+        with self._lock:
+            self._lock.wait_for(lambda: bool(matching()) or not self._running(), timeout)
+            return matching()
+
+    def close(self) -> str:
+        """Stop the subscriber; returns what it wrote to stderr. Idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+        if proc is not None and proc.stdout is not None:
+            proc.stdout.close()
+        err = ""
+        if self._stderr is not None:
+            self._stderr.seek(0)
+            err = self._stderr.read()
+            self._stderr.close()
+            self._stderr = None
+        return err

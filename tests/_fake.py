@@ -1,0 +1,116 @@
+"""A tiny OpenAI-compatible fake for wire-format unit tests (httpx.MockTransport)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+
+
+@dataclass
+class Seen:
+    url: str
+    headers: httpx.Headers
+    body: dict[str, Any]
+
+
+@dataclass
+class FakeEngine:
+    """Answers chat and completion requests; records what it saw."""
+
+    delay_s: float = 0.0
+    prompt_tokens: int = 10
+    completion_tokens: int = 5
+    cached_tokens: int = 0
+    seen: list[Seen] = field(default_factory=list)
+    script: list[Callable[[httpx.Request], httpx.Response | None]] = field(default_factory=list)
+
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self.handle)
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else {}
+        self.seen.append(Seen(str(request.url), request.headers, body))
+        if self.script:
+            step = self.script.pop(0)
+            out = step(request)
+            if out is not None:
+                return out
+        if self.delay_s:
+            await anyio.sleep(self.delay_s)
+        usage = {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+        if request.url.path.endswith("/completions") and "chat" not in request.url.path:
+            return httpx.Response(
+                200,
+                json={
+                    "id": "cmpl-1",
+                    "object": "text_completion",
+                    "created": 0,
+                    "model": body.get("model", "m"),
+                    "choices": [{"index": 0, "text": "hi", "finish_reason": "length"}],
+                    "usage": usage,
+                },
+            )
+        if body.get("stream"):
+            return httpx.Response(
+                200,
+                headers={"content-type": "text/event-stream"},
+                content=self._sse(body, usage),
+            )
+        return httpx.Response(
+            200,
+            json={
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body.get("model", "m"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "hello"},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": usage,
+            },
+        )
+
+    async def _sse(self, body: dict[str, Any], usage: dict[str, Any]) -> AsyncIterator[bytes]:
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            obj = {
+                "id": "chatcmpl-1",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": body.get("model", "m"),
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+            return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+        yield chunk({"role": "assistant", "content": ""})
+        for word in ("a", "b", "c"):
+            await anyio.sleep(0.001)
+            yield chunk({"content": word})
+        yield chunk({}, "stop")
+        if (body.get("stream_options") or {}).get("include_usage"):
+            obj = {
+                "id": "chatcmpl-1",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": "m",
+                "choices": [],
+                "usage": usage,
+            }
+            yield b"data: " + json.dumps(obj).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+
+MSG = [{"role": "user", "content": "hi"}]

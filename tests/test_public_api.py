@@ -1,0 +1,34 @@
+"""The public surface: complete, sorted, and nothing leaks from private modules."""
+
+from __future__ import annotations
+
+import agentrt
+import agentrt.dialects
+import agentrt.scheduling
+import agentrt.telemetry
+
+
+def _isort_key(name: str) -> tuple[int, str]:
+    # ruff's RUF022 order: CONSTANTS, then Classes, then functions and the rest.
+    if name.isupper() or (name.upper() == name and "_" in name):
+        return (0, name)
+    if name[0].isupper():
+        return (1, name)
+    return (2, name)
+
+
+def test_all_is_sorted_and_complete() -> None:
+    for module in (agentrt, agentrt.telemetry, agentrt.scheduling):
+        names = module.__all__
+        assert names == sorted(names, key=_isort_key), module.__name__
+        for name in names:
+            assert hasattr(module, name), f"{module.__name__}.{name}"
+
+
+def test_public_names_do_not_point_into_tests() -> None:
+    public = {n for n in dir(agentrt) if not n.startswith("_")}
+    assert set(agentrt.__all__) - {"__version__"} <= public
+
+
+def test_version() -> None:
+    assert agentrt.__version__

@@ -1,0 +1,480 @@
+"""Runtime, jobs, sessions and tool waits over a fake OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import httpx
+import anyio
+import pytest
+
+import agentrt
+from agentrt import Endpoint, Retry, Runtime
+
+from tests._fake import MSG, FakeEngine
+
+pytestmark = pytest.mark.anyio
+
+URL = "http://engine.test/v1"
+FAST = Retry(attempts=3, wait_initial=0.0, wait_jitter=0.0)
+
+
+def rt_for(fake: FakeEngine, **kwargs: object) -> Runtime:
+    kwargs.setdefault("retry", FAST)
+    return Runtime([URL], transport=fake.transport(), **kwargs)  # type: ignore[arg-type]
+
+
+async def test_chat_tags_turns_and_reports() -> None:
+    fake = FakeEngine(prompt_tokens=100, completion_tokens=7, cached_tokens=64)
+    async with rt_for(fake) as rt:
+        async with rt.job("fix-bug", job_id="job-1") as job:
+            async with job.session("main", session_id="ses-1") as s:
+                reply = await s.chat(model="m", messages=MSG, max_tokens=7)
+                assert reply.choices[0].message.content == "hello"
+                await s.chat(model="m", messages=MSG)
+    h0, h1 = fake.seen[0].headers, fake.seen[1].headers
+    assert fake.seen[0].url == f"{URL}/chat/completions"
+    assert h0["x-agentrt-version"] == "1"
+    assert h0["x-agentrt-job-id"] == "job-1"
+    assert h0["x-agentrt-session-id"] == "ses-1"
+    assert h0["x-agentrt-program-id"] == "job-1"
+    assert (h0["x-agentrt-turn"], h0["x-agentrt-first-turn"]) == ("0", "1")
+    assert (h1["x-agentrt-turn"], h1["x-agentrt-first-turn"]) == ("1", "0")
+    assert h0["x-agentrt-call-id"] != h1["x-agentrt-call-id"]
+    assert "x-agentrt-idle-s" not in h0 and "x-agentrt-idle-s" in h1
+    assert "x-agentrt-parent-session-id" not in h0
+    assert "x-agentrt-priority" not in h0
+    # The generic dialect adds nothing to the body.
+    assert set(fake.seen[0].body) == {"model", "messages", "max_tokens"}
+
+    rep = job.report
+    assert rep.status == "ok" and rep.calls == 2 and rep.sessions == 1
+    assert rep.prompt_tokens == 200 and rep.completion_tokens == 14 and rep.cached_tokens == 128
+    assert rep.cache_hit_rate == pytest.approx(0.64)
+    c0 = rep.call_reports[0]
+    assert (c0.session_id, c0.turn, c0.endpoint, c0.attempts) == ("ses-1", 0, URL, 1)
+    assert c0.status == "ok" and c0.latency_s is not None and c0.latency_s >= 0
+    assert rep.jct_s >= rep.critical_llm_s >= 0
+    assert rt.reports()[-1].job_id == "job-1"
+
+
+async def test_attained_service_accumulates_per_program() -> None:
+    fake = FakeEngine(prompt_tokens=10, completion_tokens=5, delay_s=0.01)
+    async with rt_for(fake) as rt:
+        async with rt.job("a", program_id="prog") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+            await s.chat(model="m", messages=MSG)
+        async with rt.job("b", program_id="other") as job2, job2.session() as s2:
+            await s2.chat(model="m", messages=MSG)
+    h = [x.headers for x in fake.seen]
+    assert h[0]["x-agentrt-service-tokens"] == "0"
+    assert float(h[0]["x-agentrt-service-s"]) == 0.0
+    assert h[1]["x-agentrt-service-tokens"] == "15"
+    assert float(h[1]["x-agentrt-service-s"]) >= 0.009
+    assert h[1]["x-agentrt-program-id"] == "prog"
+    # Another program starts from zero.
+    assert h[2]["x-agentrt-service-tokens"] == "0"
+
+
+async def test_tool_wait_idle_declared_and_measured() -> None:
+    fake = FakeEngine()
+    async with rt_for(fake) as rt:
+        async with rt.job("j") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+            async with s.tool("pytest", expected_s=2.5):
+                assert s.idle
+                await anyio.sleep(0.05)
+            assert not s.idle
+            s.expect_idle(4.0)
+            await s.chat(model="m", messages=MSG)
+            await s.chat(model="m", messages=MSG)
+    h1, h2 = fake.seen[1].headers, fake.seen[2].headers
+    assert float(h1["x-agentrt-idle-s"]) >= 0.05
+    assert float(h1["x-agentrt-idle-declared-s"]) == 2.5
+    assert float(h1["x-agentrt-idle-expected-s"]) == 4.0
+    # Declarations are consumed by the next call.
+    assert "x-agentrt-idle-declared-s" not in h2 and "x-agentrt-idle-expected-s" not in h2
+    rep = job.report
+    assert rep.tool_waits == 1
+    (t,) = rep.tool_reports
+    assert t.name == "pytest" and t.expected_s == 2.5 and t.duration_s >= 0.05
+    assert rep.tool_s == pytest.approx(t.duration_s)
+    assert rep.jct_s >= rep.tool_s + rep.critical_llm_s - 1e-9
+
+
+async def test_parent_session_and_concurrent_sessions() -> None:
+    fake = FakeEngine(delay_s=0.02)
+    async with rt_for(fake) as rt:
+        async with rt.job("fan") as job, job.session("planner") as planner:
+            await planner.chat(model="m", messages=MSG)
+
+            async def sub(i: int) -> None:
+                async with job.session(f"sub{i}", parent=planner) as s:
+                    await s.chat(model="m", messages=MSG)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(4):
+                    tg.start_soon(sub, i)
+    subs = [x for x in fake.seen if x.headers.get("x-agentrt-parent-session-id")]
+    assert len(subs) == 4
+    assert {x.headers["x-agentrt-parent-session-id"] for x in subs} == {planner.id}
+    rep = job.report
+    assert rep.sessions == 5 and rep.calls == 5
+    # Four concurrent 20 ms calls: their sum exceeds the time on the critical path.
+    assert rep.llm_s > rep.critical_llm_s
+    assert rep.jct_s >= rep.critical_llm_s
+
+
+async def test_two_hundred_concurrent_sessions_keep_metadata_apart() -> None:
+    fake = FakeEngine(delay_s=0.001)
+    turns = 3
+    async with rt_for(fake) as rt:
+        async with rt.job("many") as job:
+            client = rt.openai()
+
+            async def worker(i: int) -> None:
+                async with job.session(session_id=f"s{i}"):
+                    for _ in range(turns):
+                        # rt.openai() calls find their session through contextvars.
+                        await client.chat.completions.create(
+                            model="m", messages=[{"role": "user", "content": f"s{i}"}]
+                        )
+                        await anyio.sleep(0)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(200):
+                    tg.start_soon(worker, i)
+    assert len(fake.seen) == 200 * turns
+    by_session: dict[str, list[int]] = {}
+    for seen in fake.seen:
+        sid = seen.headers["x-agentrt-session-id"]
+        # The prompt says which session sent it: the header must agree.
+        assert seen.body["messages"][0]["content"] == sid
+        by_session.setdefault(sid, []).append(int(seen.headers["x-agentrt-turn"]))
+    assert len(by_session) == 200
+    assert all(sorted(t) == list(range(turns)) for t in by_session.values())
+    assert job.report.calls == 600 and job.report.sessions == 200
+
+
+async def test_openai_client_outside_a_session_gets_an_implicit_job() -> None:
+    fake = FakeEngine()
+    async with rt_for(fake) as rt:
+        client = rt.openai()
+        await client.chat.completions.create(model="m", messages=MSG)
+        (rep,) = rt.reports()
+        assert rep.name == "call" and rep.calls == 1 and rep.status == "ok"
+        assert fake.seen[0].headers["x-agentrt-job-id"] == rep.job_id
+
+
+async def test_streaming_records_ttft_and_usage() -> None:
+    fake = FakeEngine(prompt_tokens=30, completion_tokens=3, cached_tokens=16)
+    async with rt_for(fake) as rt:
+        async with rt.job("s") as job, job.session() as s:
+            stream = await s.chat(
+                model="m", messages=MSG, stream=True, stream_options={"include_usage": True}
+            )
+            text = ""
+            async for chunk in stream:  # type: ignore[union-attr]
+                if chunk.choices and chunk.choices[0].delta.content:
+                    text += chunk.choices[0].delta.content
+            assert text == "abc"
+    (c,) = job.report.call_reports
+    assert c.stream and c.status == "ok"
+    assert c.ttft_s is not None and c.latency_s is not None and c.ttft_s <= c.latency_s
+    assert (c.prompt_tokens, c.completion_tokens, c.cached_tokens) == (30, 3, 16)
+
+
+async def test_completions_api() -> None:
+    fake = FakeEngine()
+    async with rt_for(fake) as rt:
+        async with rt.job("c") as job, job.session() as s:
+            out = await s.complete(model="m", prompt="hello", max_tokens=3)
+            assert out.choices[0].text == "hi"  # type: ignore[union-attr]
+    assert fake.seen[0].url == f"{URL}/completions"
+    assert job.report.call_reports[0].path == "/completions"
+
+
+async def test_retries_5xx_and_429_then_succeeds() -> None:
+    fake = FakeEngine()
+    fake.script = [
+        lambda r: httpx.Response(503, json={"error": "busy"}),
+        lambda r: httpx.Response(429, headers={"retry-after": "0"}, json={"error": "slow"}),
+    ]
+    async with rt_for(fake) as rt:
+        async with rt.job("r") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+    (c,) = job.report.call_reports
+    assert c.attempts == 3 and c.status == "ok" and c.http_status == 200
+    assert job.report.retries == 2
+    # One idempotent call: every attempt carries the same call id.
+    assert len({x.headers["x-agentrt-call-id"] for x in fake.seen}) == 1
+
+
+async def test_retry_after_is_honoured_and_capped() -> None:
+    fake = FakeEngine()
+    fake.script = [lambda r: httpx.Response(429, headers={"retry-after": "0.2"})]
+    retry = Retry(attempts=2, wait_initial=0.0, wait_jitter=0.0, retry_after_max=0.1)
+    async with rt_for(fake, retry=retry) as rt:
+        async with rt.job("r") as job, job.session() as s:
+            t0 = anyio.current_time()
+            await s.chat(model="m", messages=MSG)
+            waited = anyio.current_time() - t0
+    assert 0.09 <= waited < 0.19  # capped at retry_after_max
+    assert job.report.call_reports[0].attempts == 2
+
+
+async def test_non_retryable_status_is_not_retried() -> None:
+    import openai
+
+    fake = FakeEngine()
+    fake.script = [lambda r: httpx.Response(400, json={"error": {"message": "bad"}})]
+    async with rt_for(fake) as rt:
+        with pytest.raises(openai.BadRequestError):
+            async with rt.job("r") as job, job.session() as s:
+                await s.chat(model="m", messages=MSG)
+    assert len(fake.seen) == 1
+    assert job.report.status == "error"
+    assert job.report.call_reports[0].status == "error"
+
+
+async def test_exhausted_retries_return_the_servers_error() -> None:
+    import openai
+
+    fake = FakeEngine()
+    fake.script = [lambda r: httpx.Response(503, json={"error": "x"})] * 3
+    async with rt_for(fake) as rt:
+        with pytest.raises(openai.InternalServerError):
+            async with rt.job("r") as job, job.session() as s:
+                await s.chat(model="m", messages=MSG)
+    assert len(fake.seen) == 3
+    assert job.report.call_reports[0].attempts == 3
+
+
+async def test_unreachable_endpoint_names_it() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    async with Runtime([URL], transport=httpx.MockTransport(refuse), retry=FAST) as rt:
+        with pytest.raises(agentrt.EndpointError, match="engine.test") as info:
+            async with rt.job("r") as job, job.session() as s:
+                await s.chat(model="m", messages=MSG)
+    assert info.value.endpoint == URL and info.value.attempts == 3
+    assert job.report.status == "error"
+    assert "engine.test" in (job.report.call_reports[0].error or "")
+
+
+async def test_non_openai_reply_names_the_endpoint() -> None:
+    def html(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/html"}, content=b"<html>")
+
+    async with Runtime([URL], transport=httpx.MockTransport(html), retry=FAST) as rt:
+        with pytest.raises(agentrt.EndpointError, match="OpenAI-compatible"):
+            async with rt.job("r") as job, job.session() as s:
+                await s.chat(model="m", messages=MSG)
+    assert job.report.status == "error"
+
+
+async def test_connection_error_fails_over_to_another_endpoint() -> None:
+    calls: list[str] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.host)
+        if request.url.host == "a.test":
+            raise httpx.ConnectError("refused", request=request)
+        return await FakeEngine().handle(request)
+
+    eps = ["http://a.test/v1", "http://b.test/v1"]
+    async with Runtime(eps, transport=httpx.MockTransport(handler), retry=FAST) as rt:
+        async with rt.job("r") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+            await s.chat(model="m", messages=MSG)
+    assert calls[-1] == "b.test"
+    assert job.report.call_reports[-1].endpoint == "http://b.test/v1"
+    assert job.report.status == "ok"
+
+
+async def test_cancelling_a_job_mid_call_closes_the_request() -> None:
+    started = anyio.Event()
+    closed = anyio.Event()
+
+    async def hang(request: httpx.Request) -> httpx.Response:
+        started.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            closed.set()
+        raise AssertionError("unreachable")
+
+    job_ref: list[agentrt.Job] = []
+    async with Runtime([URL], transport=httpx.MockTransport(hang), retry=FAST) as rt:
+
+        async def run() -> None:
+            async with rt.job("slow") as job, job.session() as s:
+                job_ref.append(job)
+                await s.chat(model="m", messages=MSG)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            await started.wait()
+            tg.cancel_scope.cancel()
+    assert closed.is_set()
+    rep = job_ref[0].report
+    assert rep.status == "cancelled"
+    assert rep.call_reports[0].status == "cancelled"
+    assert rt.reports()[-1].status == "cancelled"
+
+
+async def test_deadline_ends_the_job_with_status_deadline() -> None:
+    fake = FakeEngine(delay_s=5.0)
+    async with rt_for(fake) as rt:
+        with pytest.raises(TimeoutError):
+            async with rt.job("late", deadline_s=0.05) as job, job.session() as s:
+                await s.chat(model="m", messages=MSG)
+    assert job.report.status == "deadline"
+    assert job.report.jct_s < 1.0
+    assert job.report.call_reports[0].status == "cancelled"
+
+
+async def test_error_in_job_body_is_reported() -> None:
+    fake = FakeEngine()
+    async with rt_for(fake) as rt:
+        with pytest.raises(KeyError):
+            async with rt.job("boom") as job, job.session() as s:
+                await s.chat(model="m", messages=MSG)
+                raise KeyError("tool broke")
+    assert job.report.status == "error" and "tool broke" in (job.report.error or "")
+    assert job.report.calls == 1
+
+
+async def test_session_after_job_ended_is_an_error() -> None:
+    fake = FakeEngine()
+    async with rt_for(fake) as rt:
+        async with rt.job("j") as job, job.session() as s:
+            pass
+        with pytest.raises(agentrt.JobClosedError):
+            await s.chat(model="m", messages=MSG)
+        with pytest.raises(agentrt.JobClosedError):
+            async with s.tool("x"):
+                pass
+        async with rt.job("k") as job2:
+            async with job2.session() as s2:
+                pass
+            with pytest.raises(agentrt.SessionClosedError):
+                await s2.chat(model="m", messages=MSG)
+    assert fake.seen == []
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["a\r\nb", "a b", "x" * 129, "", "naïve", "tab\there"],
+)
+async def test_bad_ids_are_rejected_before_any_request(bad: str) -> None:
+    fake = FakeEngine()
+    async with rt_for(fake) as rt:
+        with pytest.raises(ValueError, match="job_id"):
+            async with rt.job("j", job_id=bad):
+                pass
+        async with rt.job("j") as job:
+            with pytest.raises(ValueError, match="session_id"):
+                async with job.session(session_id=bad):
+                    pass
+    assert fake.seen == []
+
+
+async def test_bad_tool_input_is_rejected() -> None:
+    fake = FakeEngine()
+    async with rt_for(fake) as rt:
+        async with rt.job("j") as job, job.session() as s:
+            with pytest.raises(ValueError, match="expected_s"):
+                async with s.tool("t", expected_s=-1):
+                    pass
+            with pytest.raises(ValueError, match="expected_s"):
+                async with s.tool("t", expected_s=float("nan")):
+                    pass
+            with pytest.raises(ValueError, match="tool name"):
+                async with s.tool("bad\nname"):
+                    pass
+            with pytest.raises(ValueError):
+                s.expect_idle(-3)
+
+
+def test_bad_endpoints_are_rejected() -> None:
+    with pytest.raises(ValueError, match="at least one endpoint"):
+        Runtime([])
+    with pytest.raises(ValueError, match="scheme"):
+        Runtime(["127.0.0.1:8000/v1"])
+    with pytest.raises(ValueError, match="scheme"):
+        Endpoint("ftp://x/v1")
+    with pytest.raises(ValueError, match="twice"):
+        Runtime([URL, URL + "/"])
+    with pytest.raises(ValueError, match="dialect"):
+        Runtime([URL], dialect="no-such-engine")
+    with pytest.raises(ValueError, match="routing"):
+        Runtime([URL], routing="random-ish")
+    with pytest.raises(ValueError, match="weight"):
+        Endpoint(URL, weight=0)
+
+
+async def test_api_key_is_sent_but_never_shown() -> None:
+    fake = FakeEngine()
+    secret = "sk-very-secret-123"
+    eps = [Endpoint(URL, api_key=secret)]
+    async with Runtime(eps, transport=fake.transport(), retry=FAST) as rt:
+        assert secret not in repr(rt) and secret not in repr(rt.endpoints)
+        async with rt.job("j") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+    assert fake.seen[0].headers["authorization"] == f"Bearer {secret}"
+    assert secret not in job.report.model_dump_json()
+
+
+async def test_no_key_sends_no_authorization() -> None:
+    fake = FakeEngine()
+    async with rt_for(fake) as rt:
+        async with rt.job("j") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+    assert "authorization" not in fake.seen[0].headers
+
+
+async def test_session_affinity_and_round_robin() -> None:
+    fake = FakeEngine()
+    eps = ["http://a.test/v1", "http://b.test/v1"]
+    async with Runtime(eps, transport=fake.transport(), retry=FAST) as rt:
+        async with rt.job("j") as job:
+            async with job.session() as s1, job.session() as s2:
+                for _ in range(3):
+                    await s1.chat(model="m", messages=MSG)
+                    await s2.chat(model="m", messages=MSG)
+    hosts = {}
+    for seen in fake.seen:
+        hosts.setdefault(seen.headers["x-agentrt-session-id"], set()).add(httpx.URL(seen.url).host)
+    assert all(len(h) == 1 for h in hosts.values())  # each session stays on one replica
+
+    fake2 = FakeEngine()
+    async with Runtime(eps, transport=fake2.transport(), routing="round-robin") as rt:
+        async with rt.job("j") as job, job.session() as s:
+            for _ in range(4):
+                await s.chat(model="m", messages=MSG)
+    assert [httpx.URL(x.url).host for x in fake2.seen] == ["a.test", "b.test"] * 2
+
+
+async def test_http_client_for_frameworks_is_tagged() -> None:
+    import openai
+
+    fake = FakeEngine()
+    async with rt_for(fake) as rt:
+        client = openai.AsyncOpenAI(
+            base_url=URL, api_key="x", http_client=rt.http_client(), max_retries=0
+        )
+        async with rt.job("j") as job, job.session(session_id="fw"):
+            await client.chat.completions.create(model="m", messages=MSG)
+        await client.close()
+        # Closing a framework's client leaves the runtime usable.
+        async with rt.job("j2") as job2, job2.session() as s:
+            await s.chat(model="m", messages=MSG)
+    assert fake.seen[0].headers["x-agentrt-session-id"] == "fw"
+    assert job.report.calls == 1
+
+
+async def test_runtime_must_be_entered() -> None:
+    rt = Runtime([URL])
+    with pytest.raises(agentrt.AgentrtError, match="async with"):
+        async with rt.job("j"):
+            pass

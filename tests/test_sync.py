@@ -1,0 +1,48 @@
+"""SyncRuntime: the same shape for code that is not async."""
+
+from __future__ import annotations
+
+import pytest
+
+import agentrt
+
+from tests._fake import MSG, FakeEngine
+
+URL = "http://engine.test/v1"
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_sync_runtime_jobs_sessions_tools(backend: str) -> None:
+    fake = FakeEngine()
+    with agentrt.SyncRuntime([URL], transport=fake.transport(), backend=backend) as rt:
+        with rt.job("sync-job") as job:
+            with job.session("main") as s:
+                reply = s.chat(model="m", messages=MSG)
+                assert reply.choices[0].message.content == "hello"  # type: ignore[union-attr]
+                with s.tool("grep", expected_s=1.0):
+                    pass
+                chunks = list(s.chat(model="m", messages=MSG, stream=True))  # type: ignore[arg-type]
+                assert len(chunks) >= 4
+            # A synchronous openai client inside a session is tagged too.
+            with job.session(session_id="sync-ses"):
+                rt.openai().chat.completions.create(model="m", messages=MSG)  # type: ignore[arg-type]
+    rep = job.report
+    assert rep.status == "ok" and rep.calls == 3 and rep.tool_waits == 1
+    assert fake.seen[1].headers["x-agentrt-turn"] == "1"
+    assert fake.seen[1].headers["x-agentrt-idle-declared-s"] == "1.000"
+    assert fake.seen[2].headers["x-agentrt-session-id"] == "sync-ses"
+    assert rep.call_reports[1].ttft_s is not None
+
+
+def test_sync_deadline() -> None:
+    fake = FakeEngine(delay_s=5.0)
+    with agentrt.SyncRuntime([URL], transport=fake.transport()) as rt:
+        with pytest.raises(TimeoutError), rt.job("late", deadline_s=0.05) as job:
+            with job.session() as s:
+                s.chat(model="m", messages=MSG)
+    assert job.report.status == "deadline"
+
+
+def test_sync_runtime_validates_before_starting() -> None:
+    with pytest.raises(ValueError, match="at least one endpoint"):
+        agentrt.SyncRuntime([])
