@@ -11,7 +11,7 @@ import contextvars
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -138,7 +138,9 @@ class Session:
         client = self.job._core.client
         token = _CALL_SESSION.set(self)
         try:
-            return await client.chat.completions.create(**kwargs)
+            result: ChatCompletion | AsyncStream[ChatCompletionChunk]
+            result = await client.chat.completions.create(**kwargs)
+            return result
         except Exception as exc:
             _raise_endpoint_error(exc)
             raise
@@ -151,7 +153,9 @@ class Session:
         client = self.job._core.client
         token = _CALL_SESSION.set(self)
         try:
-            return await client.completions.create(**kwargs)
+            result: Completion | AsyncStream[Completion]
+            result = await client.completions.create(**kwargs)
+            return result
         except Exception as exc:
             _raise_endpoint_error(exc)
             raise

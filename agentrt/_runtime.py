@@ -152,7 +152,7 @@ def resolve_dialect(spec: str | Sequence[str]) -> Dialect:
 
 
 def _endpoints(
-    endpoints: Sequence[str | Endpoint], dialect: str | Sequence[str]
+    endpoints: Sequence[str | Endpoint] | str | Endpoint, dialect: str | Sequence[str]
 ) -> list[_EndpointState]:
     if isinstance(endpoints, str | Endpoint):
         endpoints = [endpoints]
@@ -234,8 +234,10 @@ class Runtime:
 
     def endpoint_loads(self) -> list[EndpointLoad]:
         """A snapshot of each endpoint's load as agentrt sees it."""
-        return [EndpointLoad(e.load.weight, e.load.in_flight, e.load.sessions) for e in
-                self._core.endpoints]
+        return [
+            EndpointLoad(e.load.weight, e.load.in_flight, e.load.sessions)
+            for e in self._core.endpoints
+        ]
 
     def _record(self, report: JobReport) -> None:
         self._reports.append(report)
@@ -471,7 +473,8 @@ class SyncRuntime:
             transport=_SyncTransport(self, AgentTransport(rt._core, rt._inner)),
             timeout=rt._timeout,
         )
-        return openai.OpenAI(max_retries=0, http_client=http, **kwargs)
+        # openai 3.x types its client as httpx2.Client and accepts legacy httpx clients.
+        return openai.OpenAI(max_retries=0, http_client=http, **kwargs)  # type: ignore[arg-type,unused-ignore]
 
 
 class SyncJob:

@@ -158,22 +158,22 @@ class AgentTransport(httpx.AsyncBaseTransport):
         )
         state = _CallState(report=report, started=now)
         job._calls.append(state)
-        meta_base = {
-            "call_id": call_id,
-            "job_id": job.id,
-            "session_id": session.id,
-            "program_id": job.program_id,
-            "parent_session_id": session.parent_id,
-            "turn": turn,
-            "first_turn": turn == 0,
-            "service_s": program.service_s,
-            "service_tokens": program.service_tokens,
-            "idle_expected_s": expected,
-            "idle_s": idle_s,
-            "idle_declared_s": declared,
-            "priority": priority,
-            "expected_output_tokens": max_out,
-        }
+        meta_base = CallMetadata(
+            call_id=call_id,
+            job_id=job.id,
+            session_id=session.id,
+            program_id=job.program_id,
+            parent_session_id=session.parent_id,
+            turn=turn,
+            first_turn=turn == 0,
+            service_s=program.service_s,
+            service_tokens=program.service_tokens,
+            idle_expected_s=expected,
+            idle_s=idle_s,
+            idle_declared_s=declared,
+            priority=priority,
+            expected_output_tokens=max_out,
+        )
 
         failed: set[int] = set()
         last: list[int] = [-1]
@@ -184,7 +184,11 @@ class AgentTransport(httpx.AsyncBaseTransport):
             ep = core.endpoints[index]
             report.attempts += 1
             report.endpoint = ep.endpoint.url
-            meta = CallMetadata(**meta_base, echo=dict(session.echo))
+            meta = (
+                meta_base.model_copy(update={"echo": dict(session.echo)})
+                if session.echo
+                else meta_base
+            )
             enc = ep.dialect.encode(meta, core.dialect_options)
             headers = httpx.Headers(request.headers)
             headers.update(enc.headers)
@@ -247,7 +251,7 @@ class AgentTransport(httpx.AsyncBaseTransport):
             exc = rs.outcome.exception() if rs.outcome else None
             if isinstance(exc, _RetryableStatus) and exc.retry_after is not None:
                 backoff = max(backoff, min(exc.retry_after, retry.retry_after_max))
-            return backoff
+            return float(backoff)
 
         response: httpx.Response | None = None
         try:
@@ -368,7 +372,10 @@ class _ObservedStream(httpx.AsyncByteStream):
         implicit: Job | None,
     ) -> None:
         self._transport = transport
-        self._inner = response.stream
+        inner = response.stream
+        if not isinstance(inner, httpx.AsyncByteStream):
+            raise TypeError("agentrt needs an async transport underneath")
+        self._inner = inner
         self._state = state
         self._session = session
         self._ep = ep

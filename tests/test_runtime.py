@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import httpx
 import anyio
+import anyio.lowlevel
+import httpx
 import pytest
 
 import agentrt
 from agentrt import Endpoint, Retry, Runtime
-
 from tests._fake import MSG, FakeEngine
 
 pytestmark = pytest.mark.anyio
@@ -137,7 +137,7 @@ async def test_two_hundred_concurrent_sessions_keep_metadata_apart() -> None:
                         await client.chat.completions.create(
                             model="m", messages=[{"role": "user", "content": f"s{i}"}]
                         )
-                        await anyio.sleep(0)
+                        await anyio.lowlevel.checkpoint()
 
             async with anyio.create_task_group() as tg:
                 for i in range(200):
@@ -253,7 +253,7 @@ async def test_unreachable_endpoint_names_it() -> None:
         raise httpx.ConnectError("connection refused", request=request)
 
     async with Runtime([URL], transport=httpx.MockTransport(refuse), retry=FAST) as rt:
-        with pytest.raises(agentrt.EndpointError, match="engine.test") as info:
+        with pytest.raises(agentrt.EndpointError, match=r"engine\.test") as info:
             async with rt.job("r") as job, job.session() as s:
                 await s.chat(model="m", messages=MSG)
     assert info.value.endpoint == URL and info.value.attempts == 3

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 import agentrt
-
 from tests._fake import MSG, FakeEngine
 
 URL = "http://engine.test/v1"
