@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from .dialects import DialectSpec
 
 __all__ = [
     "DEFAULT_RETRY",
@@ -38,7 +41,7 @@ class Endpoint:
     """
 
     url: str
-    dialect: str | tuple[str, ...] | None = None
+    dialect: DialectSpec | None = None
     api_key: str | None = field(default=None, repr=False)
     weight: float = 1.0
 

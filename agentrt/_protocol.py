@@ -56,7 +56,7 @@ def validate_id(value: str, what: str) -> str:
     encoded = value.encode("utf-8", "surrogatepass")
     if len(encoded) > MAX_ID_BYTES:
         raise ValueError(f"{what} is {len(encoded)} bytes long; the limit is {MAX_ID_BYTES} bytes")
-    if not _ID_RE.match(value):
+    if not _ID_RE.fullmatch(value):
         raise ValueError(
             f"{what} {value[:40]!r} contains a space, CR/LF, a non-printable or a non-ASCII "
             "character; ids travel in HTTP headers and must be printable ASCII"
@@ -110,8 +110,12 @@ class CallMetadata(BaseModel):
     """Response headers the session's dialect asked to echo back (e.g. llm-d's token)."""
 
 
+MAX_SECONDS: Final = 1e9
+"""Durations in headers are clamped to [0, MAX_SECONDS]: at most 13 characters."""
+
+
 def _fmt_s(value: float) -> str:
-    return f"{value:.3f}"
+    return f"{min(max(value, 0.0), MAX_SECONDS):.3f}"
 
 
 def agentrt_headers(meta: CallMetadata) -> dict[str, str]:

@@ -20,7 +20,7 @@ from ._config import DEFAULT_RETRY, Endpoint, Retry
 from ._context import Job, Session
 from ._errors import AgentrtError
 from ._transport import AgentTransport
-from .dialects import Dialect, DialectOptions, combine, get_dialect
+from .dialects import Dialect, DialectOptions, DialectSpec, resolve_dialect
 from .scheduling._routing import EndpointLoad, Router, make_router
 from .telemetry._report import JobReport, JobStatus
 
@@ -139,20 +139,8 @@ class _Core:
         self.job_ended(job, status, error)
 
 
-def resolve_dialect(spec: str | Sequence[str]) -> Dialect:
-    """A dialect by name, or several combined (``"vllm"``, ``["vllm", "llm-d"]``)."""
-    if isinstance(spec, str):
-        names = [n.strip() for n in spec.split("+")]
-    else:
-        names = list(spec)
-    if not names or not all(isinstance(n, str) and n for n in names):
-        raise ValueError(f"dialect must be a name or a list of names, got {spec!r}")
-    dialects = [get_dialect(n) for n in names]
-    return dialects[0] if len(dialects) == 1 else combine(*dialects)
-
-
 def _endpoints(
-    endpoints: Sequence[str | Endpoint] | str | Endpoint, dialect: str | Sequence[str]
+    endpoints: Sequence[str | Endpoint] | str | Endpoint, dialect: DialectSpec
 ) -> list[_EndpointState]:
     if isinstance(endpoints, str | Endpoint):
         endpoints = [endpoints]
@@ -188,7 +176,7 @@ class Runtime:
         self,
         endpoints: Sequence[str | Endpoint] | str | Endpoint,
         *,
-        dialect: str | Sequence[str] = "generic",
+        dialect: DialectSpec = "generic",
         api_key: str | None = None,
         routing: str | Router = "session",
         retry: Retry = DEFAULT_RETRY,

@@ -478,3 +478,49 @@ async def test_runtime_must_be_entered() -> None:
     with pytest.raises(agentrt.AgentrtError, match="async with"):
         async with rt.job("j"):
             pass
+
+
+async def test_dialects_on_the_wire_through_the_runtime() -> None:
+    fake = FakeEngine()
+    fake.script = [
+        lambda r: httpx.Response(
+            200,
+            headers={"x-session-token": "cG9kLTE="},
+            json={
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "m",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "a"},
+                        "finish_reason": "stop",
+                    }
+                ],
+            },
+        )
+    ]
+    eps = [Endpoint(URL, dialect=["vllm", "llm-d"])]
+    async with Runtime(eps, transport=fake.transport(), send_priority=True, retry=FAST) as rt:
+        async with rt.job("j") as job, job.session(session_id="s-1") as s:
+            await s.chat(model="m", messages=MSG, extra_body={"priority": 7})
+            await s.chat(model="m", messages=MSG)
+    first, second = fake.seen
+    assert first.body["session_id"] == "s-1"
+    assert first.body["priority"] == 7  # the caller's own value wins
+    assert second.body["priority"] == 0  # PLAS level of a program with little service
+    assert first.headers["x-session-id"] == "s-1"
+    assert first.headers["x-request-id"] == first.headers["x-agentrt-call-id"]
+    assert "x-session-token" not in first.headers
+    assert second.headers["x-session-token"] == "cG9kLTE="  # llm-d: echoed back
+    assert job.report.call_reports[1].priority == 0
+
+
+async def test_priority_is_not_sent_unless_enabled() -> None:
+    fake = FakeEngine()
+    async with Runtime([URL], dialect="vllm", transport=fake.transport()) as rt:
+        async with rt.job("j") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+    assert "priority" not in fake.seen[0].body
+    assert "x-agentrt-priority" not in fake.seen[0].headers
