@@ -416,6 +416,8 @@ class _ObservedStream(httpx.AsyncByteStream):
             rep.ttft_s = anyio.current_time() - self._state.started
         if self._parse:
             self._scan(chunk)
+            if self._complete:
+                self._end("ok", None)  # [DONE] seen: the reply is complete
         return chunk
 
     def _scan(self, chunk: bytes) -> None:
@@ -423,7 +425,9 @@ class _ObservedStream(httpx.AsyncByteStream):
         lines = data.split(b"\n")
         self._tail = lines.pop()
         for line in lines:
-            if _USAGE_KEY in line and line.startswith(b"data:"):
+            if line.startswith(b"data: [DONE]"):
+                self._complete = True
+            elif _USAGE_KEY in line and line.startswith(b"data:"):
                 try:
                     obj = json.loads(line[5:])
                 except ValueError:

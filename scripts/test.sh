@@ -23,12 +23,28 @@ bash scripts/engine_setup.sh
 .venv/bin/ruff format --check agentrt tests examples benchmarks scripts
 .venv/bin/mypy
 
-set +e
-.venv/bin/python -m pytest "$@"
-rc=$?
-set -e
-if [[ $rc -eq 5 ]]; then
-    echo "pytest collected no tests: that is a failure" >&2
-    exit 1
+run_pytest() {
+    set +e
+    "$@"
+    local rc=$?
+    set -e
+    if [[ $rc -eq 5 ]]; then
+        echo "pytest collected no tests: that is a failure" >&2
+        exit 1
+    elif [[ $rc -ne 0 ]]; then
+        exit $rc
+    fi
+}
+
+run_pytest .venv/bin/python -m pytest "$@"
+
+# agentrt supports openai 2.x (on httpx) as well as the current 3.x (on httpx2): the unit
+# tests run again against the newest 2.x.
+if [[ $# -eq 0 ]]; then
+    if [[ ! -x .venv-openai2/bin/python ]]; then
+        "$PY" -m venv .venv-openai2
+    fi
+    .venv-openai2/bin/python -m pip install -q -e ".[dev]" "openai>=2,<3"
+    echo "--- unit tests with $(.venv-openai2/bin/python -m pip show openai | grep ^Version)"
+    run_pytest .venv-openai2/bin/python -m pytest -m "not engine" -p no:cacheprovider
 fi
-exit $rc

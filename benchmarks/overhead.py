@@ -1,0 +1,524 @@
+"""agentrt's per-call overhead against a plain ``openai.AsyncOpenAI`` on one loopback server.
+
+A benchmark script, not a test. It starts ``benchmarks/_echo_server.py`` (an
+OpenAI-compatible server that answers every chat completion at once with a fixed small
+reply, usage included) in a subprocess on a free 127.0.0.1 port, then drives it from this
+process with several clients:
+
+- ``openai``: ``openai.AsyncOpenAI(base_url=..., api_key="x", max_retries=0)``, its default
+  HTTP stack. The baseline every ratio is computed against.
+- ``openai+httpx``: the same, over an ``httpx.AsyncClient`` like the one agentrt builds
+  (agentrt hands openai a legacy ``httpx`` client). The difference between the two
+  baselines is the HTTP library's, not agentrt's.
+- ``agentrt.chat``: ``await session.chat(...)`` inside ``rt.job(...)``/``job.session()``.
+- ``agentrt.openai``: ``rt.openai().chat.completions.create(...)`` inside a session.
+
+agentrt variants open one job with one session per ``--calls-per-job`` calls; the job's
+setup and report are in the CPU and block-wall figures (not in the per-call latency).
+
+Concurrency 1: ``--calls`` sequential calls per client, run in blocks of ``--block`` calls,
+the clients alternating block by block (ABBA order) so that drift cancels. Reported: the
+median per-call wall latency, the added wall time in %, and the client process's CPU time
+per call (``time.process_time``; the server is another process).
+
+Concurrency N (``--concurrency``, default 64): ``--concurrent-calls`` calls per client and
+round, spread over N tasks, ``--rounds`` rounds alternating the clients. Reported:
+throughput (calls/s, median over rounds) and CPU per call, and their ratios.
+
+    .venv/bin/python benchmarks/overhead.py                  # writes results/overhead.json
+    .venv/bin/python benchmarks/overhead.py --server raw --calls 5000
+
+By default the client is pinned to one CPU and the server to another (when there are at
+least two), so that they do not fight over one core. ``--profile DIR`` also writes a
+cProfile of each client's sequential calls to ``DIR/<client>.pstats``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import AsyncExitStack, contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+import httpx
+import openai
+
+import agentrt
+
+HERE = Path(__file__).resolve().parent
+REQUEST: dict[str, Any] = {
+    "model": "bench",
+    "messages": [
+        {"role": "system", "content": "You are a terse assistant."},
+        {"role": "user", "content": "Say ok."},
+    ],
+    "max_tokens": 16,
+}
+BASELINE = "openai"
+ALL_CLIENTS = ("openai", "openai+httpx", "agentrt.chat", "agentrt.openai")
+WALL_GOAL_PCT = 3.0
+CPU_GOAL_US = 100.0
+
+Backend = Literal["asyncio", "trio"]
+
+
+# -- the server ----------------------------------------------------------------------------
+
+
+@contextmanager
+def echo_server(impl: str, cpu: int | None) -> Iterator[str]:
+    """Start the echo server in a subprocess; yield its base URL; stop it."""
+    cmd = [sys.executable, str(HERE / "_echo_server.py"), "--impl", impl]
+    if cpu is not None:
+        cmd += ["--cpu", str(cpu)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line.startswith("PORT "):
+            raise RuntimeError(f"the echo server did not start (said {line!r})")
+        yield f"http://127.0.0.1:{int(line.split()[1])}/v1"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- the clients ---------------------------------------------------------------------------
+
+
+class Client:
+    """One way of making calls. ``run`` makes ``n`` sequential calls, noting latencies."""
+
+    name: str
+
+    async def run(self, n: int, latencies: list[int] | None) -> None:
+        raise NotImplementedError
+
+
+async def _timed(
+    call: Callable[[], Awaitable[Any]], n: int, latencies: list[int] | None
+) -> Any:
+    reply: Any = None
+    clock = time.perf_counter_ns
+    if latencies is None:
+        for _ in range(n):
+            reply = await call()
+    else:
+        append = latencies.append
+        for _ in range(n):
+            t0 = clock()
+            reply = await call()
+            append(clock() - t0)
+    return reply
+
+
+class PlainOpenAI(Client):
+    def __init__(self, name: str, client: openai.AsyncOpenAI) -> None:
+        self.name = name
+        self._create = client.chat.completions.create
+
+    async def run(self, n: int, latencies: list[int] | None) -> None:
+        create = self._create
+
+        async def call() -> Any:
+            return await create(**REQUEST)
+
+        await _timed(call, n, latencies)
+
+
+class AgentrtClient(Client):
+    def __init__(self, name: str, rt: agentrt.Runtime, per_job: int, via_openai: bool) -> None:
+        self.name = name
+        self._rt = rt
+        self._per_job = per_job
+        self._create = rt.openai().chat.completions.create if via_openai else None
+
+    async def run(self, n: int, latencies: list[int] | None) -> None:
+        done = 0
+        while done < n:
+            k = min(self._per_job, n - done)
+            async with self._rt.job("bench") as job, job.session() as session:
+                create = self._create
+
+                async def call() -> Any:
+                    if create is None:
+                        return await session.chat(**REQUEST)
+                    return await create(**REQUEST)
+
+                await _timed(call, k, latencies)
+            done += k
+
+
+async def check(client: Client) -> None:
+    """One call, checked: the reply parses and (agentrt) the job report counts it."""
+    if isinstance(client, AgentrtClient):
+        async with client._rt.job("check") as job, job.session() as session:
+            if client._create is None:
+                reply: Any = await session.chat(**REQUEST)
+            else:
+                reply = await client._create(**REQUEST)
+        report = job.report
+        if report.calls != 1 or report.prompt_tokens != 12 or report.cached_tokens != 8:
+            raise RuntimeError(f"{client.name}: unexpected job report {report!r}")
+    else:
+        assert isinstance(client, PlainOpenAI)
+        reply = await client._create(**REQUEST)
+    if reply.choices[0].message.content != "ok" or reply.usage.prompt_tokens != 12:
+        raise RuntimeError(f"{client.name}: unexpected reply {reply!r}")
+
+
+# -- measurement ---------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    calls: int = 0
+    cpu_ns: int = 0
+    wall_ns: int = 0
+    latencies: list[int] = field(default_factory=list)
+    block_medians: list[float] = field(default_factory=list)
+    round_throughputs: list[float] = field(default_factory=list)
+
+
+@contextmanager
+def measured(tally: Tally, calls: int) -> Iterator[None]:
+    cpu0, wall0 = time.process_time_ns(), time.perf_counter_ns()
+    yield
+    tally.cpu_ns += time.process_time_ns() - cpu0
+    tally.wall_ns += time.perf_counter_ns() - wall0
+    tally.calls += calls
+
+
+async def run_concurrent(client: Client, calls: int, concurrency: int) -> None:
+    base, extra = divmod(calls, concurrency)
+    async with anyio.create_task_group() as tg:
+        for i in range(concurrency):
+            n = base + (1 if i < extra else 0)
+            if n:
+                tg.start_soon(client.run, n, None)
+
+
+def _orders(clients: Sequence[Client], rounds: int) -> Iterator[Sequence[Client]]:
+    """ABBA: forwards on even rounds, backwards on odd ones."""
+    for r in range(rounds):
+        yield clients if r % 2 == 0 else list(reversed(clients))
+
+
+async def sequential(clients: Sequence[Client], calls: int, block: int) -> dict[str, Tally]:
+    tallies = {c.name: Tally() for c in clients}
+    rounds = math.ceil(calls / block)
+    for r, order in enumerate(_orders(clients, rounds)):
+        n = min(block, calls - r * block)
+        for client in order:
+            tally = tallies[client.name]
+            lat: list[int] = []
+            with measured(tally, n):
+                await client.run(n, lat)
+            tally.latencies += lat
+            tally.block_medians.append(statistics.median(lat))
+    return tallies
+
+
+async def concurrent(
+    clients: Sequence[Client], calls: int, concurrency: int, rounds: int
+) -> dict[str, Tally]:
+    tallies = {c.name: Tally() for c in clients}
+    for order in _orders(clients, rounds):
+        for client in order:
+            tally = tallies[client.name]
+            wall0 = tally.wall_ns
+            with measured(tally, calls):
+                await run_concurrent(client, calls, concurrency)
+            tally.round_throughputs.append(calls / ((tally.wall_ns - wall0) / 1e9))
+    return tallies
+
+
+# -- summaries -----------------------------------------------------------------------------
+
+
+def _us(ns: float) -> float:
+    return round(ns / 1000.0, 1)
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summarize_sequential(tallies: dict[str, Tally]) -> dict[str, Any]:
+    variants = {}
+    for name, t in tallies.items():
+        variants[name] = {
+            "calls": t.calls,
+            "median_us": _us(statistics.median(t.latencies)),
+            "p90_us": _us(_pct(t.latencies, 0.90)),
+            "p99_us": _us(_pct(t.latencies, 0.99)),
+            "mean_block_us": _us(t.wall_ns / t.calls),
+            "cpu_us_per_call": _us(t.cpu_ns / t.calls),
+        }
+    base = tallies[BASELINE]
+    base_med = statistics.median(base.latencies)
+    versus = {}
+    for name, t in tallies.items():
+        if name == BASELINE:
+            continue
+        med = statistics.median(t.latencies)
+        paired = [
+            100.0 * (m - b) / b for m, b in zip(t.block_medians, base.block_medians, strict=True)
+        ]
+        versus[name] = {
+            "wall_added_pct": round(100.0 * (med - base_med) / base_med, 2),
+            "wall_added_us": _us(med - base_med),
+            "wall_added_pct_per_block": {
+                "median": round(statistics.median(paired), 2),
+                "min": round(min(paired), 2),
+                "max": round(max(paired), 2),
+            },
+            "mean_block_added_pct": round(
+                100.0 * (t.wall_ns / t.calls - base.wall_ns / base.calls) / (base.wall_ns / base.calls),
+                2,
+            ),
+            "cpu_added_us": _us(t.cpu_ns / t.calls - base.cpu_ns / base.calls),
+            "cpu_ratio": round((t.cpu_ns / t.calls) / (base.cpu_ns / base.calls), 3),
+        }
+    return {"variants": variants, f"vs_{BASELINE}": versus}
+
+
+def summarize_concurrent(tallies: dict[str, Tally]) -> dict[str, Any]:
+    variants = {}
+    for name, t in tallies.items():
+        variants[name] = {
+            "calls": t.calls,
+            "throughput_per_s": round(statistics.median(t.round_throughputs), 1),
+            "throughput_per_round": [round(x, 1) for x in t.round_throughputs],
+            "cpu_us_per_call": _us(t.cpu_ns / t.calls),
+        }
+    base = tallies[BASELINE]
+    base_tp = statistics.median(base.round_throughputs)
+    base_cpu = base.cpu_ns / base.calls
+    versus = {}
+    for name, t in tallies.items():
+        if name == BASELINE:
+            continue
+        versus[name] = {
+            "throughput_ratio": round(statistics.median(t.round_throughputs) / base_tp, 3),
+            "cpu_ratio": round((t.cpu_ns / t.calls) / base_cpu, 3),
+            "cpu_added_us": _us(t.cpu_ns / t.calls - base_cpu),
+        }
+    return {"variants": variants, f"vs_{BASELINE}": versus}
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for dist in ("agentrt", "openai", "httpx", "httpx2", "anyio", "uvicorn", "h11"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def print_tables(result: dict[str, Any], concurrency: int) -> None:
+    seq = result["concurrency_1"]
+    vs = seq[f"vs_{BASELINE}"]
+    print("\nconcurrency 1 (per call; added = vs openai)")
+    header = (
+        f"{'client':<16}{'median µs':>10}{'p99 µs':>9}{'added wall':>12}"
+        f"{'CPU µs':>9}{'added CPU µs':>14}"
+    )
+    print(header)
+    for name, v in seq["variants"].items():
+        added = vs.get(name)
+        wall = f"{added['wall_added_pct']:+.1f} %" if added else "-"
+        cpu = f"{added['cpu_added_us']:+.1f}" if added else "-"
+        print(
+            f"{name:<16}{v['median_us']:>10.1f}{v['p99_us']:>9.1f}{wall:>12}"
+            f"{v['cpu_us_per_call']:>9.1f}{cpu:>14}"
+        )
+    con = result[f"concurrency_{concurrency}"]
+    vs = con[f"vs_{BASELINE}"]
+    print(f"\nconcurrency {concurrency} (throughput: median over rounds)")
+    print(f"{'client':<16}{'calls/s':>10}{'ratio':>8}{'CPU µs':>9}{'CPU ratio':>11}")
+    for name, v in con["variants"].items():
+        added = vs.get(name)
+        tp = f"{added['throughput_ratio']:.3f}" if added else "-"
+        cr = f"{added['cpu_ratio']:.3f}" if added else "-"
+        print(
+            f"{name:<16}{v['throughput_per_s']:>10.0f}{tp:>8}{v['cpu_us_per_call']:>9.1f}{cr:>11}"
+        )
+    print("\ngoals (concurrency 1, vs openai):")
+    for name, g in result["goals"].items():
+        print(
+            f"  {name:<16} added wall {g['wall_added_pct']:+.2f} % "
+            f"({'met' if g['wall_met'] else 'NOT met'}, goal < {WALL_GOAL_PCT} %), "
+            f"added CPU {g['cpu_added_us']:+.1f} µs "
+            f"({'met' if g['cpu_met'] else 'NOT met'}, goal < {CPU_GOAL_US:.0f} µs)"
+        )
+
+
+# -- main ----------------------------------------------------------------------------------
+
+
+async def bench(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
+    names: list[str] = args.clients
+    if BASELINE not in names:
+        names = [BASELINE, *names]
+    async with AsyncExitStack() as stack:
+        clients: list[Client] = []
+        rt: agentrt.Runtime | None = None
+        for name in names:
+            if name == "openai":
+                oc = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
+                await stack.enter_async_context(oc)
+                clients.append(PlainOpenAI(name, oc))
+            elif name == "openai+httpx":
+                hc = httpx.AsyncClient(
+                    limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+                    timeout=httpx.Timeout(600.0, connect=10.0),
+                )
+                oc = openai.AsyncOpenAI(
+                    base_url=base_url, api_key="x", max_retries=0, http_client=hc
+                )
+                await stack.enter_async_context(oc)
+                clients.append(PlainOpenAI(name, oc))
+            else:
+                if rt is None:
+                    rt = await stack.enter_async_context(agentrt.Runtime([base_url]))
+                via_openai = name == "agentrt.openai"
+                clients.append(AgentrtClient(name, rt, args.calls_per_job, via_openai))
+
+        for client in clients:
+            await check(client)
+        # Warm-up: sequential calls, then a concurrent burst that fills each pool.
+        for client in clients:
+            await client.run(args.warmup, None)
+            await run_concurrent(client, args.concurrency * 4, args.concurrency)
+
+        gc.collect()
+        print(f"concurrency 1: {args.calls} calls per client in blocks of {args.block} ...")
+        seq = await sequential(clients, args.calls, args.block)
+        gc.collect()
+        print(
+            f"concurrency {args.concurrency}: {args.concurrent_calls} calls per client "
+            f"x {args.rounds} rounds ..."
+        )
+        con = await concurrent(clients, args.concurrent_calls, args.concurrency, args.rounds)
+
+        if args.profile is not None:
+            args.profile.mkdir(parents=True, exist_ok=True)
+            for client in clients:
+                profile = cProfile.Profile()
+                profile.enable()
+                await client.run(args.profile_calls, None)
+                profile.disable()
+                path = args.profile / f"{client.name}.pstats"
+                profile.dump_stats(path)
+                print(f"profile of {args.profile_calls} sequential calls: {path}")
+
+    result: dict[str, Any] = {
+        "concurrency_1": summarize_sequential(seq),
+        f"concurrency_{args.concurrency}": summarize_concurrent(con),
+    }
+    goals = {}
+    for name, v in result["concurrency_1"][f"vs_{BASELINE}"].items():
+        if not name.startswith("agentrt"):
+            continue
+        goals[name] = {
+            "wall_added_pct": v["wall_added_pct"],
+            "wall_met": v["wall_added_pct"] < WALL_GOAL_PCT,
+            "cpu_added_us": v["cpu_added_us"],
+            "cpu_met": v["cpu_added_us"] < CPU_GOAL_US,
+        }
+    result["goals"] = goals
+    return result
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="agentrt's per-call overhead vs a plain openai.AsyncOpenAI (loopback).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--calls", type=int, default=2000, help="sequential calls per client")
+    p.add_argument("--block", type=int, default=100, help="sequential calls per block")
+    p.add_argument("--concurrency", type=int, default=64, help="concurrent tasks per client")
+    p.add_argument(
+        "--concurrent-calls", type=int, default=5000, help="calls per client and round"
+    )
+    p.add_argument("--rounds", type=int, default=3, help="rounds at --concurrency")
+    p.add_argument("--calls-per-job", type=int, default=50, help="agentrt: calls per job")
+    p.add_argument("--warmup", type=int, default=200, help="warm-up calls per client")
+    p.add_argument(
+        "--clients",
+        nargs="+",
+        choices=ALL_CLIENTS,
+        default=list(ALL_CLIENTS),
+        help="clients to compare (openai, the baseline, is always included)",
+    )
+    p.add_argument("--server", choices=("uvicorn", "raw"), default="uvicorn")
+    p.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    p.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="pin client and server to different CPUs (needs >= 2)",
+    )
+    p.add_argument("--out", type=Path, default=Path("results/overhead.json"))
+    p.add_argument("--profile", type=Path, default=None, help="write cProfiles to this dir")
+    p.add_argument("--profile-calls", type=int, default=2000)
+    args = p.parse_args(argv)
+    for name in ("calls", "block", "concurrency", "concurrent_calls", "rounds", "calls_per_job"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    pin = args.pin and len(cpus) >= 2
+    server_cpu = cpus[1] if pin else None
+    if pin:
+        os.sched_setaffinity(0, {cpus[0]})
+    with echo_server(args.server, server_cpu) as base_url:
+        print(f"echo server ({args.server}) at {base_url}; client pinned: {pin}")
+        result = anyio.run(bench, args, base_url, backend=args.backend)
+    result = {
+        "meta": {
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "command": " ".join(["benchmarks/overhead.py", *(argv or sys.argv[1:])]),
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "pinned": pin,
+            "cpus": os.cpu_count(),
+            "machine": platform.platform(),
+            "versions": _versions(),
+            "request": REQUEST,
+        },
+        **result,
+    }
+    print_tables(result, args.concurrency)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
