@@ -524,3 +524,17 @@ async def test_priority_is_not_sent_unless_enabled() -> None:
             await s.chat(model="m", messages=MSG)
     assert "priority" not in fake.seen[0].body
     assert "x-agentrt-priority" not in fake.seen[0].headers
+
+
+async def test_refused_connection_on_loopback_names_the_endpoint() -> None:
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    async with Runtime([url], retry=Retry(attempts=2, wait_initial=0, wait_jitter=0)) as rt:
+        with pytest.raises(agentrt.EndpointError, match=f"127.0.0.1:{port}"):
+            async with rt.job("j") as job, job.session() as s:
+                await s.chat(model="m", messages=MSG)
+    assert job.report.status == "error" and job.report.call_reports[0].attempts == 2
