@@ -94,9 +94,23 @@ async def test_priority_is_accepted_and_reorders_on_a_priority_server(
     vllm_priority_engine: Replica,
 ) -> None:
     """With ``--scheduling-policy priority`` and one sequence at a time, a waiting call with
-    a lower priority value runs before one that arrived earlier with a higher value."""
-    url, model = vllm_priority_engine.base_url, vllm_priority_engine.model
+    a lower priority value runs before calls that arrived earlier with a higher value."""
+    replica = vllm_priority_engine
+    url, model = replica.base_url, replica.model
     order: list[str] = []
+
+    async def gauges() -> tuple[float, float]:
+        m = await anyio.to_thread.run_sync(replica.metrics)
+        return m["vllm:num_requests_running"], m["vllm:num_requests_waiting"]
+
+    async def until(cond: tuple[float, float]) -> None:
+        seen = None
+        with anyio.move_on_after(90):
+            while (seen := await gauges()) != cond:  # noqa: ASYNC110 - polls the engine
+                await anyio.sleep(0.05)
+            return
+        raise AssertionError(f"(running, waiting) stayed at {seen}, expected {cond}")
+
     async with agentrt.Runtime([url], dialect="vllm", send_priority=True) as rt:
 
         async def call(name: str, priority: int, tokens: int) -> None:
@@ -105,19 +119,23 @@ async def test_priority_is_accepted_and_reorders_on_a_priority_server(
                     model=model,
                     messages=[{"role": "user", "content": name}],
                     max_tokens=tokens,
-                    extra_body={"priority": priority},
+                    # Random weights may emit EOS early: make lengths exact.
+                    extra_body={"priority": priority, "ignore_eos": True},
                 )
             order.append(name)
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(call, "blocker", 0, 96)
-            await anyio.sleep(0.5)  # the blocker occupies the only sequence slot
-            tg.start_soon(call, "low-first-come", 10, 4)
-            await anyio.sleep(0.3)
-            tg.start_soon(call, "high-late", 1, 4)
-    assert order.index("high-late") < order.index("low-first-come")
+            tg.start_soon(call, "blocker", 0, 1000)
+            await until((1, 0))  # the blocker holds the only sequence slot
+            for name, prio in (("low-1", 10), ("low-2", 10), ("high", -10)):
+                tg.start_soon(call, name, prio, 4)
+                await anyio.sleep(0.05)
+            await until((1, 3))  # all three wait behind it
+    # Sent last, "high" runs first once the blocker is done.
+    assert order[1] == "high", order
     reports = {r.name: r for r in rt.reports()}
-    assert reports["high-late"].call_reports[0].priority is not None
+    assert all(r.status == "ok" for r in reports.values())
+    assert reports["high"].call_reports[0].latency_s < reports["low-2"].call_reports[0].latency_s  # type: ignore[operator]
 
 
 async def test_second_turn_hits_the_prefix_cache(vllm_engine: Replica) -> None:
