@@ -1,14 +1,84 @@
-"""The ``agentrt`` command."""
+"""The ``agentrt`` command: ``demo``, ``bench`` and ``sim serve``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import __version__
 
+if TYPE_CHECKING:
+    from .bench._runner import BenchConfig
+
 __all__ = ["main"]
+
+DEMO_CLIENTS = ("plain", "agentrt:round-robin", "agentrt:session")
+
+
+def _bench_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("results" if not demo else "results/demo"),
+        help="folder for results.json and the PNGs (default: %(default)s)",
+    )
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--seed", type=int, default=0)
+    if demo:
+        return
+    p.add_argument(
+        "--workload", default="mixed", choices=("react", "fanout", "chat", "mixed", "claude-code")
+    )
+    p.add_argument("--jobs", type=int, default=40, help="number of jobs (default: %(default)s)")
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="Poisson arrivals, jobs per second (default: all at once)",
+    )
+    p.add_argument(
+        "--client",
+        action="append",
+        dest="clients",
+        default=None,
+        help="'plain', 'agentrt:round-robin' or 'agentrt:session' (repeatable; default: all three)",
+    )
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--preset", default="h100-8b", help="embedded engine cost model")
+    p.add_argument(
+        "--endpoint",
+        action="append",
+        dest="endpoints",
+        default=[],
+        help="a real server's base URL (repeatable); default: the embedded cluster",
+    )
+    p.add_argument("--model", default=None)
+    p.add_argument(
+        "--no-stretch",
+        action="store_true",
+        help="skip the solo runs that give each job's JCT stretch",
+    )
+    p.add_argument(
+        "--traces",
+        type=Path,
+        default=None,
+        help="Claude Code traces folder (default: ../shared/traces/claude-code)",
+    )
+    p.add_argument("--token-scale", type=float, default=1.0)
+    p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument(
+        "--max-wait", type=float, default=None, help="cap one think or tool wait, seconds"
+    )
+    p.add_argument(
+        "--tool-wait",
+        type=float,
+        default=2.0,
+        help="median tool wait of the synthetic workloads, seconds",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -17,16 +87,140 @@ def _parser() -> argparse.ArgumentParser:
         description="agentrt: jobs, sessions and tool waits for LLM calls.",
     )
     parser.add_argument("--version", action="version", version=f"agentrt {__version__}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    demo = sub.add_parser(
+        "demo",
+        help="compare a plain client and agentrt on an embedded 4-replica cluster",
+        description="Runs a mixed agent workload (ReAct loops, fan-outs, chats) on an "
+        "embedded cluster of 4 simulated H100-class replicas in virtual time, with a "
+        "plain openai client and with agentrt, and prints the comparison.",
+    )
+    _bench_args(demo, demo=True)
+
+    bench = sub.add_parser("bench", help="run a benchmark workload through several clients")
+    _bench_args(bench, demo=False)
+
+    sim = sub.add_parser("sim", help="the embedded engine")
+    sim_sub = sim.add_subparsers(dest="sim_command", metavar="SIM_COMMAND")
+    serve = sim_sub.add_parser("serve", help="serve simulated replicas on loopback")
+    serve.add_argument("--replicas", type=int, default=1)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--preset", default="h100-8b")
     return parser
+
+
+def _run_bench(cfg: BenchConfig, out: Path, plots: bool, title: str) -> int:
+    from .bench._output import print_table, progress_bar
+    from .bench._runner import run_bench
+
+    solo = 1 if cfg.stretch and not cfg.endpoints else 0
+    total = cfg.jobs * (len(cfg.clients) + solo)
+    with progress_bar(total, enabled=sys.stderr.isatty()) as advance:
+        result = run_bench(cfg, advance)
+    clock = "virtual time" if result.virtual_time else "wall-clock time"
+    print_table(
+        result,
+        f"{title} ({result.calls} calls per client, {clock}, {result.wall_s:.1f} s wall)",
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    result.save(out / "results.json")
+    print(f"results: {out / 'results.json'}")
+    if plots:
+        try:
+            from .bench._output import plot
+
+            paths = [str(p) for p in plot(result, out)]
+        except ImportError:
+            print("plots: install the report extra for PNG plots: pip install -e '.[report]'")
+        else:
+            print("plots: " + ", ".join(paths))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .bench._runner import BenchConfig
+
+    cfg = BenchConfig(
+        workload="mixed",
+        jobs=60,
+        rate=1.0,
+        seed=args.seed,
+        clients=DEMO_CLIENTS,
+        replicas=4,
+        preset="h100-8b",
+    )
+    started = time.perf_counter()
+    rc = _run_bench(
+        cfg,
+        args.out,
+        not args.no_plots,
+        "agentrt demo: 60 agent jobs on 4 simulated H100-class replicas",
+    )
+    print(
+        "JCT is each job's completion time; stretch is JCT over the same job's JCT alone "
+        "on an idle cluster (1.0 is the limit).\n"
+        f"Done in {time.perf_counter() - started:.1f} s. More: agentrt bench --help"
+    )
+    return rc
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench._runner import BenchConfig
+    from .bench._workloads import TraceOptions
+
+    cfg = BenchConfig(
+        workload=args.workload,
+        jobs=args.jobs,
+        rate=args.rate,
+        seed=args.seed,
+        clients=tuple(args.clients or DEMO_CLIENTS),
+        replicas=args.replicas,
+        preset=args.preset,
+        endpoints=tuple(args.endpoints),
+        model=args.model,
+        traces=TraceOptions(
+            directory=args.traces,
+            token_scale=args.token_scale,
+            time_scale=args.time_scale,
+            max_wait_s=args.max_wait,
+        ),
+        stretch=not args.no_stretch and not args.endpoints,
+        tool_wait_s=args.tool_wait,
+    )
+    return _run_bench(cfg, args.out, not args.no_plots, f"agentrt bench: {args.workload}")
+
+
+def _sim_serve(args: argparse.Namespace) -> int:
+    from .sim import serve
+
+    def ready(urls: tuple[str, ...]) -> None:
+        print("serving (Ctrl-C to stop):")
+        for url in urls:
+            print(f"  {url}")
+
+    try:
+        serve(args.replicas, args.host, args.port, args.preset, on_ready=ready)
+    except KeyboardInterrupt:
+        pass
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 0
+    try:
+        if args.command == "demo":
+            return _demo(args)
+        if args.command == "bench":
+            return _bench(args)
+        if args.command == "sim" and args.sim_command == "serve":
+            return _sim_serve(args)
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        print(f"agentrt: error: {exc}", file=sys.stderr)
+        return 2
+    parser.print_help()
     return 0
 
 

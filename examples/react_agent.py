@@ -106,9 +106,7 @@ async def main() -> int:
     parser.add_argument("--max-steps", type=int, default=6)
     args = parser.parse_args()
 
-    async with agentrt.Runtime(
-        [args.base_url], dialect=args.dialect, api_key=args.api_key
-    ) as rt:
+    async with agentrt.Runtime([args.base_url], dialect=args.dialect, api_key=args.api_key) as rt:
         report = await run_agent(rt, args.model, args.question, args.max_steps)
     print(
         f"job {report.job_id}: status={report.status} jct={report.jct_s:.3f}s "

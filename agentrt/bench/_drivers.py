@@ -1,0 +1,308 @@
+"""Clients that run job plans: ``plain`` (a bare openai client) and agentrt's variants."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import anyio
+import httpx
+import openai
+from openai.types.chat import ChatCompletionMessageParam
+
+from .._runtime import Runtime
+from ..sim import prompt_for_blocks
+from ._plan import BLOCK_TOKENS, Call, Fanout, JobPlan, SessionPlan
+
+__all__ = ["CallResult", "ClientSpec", "Driver", "JobResult", "Prompts", "make_driver"]
+
+PromptMode = Literal["sim", "text"]
+
+_WORDS = (
+    "alpha beta gamma delta table index value query error test parse build cache agent "
+    "token block stream reply model tool call file line code fix run check data list"
+).split()
+
+
+class Prompts:
+    """Renders a call's blocks as prompt text.
+
+    ``sim``: the embedded engine's block markers (exact token counts, a few bytes each).
+    ``text``: plain words, the same words for the same block id, so that a real engine's
+    prefix cache sees the same sharing (token counts are then only approximate).
+    """
+
+    def __init__(self, mode: PromptMode) -> None:
+        self.mode = mode
+        self._cache: dict[tuple[str, int], str] = {}
+
+    def _block_text(self, namespace: str, block: int) -> str:
+        key = (namespace, block)
+        text = self._cache.get(key)
+        if text is None:
+            rng = random.Random(f"{namespace}:{block}")
+            text = " ".join(rng.choice(_WORDS) for _ in range(BLOCK_TOKENS // 2)) + "\n"
+            if len(self._cache) < 200_000:
+                self._cache[key] = text
+        return text
+
+    def render(self, call: Call) -> str:
+        shared, own = call.blocks[: call.shared_blocks], call.blocks[call.shared_blocks :]
+        if self.mode == "sim":
+            parts = []
+            if shared:
+                parts.append(prompt_for_blocks(list(shared), BLOCK_TOKENS, namespace="shared"))
+            if own or call.tail_tokens:
+                parts.append(
+                    prompt_for_blocks(
+                        list(own),
+                        BLOCK_TOKENS,
+                        call.tail_tokens,
+                        namespace=call.namespace.replace("/", "_"),
+                    )
+                )
+            return "".join(parts) or "hi"
+        text = "".join(self._block_text("shared", b) for b in shared)
+        text += "".join(self._block_text(call.namespace, b) for b in own)
+        return text + " ".join(_WORDS[: max(1, call.tail_tokens // 2)])
+
+
+@dataclass(slots=True)
+class CallResult:
+    latency_s: float
+    ttft_s: float | None
+
+
+@dataclass(slots=True)
+class JobResult:
+    name: str
+    kind: str
+    arrival_s: float
+    start_s: float
+    jct_s: float
+    status: str
+    calls: list[CallResult] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSpec:
+    """A client to compare: ``plain``, or agentrt with a routing policy."""
+
+    name: str
+    kind: Literal["plain", "agentrt"]
+    routing: str = "round-robin"
+    dialect: str = "vllm"
+
+    @staticmethod
+    def parse(text: str) -> ClientSpec:
+        if text == "plain":
+            return ClientSpec("plain", "plain")
+        if text.startswith("agentrt"):
+            _, _, routing = text.partition(":")
+            routing = routing or "round-robin"
+            return ClientSpec(f"agentrt:{routing}", "agentrt", routing=routing)
+        raise ValueError(
+            f"unknown client {text!r}; use 'plain' or 'agentrt:<routing>' "
+            "(routing: round-robin, session)"
+        )
+
+
+class Driver(Protocol):
+    async def __aenter__(self) -> Driver: ...
+    async def __aexit__(self, *exc: object) -> None: ...
+    async def run_job(self, plan: JobPlan, t0: float) -> JobResult: ...
+
+
+def _extra(real_engine: bool) -> dict[str, Any]:
+    # Random-weight models may stop early at EOS; benchmark lengths must be exact.
+    return {"ignore_eos": True} if real_engine else {}
+
+
+class PlainDriver:
+    """Today's baseline: one bare ``openai.AsyncOpenAI`` per replica, every call sent at
+    once, round-robin over replicas, no tags, no job awareness."""
+
+    def __init__(
+        self,
+        urls: list[str],
+        transport: httpx.AsyncBaseTransport | None,
+        model: str,
+        prompts: Prompts,
+        real_engine: bool,
+    ) -> None:
+        self._http = httpx.AsyncClient(
+            transport=transport
+            or httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=None)),
+            timeout=httpx.Timeout(3600.0, connect=10.0),
+        )
+        self._clients = [
+            openai.AsyncOpenAI(
+                base_url=u,
+                api_key="x",
+                http_client=self._http,  # type: ignore[arg-type,unused-ignore]
+                max_retries=0,
+            )
+            for u in urls
+        ]
+        self._rr = itertools.cycle(range(len(urls)))
+        self._model = model
+        self._prompts = prompts
+        self._extra = _extra(real_engine)
+
+    async def __aenter__(self) -> PlainDriver:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._http.aclose()
+
+    async def _session(self, plan: SessionPlan, out: list[CallResult]) -> None:
+        for step in plan.steps:
+            if isinstance(step, Fanout):
+                async with anyio.create_task_group() as tg:
+                    for sub in step.sessions:
+                        tg.start_soon(self._session, sub, out)
+                continue
+            if step.wait_s:
+                await anyio.sleep(step.wait_s)
+            client = self._clients[next(self._rr)]
+            out.append(await _call(client, self._model, self._prompts, step, self._extra))
+
+    async def run_job(self, plan: JobPlan, t0: float) -> JobResult:
+        start = anyio.current_time()
+        calls: list[CallResult] = []
+        status = "ok"
+        try:
+            await self._session(plan.root, calls)
+        except Exception as exc:
+            status = f"error: {type(exc).__name__}"
+        return JobResult(
+            plan.name,
+            plan.kind,
+            plan.arrival_s,
+            start - t0,
+            anyio.current_time() - start,
+            status,
+            calls,
+        )
+
+
+async def _call(
+    client: openai.AsyncOpenAI, model: str, prompts: Prompts, step: Call, extra: dict[str, Any]
+) -> CallResult:
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": prompts.render(step)}]
+    start = anyio.current_time()
+    ttft = None
+    if step.stream:
+        stream = await client.chat.completions.create(
+            model=model,
+            messages=messages,
+            max_tokens=step.output_tokens,
+            stream=True,
+            extra_body=extra,
+        )
+        async for _ in stream:
+            if ttft is None:
+                ttft = anyio.current_time() - start
+    else:
+        await client.chat.completions.create(
+            model=model,
+            messages=messages,
+            max_tokens=step.output_tokens,
+            extra_body=extra,
+        )
+    return CallResult(anyio.current_time() - start, ttft)
+
+
+class AgentrtDriver:
+    """agentrt: jobs, sessions and tool waits, tagged and routed by the runtime."""
+
+    def __init__(
+        self,
+        spec: ClientSpec,
+        urls: list[str],
+        transport: httpx.AsyncBaseTransport | None,
+        model: str,
+        prompts: Prompts,
+        real_engine: bool,
+    ) -> None:
+        self._rt = Runtime(
+            urls,
+            routing=spec.routing,
+            dialect=spec.dialect,
+            transport=transport,
+            timeout_s=3600.0,
+            keep_reports=0,
+        )
+        self._model = model
+        self._prompts = prompts
+        self._extra = _extra(real_engine)
+
+    async def __aenter__(self) -> AgentrtDriver:
+        await self._rt.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._rt.__aexit__(None, None, None)
+
+    async def _session(self, job: Any, plan: SessionPlan, parent: Any) -> None:
+        async with job.session(plan.name, parent=parent) as s:
+            for step in plan.steps:
+                if isinstance(step, Fanout):
+                    async with anyio.create_task_group() as tg:
+                        for sub in step.sessions:
+                            tg.start_soon(self._session, job, sub, s)
+                    continue
+                if step.wait_s:
+                    if step.tool:
+                        async with s.tool(step.tool):
+                            await anyio.sleep(step.wait_s)
+                    else:
+                        await anyio.sleep(step.wait_s)
+                messages = [{"role": "user", "content": self._prompts.render(step)}]
+                if step.stream:
+                    stream = await s.chat(
+                        model=self._model,
+                        messages=messages,
+                        max_tokens=step.output_tokens,
+                        stream=True,
+                        extra_body=self._extra,
+                    )
+                    async for _ in stream:
+                        pass
+                else:
+                    await s.chat(
+                        model=self._model,
+                        messages=messages,
+                        max_tokens=step.output_tokens,
+                        extra_body=self._extra,
+                    )
+
+    async def run_job(self, plan: JobPlan, t0: float) -> JobResult:
+        start = anyio.current_time()
+        status = "ok"
+        try:
+            async with self._rt.job(plan.name, metadata={"kind": plan.kind}) as job:
+                await self._session(job, plan.root, None)
+        except Exception as exc:
+            status = f"error: {type(exc).__name__}"
+        rep = job.report
+        calls = [CallResult(c.latency_s or 0.0, c.ttft_s) for c in rep.call_reports]
+        return JobResult(plan.name, plan.kind, plan.arrival_s, start - t0, rep.jct_s, status, calls)
+
+
+def make_driver(
+    spec: ClientSpec,
+    urls: list[str],
+    transport: httpx.AsyncBaseTransport | None,
+    model: str,
+    prompts: Prompts,
+    real_engine: bool,
+) -> Driver:
+    factory: Callable[..., Driver]
+    if spec.kind == "plain":
+        return PlainDriver(urls, transport, model, prompts, real_engine)
+    factory = AgentrtDriver
+    return factory(spec, urls, transport, model, prompts, real_engine)

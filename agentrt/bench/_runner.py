@@ -1,0 +1,333 @@
+"""The benchmark runner: the same workload through each client, side by side.
+
+On the embedded cluster (the default) every client gets a fresh cluster and the run is in
+virtual time (:class:`VirtualTimeLoop`), so results do not depend on this machine's noise and
+hours of cluster time take seconds. Against real servers (``endpoints``) it runs in
+wall-clock time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+
+from ..sim import PRESETS, Cluster
+from ._clock import VirtualTimeLoop
+from ._drivers import ClientSpec, JobResult, Prompts, make_driver
+from ._plan import JobPlan
+from ._workloads import Arrivals, TraceOptions, make_workload
+
+__all__ = ["BenchConfig", "BenchResult", "ClientResult", "run_bench"]
+
+
+@dataclass(slots=True)
+class BenchConfig:
+    """One benchmark run. See ``agentrt bench --help`` for each option."""
+
+    workload: str = "mixed"
+    jobs: int = 40
+    rate: float | None = None
+    """Poisson arrivals, jobs per (simulated) second; None: all jobs arrive at once."""
+    seed: int = 0
+    clients: Sequence[str] = ("plain", "agentrt:round-robin", "agentrt:session")
+    replicas: int = 4
+    preset: str = "h100-8b"
+    endpoints: Sequence[str] = ()
+    """Real OpenAI-compatible servers (wall-clock time); empty: the embedded cluster."""
+    model: str | None = None
+    traces: TraceOptions = field(default_factory=TraceOptions)
+    stretch: bool = True
+    """Also run every job alone on an idle cluster, for JCT stretch (embedded only)."""
+    tool_wait_s: float = 2.0
+
+
+@dataclass(slots=True)
+class ClientResult:
+    client: str
+    jobs: int
+    failed: int
+    makespan_s: float
+    jct: dict[str, float]
+    stretch: dict[str, float] | None
+    call_latency: dict[str, float]
+    ttft: dict[str, float] | None
+    jobs_per_s: float
+    tokens_per_s: float | None
+    prefix_cache_hit_rate: float | None
+    load_imbalance: float | None
+    utilization: float | None
+    job_rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class BenchResult:
+    config: dict[str, Any]
+    virtual_time: bool
+    wall_s: float
+    calls: int
+    clients: list[ClientResult]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json())
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    if not values:
+        return math.nan
+    s = sorted(values)
+    k = min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))
+    return s[k]
+
+
+def _dist(values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {"mean": math.nan, "p50": math.nan, "p90": math.nan, "p99": math.nan}
+    return {
+        "mean": statistics.fmean(values),
+        "p50": _pct(values, 0.5),
+        "p90": _pct(values, 0.9),
+        "p99": _pct(values, 0.99),
+    }
+
+
+Progress = Callable[[str], None]
+
+
+async def _replay(
+    plans: Sequence[JobPlan],
+    run_job: Callable[[JobPlan, float], Any],
+    progress: Progress,
+    label: str,
+) -> tuple[list[JobResult], float]:
+    results: list[JobResult] = []
+    t0 = anyio.current_time()
+
+    async def one(plan: JobPlan) -> None:
+        results.append(await run_job(plan, t0))
+        progress(label)
+
+    async with anyio.create_task_group() as tg:
+        for plan in sorted(plans, key=lambda p: p.arrival_s):
+            delay = t0 + plan.arrival_s - anyio.current_time()
+            if delay > 0:
+                await anyio.sleep(delay)
+            tg.start_soon(one, plan)
+    return results, anyio.current_time() - t0
+
+
+def _summarize(
+    name: str,
+    results: list[JobResult],
+    makespan: float,
+    alone: dict[str, float] | None,
+    engine: dict[str, float | None],
+) -> ClientResult:
+    ok = [r for r in results if r.status == "ok"]
+    jcts = [r.jct_s for r in ok]
+    lat = [c.latency_s for r in ok for c in r.calls]
+    ttft = [c.ttft_s for r in ok for c in r.calls if c.ttft_s is not None]
+    stretch = None
+    if alone:
+        ratios = [r.jct_s / alone[r.name] for r in ok if alone.get(r.name)]
+        stretch = _dist(ratios)
+    rows = [
+        {
+            "name": r.name,
+            "kind": r.kind,
+            "arrival_s": r.arrival_s,
+            "jct_s": r.jct_s,
+            "status": r.status,
+            "calls": len(r.calls),
+            "call_latency_p50": _pct([c.latency_s for c in r.calls], 0.5),
+            "alone_jct_s": alone.get(r.name) if alone else None,
+        }
+        for r in sorted(results, key=lambda r: r.arrival_s)
+    ]
+    return ClientResult(
+        client=name,
+        jobs=len(results),
+        failed=len(results) - len(ok),
+        makespan_s=makespan,
+        jct=_dist(jcts),
+        stretch=stretch,
+        call_latency={"p50": _pct(lat, 0.5), "p99": _pct(lat, 0.99)},
+        ttft={"p50": _pct(ttft, 0.5), "p99": _pct(ttft, 0.99)} if ttft else None,
+        jobs_per_s=len(ok) / makespan if makespan > 0 else math.nan,
+        tokens_per_s=engine.get("tokens_per_s"),
+        prefix_cache_hit_rate=engine.get("hit_rate"),
+        load_imbalance=engine.get("imbalance"),
+        utilization=engine.get("utilization"),
+        job_rows=rows,
+    )
+
+
+def _sim_engine_stats(cluster: Cluster, makespan: float) -> dict[str, float | None]:
+    stats = cluster.stats()
+    queries = sum(s.prefix_cache_queries for s in stats)
+    hits = sum(s.prefix_cache_hits for s in stats)
+    busy = [s.busy_s for s in stats]
+    mean_busy = statistics.fmean(busy)
+    tokens = sum(s.prompt_tokens + s.generation_tokens for s in stats)
+    return {
+        "hit_rate": hits / queries if queries else None,
+        "imbalance": max(busy) / mean_busy if mean_busy > 0 else None,
+        "utilization": mean_busy / makespan if makespan > 0 else None,
+        "tokens_per_s": tokens / makespan if makespan > 0 else None,
+    }
+
+
+async def _run_sim(
+    cfg: BenchConfig, plans: list[JobPlan], progress: Progress
+) -> list[ClientResult]:
+    preset = PRESETS[cfg.preset]
+    model = cfg.model or preset.model_name
+    alone: dict[str, float] | None = None
+    if cfg.stretch:
+        alone = {}
+
+        async def solo(plan: JobPlan) -> None:
+            async with Cluster(cfg.replicas, preset) as cluster:
+                driver = make_driver(
+                    ClientSpec.parse("agentrt:session"),
+                    list(cluster.base_urls),
+                    cluster.transport(),
+                    model,
+                    Prompts("sim"),
+                    False,
+                )
+                async with driver:
+                    res = await driver.run_job(plan, anyio.current_time())
+            assert alone is not None
+            alone[plan.name] = res.jct_s
+            progress("alone")
+
+        async with anyio.create_task_group() as tg:
+            for plan in plans:
+                tg.start_soon(solo, plan)
+
+    out = []
+    for name in cfg.clients:
+        spec = ClientSpec.parse(name)
+        async with Cluster(cfg.replicas, preset) as cluster:
+            driver = make_driver(
+                spec, list(cluster.base_urls), cluster.transport(), model, Prompts("sim"), False
+            )
+            async with driver:
+                results, makespan = await _replay(plans, driver.run_job, progress, spec.name)
+            engine = _sim_engine_stats(cluster, makespan)
+        out.append(_summarize(spec.name, results, makespan, alone, engine))
+    return out
+
+
+async def _metrics(client: httpx.AsyncClient, url: str) -> dict[str, float]:
+    base = url[: -len("/v1")] if url.endswith("/v1") else url
+    try:
+        resp = await client.get(base + "/metrics")
+    except httpx.HTTPError:
+        return {}
+    out: dict[str, float] = {}
+    for line in resp.text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name, _, value = line.rpartition(" ")
+        key = name.split("{", 1)[0]
+        try:
+            out[key] = out.get(key, 0.0) + float(value)
+        except ValueError:
+            continue
+    return out
+
+
+async def _run_real(
+    cfg: BenchConfig, plans: list[JobPlan], progress: Progress
+) -> list[ClientResult]:
+    urls = list(cfg.endpoints)
+    out = []
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        model = cfg.model
+        if model is None:
+            resp = await http.get(urls[0].rstrip("/") + "/models")
+            model = resp.json()["data"][0]["id"]
+        for name in cfg.clients:
+            spec = ClientSpec.parse(name)
+            before = [await _metrics(http, u) for u in urls]
+            driver = make_driver(spec, urls, None, model, Prompts("text"), True)
+            async with driver:
+                results, makespan = await _replay(plans, driver.run_job, progress, spec.name)
+            after = [await _metrics(http, u) for u in urls]
+
+            def delta(
+                key: str, b: list[dict[str, float]], a: list[dict[str, float]]
+            ) -> list[float]:
+                return [a[i].get(key, 0.0) - b[i].get(key, 0.0) for i in range(len(urls))]
+
+            queries = math.fsum(delta("vllm:prefix_cache_queries_total", before, after))
+            hits = math.fsum(delta("vllm:prefix_cache_hits_total", before, after))
+            load = [
+                p + g
+                for p, g in zip(
+                    delta("vllm:prompt_tokens_total", before, after),
+                    delta("vllm:generation_tokens_total", before, after),
+                    strict=True,
+                )
+            ]
+            mean_load = statistics.fmean(load) if load else 0.0
+            total = math.fsum(load)
+            engine: dict[str, float | None] = {
+                "hit_rate": hits / queries if queries else None,
+                "imbalance": max(load) / mean_load if mean_load > 0 else None,
+                "utilization": None,
+                "tokens_per_s": total / makespan if makespan > 0 and total else None,
+            }
+            out.append(_summarize(spec.name, results, makespan, None, engine))
+    return out
+
+
+def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchResult:
+    """Run the benchmark (blocking: it starts its own event loop)."""
+    for name in cfg.clients:
+        ClientSpec.parse(name)
+    if not cfg.endpoints and cfg.preset not in PRESETS:
+        raise ValueError(f"unknown preset {cfg.preset!r}; known: {', '.join(PRESETS)}")
+    plans = make_workload(
+        cfg.workload,
+        cfg.jobs,
+        Arrivals(cfg.rate, cfg.seed),
+        seed=cfg.seed,
+        traces=cfg.traces,
+        tool_wait_s=cfg.tool_wait_s,
+    )
+    report: Progress = progress or (lambda label: None)
+    started = time.perf_counter()
+    if cfg.endpoints:
+        clients = anyio.run(_run_real, cfg, plans, report)
+        virtual = False
+    else:
+        clients = anyio.run(
+            _run_sim, cfg, plans, report, backend_options={"loop_factory": VirtualTimeLoop}
+        )
+        virtual = True
+    config = asdict(cfg)
+    config["traces"] = {
+        k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg.traces).items()
+    }
+    return BenchResult(
+        config=config,
+        virtual_time=virtual,
+        wall_s=time.perf_counter() - started,
+        calls=sum(p.calls() for p in plans),
+        clients=clients,
+    )

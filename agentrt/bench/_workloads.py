@@ -1,0 +1,278 @@
+"""Workloads: synthetic agent jobs and the Claude Code trace replay, with arrivals.
+
+Every generator is seeded, so a workload is the same list of :class:`JobPlan` each time.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import random
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Final
+
+from ._plan import BLOCK_TOKENS, Call, Fanout, JobPlan, SessionPlan, Step
+
+__all__ = [
+    "WORKLOADS",
+    "Arrivals",
+    "TraceOptions",
+    "chat_job",
+    "claude_code_jobs",
+    "fanout_job",
+    "make_workload",
+    "react_job",
+]
+
+SYSTEM_BLOCKS: Final = 24
+"""A synthetic agent's system prompt and tool definitions: 24 blocks (1536 tokens)."""
+
+
+def _lognormal(rng: random.Random, median: float, sigma: float) -> float:
+    return median * math.exp(rng.gauss(0.0, sigma))
+
+
+class _Conversation:
+    """A growing prompt: shared system blocks, then the session's own blocks."""
+
+    def __init__(self, namespace: str, shared: int) -> None:
+        self.namespace = namespace
+        self.shared = shared
+        self.own = 0
+
+    def call(self, rng_wait: float, tool: str | None, add_tokens: int, out: int) -> Call:
+        self.own += max(1, round(add_tokens / BLOCK_TOKENS))
+        blocks = tuple(range(self.shared)) + tuple(range(100_000, 100_000 + self.own))
+        call = Call(
+            wait_s=rng_wait,
+            tool=tool,
+            blocks=blocks,
+            namespace=self.namespace,
+            shared_blocks=self.shared,
+            tail_tokens=0,
+            output_tokens=out,
+        )
+        self.own += max(1, round(out / BLOCK_TOKENS))  # the reply joins the conversation
+        return call
+
+
+def react_job(rng: random.Random, name: str, *, tool_wait_s: float = 2.0) -> SessionPlan:
+    """A tool loop: 4-12 turns; each turn's tool result grows the prompt."""
+    conv = _Conversation(name, SYSTEM_BLOCKS)
+    steps: list[Step] = [conv.call(0.0, None, rng.randint(200, 600), rng.randint(60, 250))]
+    for _ in range(rng.randint(3, 11)):
+        wait = _lognormal(rng, tool_wait_s, 1.0)
+        steps.append(
+            conv.call(
+                wait,
+                rng.choice(("bash", "grep", "read")),
+                rng.randint(150, 900),
+                rng.randint(40, 300),
+            )
+        )
+    return SessionPlan("agent", tuple(steps))
+
+
+def fanout_job(rng: random.Random, name: str, *, tool_wait_s: float = 2.0) -> SessionPlan:
+    """A planner, k concurrent sub-agents (3-5 turns each), and a reducing turn."""
+    planner = _Conversation(f"{name}.planner", SYSTEM_BLOCKS)
+    steps: list[Step] = [planner.call(0.0, None, rng.randint(300, 800), rng.randint(150, 400))]
+    subs = []
+    for k in range(rng.randint(3, 6)):
+        conv = _Conversation(f"{name}.sub{k}", SYSTEM_BLOCKS)
+        sub_steps: list[Step] = [conv.call(0.0, None, rng.randint(200, 500), rng.randint(60, 200))]
+        for _ in range(rng.randint(2, 4)):
+            sub_steps.append(
+                conv.call(
+                    _lognormal(rng, tool_wait_s, 1.0),
+                    "search",
+                    rng.randint(200, 1200),
+                    rng.randint(40, 200),
+                )
+            )
+        subs.append(SessionPlan(f"sub{k}", tuple(sub_steps)))
+    steps.append(Fanout(tuple(subs)))
+    steps.append(planner.call(0.0, None, 64 * len(subs) * 4, rng.randint(200, 500)))
+    return SessionPlan("planner", tuple(steps))
+
+
+def chat_job(rng: random.Random, name: str, *, think_s: float = 15.0) -> SessionPlan:
+    """A person chatting: 3-8 turns with human think times, a short system prompt."""
+    conv = _Conversation(name, 4)
+    steps: list[Step] = [conv.call(0.0, None, rng.randint(20, 200), rng.randint(100, 400))]
+    for _ in range(rng.randint(2, 7)):
+        steps.append(
+            conv.call(
+                _lognormal(rng, think_s, 0.7), None, rng.randint(20, 200), rng.randint(100, 400)
+            )
+        )
+    return SessionPlan("chat", tuple(steps))
+
+
+@dataclass(frozen=True, slots=True)
+class TraceOptions:
+    """How the Claude Code traces are replayed."""
+
+    directory: Path | None = None
+    """Folder of ``trace_NNNN.json.gz`` (default: ``$AGENTRT_TRACES`` or
+    ``../shared/traces/claude-code`` next to the checkout)."""
+    limit: int | None = None
+    """Replay only the first ``limit`` traces."""
+    token_scale: float = 1.0
+    """Multiply prompt and output sizes (small engines)."""
+    time_scale: float = 1.0
+    """Multiply think and tool times."""
+    max_wait_s: float | None = None
+    """Cap one think or tool wait (a person away for an hour is not a tool wait)."""
+
+
+def default_trace_dir() -> Path:
+    import os
+
+    env = os.environ.get("AGENTRT_TRACES")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        candidate = parent.parent / "shared" / "traces" / "claude-code"
+        if candidate.is_dir():
+            return candidate
+    return Path("../shared/traces/claude-code")
+
+
+def _trace_session(
+    requests: Sequence[dict[str, Any]],
+    name: str,
+    namespace: str,
+    shared_blocks: int,
+    opts: TraceOptions,
+) -> SessionPlan:
+    steps: list[Step] = []
+    group: list[SessionPlan] = []
+    prev_stop = ""
+    for i, req in enumerate(requests):
+        if req.get("type") == "subagent":
+            sub_name = str(req.get("agent_id") or f"sub{i}")
+            group.append(
+                _trace_session(req.get("requests") or [], sub_name, namespace, shared_blocks, opts)
+            )
+            continue
+        if group:
+            steps.append(Fanout(tuple(group)))
+            group = []
+        hashes = req.get("hash_ids") or []
+        tokens_in = int(req.get("in") or 0)
+        tokens_out = max(1, int(req.get("out") or 1))
+        scale = opts.token_scale
+        keep = min(len(hashes), max(1, round(len(hashes) * scale))) if hashes else 0
+        tail = max(0, round(tokens_in * scale) - keep * BLOCK_TOKENS)
+        tail = min(tail, BLOCK_TOKENS - 1)
+        wait = float(req.get("think_time") or 0.0) * opts.time_scale
+        if opts.max_wait_s is not None:
+            wait = min(wait, opts.max_wait_s)
+        steps.append(
+            Call(
+                wait_s=wait,
+                tool="tool" if prev_stop == "tool_use" else None,
+                blocks=tuple(int(h) for h in hashes[:keep]),
+                namespace=namespace,
+                shared_blocks=min(shared_blocks, keep),
+                tail_tokens=tail,
+                output_tokens=max(1, round(tokens_out * scale)),
+                stream=req.get("type") == "s",
+            )
+        )
+        prev_stop = str(req.get("stop") or "")
+    if group:
+        steps.append(Fanout(tuple(group)))
+    return SessionPlan(name, tuple(steps))
+
+
+def claude_code_jobs(opts: TraceOptions) -> list[SessionPlan]:
+    """One root session per trace file, in file order."""
+    directory = opts.directory or default_trace_dir()
+    files = sorted(directory.glob("trace_*.json.gz"))
+    if not files:
+        raise FileNotFoundError(
+            f"no trace_*.json.gz in {directory}; set AGENTRT_TRACES or --traces"
+        )
+    if opts.limit is not None:
+        files = files[: opts.limit]
+    out = []
+    for path in files:
+        with gzip.open(path, "rt") as f:
+            data = json.load(f)
+        # The tool definitions and system prompt head every prompt of every session: their
+        # blocks are shared across traces (hash ids are otherwise local to a file).
+        prefix_tokens = int(data.get("tool_tokens") or 0) + int(data.get("system_tokens") or 0)
+        shared = round(prefix_tokens * opts.token_scale) // BLOCK_TOKENS
+        out.append(_trace_session(data.get("requests") or [], "main", path.stem, shared, opts))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Arrivals:
+    """When jobs arrive: a Poisson process of ``rate`` jobs/s, or all at once (rate None)."""
+
+    rate: float | None = None
+    seed: int = 0
+
+    def times(self, n: int) -> Iterator[float]:
+        rng = random.Random(self.seed ^ 0x5EED)
+        t = 0.0
+        for _ in range(n):
+            yield t
+            if self.rate:
+                t += rng.expovariate(self.rate)
+
+
+Generator = Callable[[random.Random, str], SessionPlan]
+WORKLOADS: Final[dict[str, Generator | None]] = {
+    "react": react_job,
+    "fanout": fanout_job,
+    "chat": chat_job,
+    "mixed": None,
+    "claude-code": None,
+}
+
+
+def make_workload(
+    name: str,
+    jobs: int,
+    arrivals: Arrivals,
+    *,
+    seed: int = 0,
+    traces: TraceOptions | None = None,
+    tool_wait_s: float = 2.0,
+) -> list[JobPlan]:
+    """``jobs`` job plans of workload ``name`` (``react``, ``fanout``, ``chat``, ``mixed``,
+    ``claude-code``) with their arrival times."""
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}")
+    if jobs < 1:
+        raise ValueError("a workload needs at least one job")
+    rng = random.Random(seed)
+    roots: list[tuple[str, SessionPlan]] = []
+    if name == "claude-code":
+        opts = traces or TraceOptions()
+        if opts.limit is None or opts.limit > jobs:
+            opts = replace(opts, limit=jobs)
+        roots = [("claude-code", r) for r in claude_code_jobs(opts)]
+    else:
+        kinds = ["react", "fanout", "chat"] if name == "mixed" else [name]
+        weights = [0.5, 0.3, 0.2] if name == "mixed" else [1.0]
+        for i in range(jobs):
+            kind = rng.choices(kinds, weights)[0]
+            gen = WORKLOADS[kind]
+            assert gen is not None
+            if kind == "chat":
+                roots.append((kind, gen(rng, f"{kind}-{i}")))
+            else:
+                roots.append((kind, gen(rng, f"{kind}-{i}", tool_wait_s=tool_wait_s)))  # type: ignore[call-arg]
+    return [
+        JobPlan(name=f"{kind}-{i}", kind=kind, arrival_s=t, root=root)
+        for i, ((kind, root), t) in enumerate(zip(roots, arrivals.times(len(roots)), strict=True))
+    ]

@@ -1,0 +1,34 @@
+"""agentrt.sim: an embedded, OpenAI-compatible engine cluster with a modelled clock.
+
+Each replica is a continuous-batching engine (vLLM V1 semantics: iteration-level
+scheduling, a token budget, chunked prefill, FCFS or priority order, preemption by
+recompute) whose steps last what a linear :class:`CostModel` says, with a paged KV cache, a
+prefix cache and an optional host tier. Time only passes through ``anyio.sleep``, so a
+:class:`Cluster` runs in wall-clock time on asyncio and in virtual time under trio's
+``MockClock(autojump_threshold=0)``. See docs/sim.md.
+"""
+
+from ._calibrate import probe_engine
+from ._cluster import Cluster, Replica
+from ._config import PRESETS, EngineConfig
+from ._cost import CostModel, StepSample, calibrate
+from ._engine import ReplicaStats
+from ._serve import serve, serve_async
+from ._tokenize import count_tokens, output_text, prompt_for_blocks
+
+__all__ = [
+    "PRESETS",
+    "Cluster",
+    "CostModel",
+    "EngineConfig",
+    "Replica",
+    "ReplicaStats",
+    "StepSample",
+    "calibrate",
+    "count_tokens",
+    "output_text",
+    "probe_engine",
+    "prompt_for_blocks",
+    "serve",
+    "serve_async",
+]

@@ -1,0 +1,611 @@
+"""The OpenAI-compatible HTTP face of a replica: a small raw ASGI application.
+
+Routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (both with ``stream``),
+``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text, vLLM metric names).
+Requests are read like vLLM reads them: body ``priority`` (lower first; an error unless the
+replica schedules by priority) and ``session_id``, header ``X-Request-Id`` as the request id;
+plus agentrt's headers ``x-agentrt-session-id``, ``x-agentrt-priority`` (used when the body
+has no ``priority``) and ``x-agentrt-idle-expected-s`` (the tool wait that follows the
+reply, which drives the KV tool-wait policy).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Final
+
+import anyio
+
+from .._protocol import H_IDLE_EXPECTED, H_PRIORITY, H_SESSION
+from ._engine import ABORTED, Engine, RequestRejected, SimRequest
+from ._tokenize import Prompt, PromptError, output_text
+
+__all__ = ["INPROCESS_EXTENSION", "ASGIApp", "ClusterApp", "ReplicaApp", "Scope"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+INPROCESS_EXTENSION: Final = "agentrt.sim.inprocess"
+"""Scope extension set by the in-process transport: it cancels the app itself when the
+client goes away, so the app needs no disconnect watcher."""
+
+_CREATED_EPOCH: Final = 1_700_000_000
+"""``created`` timestamps are this epoch plus the engine clock (never the wall clock)."""
+
+_JSON_HEADERS: Final = [(b"content-type", b"application/json")]
+_SSE_HEADERS: Final = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+]
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+_ERROR_TYPES: Final = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    405: "MethodNotAllowed",
+    503: "ServiceUnavailableError",
+}
+
+
+def _error_body(status: int, message: str, param: str | None = None) -> bytes:
+    return json.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": _ERROR_TYPES.get(status, "InternalServerError"),
+                "param": param,
+                "code": status,
+            }
+        }
+    ).encode()
+
+
+async def _send_bytes(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*headers, (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class _Disconnected(Exception):
+    """The client went away before its request body arrived."""
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise _Disconnected
+        chunk = msg.get("body", b"")
+        if chunk:
+            chunks.append(chunk)
+        if not msg.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        msg = await receive()
+        if msg["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif msg["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+_H_SESSION: Final = H_SESSION
+_WANTED: Final = frozenset({H_SESSION, H_PRIORITY, H_IDLE_EXPECTED, "x-session-id", "x-request-id"})
+
+
+def _headers_dict(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The request headers the app reads, by lower-case name."""
+    out: dict[str, str] = {}
+    for k, v in headers:
+        name = k.decode("latin-1").lower()
+        if name in _WANTED:
+            out[name] = v.decode("latin-1")
+    return out
+
+
+class Reply:
+    """A response: status, headers, and either the whole body or a stream of chunks."""
+
+    __slots__ = ("body", "headers", "status", "stream")
+
+    def __init__(
+        self,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes = b"",
+        stream: SSEStream | None = None,
+    ) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self.stream = stream
+
+
+def _json_reply(status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> Reply:
+    headers = [*_JSON_HEADERS, *(extra or []), (b"content-length", str(len(body)).encode())]
+    return Reply(status, headers, body)
+
+
+class ReplicaApp:
+    """The ASGI application of one replica.
+
+    :meth:`respond` is the application proper (request in, :class:`Reply` out); the ASGI
+    ``__call__`` adapts it to ASGI, and the in-process transport calls it directly.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._ids = itertools.count(1)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        try:
+            body = await _read_body(receive)
+        except _Disconnected:
+            return
+        if scope["method"] != "POST" or INPROCESS_EXTENSION in scope.get("extensions", {}):
+            await self._serve(scope, body, send)
+            return
+        # Generation: cancel it if the client disconnects meanwhile.
+        async with anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                while True:
+                    msg = await receive()
+                    if msg["type"] == "http.disconnect":
+                        tg.cancel_scope.cancel()
+                        return
+
+            tg.start_soon(watch)
+            try:
+                await self._serve(scope, body, send)
+            finally:
+                tg.cancel_scope.cancel()
+
+    async def _serve(self, scope: Scope, body: bytes, send: Send) -> None:
+        reply = await self.respond(scope["method"], scope["path"], scope.get("headers", []), body)
+        await send(
+            {"type": "http.response.start", "status": reply.status, "headers": reply.headers}
+        )
+        stream = reply.stream
+        if stream is None:
+            await send({"type": "http.response.body", "body": reply.body, "more_body": False})
+            return
+        try:
+            async for chunk in stream:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            stream.close()
+
+    async def respond(
+        self, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> Reply:
+        """Answer one request. A streamed reply's chunks come from ``reply.stream``; close
+        it (``stream.close()``) if it is not read to the end."""
+        try:
+            if path in ("/v1/chat/completions", "/v1/completions"):
+                if method != "POST":
+                    raise _HTTPError(405, f"{method} is not allowed on {path}")
+                return await self._generate(path, headers, body)
+            if method != "GET":
+                raise _HTTPError(405, f"{method} is not allowed on {path}")
+            if path == "/health":
+                return Reply(200, [(b"content-length", b"0")])
+            if path == "/v1/models":
+                return _json_reply(200, self._models())
+            if path == "/metrics":
+                text = render_metrics(self.engine).encode()
+                return Reply(
+                    200,
+                    [
+                        (b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
+                        (b"content-length", str(len(text)).encode()),
+                    ],
+                    text,
+                )
+            if path == "/version":
+                return _json_reply(200, b'{"version":"agentrt-sim"}')
+            raise _HTTPError(404, f"no route {path}")
+        except _HTTPError as e:
+            return _json_reply(e.status, _error_body(e.status, e.message, e.param))
+
+    def _models(self) -> bytes:
+        cfg = self.engine.config
+        return json.dumps(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": cfg.model_name,
+                        "object": "model",
+                        "created": _CREATED_EPOCH,
+                        "owned_by": "agentrt-sim",
+                        "root": cfg.model_name,
+                        "parent": None,
+                        "max_model_len": cfg.max_model_len or cfg.num_gpu_blocks * cfg.block_size,
+                    }
+                ],
+            }
+        ).encode()
+
+    async def _generate(self, path: str, headers: list[tuple[bytes, bytes]], raw: bytes) -> Reply:
+        engine = self.engine
+        cfg = engine.config
+        chat = path == "/v1/chat/completions"
+        if not engine.started:
+            raise _HTTPError(503, f"the engine of {engine.name} is not running")
+        try:
+            body = json.loads(raw)
+        except ValueError as e:
+            raise _HTTPError(400, f"invalid JSON body: {e}") from None
+        if not isinstance(body, dict):
+            raise _HTTPError(400, "the body must be a JSON object")
+        try:
+            if chat:
+                prompt = engine.tokenizer.chat(body.get("messages"))
+            else:
+                if "prompt" not in body:
+                    raise _HTTPError(400, "'prompt' is required", param="prompt")
+                prompt = engine.tokenizer.completion(body["prompt"])
+        except PromptError as e:
+            raise _HTTPError(400, str(e), param="messages" if chat else "prompt") from None
+        max_tokens = body.get("max_completion_tokens") if chat else None
+        if max_tokens is None:
+            max_tokens = body.get("max_tokens")
+        if max_tokens is None:
+            max_tokens = cfg.default_max_tokens
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise _HTTPError(400, "max_tokens must be an integer >= 1", param="max_tokens")
+        n = body.get("n", 1)
+        if n not in (1, None):
+            raise _HTTPError(400, "the simulator only supports n=1", param="n")
+        hdr = _headers_dict(headers)
+        priority = _priority(body, hdr, cfg.scheduling == "priority")
+        session = body.get("session_id")
+        if not isinstance(session, str) or not session:
+            session = hdr.get(_H_SESSION) or hdr.get("x-session-id")
+        idle = _idle_expected(hdr)
+        rid = hdr.get("x-request-id") or f"sim-{engine.name}-{next(self._ids)}"
+        stream = bool(body.get("stream", False))
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            model = cfg.model_name
+        try:
+            req = engine.submit(
+                prompt,
+                max_tokens,
+                request_id=rid,
+                priority=priority,
+                session=session,
+                idle_expected=idle,
+                stream=stream,
+            )
+        except RequestRejected as e:
+            raise _HTTPError(400, str(e)) from None
+        rid_header = (b"x-request-id", rid.encode("latin-1"))
+        if stream:
+            opts = body.get("stream_options")
+            include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+            return Reply(
+                200,
+                [*_SSE_HEADERS, rid_header],
+                stream=SSEStream(engine, req, prompt, rid, model, chat, include_usage),
+            )
+        try:
+            while not req.done:
+                await req.wait_output(req.num_output)
+        finally:
+            if not req.done:
+                engine.abort(req)
+        if req.status == ABORTED:  # pragma: no cover - only when the engine shuts down
+            raise _HTTPError(500, "the request was aborted")
+        return _json_reply(200, _completion_body(req, prompt, rid, model, chat), [rid_header])
+
+
+def _completion_body(req: SimRequest, prompt: Prompt, rid: str, model: str, chat: bool) -> bytes:
+    text = output_text(req.max_tokens)
+    created = _CREATED_EPOCH + int(anyio.current_time())
+    usage = _usage(req, prompt)
+    choice: dict[str, Any] = {"index": 0}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text, "tool_calls": []}
+    else:
+        choice["text"] = text
+    choice.update({"logprobs": None, "finish_reason": "length", "stop_reason": None})
+    doc = {
+        "id": f"chatcmpl-{rid}" if chat else f"cmpl-{rid}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage,
+    }
+    return json.dumps(doc).encode()
+
+
+class SSEStream:
+    """The chunks of a streamed reply, made as the engine produces tokens.
+
+    An async iterator of ``bytes`` (server-sent events in OpenAI's chunk format);
+    :meth:`close` aborts the request if it has not finished.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        req: SimRequest,
+        prompt: Prompt,
+        rid: str,
+        model: str,
+        chat: bool,
+        include_usage: bool,
+    ) -> None:
+        self._engine = engine
+        self._req = req
+        self._prompt = prompt
+        self._rid = rid
+        self._model = model
+        self._chat = chat
+        self._usage_tail = ',"usage":null' if include_usage else ""
+        self._include_usage = include_usage
+        self._seen = 0
+        self._finished = False
+        self._created = _CREATED_EPOCH + int(anyio.current_time())
+        ident = json.dumps(("chatcmpl-" if chat else "cmpl-") + rid)
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        field = "delta" if chat else "text"
+        self._head = (
+            f'data: {{"id":{ident},"object":"{kind}","created":{self._created},'
+            f'"model":{json.dumps(model)},"choices":[{{"index":0,"{field}":'
+        )
+        self._text = output_text(req.max_tokens)
+
+    def __aiter__(self) -> SSEStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._finished:
+            raise StopAsyncIteration
+        req = self._req
+        seen = self._seen
+        try:
+            count = await req.wait_output(seen)
+        except BaseException:
+            self.close()
+            raise
+        if req.status == ABORTED or count <= seen:
+            self._finished = True
+            raise StopAsyncIteration
+        piece = json.dumps(self._text[seen * 4 : count * 4])
+        last = count >= req.max_tokens
+        finish = '"length"' if last else "null"
+        head = self._head
+        tail = self._usage_tail
+        parts: list[str] = []
+        if self._chat:
+            if seen == 0:
+                parts.append(
+                    f'{head}{{"role":"assistant","content":""}},"logprobs":null,'
+                    f'"finish_reason":null}}]{tail}}}\n\n'
+                )
+            parts.append(
+                f'{head}{{"content":{piece}}},"logprobs":null,"finish_reason":{finish}'
+                f"}}]{tail}}}\n\n"
+            )
+        else:
+            parts.append(
+                f'{head}{piece},"logprobs":null,"finish_reason":{finish},'
+                f'"stop_reason":null}}]{tail}}}\n\n'
+            )
+        if last:
+            if self._include_usage:
+                usage_doc: dict[str, Any] = {
+                    "id": ("chatcmpl-" if self._chat else "cmpl-") + self._rid,
+                    "object": "chat.completion.chunk" if self._chat else "text_completion",
+                    "created": self._created,
+                    "model": self._model,
+                    "choices": [],
+                    "usage": _usage(req, self._prompt),
+                }
+                parts.append(f"data: {json.dumps(usage_doc)}\n\n")
+            parts.append("data: [DONE]\n\n")
+            self._finished = True
+        self._seen = count
+        return "".join(parts).encode()
+
+    def close(self) -> None:
+        """Stop the stream; the request is aborted unless it already finished."""
+        self._finished = True
+        if not self._req.done:
+            self._engine.abort(self._req)
+
+
+def _usage(req: SimRequest, prompt: Prompt) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt.num_tokens,
+        "completion_tokens": req.max_tokens,
+        "total_tokens": prompt.num_tokens + req.max_tokens,
+        "prompt_tokens_details": {"cached_tokens": req.cached_tokens},
+    }
+
+
+def _priority(body: dict[str, Any], headers: dict[str, str], enabled: bool) -> int:
+    value = body.get("priority")
+    if value is not None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _HTTPError(400, "priority must be an integer", param="priority")
+        if value != 0 and not enabled:
+            raise _HTTPError(
+                400,
+                "Got priority != 0 but this replica does not schedule by priority "
+                "(EngineConfig(scheduling='priority'))",
+                param="priority",
+            )
+        return value
+    raw = headers.get(H_PRIORITY)
+    if raw is None:
+        return 0
+    try:
+        return int(raw)
+    except ValueError:
+        raise _HTTPError(400, f"{H_PRIORITY} must be an integer, got {raw!r}") from None
+
+
+def _idle_expected(headers: dict[str, str]) -> float | None:
+    raw = headers.get(H_IDLE_EXPECTED)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise _HTTPError(400, f"{H_IDLE_EXPECTED} must be a number of seconds >= 0, got {raw!r}")
+    return value
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def render_metrics(engine: Engine) -> str:
+    """The replica's ``/metrics`` page: Prometheus text with vLLM's metric names."""
+    s = engine.stats()
+    labels = f'{{engine="0",model_name="{engine.config.model_name}"}}'
+    out: list[str] = []
+
+    def metric(name: str, kind: str, help_text: str, value: float, extra: str = "") -> None:
+        out.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
+        lab = labels if not extra else labels[:-1] + "," + extra + "}"
+        out.append(f"{name}{lab} {float(value)!r}\n")
+
+    metric(
+        "vllm:num_requests_running",
+        "gauge",
+        "Number of requests in model execution batches.",
+        s.running,
+    )
+    metric(
+        "vllm:num_requests_waiting",
+        "gauge",
+        "Number of requests waiting to be processed.",
+        s.waiting,
+    )
+    metric(
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "KV-cache usage. 1 means 100 percent usage.",
+        s.kv_usage,
+    )
+    metric(
+        "vllm:prefix_cache_queries_total",
+        "counter",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        s.prefix_cache_queries,
+    )
+    metric(
+        "vllm:prefix_cache_hits_total",
+        "counter",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        s.prefix_cache_hits,
+    )
+    metric(
+        "vllm:external_prefix_cache_hits_total",
+        "counter",
+        "Prefix cache hits in the host-memory tier, in tokens.",
+        s.host_cache_hits,
+    )
+    metric(
+        "vllm:num_preemptions_total", "counter", "Cumulative number of preemptions.", s.preemptions
+    )
+    metric(
+        "vllm:prompt_tokens_total",
+        "counter",
+        "Number of prefill tokens processed.",
+        s.prompt_tokens,
+    )
+    metric(
+        "vllm:generation_tokens_total",
+        "counter",
+        "Number of generation tokens processed.",
+        s.generation_tokens,
+    )
+    metric(
+        "vllm:request_success_total",
+        "counter",
+        "Count of successfully processed requests.",
+        s.requests_finished,
+        'finished_reason="length"',
+    )
+    metric("agentrt_sim:steps_total", "counter", "Engine steps run.", s.steps)
+    metric(
+        "agentrt_sim:busy_seconds_total", "counter", "Simulated seconds spent in steps.", s.busy_s
+    )
+    metric("agentrt_sim:clock_seconds", "gauge", "The engine clock.", s.time_s)
+    return "".join(out)
+
+
+# ---------------------------------------------------------------- several replicas on one port
+
+
+class ClusterApp:
+    """Serves several replicas under one origin: replica ``i`` under ``/replica-i``."""
+
+    def __init__(self, apps: dict[str, ASGIApp]) -> None:
+        self.apps = apps
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        name, sep, rest = path.lstrip("/").partition("/")
+        app = self.apps.get(name)
+        if app is None:
+            if path in ("/", "/health"):
+                body = json.dumps({"replicas": [f"/{n}/v1" for n in self.apps]}).encode()
+                await _send_bytes(send, 200, body, _JSON_HEADERS)
+                return
+            await _send_bytes(
+                send,
+                404,
+                _error_body(404, f"no replica at {path}; replicas: {', '.join(self.apps)}"),
+                _JSON_HEADERS,
+            )
+            return
+        child = dict(scope)
+        child["path"] = "/" + rest if sep else "/"
+        child["raw_path"] = child["path"].encode()
+        child["root_path"] = scope.get("root_path", "") + "/" + name
+        await app(child, receive, send)

@@ -1,0 +1,135 @@
+"""A cluster of simulated replicas, owned by a task group (structured concurrency)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import anyio
+import httpx
+from anyio.abc import TaskGroup
+
+from ._app import ASGIApp, ClusterApp, ReplicaApp, render_metrics
+from ._config import EngineConfig, resolve_config
+from ._engine import Engine, ReplicaStats
+from ._transport import ASGIDispatchTransport
+
+__all__ = ["Cluster", "Replica"]
+
+
+class Replica:
+    """One simulated engine: its ASGI app, its base URL and its statistics."""
+
+    def __init__(self, index: int, config: EngineConfig, host_suffix: str) -> None:
+        self.index = index
+        self.name = f"replica-{index}"
+        self.host = f"{self.name}{host_suffix}"
+        self.base_url = f"http://{self.host}/v1"
+        """The OpenAI base URL that :meth:`Cluster.transport` routes to this replica."""
+        self.config = config
+        self.engine = Engine(config, self.name)
+        self.app: ASGIApp = ReplicaApp(self.engine)
+        """The replica's ASGI application (works only while its cluster runs)."""
+
+    def stats(self) -> ReplicaStats:
+        """A frozen snapshot of the engine's state and counters."""
+        return self.engine.stats()
+
+    def metrics_text(self) -> str:
+        """What ``GET /metrics`` returns."""
+        return render_metrics(self.engine)
+
+    def __repr__(self) -> str:
+        return f"<Replica {self.name} {self.base_url}>"
+
+
+class Cluster:
+    """N simulated replicas; an async context manager that runs their engine loops.
+
+    Usage::
+
+        async with Cluster(4, "h100-8b") as cluster:
+            http = httpx.AsyncClient(transport=cluster.transport())
+            client = openai.AsyncOpenAI(
+                base_url=cluster.base_urls[0], api_key="x", http_client=http
+            )
+
+    Every replica has its own base URL (``http://replica-<i>.sim/v1``); the transport routes
+    by host and streams responses as the engines produce them. Under trio's
+    ``MockClock(autojump_threshold=0)`` the whole cluster runs in virtual time.
+    """
+
+    def __init__(
+        self,
+        replicas: int = 1,
+        config: EngineConfig | str = "h100-8b",
+        *,
+        host_suffix: str = ".sim",
+    ) -> None:
+        if replicas < 1:
+            raise ValueError("a cluster needs at least 1 replica")
+        cfg = resolve_config(config)
+        self.config = cfg
+        self.replicas: tuple[Replica, ...] = tuple(
+            Replica(i, cfg, host_suffix) for i in range(replicas)
+        )
+        self._tg: TaskGroup | None = None
+        self._entered = False
+
+    @property
+    def base_urls(self) -> tuple[str, ...]:
+        """One OpenAI base URL per replica."""
+        return tuple(r.base_url for r in self.replicas)
+
+    async def __aenter__(self) -> Cluster:
+        if self._entered:
+            raise RuntimeError("a Cluster can be entered only once")
+        self._entered = True
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        try:
+            for r in self.replicas:
+                await tg.start(r.engine.run, name=f"agentrt.sim {r.name}")
+        except BaseException:
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+            self._tg = None
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        tg = self._tg
+        assert tg is not None
+        self._tg = None
+        tg.cancel_scope.cancel()
+        # The body's own exception propagates unchanged; only the engines' errors, if any,
+        # come out of the task group.
+        await tg.__aexit__(None, None, None)
+
+    def _spawner(self) -> Callable[..., Any]:
+        tg = self._tg
+        if tg is None:
+            raise RuntimeError("the Cluster is not running: use it inside 'async with'")
+        return tg.start_soon
+
+    def transport(self) -> httpx.AsyncBaseTransport:
+        """An httpx transport reaching every replica in-process (by URL host)."""
+        return ASGIDispatchTransport({r.host: r.app for r in self.replicas}, self._spawner)
+
+    def asgi_app(self) -> ASGIApp:
+        """One ASGI app serving replica ``i`` under the path prefix ``/replica-i``."""
+        return ClusterApp({r.name: r.app for r in self.replicas})
+
+    def stats(self) -> tuple[ReplicaStats, ...]:
+        """A snapshot of every replica."""
+        return tuple(r.stats() for r in self.replicas)
+
+    def __repr__(self) -> str:
+        return f"<Cluster replicas={len(self.replicas)} model={self.config.model_name!r}>"

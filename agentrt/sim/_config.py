@@ -1,0 +1,165 @@
+"""Engine configuration and the cost-model presets (sources in docs/sim.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Final, Literal
+
+from ._cost import CostModel
+
+__all__ = ["PRESETS", "EngineConfig", "KVPolicy", "SchedulingPolicy", "resolve_config"]
+
+SchedulingPolicy = Literal["fcfs", "priority"]
+KVPolicy = Literal["lru", "keep", "pin", "offload", "drop"]
+
+_KV_POLICIES: Final = ("lru", "keep", "pin", "offload", "drop")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Everything one simulated replica needs: limits, KV cache, policies, cost model.
+
+    The defaults are the ``h100-8b`` preset's (vLLM's own defaults where it has one).
+    :meth:`replace` derives a variant; instances are immutable.
+    """
+
+    cost: CostModel = field(default_factory=lambda: CostModel(6.2e-3, 32e-6, 120e-6, 51e-9, 1.0e-9))
+    model_name: str = "sim-model"
+    """The name ``/v1/models`` lists. Requests may name any model; it is echoed back."""
+    block_size: int = 16
+    """Tokens per KV block (vLLM's ``--block-size``); prefix caching works per block."""
+    num_gpu_blocks: int = 26_624
+    """KV blocks on the accelerator."""
+    num_host_blocks: int = 0
+    """KV blocks in the host-memory tier (0: no host tier). Blocks evicted from the
+    accelerator spill there; a prefix hit on them loads them back at ``host_bandwidth``."""
+    host_bandwidth: float = 25e9
+    """Host-to-accelerator bytes per second for loading offloaded KV blocks."""
+    kv_bytes_per_token: int = 131_072
+    """KV-cache bytes per token (sets the host-tier transfer time)."""
+    max_num_seqs: int = 1024
+    """Most requests running at once (vLLM ``--max-num-seqs``)."""
+    max_num_batched_tokens: int = 8192
+    """Token budget of one step (vLLM ``--max-num-batched-tokens``); prefills are chunked
+    to fit it."""
+    long_prefill_token_threshold: int = 0
+    """Cap on one request's prefill chunk per step (0: only the budget caps it)."""
+    max_model_len: int | None = None
+    """Longest prompt + output accepted (None: limited by the KV capacity only)."""
+    scheduling: SchedulingPolicy = "fcfs"
+    """``fcfs`` or ``priority`` (lower ``priority`` first, then arrival), as in vLLM."""
+    tool_wait_policy: KVPolicy = "lru"
+    """What happens to a session's KV when its call declares a tool wait
+    (``x-agentrt-idle-expected-s``): ``lru`` nothing (today's engines), ``keep``/``pin``
+    pin it for the wait plus ``pin_margin_s``, ``offload`` move it to the host tier,
+    ``drop`` free it at once."""
+    pin_margin_s: float = 2.0
+    """Extra seconds a ``keep`` pin lasts beyond the declared wait."""
+    default_max_tokens: int = 16
+    """Output length when a request gives no ``max_tokens``."""
+    stream_interval: int = 1
+    """Tokens per streamed chunk (vLLM ``--stream-interval``); larger values let the engine
+    advance long decodes in bigger leaps."""
+    cache_output_blocks: bool = True
+    """Cache the full blocks of generated text too (as vLLM does), so a next turn that
+    sends the reply back hits them."""
+
+    def __post_init__(self) -> None:
+        positive = (
+            "block_size",
+            "num_gpu_blocks",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "default_max_tokens",
+            "stream_interval",
+            "kv_bytes_per_token",
+        )
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"EngineConfig.{name} must be an int > 0, got {value!r}")
+        if self.num_host_blocks < 0 or self.long_prefill_token_threshold < 0:
+            raise ValueError("num_host_blocks and long_prefill_token_threshold must be >= 0")
+        if self.host_bandwidth <= 0 or self.pin_margin_s < 0:
+            raise ValueError("host_bandwidth must be > 0 and pin_margin_s >= 0")
+        if self.max_model_len is not None and self.max_model_len <= 0:
+            raise ValueError("max_model_len must be > 0 or None")
+        if self.scheduling not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling must be 'fcfs' or 'priority', got {self.scheduling!r}")
+        if self.tool_wait_policy not in _KV_POLICIES:
+            raise ValueError(
+                f"tool_wait_policy must be one of {_KV_POLICIES}, got {self.tool_wait_policy!r}"
+            )
+        if self.tool_wait_policy == "offload" and self.num_host_blocks == 0:
+            raise ValueError("tool_wait_policy='offload' needs a host tier: set num_host_blocks")
+        if not isinstance(self.cost, CostModel):
+            raise TypeError("EngineConfig.cost must be a CostModel")
+
+    def replace(self, **changes: object) -> EngineConfig:
+        """A copy with the given fields changed."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    @property
+    def block_transfer_s(self) -> float:
+        """Seconds to move one KV block between the host tier and the accelerator."""
+        return self.block_size * self.kv_bytes_per_token / self.host_bandwidth
+
+
+# Llama-3.1-8B (BF16) on one H100 SXM5 80GB, vLLM-like defaults. Derivation in docs/sim.md.
+_H100_8B: Final = EngineConfig(
+    cost=CostModel(
+        step_s=6.2e-3,
+        prefill_token_s=32e-6,
+        decode_seq_s=120e-6,
+        decode_context_token_s=51e-9,
+        prefill_pair_s=1.0e-9,
+    ),
+    model_name="sim-llama-3.1-8b",
+    block_size=16,
+    num_gpu_blocks=26_624,
+    kv_bytes_per_token=131_072,
+    host_bandwidth=25e9,
+    max_num_seqs=1024,
+    max_num_batched_tokens=8192,
+)
+
+# The tiny 2-layer Llama (hidden 256, 4 KV heads x 64, bf16) on vLLM's CPU build, as
+# agentrt.testing.vllm_cpu starts it: 128-token blocks, 1 GiB of KV, max_model_len 4096.
+# The cost numbers are initial guesses until calibrate() is run against the real engine.
+_CPU_TINY: Final = EngineConfig(
+    cost=CostModel(
+        step_s=5e-3,
+        prefill_token_s=20e-6,
+        decode_seq_s=200e-6,
+        decode_context_token_s=10e-9,
+        prefill_pair_s=0.1e-9,
+    ),
+    model_name="tiny-llama",
+    block_size=128,
+    num_gpu_blocks=4096,
+    kv_bytes_per_token=2048,
+    host_bandwidth=10e9,
+    max_num_seqs=256,
+    max_num_batched_tokens=2048,
+    max_model_len=4096,
+)
+
+PRESETS: Final[Mapping[str, EngineConfig]] = MappingProxyType(
+    {"h100-8b": _H100_8B, "cpu-tiny": _CPU_TINY}
+)
+"""Named engine configurations: ``h100-8b`` and ``cpu-tiny`` (sources in docs/sim.md)."""
+
+
+def resolve_config(config: EngineConfig | str) -> EngineConfig:
+    """An :class:`EngineConfig` from itself or a preset name."""
+    if isinstance(config, EngineConfig):
+        return config
+    try:
+        return PRESETS[config]
+    except KeyError:
+        raise ValueError(
+            f"unknown engine preset {config!r}; known presets: {', '.join(sorted(PRESETS))}"
+        ) from None

@@ -1,0 +1,837 @@
+"""The engine loop: iteration-level scheduling of one simulated replica.
+
+Each step the scheduler (vLLM V1 semantics) gives every running request its next tokens
+within the step's token budget (1 for a decode, a chunk for a prefill), preempting the
+lowest-priority running request (recompute) when KV blocks run out, then admits waiting
+requests in FCFS or priority order while the budget, ``max_num_seqs`` and KV allow. The step
+then lasts ``CostModel.step_seconds(...)`` of simulated time.
+
+Time only advances through ``anyio.sleep`` and is only read through
+``anyio.current_time()``: the loop runs in wall-clock time on asyncio, and in virtual time
+under trio's ``MockClock(autojump_threshold=0)``. When nothing changes for a while (only
+decodes run, nothing can be admitted) the loop sleeps through many decode steps at once; an
+arrival or an abort interrupts that sleep, and the step in progress completes first.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Final
+
+import anyio
+from anyio.abc import TaskStatus
+
+from ._config import EngineConfig
+from ._kv import KVCache, Node
+from ._tokenize import Prompt, Tokenizer, slice_runs
+
+__all__ = ["Engine", "ReplicaStats", "RequestRejected", "SimRequest"]
+
+WAITING: Final = 0
+RUNNING: Final = 1
+_RUN_AHEAD_STEPS: Final = 256
+"""Most prefill steps computed ahead in one go."""
+FINISHED: Final = 2
+ABORTED: Final = 3
+
+
+class RequestRejected(ValueError):
+    """The engine refuses a request (too long for the model or the KV cache)."""
+
+
+class SimRequest:
+    """One request inside the engine; the HTTP layer waits on it."""
+
+    __slots__ = (
+        "_event",
+        "arrival",
+        "cached_tokens",
+        "deepest",
+        "finish_time",
+        "first_token_time",
+        "host_cached_tokens",
+        "idle_expected",
+        "insert_blocked",
+        "max_tokens",
+        "notified",
+        "notify_every",
+        "num_computed",
+        "num_output",
+        "priority",
+        "private",
+        "prompt",
+        "prompt_blocks",
+        "prompt_len",
+        "request_id",
+        "scheduled",
+        "seq",
+        "session",
+        "status",
+        "stream",
+        "tree_blocks",
+    )
+
+    def __init__(
+        self,
+        prompt: Prompt,
+        max_tokens: int,
+        *,
+        request_id: str,
+        priority: int,
+        session: Any,
+        idle_expected: float | None,
+        stream: bool,
+        stream_interval: int,
+        arrival: float,
+        seq: int,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_len = prompt.num_tokens
+        self.prompt_blocks = prompt.num_full_blocks
+        self.max_tokens = max_tokens
+        self.priority = priority
+        self.session = session
+        self.idle_expected = idle_expected
+        self.stream = stream
+        self.notify_every = stream_interval if stream else max_tokens
+        self.arrival = arrival
+        self.seq = seq
+        self.status = WAITING
+        self.num_computed = 0
+        self.num_output = 0
+        self.notified = 0
+        self.deepest: Node | None = None
+        self.tree_blocks = 0
+        self.private = 0
+        self.insert_blocked = False
+        self.scheduled = False
+        self.cached_tokens = 0
+        self.host_cached_tokens = 0
+        self.first_token_time: float | None = None
+        self.finish_time: float | None = None
+        self._event: anyio.Event | None = None
+
+    @property
+    def done(self) -> bool:
+        """Finished or aborted."""
+        return self.status >= FINISHED
+
+    async def wait_output(self, seen: int) -> int:
+        """Wait until more than ``seen`` tokens are out (or the request ended); the count."""
+        while self.num_output <= seen and self.status < FINISHED:
+            ev = self._event
+            if ev is None:
+                ev = self._event = anyio.Event()
+            await ev.wait()
+        return self.num_output
+
+    def _notify(self) -> None:
+        self.notified = self.num_output
+        ev = self._event
+        if ev is not None:
+            self._event = None
+            ev.set()
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStats:
+    """A snapshot of one replica's engine (:meth:`Replica.stats`)."""
+
+    name: str
+    time_s: float
+    """The engine clock (``anyio.current_time()``) when the snapshot was taken."""
+    running: int
+    waiting: int
+    kv_usage: float
+    """Fraction of KV blocks referenced or pinned (vLLM's ``kv_cache_usage_perc``)."""
+    gpu_blocks: int
+    gpu_blocks_cached: int
+    host_blocks: int
+    host_blocks_used: int
+    steps: int
+    busy_s: float
+    """Simulated seconds spent running steps."""
+    requests_received: int
+    requests_finished: int
+    requests_aborted: int
+    preemptions: int
+    prompt_tokens: int
+    generation_tokens: int
+    prefix_cache_queries: int
+    """Prompt tokens looked up in the prefix cache (once per admission), like vLLM."""
+    prefix_cache_hits: int
+    """Of those, tokens found in the accelerator's cache."""
+    host_cache_hits: int
+    """Tokens found in the host tier (loaded back, not recomputed)."""
+    evicted_blocks: int
+    offloaded_blocks: int
+    loaded_blocks: int
+
+
+class Engine:
+    """One replica's scheduler, KV cache and clock-driven step loop."""
+
+    def __init__(self, config: EngineConfig, name: str = "replica-0") -> None:
+        self.config = config
+        self.name = name
+        self.tokenizer = Tokenizer(config.block_size)
+        track = config.tool_wait_policy in ("drop", "offload")
+        self.kv = KVCache(config.num_gpu_blocks, config.num_host_blocks, track)
+        self.running: list[SimRequest] = []
+        self._fcfs: deque[SimRequest] = deque()
+        self._heap: list[tuple[int, float, int, SimRequest]] = []
+        self._num_waiting = 0
+        self._seq = itertools.count()
+        self._wake: anyio.Event | None = None
+        self._interrupt: anyio.CancelScope | None = None
+        self._aborts: list[SimRequest] = []
+        self._preempted = False
+        self._pending = False
+        self.exact_steps = False
+        """Testing switch: run every step on its own (no leaps, no run-ahead)."""
+        self.started = False
+        # counters
+        self.steps = 0
+        self.iterations = 0
+        """Loop iterations; fewer than ``steps`` when decodes leap several steps at once."""
+        self.busy_s = 0.0
+        self.received = 0
+        self.finished = 0
+        self.aborted = 0
+        self.preemptions = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.host_hits = 0
+
+    # ------------------------------------------------------------ requests
+
+    def submit(
+        self,
+        prompt: Prompt,
+        max_tokens: int,
+        *,
+        request_id: str,
+        priority: int = 0,
+        session: Any = None,
+        idle_expected: float | None = None,
+        stream: bool = False,
+    ) -> SimRequest:
+        """Queue a request (raises :class:`RequestRejected` when it can never run)."""
+        cfg = self.config
+        total = prompt.num_tokens + max_tokens
+        if prompt.num_tokens <= 0:
+            raise RequestRejected("the prompt is empty")
+        if max_tokens <= 0:
+            raise RequestRejected("max_tokens must be at least 1")
+        if cfg.max_model_len is not None and total > cfg.max_model_len:
+            raise RequestRejected(
+                f"This model's maximum context length is {cfg.max_model_len} tokens. However, "
+                f"you requested {total} tokens ({prompt.num_tokens} in the messages, "
+                f"{max_tokens} in the completion)."
+            )
+        if -(-total // cfg.block_size) > cfg.num_gpu_blocks:
+            raise RequestRejected(
+                f"the request needs {total} tokens of KV cache; this replica holds "
+                f"{cfg.num_gpu_blocks * cfg.block_size}"
+            )
+        req = SimRequest(
+            prompt,
+            max_tokens,
+            request_id=request_id,
+            priority=priority,
+            session=session if session is not None else ("request", request_id),
+            idle_expected=idle_expected,
+            stream=stream,
+            stream_interval=cfg.stream_interval,
+            arrival=anyio.current_time(),
+            seq=next(self._seq),
+        )
+        self.received += 1
+        self._push_waiting(req, front=False)
+        self._poke()
+        return req
+
+    def abort(self, req: SimRequest) -> None:
+        """Cancel a request (client gone). Its KV is freed at the next step boundary."""
+        if req.status >= FINISHED:
+            return
+        if req.status == WAITING:
+            req.status = ABORTED
+            self._num_waiting -= 1
+            self.aborted += 1
+            req._notify()
+            return
+        self._aborts.append(req)
+        self._poke()
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+        if self._interrupt is not None:
+            self._interrupt.cancel()
+
+    def _push_waiting(self, req: SimRequest, *, front: bool) -> None:
+        req.status = WAITING
+        self._num_waiting += 1
+        if self.config.scheduling == "priority":
+            heapq.heappush(self._heap, (req.priority, req.arrival, req.seq, req))
+        elif front:
+            self._fcfs.appendleft(req)
+        else:
+            self._fcfs.append(req)
+
+    def _peek_waiting(self) -> SimRequest | None:
+        if self.config.scheduling == "priority":
+            heap = self._heap
+            while heap and heap[0][3].status != WAITING:
+                heapq.heappop(heap)
+            return heap[0][3] if heap else None
+        q = self._fcfs
+        while q and q[0].status != WAITING:
+            q.popleft()
+        return q[0] if q else None
+
+    def _pop_waiting(self) -> None:
+        if self.config.scheduling == "priority":
+            heapq.heappop(self._heap)
+        else:
+            self._fcfs.popleft()
+        self._num_waiting -= 1
+
+    # ------------------------------------------------------------ stats
+
+    @property
+    def num_waiting(self) -> int:
+        return self._num_waiting
+
+    def stats(self) -> ReplicaStats:
+        """A frozen snapshot of the counters."""
+        kv = self.kv
+        cap = kv.capacity
+        return ReplicaStats(
+            name=self.name,
+            time_s=anyio.current_time(),
+            running=len(self.running),
+            waiting=self._num_waiting,
+            kv_usage=kv.used / cap if cap else 0.0,
+            gpu_blocks=cap,
+            gpu_blocks_cached=kv.gpu_tree,
+            host_blocks=kv.host_capacity,
+            host_blocks_used=kv.host_used,
+            steps=self.steps,
+            busy_s=self.busy_s,
+            requests_received=self.received,
+            requests_finished=self.finished,
+            requests_aborted=self.aborted,
+            preemptions=self.preemptions,
+            prompt_tokens=self.prompt_tokens,
+            generation_tokens=self.generation_tokens,
+            prefix_cache_queries=self.prefix_queries,
+            prefix_cache_hits=self.prefix_hits,
+            host_cache_hits=self.host_hits,
+            evicted_blocks=kv.evicted_blocks,
+            offloaded_blocks=kv.offloaded_blocks,
+            loaded_blocks=kv.loaded_blocks,
+        )
+
+    # ------------------------------------------------------------ the loop
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run steps forever (until cancelled); sleeps on an event while idle."""
+        self.started = True
+        task_status.started()
+        cost = self.config.cost
+        try:
+            while True:
+                now = anyio.current_time()
+                next_pin = self.kv.expire_pins(now)
+                if self._aborts:
+                    self._process_aborts(now)
+                if not self.running and not self._num_waiting:
+                    await self._idle(None)
+                    continue
+                self._preempted = False
+                plan = self._schedule(now)
+                if plan is None:
+                    if not self._preempted:  # else retry admission at once
+                        await self._idle(next_pin)
+                    continue
+                sched, n_prefill, n_decode, ctx, pairs, transfer_s, leap, quiet = plan
+                first = (
+                    cost.step_seconds(
+                        prefill_tokens=n_prefill,
+                        decode_seqs=n_decode,
+                        decode_context_tokens=ctx,
+                        prefill_pairs=pairs,
+                    )
+                    + transfer_s
+                )
+                self.iterations += 1
+                if leap and not self.exact_steps:
+                    k = self._macro_steps(now, n_decode, first, next_pin)
+                    if k > 1:
+                        steps, total = await self._macro_sleep(now, first, n_decode, k)
+                        self.steps += steps
+                        self.busy_s += total
+                        self._finish_decodes(steps, anyio.current_time())
+                        continue
+                elif quiet and n_prefill and not self.exact_steps:
+                    ahead = self._run_ahead(sched, first, now, next_pin)
+                    if len(ahead) > 1:
+                        await self._run_steps(now, ahead)
+                        continue
+                await anyio.sleep(first)
+                self.steps += 1
+                self.busy_s += first
+                self._finish_step(sched, anyio.current_time())
+        finally:
+            self.started = False
+
+    async def _idle(self, until: float | None) -> None:
+        ev = self._wake = anyio.Event()
+        try:
+            if until is None:
+                await ev.wait()
+            else:
+                with anyio.move_on_after(max(until - anyio.current_time(), 0.0)):
+                    await ev.wait()
+        finally:
+            self._wake = None
+
+    def _schedule(
+        self, now: float
+    ) -> tuple[list[tuple[SimRequest, int]], int, int, int, float, float, bool, bool] | None:
+        cfg = self.config
+        kv = self.kv
+        bs = cfg.block_size
+        budget = cfg.max_num_batched_tokens
+        thr = cfg.long_prefill_token_threshold
+        running = self.running
+        sched: dict[SimRequest, int] = {}
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = req.prompt_len + req.num_output - req.num_computed
+            if n > budget:
+                n = budget
+            if thr and n > thr:
+                n = thr
+            need = -(-(req.num_computed + n) // bs) - req.tree_blocks - req.private
+            if need > 0:
+                while not kv.allocate(need):
+                    victim = self._victim()
+                    if victim in sched:
+                        budget += sched.pop(victim)
+                    vi = running.index(victim)
+                    self._preempt(victim, now)
+                    preempted = True
+                    if victim is req:
+                        break
+                    if vi < i:
+                        i -= 1
+                if req.status != RUNNING:
+                    break
+                req.private += need
+            sched[req] = n
+            budget -= n
+            i += 1
+        transfer_s = 0.0
+        blocked = False
+        if not preempted:
+            while budget > 0:
+                head = self._peek_waiting()
+                if head is None:
+                    break
+                req = head
+                if len(running) >= cfg.max_num_seqs:
+                    blocked = True
+                    break
+                total = req.prompt_len + req.num_output
+                match = kv.match(req.prompt.runs, (total - 1) // bs)
+                hit = match.blocks * bs
+                n = total - hit
+                if n > budget:
+                    n = budget
+                if thr and n > thr:
+                    n = thr
+                new_blocks = -(-(hit + n) // bs) - match.blocks
+                if not kv.can_admit(match, new_blocks):
+                    blocked = True
+                    break
+                self._pop_waiting()
+                deepest, loaded = kv.admit(match, new_blocks, req.session, now)
+                req.deepest = deepest
+                req.tree_blocks = match.blocks
+                req.private = new_blocks
+                req.num_computed = hit
+                req.status = RUNNING
+                if loaded:
+                    transfer_s += loaded * cfg.block_transfer_s
+                self.prefix_queries += total
+                self.prefix_hits += match.gpu_blocks * bs
+                self.host_hits += match.host_blocks * bs
+                if not req.scheduled:
+                    req.scheduled = True
+                    req.cached_tokens = hit
+                    req.host_cached_tokens = match.host_blocks * bs
+                running.append(req)
+                sched[req] = n
+                budget -= n
+        if not sched:
+            return None
+        n_prefill = n_decode = ctx = 0
+        pairs = 0.0
+        for req, n in sched.items():
+            c = req.num_computed
+            if n == 1 and req.num_output and c + 1 == req.prompt_len + req.num_output:
+                n_decode += 1
+                ctx += c + 1
+            else:
+                n_prefill += n
+                pairs += n * c + n * (n + 1) / 2
+        # Nothing but an arrival, an abort or a pin expiry can change the coming steps
+        # (no preemption now, and whatever waits cannot be admitted without a finish).
+        quiet = not preempted and transfer_s == 0.0
+        # Waiting requests the budget alone kept out: a later step with budget left admits.
+        self._pending = bool(self._num_waiting) and not blocked
+        leap = quiet and not self._pending and n_prefill == 0 and len(sched) == len(running)
+        return list(sched.items()), n_prefill, n_decode, ctx, pairs, transfer_s, leap, quiet
+
+    def _victim(self) -> SimRequest:
+        if self.config.scheduling == "priority":
+            return max(self.running, key=lambda r: (r.priority, r.arrival))
+        return self.running[-1]
+
+    def _preempt(self, req: SimRequest, now: float) -> None:
+        self.kv.release(req.deepest, req.private, now)
+        req.deepest = None
+        req.tree_blocks = req.private = req.num_computed = 0
+        req.insert_blocked = False
+        self.running.remove(req)
+        self.preemptions += 1
+        self._preempted = True
+        self._push_waiting(req, front=True)
+
+    # ------------------------------------------------------------ applying steps
+
+    def _finish_step(self, sched: list[tuple[SimRequest, int]], now: float) -> None:
+        kv = self.kv
+        bs = self.config.block_size
+        done = False
+        produced = 0
+        for req, n in sched:
+            if req.status != RUNNING:
+                continue
+            req.num_computed += n
+            if req.tree_blocks < req.prompt_blocks and not req.insert_blocked:
+                full = min(req.num_computed, req.prompt_len) // bs
+                if full > req.tree_blocks:
+                    runs = slice_runs(req.prompt.runs, req.tree_blocks, full)
+                    count = full - req.tree_blocks
+                    node = kv.insert(req.deepest or kv.root, runs, count, req.session, now)
+                    if node is None:
+                        req.insert_blocked = True
+                    else:
+                        req.deepest = node
+                        req.tree_blocks = full
+                        req.private -= count
+            if req.num_computed == req.prompt_len + req.num_output:
+                req.num_output += 1
+                produced += 1
+                if req.num_output == 1:
+                    req.first_token_time = now
+                    self.prompt_tokens += req.prompt_len
+                if req.num_output >= req.max_tokens:
+                    self._finish(req, now)
+                    done = True
+                elif req.num_output - req.notified >= req.notify_every or (
+                    req.stream and req.num_output == 1
+                ):
+                    req._notify()
+        self.generation_tokens += produced
+        if done:
+            self.running = [r for r in self.running if r.status == RUNNING]
+
+    def _run_ahead(
+        self,
+        sched: list[tuple[SimRequest, int]],
+        first: float,
+        now: float,
+        next_pin: float | None,
+    ) -> list[tuple[list[tuple[SimRequest, int]], float]]:
+        """The steps that follow ``sched`` while prefills run and nothing can change: each
+        step's batch and duration, computed as :meth:`_schedule` would, up to the first step
+        with a visible outcome (a finish, a streamed chunk), a step needing a preemption, or
+        a step with no prefill left (the decode leap takes over)."""
+        cfg = self.config
+        cost = cfg.cost
+        bs = cfg.block_size
+        running = self.running
+        comp = {r: r.num_computed for r in running}
+        out = {r: r.num_output for r in running}
+        held = {r: r.tree_blocks + r.private for r in running}
+        steps = [(sched, first)]
+        if self._visible(sched, comp, out):
+            return steps
+        avail = self.kv.available()
+        limit = next_pin - now if next_pin is not None and self._num_waiting else math.inf
+        total = first
+        budget0 = cfg.max_num_batched_tokens
+        thr = cfg.long_prefill_token_threshold
+        while len(steps) < _RUN_AHEAD_STEPS:
+            budget = budget0
+            step: list[tuple[SimRequest, int]] = []
+            grow: list[tuple[SimRequest, int]] = []
+            n_prefill = n_decode = ctx = need = 0
+            pairs = 0.0
+            for r in running:
+                if budget <= 0:
+                    break
+                c = comp[r]
+                t = r.prompt_len + out[r]
+                n = t - c
+                if n > budget:
+                    n = budget
+                if thr and n > thr:
+                    n = thr
+                nb = -(-(c + n) // bs) - held[r]
+                if nb > 0:
+                    need += nb
+                    grow.append((r, nb))
+                step.append((r, n))
+                budget -= n
+                if n == 1 and out[r] and c + 1 == t:
+                    n_decode += 1
+                    ctx += c + 1
+                else:
+                    n_prefill += n
+                    pairs += n * c + n * (n + 1) / 2
+            if not n_prefill or need > avail:
+                break
+            if self._pending and budget > 0 and len(running) < cfg.max_num_seqs:
+                break  # the scheduler would admit a waiting request in this step
+            d = cost.step_seconds(
+                prefill_tokens=n_prefill,
+                decode_seqs=n_decode,
+                decode_context_tokens=ctx,
+                prefill_pairs=pairs,
+            )
+            if total + d > limit:
+                break
+            avail -= need
+            for r, nb in grow:
+                held[r] += nb
+            steps.append((step, d))
+            total += d
+            if self._visible(step, comp, out):
+                break
+        return steps
+
+    @staticmethod
+    def _visible(
+        step: list[tuple[SimRequest, int]], comp: dict[SimRequest, int], out: dict[SimRequest, int]
+    ) -> bool:
+        """Advance the local counters by one step; whether the step ends with something a
+        client sees (a finish or a streamed chunk)."""
+        seen = False
+        for r, n in step:
+            c = comp[r] = comp[r] + n
+            if c == r.prompt_len + out[r]:
+                o = out[r] = out[r] + 1
+                if o >= r.max_tokens or (r.stream and (o == 1 or o - r.notified >= r.notify_every)):
+                    seen = True
+        return seen
+
+    async def _run_steps(
+        self, t0: float, steps: list[tuple[list[tuple[SimRequest, int]], float]]
+    ) -> None:
+        """Sleep through precomputed steps (an arrival or abort cuts them short after the
+        step in progress), then apply the steps that ran."""
+        ends: list[float] = []
+        total = 0.0
+        for _, d in steps:
+            total += d
+            ends.append(total)
+        if await self._sleep_interruptible(total):
+            elapsed = anyio.current_time() - t0
+            done = min(bisect.bisect_right(ends, elapsed) + 1, len(steps))
+            await anyio.sleep_until(t0 + ends[done - 1])
+        else:
+            done = len(steps)
+        kv = self.kv
+        bs = self.config.block_size
+        for i in range(done):
+            sched = steps[i][0]
+            if i:
+                need = 0
+                for r, n in sched:
+                    nb = -(-(r.num_computed + n) // bs) - r.tree_blocks - r.private
+                    if nb > 0:
+                        r.private += nb
+                        need += nb
+                if need and not kv.allocate(need):  # pragma: no cover - checked ahead
+                    raise RuntimeError("KV accounting error in a run-ahead step")
+            self._finish_step(sched, t0 + ends[i])
+        self.steps += done
+        self.busy_s += ends[done - 1]
+
+    async def _sleep_interruptible(self, seconds: float) -> bool:
+        """Sleep; True if an arrival or an abort interrupted the sleep."""
+        scope = anyio.CancelScope()
+        self._interrupt = scope
+        try:
+            with scope:
+                await anyio.sleep(seconds)
+        finally:
+            self._interrupt = None
+        return scope.cancelled_caught
+
+    def _macro_steps(self, now: float, n_decode: int, first: float, next_pin: float | None) -> int:
+        """How many decode steps can run before anything can change."""
+        k = min(r.max_tokens - r.num_output for r in self.running)
+        if k <= 1:
+            return 1
+        for r in self.running:
+            if r.stream:
+                k = min(k, max(1, r.notify_every - (r.num_output - r.notified)))
+        if k <= 1:
+            return 1
+        # KV: blocks the later steps need beyond this step's allocation.
+        bs = self.config.block_size
+        avail = self.kv.available()
+
+        def extra(steps: int) -> int:
+            total = 0
+            for r in self.running:
+                c = r.num_computed
+                total += -(-(c + steps) // bs) - -(-(c + 1) // bs)
+            return total
+
+        if extra(k) > avail:
+            lo, hi = 1, k
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if extra(mid) <= avail:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k = lo
+        if k > 1 and next_pin is not None and self._num_waiting:
+            b = self.config.cost.decode_context_token_s * n_decode
+            limit = next_pin - now
+            while k > 1 and k * first + b * k * (k - 1) / 2 > limit:
+                k = max(1, min(k - 1, int(limit / first) if first > 0 else 1))
+        return k
+
+    async def _macro_sleep(
+        self, t0: float, first: float, n_decode: int, k: int
+    ) -> tuple[int, float]:
+        """Sleep through ``k`` decode steps unless interrupted; the steps done and their time."""
+        b = self.config.cost.decode_context_token_s * n_decode
+
+        def t_of(s: int) -> float:
+            return s * first + b * s * (s - 1) / 2
+
+        total = t_of(k)
+        if not await self._sleep_interruptible(total):
+            return k, total
+        elapsed = anyio.current_time() - t0
+        # steps completed by now: largest s with t_of(s) <= elapsed
+        if b > 0:
+            a = first - b / 2
+            s = int((-a + math.sqrt(a * a + 2 * b * elapsed)) / b) if elapsed > 0 else 0
+        else:
+            s = int(elapsed / first) if first > 0 else k
+        s = max(0, min(s, k))
+        while s > 0 and t_of(s) > elapsed:
+            s -= 1
+        while s < k and t_of(s + 1) <= elapsed:
+            s += 1
+        steps = min(k, s + 1)  # the step in progress completes
+        await anyio.sleep_until(t0 + t_of(steps))
+        return steps, t_of(steps)
+
+    def _finish_decodes(self, steps: int, now: float) -> None:
+        """Apply ``steps`` decode steps to every running request (all decoding)."""
+        kv = self.kv
+        bs = self.config.block_size
+        extra = 0
+        done = False
+        for req in self.running:
+            if req.status != RUNNING:
+                continue
+            c = req.num_computed + steps
+            req.num_computed = c
+            req.num_output += steps
+            need = -(-c // bs) - req.tree_blocks - req.private
+            if need > 0:
+                extra += need
+                req.private += need
+            if req.num_output >= req.max_tokens:
+                done = True
+        if extra and not kv.allocate(extra):  # pragma: no cover - guarded by _macro_steps
+            raise RuntimeError("KV accounting error in a multi-step decode")
+        self.generation_tokens += steps * len(self.running)
+        for req in self.running:
+            if req.num_output >= req.max_tokens:
+                self._finish(req, now)
+            elif req.num_output - req.notified >= req.notify_every:
+                req._notify()
+        if done:
+            self.running = [r for r in self.running if r.status == RUNNING]
+
+    def _finish(self, req: SimRequest, now: float) -> None:
+        cfg = self.config
+        kv = self.kv
+        req.status = FINISHED
+        req.finish_time = now
+        self.finished += 1
+        deepest = req.deepest
+        if (
+            cfg.cache_output_blocks
+            and not req.insert_blocked
+            and req.tree_blocks == req.prompt_blocks
+            and req.num_output > 1
+        ):
+            runs = req.prompt.continuation_runs(req.num_output - 1)
+            if runs:
+                count = sum(r[2] for r in runs)
+                node = kv.insert(deepest or kv.root, runs, count, req.session, now)
+                if node is not None:
+                    deepest = node
+                    req.private -= count
+        idle = req.idle_expected
+        policy = cfg.tool_wait_policy if idle is not None and idle > 0 else "lru"
+        if policy in ("keep", "pin"):
+            assert idle is not None
+            kv.pin_path(deepest, now + idle + cfg.pin_margin_s)
+        kv.release(deepest, req.private, now)
+        req.deepest = None
+        req.private = 0
+        if policy == "drop":
+            kv.drop_session(req.session)
+        elif policy == "offload":
+            kv.offload_session(req.session)
+        req._notify()
+
+    def _process_aborts(self, now: float) -> None:
+        aborts, self._aborts = self._aborts, []
+        for req in aborts:
+            if req.status != RUNNING:
+                continue
+            req.status = ABORTED
+            self.aborted += 1
+            self.kv.release(req.deepest, req.private, now)
+            req.deepest = None
+            req.private = 0
+            req._notify()
+        self.running = [r for r in self.running if r.status == RUNNING]

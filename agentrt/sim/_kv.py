@@ -1,0 +1,575 @@
+"""Paged KV cache with a prefix cache, an optional host tier, pins and session policies.
+
+The cached blocks form a radix tree: a node holds a run-length encoded list of block keys
+(see ``_tokenize``), and a block is identified by its key *and its path from the root*, which
+is what vLLM's chained block hashes express. A request references every node on its path
+(reference counts per node). Blocks a request holds outside the tree (the partial last block,
+blocks not yet computed, duplicates) are *private* and only counted.
+
+Eviction is LRU over unreferenced, unpinned leaves of the accelerator (GPU) part of the tree,
+tail-first: a leaf is trimmed from its end. With a host tier, evicted blocks move there (their
+own LRU); a prefix hit on host blocks loads them back. Along any root path the tiers are
+GPU* then host*, so a GPU node never hangs below a host node.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Any, Final
+
+from ._tokenize import Run, runs_length, slice_runs
+
+__all__ = ["GPU", "HOST", "KVCache", "Match", "Node"]
+
+GPU: Final = 0
+HOST: Final = 1
+
+
+class Node:
+    """A run of cached blocks in the radix tree."""
+
+    __slots__ = (
+        "alive",
+        "children",
+        "gpu_children",
+        "heap_seq",
+        "last_access",
+        "length",
+        "parent",
+        "pin_until",
+        "pinned",
+        "refcount",
+        "runs",
+        "session",
+        "shared",
+        "tier",
+        "uid",
+    )
+
+    _uids = itertools.count()
+
+    def __init__(self, parent: Node | None, runs: list[Run], length: int, session: Any) -> None:
+        self.uid = next(Node._uids)
+        """Creation order: breaks LRU ties the same way however evictions are grouped."""
+        self.parent = parent
+        self.runs = runs
+        self.length = length
+        self.children: dict[tuple[Any, int], Node] = {}
+        self.gpu_children = 0
+        self.refcount = 0
+        self.tier = GPU
+        self.pinned = False
+        self.pin_until = 0.0
+        self.last_access = 0.0
+        self.heap_seq = -1
+        self.session = session
+        self.shared = False
+        self.alive = True
+
+    def key(self) -> tuple[Any, int]:
+        tag, start, _ = self.runs[0]
+        return (tag, start)
+
+
+class Match:
+    """The result of a prefix lookup (nothing is changed until :meth:`KVCache.admit`)."""
+
+    __slots__ = (
+        "blocks",
+        "gpu_blocks",
+        "host_blocks",
+        "node",
+        "partial",
+        "partial_blocks",
+        "reclaim",
+    )
+
+    def __init__(self) -> None:
+        self.node: Node | None = None
+        self.partial: Node | None = None
+        self.partial_blocks = 0
+        self.blocks = 0
+        self.gpu_blocks = 0
+        self.host_blocks = 0
+        self.reclaim = 0
+        """Evictable GPU blocks the match would reference (no longer evictable then)."""
+
+
+class KVCache:
+    """Block accounting and the prefix-cache tree of one replica."""
+
+    def __init__(self, num_gpu_blocks: int, num_host_blocks: int, track_sessions: bool) -> None:
+        self.capacity = num_gpu_blocks
+        self.host_capacity = num_host_blocks
+        self.root = Node(None, [], 0, None)
+        self.root.refcount = 1 << 60
+        self.gpu_tree = 0
+        """Blocks held by GPU nodes of the tree."""
+        self.private = 0
+        """Blocks held by requests outside the tree."""
+        self.evictable = 0
+        """GPU tree blocks with no reference and no pin."""
+        self.host_used = 0
+        self._lru: list[tuple[float, int, int, Node]] = []
+        self._host_lru: list[tuple[float, int, int, Node]] = []
+        self._pins: list[tuple[float, int, Node]] = []
+        self._seq = itertools.count()
+        self._track = track_sessions
+        self.sessions: dict[Any, set[Node]] = {}
+        self.evicted_blocks = 0
+        self.offloaded_blocks = 0
+        self.loaded_blocks = 0
+
+    # ------------------------------------------------------------ accounting
+
+    @property
+    def free(self) -> int:
+        """GPU blocks held by nothing at all."""
+        return self.capacity - self.gpu_tree - self.private
+
+    @property
+    def used(self) -> int:
+        """GPU blocks in use (referenced or pinned): what vLLM reports as KV usage."""
+        return self.capacity - self.free - self.evictable
+
+    def available(self) -> int:
+        """Blocks an allocation could get now (free + evictable)."""
+        return self.capacity - self.gpu_tree - self.private + self.evictable
+
+    # ------------------------------------------------------------ lookup
+
+    def match(self, runs: list[Run], max_blocks: int) -> Match:
+        """Longest cached prefix of ``runs`` (at most ``max_blocks`` blocks)."""
+        res = Match()
+        node = self.root
+        res.node = node
+        nq = len(runs)
+        qi = qo = 0
+        remaining = max_blocks
+        while remaining > 0 and qi < nq:
+            tag, start, _ = runs[qi]
+            child = node.children.get((tag, start + qo))
+            if child is None:
+                break
+            m = 0
+            ci = co = 0
+            cruns = child.runs
+            nc = len(cruns)
+            while ci < nc and qi < nq and m < remaining:
+                ct, cs, cn = cruns[ci]
+                qt, qs, qn = runs[qi]
+                if cs + co != qs + qo or ct != qt:
+                    break
+                step = min(cn - co, qn - qo, remaining - m)
+                m += step
+                co += step
+                qo += step
+                if co == cn:
+                    ci += 1
+                    co = 0
+                if qo == qn:
+                    qi += 1
+                    qo = 0
+            res.blocks += m
+            remaining -= m
+            if child.tier == GPU:
+                res.gpu_blocks += m
+                if child.refcount == 0 and not child.pinned:
+                    res.reclaim += m
+            else:
+                res.host_blocks += m
+            if m < child.length:
+                res.partial = child
+                res.partial_blocks = m
+                return res
+            node = child
+            res.node = node
+        return res
+
+    def can_admit(self, match: Match, new_blocks: int) -> bool:
+        """Whether :meth:`admit` would find room for the match's host blocks and
+        ``new_blocks`` private ones."""
+        return self.available() - match.reclaim >= match.host_blocks + new_blocks
+
+    def admit(self, match: Match, new_blocks: int, session: Any, now: float) -> tuple[Node, int]:
+        """Reference the matched path, load its host blocks, allocate ``new_blocks``.
+
+        Returns the deepest referenced node and the number of blocks loaded from the host
+        tier. The caller checked :meth:`can_admit`.
+        """
+        if match.partial is not None:
+            deepest = self._split(match.partial, match.partial_blocks)
+        else:
+            assert match.node is not None
+            deepest = match.node
+        path: list[Node] = []
+        n = deepest
+        root = self.root
+        while n is not root:
+            path.append(n)
+            assert n.parent is not None
+            n = n.parent
+        for node in path:
+            if node.refcount == 0 and node.tier == GPU and not node.pinned:
+                self.evictable -= node.length
+            node.refcount += 1
+            node.last_access = now
+            if node.session != session:
+                node.shared = True
+        need = match.host_blocks + new_blocks
+        if need:
+            self._make_room(need)
+        loaded = 0
+        if match.host_blocks:
+            for node in reversed(path):
+                if node.tier == HOST:
+                    self.host_used -= node.length
+                    self.gpu_tree += node.length
+                    node.tier = GPU
+                    assert node.parent is not None
+                    node.parent.gpu_children += 1
+                    loaded += node.length
+            self.loaded_blocks += loaded
+        self.private += new_blocks
+        return deepest, loaded
+
+    def allocate(self, n: int) -> bool:
+        """``n`` more private blocks, evicting cached ones if needed."""
+        if self.available() < n:
+            return False
+        self._make_room(n)
+        self.private += n
+        return True
+
+    def insert(
+        self, deepest: Node, runs: list[Run], n: int, session: Any, now: float
+    ) -> Node | None:
+        """Move ``n`` computed private blocks (keys ``runs``) into the tree below ``deepest``,
+        which the caller references. Returns the new deepest node, or None when another
+        request cached the same blocks first (the caller keeps them private)."""
+        if (
+            deepest is not self.root
+            and deepest.refcount == 1
+            and not deepest.children
+            and deepest.tier == GPU
+            and (not self._track or (deepest.session == session and not deepest.shared))
+        ):
+            _append_runs(deepest.runs, runs)
+            deepest.length += n
+            deepest.last_access = now
+            self.gpu_tree += n
+            self.private -= n
+            return deepest
+        tag, start, _ = runs[0]
+        if (tag, start) in deepest.children:
+            return None
+        node = Node(deepest, list(runs), n, session)
+        node.refcount = 1
+        node.last_access = now
+        deepest.children[(tag, start)] = node
+        deepest.gpu_children += 1
+        self.gpu_tree += n
+        self.private -= n
+        if self._track:
+            self.sessions.setdefault(session, set()).add(node)
+        return node
+
+    def release(self, deepest: Node | None, private: int, now: float) -> None:
+        """Drop a request's references (its path from ``deepest``) and free its private
+        blocks. Unreferenced blocks stay cached (evictable)."""
+        self.private -= private
+        n = deepest
+        root = self.root
+        while n is not None and n is not root:
+            n.refcount -= 1
+            n.last_access = now
+            if n.refcount == 0 and n.tier == GPU and not n.pinned:
+                self.evictable += n.length
+                if n.gpu_children == 0:
+                    self._push(n)
+            n = n.parent
+
+    # ------------------------------------------------------------ pins and policies
+
+    def pin_path(self, deepest: Node | None, until: float) -> None:
+        """Pin every node from ``deepest`` to the root until ``until``."""
+        n = deepest
+        root = self.root
+        while n is not None and n is not root:
+            if not n.pinned:
+                if n.refcount == 0 and n.tier == GPU:
+                    self.evictable -= n.length
+                n.pinned = True
+            if until > n.pin_until:
+                n.pin_until = until
+                heapq.heappush(self._pins, (until, next(self._seq), n))
+            n = n.parent
+
+    def expire_pins(self, now: float) -> float | None:
+        """Unpin what expired by ``now``; the next expiry time, if any."""
+        pins = self._pins
+        while pins and pins[0][0] <= now:
+            _, _, n = heapq.heappop(pins)
+            if n.alive and n.pinned and n.pin_until <= now:
+                n.pinned = False
+                if n.refcount == 0 and n.tier == GPU:
+                    self.evictable += n.length
+                    if n.gpu_children == 0:
+                        self._push(n)
+        return pins[0][0] if pins else None
+
+    def _session_candidates(self, session: Any) -> list[Node]:
+        return [
+            n
+            for n in self.sessions.get(session, ())
+            if n.alive and n.refcount == 0 and not n.pinned and not n.shared
+        ]
+
+    def drop_session(self, session: Any) -> int:
+        """Free the unreferenced blocks only ``session`` used (and what extends them)."""
+        dropped = 0
+        for n in self._session_candidates(session):
+            if n.alive:
+                dropped += self._drop_subtree(n)
+        return dropped
+
+    def offload_session(self, session: Any) -> int:
+        """Move the unreferenced GPU blocks only ``session`` used to the host tier."""
+        moved = 0
+        for n in self._session_candidates(session):
+            if n.alive and n.tier == GPU:
+                moved += self._offload_subtree(n)
+        return moved
+
+    # ------------------------------------------------------------ internals
+
+    def _push(self, n: Node) -> None:
+        n.heap_seq = seq = next(self._seq)
+        heapq.heappush(self._lru, (n.last_access, n.uid, seq, n))
+
+    def _push_host(self, n: Node) -> None:
+        n.heap_seq = seq = next(self._seq)
+        heapq.heappush(self._host_lru, (n.last_access, n.uid, seq, n))
+
+    def _split(self, node: Node, m: int) -> Node:
+        """Split ``node`` after its first ``m`` blocks; returns the new top part (the
+        existing object keeps the bottom part, so references to it stay valid)."""
+        top = Node(node.parent, slice_runs(node.runs, 0, m), m, node.session)
+        node.runs = slice_runs(node.runs, m, node.length)
+        node.length -= m
+        parent = node.parent
+        assert parent is not None
+        parent.children[top.key()] = top
+        node.parent = top
+        top.children[node.key()] = node
+        top.tier = node.tier
+        top.gpu_children = 1 if node.tier == GPU else 0
+        top.refcount = node.refcount
+        top.pinned = node.pinned
+        top.pin_until = node.pin_until
+        top.last_access = node.last_access
+        top.shared = node.shared
+        if top.pinned:
+            heapq.heappush(self._pins, (top.pin_until, next(self._seq), top))
+        if self._track:
+            self.sessions.setdefault(node.session, set()).add(top)
+        return top
+
+    def _make_room(self, need: int) -> None:
+        while self.capacity - self.gpu_tree - self.private < need:
+            if not self._evict_one(need - (self.capacity - self.gpu_tree - self.private)):
+                raise RuntimeError("KV accounting error: no evictable block left")
+
+    def _evict_one(self, want: int) -> bool:
+        lru = self._lru
+        while lru:
+            _, _, seq, n = heapq.heappop(lru)
+            if (
+                seq != n.heap_seq
+                or not n.alive
+                or n.tier != GPU
+                or n.refcount
+                or n.pinned
+                or n.gpu_children
+            ):
+                continue
+            if n.length > want:
+                self._evict_tail(n, want)
+                self._push(n)  # what is left is still an evictable leaf
+            else:
+                self._evict_node(n)
+            return True
+        return False
+
+    def _evict_tail(self, n: Node, k: int) -> None:
+        """Evict the last ``k`` blocks of an unreferenced GPU leaf (``k < n.length``)."""
+        self.evicted_blocks += k
+        keep = n.length - k
+        tail_runs = slice_runs(n.runs, keep, n.length)
+        n.runs = slice_runs(n.runs, 0, keep)
+        n.length = keep
+        self.gpu_tree -= k
+        self.evictable -= k
+        if self.host_capacity and self._host_room(k):
+            # The tail becomes a host node between ``n`` and n's (host) children.
+            tail = Node(n, tail_runs, k, n.session)
+            tail.tier = HOST
+            tail.last_access = n.last_access
+            tail.shared = n.shared
+            tail.children = n.children
+            for c in tail.children.values():
+                c.parent = tail
+            n.children = {tail.key(): tail}
+            self.host_used += k
+            self.offloaded_blocks += k
+            if self._track:
+                self.sessions.setdefault(n.session, set()).add(tail)
+            if not tail.children:
+                self._push_host(tail)
+        elif n.children:
+            # No room on the host: what hung below the tail goes with it.
+            for c in list(n.children.values()):
+                self._drop_subtree(c)
+
+    def _evict_node(self, n: Node) -> None:
+        """Evict an unreferenced GPU leaf: to the host tier if it has room, else drop it."""
+        self.evicted_blocks += n.length
+        if self.host_capacity and self._host_room(n.length):
+            self._to_host(n)
+        else:
+            self._drop_subtree(n)
+
+    def _host_room(self, need: int) -> bool:
+        if need > self.host_capacity:
+            return False
+        lru = self._host_lru
+        while self.host_used + need > self.host_capacity:
+            if not lru:
+                return False
+            _, _, seq, n = heapq.heappop(lru)
+            if seq != n.heap_seq or not n.alive or n.tier != HOST or n.refcount or n.children:
+                continue
+            self._drop_node(n)
+        return True
+
+    def _to_host(self, n: Node) -> None:
+        self.gpu_tree -= n.length
+        if n.refcount == 0 and not n.pinned:
+            self.evictable -= n.length
+        n.tier = HOST
+        self.host_used += n.length
+        self.offloaded_blocks += n.length
+        parent = n.parent
+        assert parent is not None
+        parent.gpu_children -= 1
+        if parent is not self.root and parent.gpu_children == 0:
+            if parent.tier == GPU and parent.refcount == 0 and not parent.pinned:
+                self._push(parent)
+        if not n.children:
+            self._push_host(n)
+
+    def _offload_subtree(self, top: Node) -> int:
+        order: list[Node] = []
+        stack = [top]
+        while stack:
+            n = stack.pop()
+            order.append(n)
+            stack.extend(c for c in n.children.values() if c.tier == GPU)
+        moved = 0
+        for n in reversed(order):  # children before parents
+            if not n.alive:
+                continue
+            if self._host_room(n.length):
+                self._to_host(n)
+                moved += n.length
+            else:
+                self._drop_subtree(n)
+        return moved
+
+    def _drop_subtree(self, top: Node) -> int:
+        order: list[Node] = []
+        stack = [top]
+        while stack:
+            n = stack.pop()
+            order.append(n)
+            stack.extend(n.children.values())
+        dropped = 0
+        for n in reversed(order):
+            dropped += n.length
+            self._drop_node(n)
+        return dropped
+
+    def _drop_node(self, n: Node) -> None:
+        """Remove a childless node from the tree."""
+        parent = n.parent
+        assert parent is not None
+        del parent.children[n.key()]
+        if n.tier == GPU:
+            self.gpu_tree -= n.length
+            if n.refcount == 0 and not n.pinned:
+                self.evictable -= n.length
+            parent.gpu_children -= 1
+            if (
+                parent is not self.root
+                and parent.gpu_children == 0
+                and parent.tier == GPU
+                and parent.refcount == 0
+                and not parent.pinned
+            ):
+                self._push(parent)
+        else:
+            self.host_used -= n.length
+            if parent is not self.root and parent.tier == HOST and not parent.children:
+                self._push_host(parent)
+        n.alive = False
+        if self._track:
+            nodes = self.sessions.get(n.session)
+            if nodes is not None:
+                nodes.discard(n)
+                if not nodes:
+                    del self.sessions[n.session]
+
+    # ------------------------------------------------------------ checks (tests)
+
+    def check(self, now: float | None = None) -> None:
+        """Recompute every counter from the tree and compare (for tests)."""
+        gpu = host = evictable = 0
+        stack = [self.root]
+        while stack:
+            n = stack.pop()
+            gpu_children = 0
+            for k, c in n.children.items():
+                assert c.parent is n and c.alive and k == c.key()
+                assert runs_length(c.runs) == c.length > 0
+                if c.tier == GPU:
+                    gpu_children += 1
+                    assert n is self.root or n.tier == GPU, "GPU node below a host node"
+                stack.append(c)
+            if n is self.root:
+                continue
+            assert gpu_children == n.gpu_children, "gpu_children out of date"
+            assert n.refcount >= 0
+            if n.tier == GPU:
+                gpu += n.length
+                if n.refcount == 0 and not n.pinned:
+                    evictable += n.length
+            else:
+                host += n.length
+                assert n.refcount >= 0
+        assert gpu == self.gpu_tree, (gpu, self.gpu_tree)
+        assert host == self.host_used, (host, self.host_used)
+        assert evictable == self.evictable, (evictable, self.evictable)
+        assert 0 <= self.free <= self.capacity, self.free
+        assert self.host_used <= self.host_capacity
+
+
+def _append_runs(dst: list[Run], src: list[Run]) -> None:
+    if dst and src:
+        t, s, n = dst[-1]
+        t2, s2, n2 = src[0]
+        if t == t2 and s + n == s2 and t[0] == "r":
+            dst[-1] = (t, s, n + n2)
+            dst.extend(src[1:])
+            return
+    dst.extend(src)

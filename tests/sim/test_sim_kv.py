@@ -1,0 +1,208 @@
+"""The KV cache on its own: prefix matching, LRU eviction, pins, host tier, session policies."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentrt.sim._kv import GPU, HOST, KVCache, Node
+from agentrt.sim._tokenize import Run
+
+
+def seq(ns: str, start: int, count: int) -> list[Run]:
+    return [(("r", ns, 16), start, count)]
+
+
+def cache_sequence(kv: KVCache, runs: list[Run], session: str, now: float) -> Node:
+    """Admit a request for ``runs`` (hits + new blocks), insert them, return its deepest node."""
+    n = sum(r[2] for r in runs)
+    m = kv.match(runs, n)
+    new = n - m.blocks
+    assert kv.can_admit(m, new)
+    deepest, _ = kv.admit(m, new, session, now)
+    if new:
+        rest = runs_after(runs, m.blocks)
+        node = kv.insert(deepest, rest, new, session, now)
+        assert node is not None
+        deepest = node
+    return deepest
+
+
+def runs_after(runs: list[Run], k: int) -> list[Run]:
+    from agentrt.sim._tokenize import slice_runs
+
+    return slice_runs(runs, k, sum(r[2] for r in runs))
+
+
+def test_match_counts_shared_prefix_and_splits_on_admit() -> None:
+    kv = KVCache(100, 0, False)
+    a = seq("x", 0, 10)
+    node = cache_sequence(kv, a, "s1", 0.0)
+    kv.release(node, 0, 1.0)
+    kv.check()
+    b = seq("x", 0, 6) + seq("y", 0, 4)
+    m = kv.match(b, 100)
+    assert (m.blocks, m.gpu_blocks, m.host_blocks) == (6, 6, 0)
+    assert m.partial is node and m.partial_blocks == 6
+    deepest, _ = kv.admit(m, 4, "s2", 2.0)
+    assert deepest.length == 6 and deepest.refcount == 1 and node.refcount == 0
+    kv.check()
+    kv.release(deepest, 4, 3.0)
+    kv.check()
+    assert kv.match(a, 100).blocks == 10  # the split changed nothing for a
+
+
+def test_lru_evicts_least_recently_used_tail_first() -> None:
+    kv = KVCache(30, 0, False)
+    nodes = {}
+    for t, ns in enumerate(["a", "b", "c"]):
+        nodes[ns] = cache_sequence(kv, seq(ns, 0, 10), ns, float(t))
+        kv.release(nodes[ns], 0, float(t))
+    assert kv.free == 0 and kv.evictable == 30
+    assert kv.allocate(4)  # evicts the last 4 blocks of "a", the least recently used
+    assert kv.match(seq("a", 0, 10), 100).blocks == 6
+    assert kv.match(seq("b", 0, 10), 100).blocks == 10
+    kv.check()
+    # touching "a" makes "b" the oldest
+    n = cache_sequence(kv, seq("a", 0, 6), "a", 10.0)
+    kv.release(n, 0, 10.0)
+    assert kv.allocate(3)
+    assert kv.match(seq("b", 0, 10), 100).blocks == 7
+    assert kv.match(seq("a", 0, 10), 100).blocks == 6
+    kv.check()
+
+
+def test_referenced_and_pinned_blocks_are_not_evicted() -> None:
+    kv = KVCache(20, 0, False)
+    held = cache_sequence(kv, seq("a", 0, 10), "a", 0.0)
+    pinned = cache_sequence(kv, seq("b", 0, 10), "b", 0.0)
+    kv.pin_path(pinned, 5.0)
+    kv.release(pinned, 0, 1.0)
+    assert kv.evictable == 0
+    assert not kv.allocate(1)
+    assert kv.expire_pins(4.0) == 5.0
+    assert not kv.allocate(1)
+    assert kv.expire_pins(5.0) is None
+    assert kv.evictable == 10
+    assert kv.allocate(10)
+    assert kv.match(seq("b", 0, 10), 100).blocks == 0
+    assert kv.match(seq("a", 0, 10), 100).blocks == 10
+    kv.release(held, 10, 6.0)
+    kv.check()
+
+
+def test_host_tier_takes_evicted_blocks_and_loads_them_back() -> None:
+    kv = KVCache(10, 20, False)
+    a = cache_sequence(kv, seq("a", 0, 10), "a", 0.0)
+    kv.release(a, 0, 0.0)
+    b = cache_sequence(kv, seq("b", 0, 10), "b", 1.0)  # evicts all of a to the host
+    kv.check()
+    assert kv.host_used == 10 and kv.offloaded_blocks == 10
+    m = kv.match(seq("a", 0, 10), 100)
+    assert (m.gpu_blocks, m.host_blocks) == (0, 10)
+    assert not kv.can_admit(m, 0)  # b holds every GPU block
+    kv.release(b, 0, 2.0)
+    assert kv.can_admit(m, 0)
+    deepest, loaded = kv.admit(m, 0, "a", 3.0)
+    assert loaded == 10 and deepest.tier == GPU
+    kv.check()
+    assert kv.host_used == 10  # b went to the host in turn
+    kv.release(deepest, 0, 4.0)
+    kv.check()
+
+
+def test_partial_eviction_to_host_keeps_the_tree_consistent() -> None:
+    kv = KVCache(10, 4, False)
+    a = cache_sequence(kv, seq("a", 0, 10), "a", 0.0)
+    kv.release(a, 0, 0.0)
+    assert kv.allocate(3)
+    kv.check()
+    m = kv.match(seq("a", 0, 10), 100)
+    assert (m.gpu_blocks, m.host_blocks) == (7, 3)
+    assert kv.allocate(4)  # 4 more: the host (4 blocks) overflows and drops its oldest
+    kv.check()
+    assert kv.host_used <= 4
+
+
+def test_drop_and_offload_session_spare_shared_blocks() -> None:
+    kv = KVCache(100, 50, True)
+    shared = seq("sys", 0, 5)
+    s1 = cache_sequence(kv, shared + seq("s1", 0, 5), "s1", 0.0)
+    s2 = cache_sequence(kv, shared + seq("s2", 0, 5), "s2", 0.0)
+    kv.release(s1, 0, 1.0)
+    kv.release(s2, 0, 1.0)
+    assert kv.drop_session("s1") == 5
+    assert kv.match(shared + seq("s1", 0, 5), 100).blocks == 5
+    assert kv.match(shared + seq("s2", 0, 5), 100).blocks == 10
+    assert kv.offload_session("s2") == 5
+    m = kv.match(shared + seq("s2", 0, 5), 100)
+    assert (m.gpu_blocks, m.host_blocks) == (5, 5)
+    kv.check()
+
+
+def test_extending_a_session_node_keeps_one_node_per_conversation() -> None:
+    kv = KVCache(100, 0, False)
+    n1 = cache_sequence(kv, seq("s", 0, 5), "s", 0.0)
+    kv.release(n1, 0, 1.0)
+    n2 = cache_sequence(kv, seq("s", 0, 9), "s", 2.0)
+    assert n2 is n1 and n1.length == 9 and len(n1.runs) == 1
+    kv.release(n2, 0, 3.0)
+    kv.check()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["req", "req", "alloc", "pin", "drop", "offload", "tick"]),
+            st.integers(0, 4),
+            st.integers(1, 12),
+        ),
+        max_size=40,
+    ),
+    host=st.sampled_from([0, 8]),
+)
+def test_counters_stay_consistent(ops: list[tuple[str, int, int]], host: int) -> None:
+    """Random admissions, releases, allocations, pins and policies keep every counter exact."""
+    kv = KVCache(24, host, True)
+    now = 0.0
+    held: list[tuple[Node, int]] = []
+    for op, who, n in ops:
+        now += 1.0
+        kv.expire_pins(now)
+        if op == "req":
+            runs = seq("sys", 0, 2) + seq(f"s{who}", 0, n)
+            total = 2 + n
+            m = kv.match(runs, total)
+            new = total - m.blocks
+            if kv.can_admit(m, new):
+                deepest, _ = kv.admit(m, new, f"s{who}", now)
+                if new:
+                    node = kv.insert(deepest, runs_after(runs, m.blocks), new, f"s{who}", now)
+                    if node is None:
+                        held.append((deepest, new))
+                    else:
+                        held.append((node, 0))
+                else:
+                    held.append((deepest, 0))
+        elif op == "alloc" and kv.allocate(n % 4):
+            kv.private -= n % 4
+        elif op == "pin" and held:
+            node, private = held.pop(who % len(held))
+            kv.pin_path(node, now + n)
+            kv.release(node, private, now)
+        elif op in ("drop", "offload") and held:
+            node, private = held.pop(who % len(held))
+            kv.release(node, private, now)
+            if op == "drop":
+                kv.drop_session(node.session)
+            elif host:
+                kv.offload_session(node.session)
+        kv.check()
+        for node, _ in held:
+            assert node.alive and node.tier == GPU and node.refcount > 0
+    for node, private in held:
+        kv.release(node, private, now)
+    kv.check()
+    assert kv.private == 0
+    assert all(n.tier in (GPU, HOST) for n in kv.root.children.values())
