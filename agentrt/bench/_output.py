@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -77,7 +78,8 @@ def print_table(result: BenchResult, title: str, echo: Callable[[str], None] = p
         table.add_column(h, justify="left" if h == "client" else "right")
     for r in rows:
         table.add_row(*r)
-    Console().print(table)
+    # A full-width table when the output is not a terminal (logs, CI, pipes).
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 
 @contextmanager
