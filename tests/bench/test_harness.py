@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -37,7 +38,7 @@ def test_synthetic_workloads_are_seeded_and_shaped() -> None:
     react = next(p for p in a if p.kind == "react")
     calls = [s for s in react.root.steps if isinstance(s, Call)]
     # A growing conversation: each prompt extends the previous one.
-    for prev, nxt in zip(calls, calls[1:], strict=False):
+    for prev, nxt in itertools.pairwise(calls):
         assert nxt.blocks[: len(prev.blocks)] == prev.blocks
         assert nxt.tool is not None and nxt.wait_s > 0
 
