@@ -74,6 +74,13 @@ def _bench_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
         "--max-wait", type=float, default=None, help="cap one think or tool wait, seconds"
     )
     p.add_argument(
+        "--api",
+        choices=("openai", "http"),
+        default="openai",
+        help="call through the openai client (default) or post raw JSON through agentrt's "
+        "HTTP client (faster, for large replays)",
+    )
+    p.add_argument(
         "--tool-wait",
         type=float,
         default=2.0,
@@ -188,6 +195,7 @@ def _bench(args: argparse.Namespace) -> int:
         ),
         stretch=not args.no_stretch and not args.endpoints,
         tool_wait_s=args.tool_wait,
+        api=args.api,
     )
     return _run_bench(cfg, args.out, not args.no_plots, f"agentrt bench: {args.workload}")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -20,6 +19,7 @@ from ._plan import BLOCK_TOKENS, Call, Fanout, JobPlan, SessionPlan
 __all__ = ["CallResult", "ClientSpec", "Driver", "JobResult", "Prompts", "make_driver"]
 
 PromptMode = Literal["sim", "text"]
+Api = Literal["openai", "http"]
 
 _WORDS = (
     "alpha beta gamma delta table index value query error test parse build cache agent "
@@ -132,7 +132,10 @@ class PlainDriver:
         model: str,
         prompts: Prompts,
         real_engine: bool,
+        api: Api = "openai",
     ) -> None:
+        self._urls = urls
+        self._api = api
         self._http = httpx.AsyncClient(
             transport=transport
             or httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=None)),
@@ -167,8 +170,13 @@ class PlainDriver:
                 continue
             if step.wait_s:
                 await anyio.sleep(step.wait_s)
-            client = self._clients[next(self._rr)]
-            out.append(await _call(client, self._model, self._prompts, step, self._extra))
+            i = next(self._rr)
+            if self._api == "http":
+                body = _body(self._model, self._prompts, step, self._extra)
+                out.append(await _http_chat(self._http, self._urls[i], body, step.stream))
+            else:
+                client = self._clients[i]
+                out.append(await _call(client, self._model, self._prompts, step, self._extra))
 
     async def run_job(self, plan: JobPlan, t0: float) -> JobResult:
         start = anyio.current_time()
@@ -187,6 +195,39 @@ class PlainDriver:
             status,
             calls,
         )
+
+
+def _body(model: str, prompts: Prompts, step: Call, extra: dict[str, Any]) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompts.render(step)}],
+        "max_tokens": step.output_tokens,
+        **extra,
+    }
+    if step.stream:
+        body["stream"] = True
+    return body
+
+
+async def _http_chat(
+    http: httpx.AsyncClient, base_url: str, body: dict[str, Any], stream: bool
+) -> CallResult:
+    """One chat call as raw HTTP (no openai object parsing): the bench's fast path."""
+    url = base_url + "/chat/completions"
+    start = anyio.current_time()
+    ttft = None
+    if stream:
+        async with http.stream("POST", url, json=body) as resp:
+            resp.raise_for_status()
+            async for line in resp.aiter_lines():
+                if ttft is None and line.startswith("data:"):
+                    ttft = anyio.current_time() - start
+                if line.startswith("data: [DONE]"):
+                    break
+    else:
+        resp = await http.post(url, json=body)
+        resp.raise_for_status()
+    return CallResult(anyio.current_time() - start, ttft)
 
 
 async def _call(
@@ -227,7 +268,11 @@ class AgentrtDriver:
         model: str,
         prompts: Prompts,
         real_engine: bool,
+        api: Api = "openai",
     ) -> None:
+        self._api = api
+        self._url = urls[0]
+        self._http: httpx.AsyncClient | None = None
         self._rt = Runtime(
             urls,
             routing=spec.routing,
@@ -242,9 +287,12 @@ class AgentrtDriver:
 
     async def __aenter__(self) -> AgentrtDriver:
         await self._rt.__aenter__()
+        self._http = self._rt.http_client()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._http is not None:
+            await self._http.aclose()
         await self._rt.__aexit__(None, None, None)
 
     async def _session(self, job: Any, plan: SessionPlan, parent: Any) -> None:
@@ -261,6 +309,12 @@ class AgentrtDriver:
                             await anyio.sleep(step.wait_s)
                     else:
                         await anyio.sleep(step.wait_s)
+                if self._api == "http":
+                    # rt.http_client() requests inside a session are that session's turns.
+                    assert self._http is not None
+                    body = _body(self._model, self._prompts, step, self._extra)
+                    await _http_chat(self._http, self._url, body, step.stream)
+                    continue
                 messages = [{"role": "user", "content": self._prompts.render(step)}]
                 if step.stream:
                     stream = await s.chat(
@@ -300,9 +354,13 @@ def make_driver(
     model: str,
     prompts: Prompts,
     real_engine: bool,
+    api: Api = "openai",
 ) -> Driver:
-    factory: Callable[..., Driver]
+    """A driver for ``spec``. ``api="openai"`` calls through the openai client (what agent
+    code does); ``api="http"`` posts the same JSON through an HTTP client (agentrt's
+    ``rt.http_client()``), skipping openai's per-call object parsing, for large replays."""
+    if api not in ("openai", "http"):
+        raise ValueError(f"api must be 'openai' or 'http', got {api!r}")
     if spec.kind == "plain":
-        return PlainDriver(urls, transport, model, prompts, real_engine)
-    factory = AgentrtDriver
-    return factory(spec, urls, transport, model, prompts, real_engine)
+        return PlainDriver(urls, transport, model, prompts, real_engine, api)
+    return AgentrtDriver(spec, urls, transport, model, prompts, real_engine, api)

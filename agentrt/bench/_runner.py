@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import httpx
@@ -48,6 +48,12 @@ class BenchConfig:
     stretch: bool = True
     """Also run every job alone on an idle cluster, for JCT stretch (embedded only)."""
     tool_wait_s: float = 2.0
+    api: Literal["openai", "http"] = "openai"
+    """How calls are made: through the openai client, or as raw JSON over agentrt's HTTP
+    client (no openai object parsing: for large replays)."""
+    stream_interval: int = 16
+    """Tokens per streamed chunk of the embedded engine (the first token is always sent
+    at once, so time to first token is exact)."""
 
 
 @dataclass(slots=True)
@@ -192,7 +198,7 @@ def _sim_engine_stats(cluster: Cluster, makespan: float) -> dict[str, float | No
 async def _run_sim(
     cfg: BenchConfig, plans: list[JobPlan], progress: Progress
 ) -> list[ClientResult]:
-    preset = PRESETS[cfg.preset]
+    preset = PRESETS[cfg.preset].replace(stream_interval=cfg.stream_interval)
     model = cfg.model or preset.model_name
     alone: dict[str, float] | None = None
     if cfg.stretch:
@@ -207,6 +213,7 @@ async def _run_sim(
                     model,
                     Prompts("sim"),
                     False,
+                    cfg.api,
                 )
                 async with driver:
                     res = await driver.run_job(plan, anyio.current_time())
@@ -223,7 +230,13 @@ async def _run_sim(
         spec = ClientSpec.parse(name)
         async with Cluster(cfg.replicas, preset) as cluster:
             driver = make_driver(
-                spec, list(cluster.base_urls), cluster.transport(), model, Prompts("sim"), False
+                spec,
+                list(cluster.base_urls),
+                cluster.transport(),
+                model,
+                Prompts("sim"),
+                False,
+                cfg.api,
             )
             async with driver:
                 results, makespan = await _replay(plans, driver.run_job, progress, spec.name)
@@ -264,7 +277,7 @@ async def _run_real(
         for name in cfg.clients:
             spec = ClientSpec.parse(name)
             before = [await _metrics(http, u) for u in urls]
-            driver = make_driver(spec, urls, None, model, Prompts("text"), True)
+            driver = make_driver(spec, urls, None, model, Prompts("text"), True, cfg.api)
             async with driver:
                 results, makespan = await _replay(plans, driver.run_job, progress, spec.name)
             after = [await _metrics(http, u) for u in urls]
