@@ -117,6 +117,7 @@ async def _replay(
     run_job: Callable[[JobPlan, float], Any],
     progress: Progress,
     label: str,
+    at_arrival: Callable[[float], None] | None = None,
 ) -> tuple[list[JobResult], float]:
     results: list[JobResult] = []
     t0 = anyio.current_time()
@@ -126,11 +127,15 @@ async def _replay(
         progress(label)
 
     async with anyio.create_task_group() as tg:
-        for plan in sorted(plans, key=lambda p: p.arrival_s):
+        ordered = sorted(plans, key=lambda p: p.arrival_s)
+        marks = {len(ordered) // 2, len(ordered) - 1}
+        for i, plan in enumerate(ordered):
             delay = t0 + plan.arrival_s - anyio.current_time()
             if delay > 0:
                 await anyio.sleep(delay)
             tg.start_soon(one, plan)
+            if at_arrival is not None and i in marks:
+                at_arrival(anyio.current_time() - t0)
     return results, anyio.current_time() - t0
 
 
@@ -180,7 +185,13 @@ def _summarize(
     )
 
 
-def _sim_engine_stats(cluster: Cluster, makespan: float) -> dict[str, float | None]:
+def _sim_engine_stats(
+    cluster: Cluster, makespan: float, window: tuple[float, float] | None
+) -> dict[str, float | None]:
+    """Engine-side figures. ``utilization`` is the replicas' mean busy fraction over the
+    second half of the arrivals (``window``: its length and the mean busy seconds in it),
+    once the load has ramped up: the load the arrival rate puts on the cluster. Over the
+    whole makespan when all jobs arrive at once."""
     stats = cluster.stats()
     queries = sum(s.prefix_cache_queries for s in stats)
     hits = sum(s.prefix_cache_hits for s in stats)
@@ -190,7 +201,9 @@ def _sim_engine_stats(cluster: Cluster, makespan: float) -> dict[str, float | No
     return {
         "hit_rate": hits / queries if queries else None,
         "imbalance": max(busy) / mean_busy if mean_busy > 0 else None,
-        "utilization": mean_busy / makespan if makespan > 0 else None,
+        "utilization": (window[1] / window[0])
+        if window and window[0] > 0
+        else (mean_busy / makespan if makespan > 0 else None),
         "tokens_per_s": tokens / makespan if makespan > 0 else None,
     }
 
@@ -238,9 +251,22 @@ async def _run_sim(
                 False,
                 cfg.api,
             )
+            window: list[tuple[float, float]] = []
+
+            def snapshot(
+                elapsed: float, cluster: Cluster = cluster, window: list[Any] = window
+            ) -> None:
+                busy = statistics.fmean(s.busy_s for s in cluster.stats())
+                window.append((elapsed, busy))
+
             async with driver:
-                results, makespan = await _replay(plans, driver.run_job, progress, spec.name)
-            engine = _sim_engine_stats(cluster, makespan)
+                results, makespan = await _replay(
+                    plans, driver.run_job, progress, spec.name, snapshot
+                )
+            span = None
+            if len(window) == 2:
+                span = (window[1][0] - window[0][0], window[1][1] - window[0][1])
+            engine = _sim_engine_stats(cluster, makespan, span)
         out.append(_summarize(spec.name, results, makespan, alone, engine))
     return out
 
