@@ -35,8 +35,11 @@ class Prompts:
     prefix cache sees the same sharing (token counts are then only approximate).
     """
 
-    def __init__(self, mode: PromptMode) -> None:
+    def __init__(self, mode: PromptMode, words_per_block: int = BLOCK_TOKENS // 2) -> None:
         self.mode = mode
+        self.words_per_block = words_per_block
+        """``text`` mode: words per block; tune it so a block is about 64 tokens of the
+        engine's tokenizer."""
         self._cache: dict[tuple[str, int], str] = {}
 
     def _block_text(self, namespace: str, block: int) -> str:
@@ -44,7 +47,7 @@ class Prompts:
         text = self._cache.get(key)
         if text is None:
             rng = random.Random(f"{namespace}:{block}")
-            text = " ".join(rng.choice(_WORDS) for _ in range(BLOCK_TOKENS // 2)) + "\n"
+            text = " ".join(rng.choice(_WORDS) for _ in range(self.words_per_block)) + "\n"
             if len(self._cache) < 200_000:
                 self._cache[key] = text
         return text

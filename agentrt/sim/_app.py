@@ -300,6 +300,10 @@ class ReplicaApp:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             model = cfg.model_name
+        if cfg.request_overhead_s > 0:
+            # The API server's share of a request (HTTP, parsing, tokenizing) before the
+            # engine sees it.
+            await anyio.sleep(cfg.request_overhead_s)
         try:
             req = engine.submit(
                 prompt,

@@ -36,7 +36,7 @@ async def probe_engine(
     model: str,
     prompt_lengths: Sequence[int] = (16, 128, 512, 1024, 2048),
     decode_batches: Sequence[int] = (1, 4, 16),
-    decode_context: int = 256,
+    decode_context: int | Sequence[int] = (256, 1536),
     decode_tokens: int = 64,
     repeats: int = 3,
     chunk: int = 0,
@@ -47,9 +47,11 @@ async def probe_engine(
 
     - prefill: one request at a time, ``max_tokens=1``; its latency is the prefill of the
       prompt (in chunks of ``chunk`` tokens, 0: one step), median of ``repeats``;
-    - decode: ``b`` streams at once for each ``b`` in ``decode_batches``; the median
-      interval between streamed chunks (one token each) in the middle of the streams is one
-      decode step of ``b`` sequences.
+    - decode: ``b`` requests at once for each ``b`` in ``decode_batches``; the extra
+      latency of ``decode_tokens`` more output tokens, per token, is one decode step of
+      ``b`` sequences (median of ``repeats``), at each prompt length in
+      ``decode_context`` (two or more tell the per-sequence and per-context-token costs
+      apart).
 
     Prompts are random token ids below ``vocab_size`` (seeded), so prefix caching does not
     hit. The engine must be otherwise idle.
@@ -71,36 +73,45 @@ async def probe_engine(
             times.append(anyio.current_time() - t0)
         samples.append(StepSample.prefill(p, statistics.median(times), chunk=chunk))
 
-    async def stream(body: dict[str, object], out: list[float]) -> None:
-        async with client.stream("POST", url, json=body) as r:
-            r.raise_for_status()
-            async for line in r.aiter_lines():
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    doc = json.loads(line[6:])
-                    if doc.get("choices"):
-                        out.append(anyio.current_time())
+    contexts = [decode_context] if isinstance(decode_context, int) else list(decode_context)
 
-    for b in decode_batches:
-        arrivals: list[list[float]] = [[] for _ in range(b)]
+    async def batch(b: int, tokens: int, context: int) -> float:
+        """Median latency of ``b`` concurrent requests of ``tokens`` output tokens."""
+        lat: list[float] = []
+
+        async def one() -> None:
+            body = {
+                "model": model,
+                "prompt": prompt(context),
+                "max_tokens": tokens,
+                "ignore_eos": True,
+            }
+            t0 = anyio.current_time()
+            r = await client.post(url, json=body)
+            r.raise_for_status()
+            lat.append(anyio.current_time() - t0)
+
         async with anyio.create_task_group() as tg:
-            for i in range(b):
-                body = {
-                    "model": model,
-                    "prompt": prompt(decode_context),
-                    "max_tokens": decode_tokens,
-                    "ignore_eos": True,
-                    "stream": True,
-                }
-                tg.start_soon(stream, body, arrivals[i])
-        gaps: list[float] = []
-        lo, hi = decode_tokens // 4, (3 * decode_tokens) // 4
-        for times in arrivals:
-            gaps.extend(
-                t2 - t1 for t1, t2 in zip(times[lo:hi], times[lo + 1 : hi + 1], strict=False)
-            )
-        if gaps:
-            mid_ctx = decode_context + decode_tokens / 2
-            samples.append(StepSample.decode(b, b * mid_ctx, statistics.median(gaps)))
+            for _ in range(b):
+                tg.start_soon(one)
+        return statistics.median(lat)
+
+    # One decode step of b sequences: the extra latency of ``decode_tokens`` more output
+    # tokens, per token. Whole-request latencies are used because servers coalesce
+    # streamed tokens into bursts, which makes inter-chunk gaps meaningless.
+    short = max(1, decode_tokens // 4)
+    # Two context lengths at least, so that the per-sequence and per-context-token costs
+    # can be told apart.
+    for context in contexts:
+        for b in decode_batches:
+            diffs = []
+            for _ in range(repeats):
+                long = await batch(b, short + decode_tokens, context)
+                diffs.append(long - await batch(b, short, context))
+            per_step = statistics.median(diffs) / decode_tokens
+            if per_step > 0:
+                mid_ctx = context + short + decode_tokens / 2
+                samples.append(StepSample.decode(b, b * mid_ctx, per_step))
     return samples
 
 
@@ -112,7 +123,7 @@ async def _main_async(args: argparse.Namespace) -> CostModel:
             model=args.model,
             prompt_lengths=[int(x) for x in args.prompt_lengths.split(",")],
             decode_batches=[int(x) for x in args.batches.split(",")],
-            decode_context=args.context,
+            decode_context=[int(x) for x in args.context.split(",")],
             decode_tokens=args.tokens,
             repeats=args.repeats,
             chunk=args.chunk,
@@ -130,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--prompt-lengths", default="16,128,512,1024,2048")
     ap.add_argument("--batches", default="1,4,16")
-    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--context", default="256,1536", help="decode context lengths")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--chunk", type=int, default=0, help="the engine's prefill chunk (0: none)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -58,6 +59,9 @@ class EngineConfig:
     ``drop`` free it at once."""
     pin_margin_s: float = 2.0
     """Extra seconds a ``keep`` pin lasts beyond the declared wait."""
+    request_overhead_s: float = 0.0
+    """Seconds the API server spends on a request before the engine sees it (HTTP,
+    parsing, tokenizing); fitted for ``cpu-tiny``, negligible for ``h100-8b``."""
     default_max_tokens: int = 16
     """Output length when a request gives no ``max_tokens``."""
     stream_interval: int = 1
@@ -83,6 +87,8 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{name} must be an int > 0, got {value!r}")
         if self.num_host_blocks < 0 or self.long_prefill_token_threshold < 0:
             raise ValueError("num_host_blocks and long_prefill_token_threshold must be >= 0")
+        if not (self.request_overhead_s >= 0 and math.isfinite(self.request_overhead_s)):
+            raise ValueError("request_overhead_s must be a finite number >= 0")
         if self.host_bandwidth <= 0 or self.pin_margin_s < 0:
             raise ValueError("host_bandwidth must be > 0 and pin_margin_s >= 0")
         if self.max_model_len is not None and self.max_model_len <= 0:
@@ -128,14 +134,15 @@ _H100_8B: Final = EngineConfig(
 
 # The tiny 2-layer Llama (hidden 256, 4 KV heads x 64, bf16) on vLLM's CPU build, as
 # agentrt.testing.vllm_cpu starts it: 128-token blocks, 1 GiB of KV, max_model_len 4096.
-# The cost numbers are initial guesses until calibrate() is run against the real engine.
+# Cost numbers fitted with benchmarks/fidelity.py (probe_engine + calibrate) against one
+# replica whose worker runs on one core of this 2-core machine (docs/sim.md).
 _CPU_TINY: Final = EngineConfig(
     cost=CostModel(
-        step_s=5e-3,
-        prefill_token_s=20e-6,
-        decode_seq_s=200e-6,
-        decode_context_token_s=10e-9,
-        prefill_pair_s=0.1e-9,
+        step_s=1.04e-3,
+        prefill_token_s=24.6e-6,
+        decode_seq_s=378e-6,
+        decode_context_token_s=0.0,
+        prefill_pair_s=0.0,
     ),
     model_name="tiny-llama",
     block_size=128,
@@ -145,6 +152,7 @@ _CPU_TINY: Final = EngineConfig(
     max_num_seqs=256,
     max_num_batched_tokens=2048,
     max_model_len=4096,
+    request_overhead_s=4.6e-3,
 )
 
 PRESETS: Final[Mapping[str, EngineConfig]] = MappingProxyType(

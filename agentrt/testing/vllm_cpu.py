@@ -7,10 +7,9 @@ runs the engine's python as a subprocess.
 
 Typical use::
 
-    from agentrt.testing.vllm_cpu import ReplicaSpec, find_engine, launch
+    from agentrt.testing.vllm_cpu import SETUP_MESSAGE, ReplicaSpec, find_engine, launch
 
-    engine = find_engine()
-    if engine is None:
+    if find_engine() is None:
         raise SystemExit(SETUP_MESSAGE)
     with launch([ReplicaSpec(name="a", cpu_bind="0"), ReplicaSpec(name="b", cpu_bind="1")]) as rs:
         print([r.base_url for r in rs])  # http://127.0.0.1:PORT/v1
@@ -123,7 +122,11 @@ class ReplicaSpec:
     endpoint (see :attr:`Replica.kv_events_endpoint`). ``per_request_metrics`` adds a
     ``metrics`` object (``queue_time_ms``, ``time_to_first_token_ms``, ...) to each response.
     ``dev_mode`` sets ``VLLM_SERVER_DEV_MODE``,
-    which routes ``POST /reset_prefix_cache``.
+    which routes ``POST /reset_prefix_cache``. ``kv_cache_space_gib=None`` leaves
+    ``VLLM_CPU_KVCACHE_SPACE`` unset, and vLLM 0.32 then wants 92% of the machine's memory.
+
+    The caller's ``VLLM_*``, ``OMP_*``, ``KMP_*`` and ``GOMP_*`` variables are not passed on, so
+    that replicas are reproducible; set what a replica needs in ``extra_env``.
     """
 
     name: str = "vllm"
@@ -589,7 +592,7 @@ def launch(
 
 
 _SUBSCRIBER = r"""
-import json, sys, time
+import json, os, sys, time
 import msgspec, zmq
 
 endpoint, topic = sys.argv[1], sys.argv[2]
@@ -599,6 +602,7 @@ sock.connect(endpoint)
 sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
 time.sleep(0.3)  # let the subscription reach the publisher
 print(json.dumps({"ready": True}), flush=True)
+parent = os.getppid()
 
 def plain(x):
     if isinstance(x, bytes):
@@ -610,6 +614,10 @@ def plain(x):
     return x
 
 while True:
+    if not sock.poll(1000):
+        if os.getppid() != parent:  # whoever started us is gone
+            break
+        continue
     frames = sock.recv_multipart()
     seq = int.from_bytes(frames[1], "big") if len(frames) >= 3 else None
     batch = msgspec.msgpack.decode(frames[-1])
