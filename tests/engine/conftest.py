@@ -44,18 +44,25 @@ MAX_ALIVE = 2
 READY_TIMEOUT_S = 300.0
 ENGINE_TEST_TIMEOUT_S = 2 * READY_TIMEOUT_S
 
+# Each replica's worker gets a core of its own: two workers on one core stall each other, and a
+# worker spread over both cores starves the API server and the engine core (see docs/engines.md).
 ENGINE_SPEC = ReplicaSpec(
     name="engine",
     prefix_caching=True,
     prompt_tokens_details=True,
+    per_request_metrics=True,
     kv_events=True,
     kv_cache_space_gib=1,
+    cpu_bind="0",
 )
 PRIORITY_SPEC = ReplicaSpec(
     name="priority",
     priority_scheduling=True,
     max_num_seqs=1,  # one request at a time, so the waiting queue's order shows
+    max_model_len=8192,  # room for a long request that holds the slot
+    per_request_metrics=True,
     kv_cache_space_gib=1,
+    cpu_bind="1",
 )
 PAIR_BLOCKS = 64
 PAIR_SPECS = (

@@ -90,52 +90,33 @@ async def test_every_dialect_is_accepted_by_vllm(vllm_engine: Replica, dialect: 
     assert [c.http_status for c in job.report.call_reports] == [200, 200]
 
 
-async def test_priority_is_accepted_and_reorders_on_a_priority_server(
+async def test_priority_from_agentrt_is_accepted_by_a_priority_server(
     vllm_priority_engine: Replica,
 ) -> None:
-    """With ``--scheduling-policy priority`` and one sequence at a time, a waiting call with
-    a lower priority value runs before calls that arrived earlier with a higher value."""
+    """agentrt's PLAS priorities reach a server running ``--scheduling-policy priority``
+    and are accepted. (That the server then runs lower values first is pinned down in
+    test_vllm_raw.py with server-side queue times: client-side ordering on 2 busy cores is
+    too noisy to assert.)"""
     replica = vllm_priority_engine
-    url, model = replica.base_url, replica.model
-    order: list[str] = []
+    async with agentrt.Runtime([replica.base_url], dialect="vllm", send_priority=True) as rt:
 
-    async def gauges() -> tuple[float, float]:
-        m = await anyio.to_thread.run_sync(replica.metrics)
-        return m["vllm:num_requests_running"], m["vllm:num_requests_waiting"]
-
-    async def until(cond: tuple[float, float]) -> None:
-        seen = None
-        with anyio.move_on_after(90):
-            while (seen := await gauges()) != cond:  # noqa: ASYNC110 - polls the engine
-                await anyio.sleep(0.05)
-            return
-        raise AssertionError(f"(running, waiting) stayed at {seen}, expected {cond}")
-
-    async with agentrt.Runtime([url], dialect="vllm", send_priority=True) as rt:
-
-        async def call(name: str, priority: int, tokens: int) -> None:
-            async with rt.job(name) as job, job.session() as s:
-                await s.chat(
-                    model=model,
-                    messages=[{"role": "user", "content": name}],
-                    max_tokens=tokens,
-                    # Random weights may emit EOS early: make lengths exact.
-                    extra_body={"priority": priority, "ignore_eos": True},
-                )
-            order.append(name)
+        async def job(i: int) -> None:
+            async with rt.job(f"p{i}", program_id=f"prog{i % 2}") as j, j.session() as s:
+                for _ in range(2):
+                    await s.chat(
+                        model=replica.model,
+                        messages=[{"role": "user", "content": f"job {i}"}],
+                        max_tokens=4,
+                    )
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(call, "blocker", 0, 1000)
-            await until((1, 0))  # the blocker holds the only sequence slot
-            for name, prio in (("low-1", 10), ("low-2", 10), ("high", -10)):
-                tg.start_soon(call, name, prio, 4)
-                await anyio.sleep(0.05)
-            await until((1, 3))  # all three wait behind it
-    # Sent last, "high" runs first once the blocker is done.
-    assert order[1] == "high", order
-    reports = {r.name: r for r in rt.reports()}
-    assert all(r.status == "ok" for r in reports.values())
-    assert reports["high"].call_reports[0].latency_s < reports["low-2"].call_reports[0].latency_s  # type: ignore[operator]
+            for i in range(4):
+                tg.start_soon(job, i)
+    reports = rt.reports()
+    assert len(reports) == 4 and all(r.status == "ok" for r in reports)
+    priorities = [c.priority for r in reports for c in r.call_reports]
+    assert all(p is not None and p >= 0 for p in priorities)
+    assert all(c.http_status == 200 for r in reports for c in r.call_reports)
 
 
 async def test_second_turn_hits_the_prefix_cache(vllm_engine: Replica) -> None:
