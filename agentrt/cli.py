@@ -152,7 +152,7 @@ def _demo(args: argparse.Namespace) -> int:
     cfg = BenchConfig(
         workload="mixed",
         jobs=60,
-        rate=1.0,
+        rate=2.0,
         seed=args.seed,
         clients=DEMO_CLIENTS,
         replicas=4,
