@@ -337,14 +337,24 @@ class Runtime:
         to ``AsyncOpenAI`` (``max_retries`` is fixed at 0: agentrt retries).
         """
         self._check_open()
-        if "max_retries" in kwargs and kwargs["max_retries"] != 0:
+        kwargs = self._client_kwargs(kwargs)
+        http = self._http or self.http_client()
+        # openai 3.x types its client as httpx2.AsyncClient and accepts legacy httpx clients.
+        return openai.AsyncOpenAI(http_client=http, **kwargs)  # type: ignore[arg-type,unused-ignore]
+
+    def _client_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Keyword arguments for an openai client that agentrt builds."""
+        if kwargs.get("max_retries", 0) != 0:
             raise ValueError("agentrt owns retries; configure them with Runtime(retry=...)")
-        kwargs.pop("max_retries", None)
-        kwargs.setdefault("base_url", self._core.endpoints[0].endpoint.url)
-        kwargs.setdefault("api_key", self._core.api_key or _PLACEHOLDER_KEY)
-        assert self._http is not None or "http_client" not in kwargs
-        kwargs.setdefault("http_client", self._http or self.http_client())
-        return openai.AsyncOpenAI(max_retries=0, **kwargs)
+        if "http_client" in kwargs:
+            raise ValueError(
+                "rt.openai() builds its own HTTP client; to use yours, wrap agentrt's "
+                "transport instead (rt.http_client())"
+            )
+        out = dict(kwargs, max_retries=0)
+        out.setdefault("base_url", self._core.endpoints[0].endpoint.url)
+        out.setdefault("api_key", self._core.api_key or _PLACEHOLDER_KEY)
+        return out
 
 
 class _SharedTransport(httpx.AsyncBaseTransport):
@@ -452,17 +462,13 @@ class SyncRuntime:
         """A synchronous ``openai.OpenAI`` whose calls go through agentrt."""
         rt = self.runtime
         rt._check_open()
-        if "max_retries" in kwargs and kwargs["max_retries"] != 0:
-            raise ValueError("agentrt owns retries; configure them with Runtime(retry=...)")
-        kwargs.pop("max_retries", None)
-        kwargs.setdefault("base_url", rt._core.endpoints[0].endpoint.url)
-        kwargs.setdefault("api_key", rt._core.api_key or _PLACEHOLDER_KEY)
+        kwargs = rt._client_kwargs(kwargs)
         http = httpx.Client(
             transport=_SyncTransport(self, AgentTransport(rt._core, rt._inner)),
             timeout=rt._timeout,
         )
         # openai 3.x types its client as httpx2.Client and accepts legacy httpx clients.
-        return openai.OpenAI(max_retries=0, http_client=http, **kwargs)  # type: ignore[arg-type,unused-ignore]
+        return openai.OpenAI(http_client=http, **kwargs)  # type: ignore[arg-type,unused-ignore]
 
 
 class SyncJob:

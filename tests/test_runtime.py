@@ -538,3 +538,14 @@ async def test_refused_connection_on_loopback_names_the_endpoint() -> None:
             async with rt.job("j") as job, job.session() as s:
                 await s.chat(model="m", messages=MSG)
     assert job.report.status == "error" and job.report.call_reports[0].attempts == 2
+
+
+async def test_openai_client_options_are_checked() -> None:
+    fake = FakeEngine()
+    async with rt_for(fake) as rt:
+        with pytest.raises(ValueError, match="retries"):
+            rt.openai(max_retries=2)
+        with pytest.raises(ValueError, match="HTTP client"):
+            rt.openai(http_client=httpx.AsyncClient())
+        client = rt.openai(max_retries=0, timeout=5.0)
+        assert client.max_retries == 0
