@@ -38,10 +38,11 @@ def _lognormal(rng: random.Random, median: float, sigma: float) -> float:
 class _Conversation:
     """A growing prompt: shared system blocks, then the session's own blocks."""
 
-    def __init__(self, namespace: str, shared: int) -> None:
+    def __init__(self, namespace: str, shared: int, stream: bool = False) -> None:
         self.namespace = namespace
         self.shared = shared
         self.own = 0
+        self.stream = stream
 
     def call(self, rng_wait: float, tool: str | None, add_tokens: int, out: int) -> Call:
         self.own += max(1, round(add_tokens / BLOCK_TOKENS))
@@ -54,6 +55,7 @@ class _Conversation:
             shared_blocks=self.shared,
             tail_tokens=0,
             output_tokens=out,
+            stream=self.stream,
         )
         self.own += max(1, round(out / BLOCK_TOKENS))  # the reply joins the conversation
         return call
@@ -100,8 +102,9 @@ def fanout_job(rng: random.Random, name: str, *, tool_wait_s: float = 2.0) -> Se
 
 
 def chat_job(rng: random.Random, name: str, *, think_s: float = 15.0) -> SessionPlan:
-    """A person chatting: 3-8 turns with human think times, a short system prompt."""
-    conv = _Conversation(name, 4)
+    """A person chatting: 3-8 turns with human think times, a short system prompt; the
+    replies are streamed (a person reads them as they come)."""
+    conv = _Conversation(name, 4, stream=True)
     steps: list[Step] = [conv.call(0.0, None, rng.randint(20, 200), rng.randint(100, 400))]
     for _ in range(rng.randint(2, 7)):
         steps.append(
