@@ -74,6 +74,12 @@ def _bench_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
         "--max-wait", type=float, default=None, help="cap one think or tool wait, seconds"
     )
     p.add_argument(
+        "--users",
+        type=int,
+        default=None,
+        help="closed loop: this many users, each starting a job when its last ends",
+    )
+    p.add_argument(
         "--api",
         choices=("openai", "http"),
         default="openai",
@@ -181,6 +187,7 @@ def _bench(args: argparse.Namespace) -> int:
         workload=args.workload,
         jobs=args.jobs,
         rate=args.rate,
+        users=args.users,
         seed=args.seed,
         clients=tuple(args.clients or DEMO_CLIENTS),
         replicas=args.replicas,

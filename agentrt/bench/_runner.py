@@ -37,6 +37,9 @@ class BenchConfig:
     jobs: int = 40
     rate: float | None = None
     """Poisson arrivals, jobs per (simulated) second; None: all jobs arrive at once."""
+    users: int | None = None
+    """Closed loop instead: this many users, each starting its next job when the last one
+    ends (``rate`` is then ignored)."""
     seed: int = 0
     clients: Sequence[str] = ("plain", "agentrt:round-robin", "agentrt:session")
     replicas: int = 4
@@ -118,17 +121,32 @@ async def _replay(
     progress: Progress,
     label: str,
     at_arrival: Callable[[float], None] | None = None,
+    users: int | None = None,
 ) -> tuple[list[JobResult], float]:
     results: list[JobResult] = []
     t0 = anyio.current_time()
+    ordered = sorted(plans, key=lambda p: p.arrival_s)
+    marks = {len(ordered) // 2, len(ordered) - 1}
 
     async def one(plan: JobPlan) -> None:
         results.append(await run_job(plan, t0))
         progress(label)
 
+    if users:
+        queue = iter(enumerate(ordered))
+
+        async def user() -> None:
+            for i, plan in queue:
+                if at_arrival is not None and i in marks:
+                    at_arrival(anyio.current_time() - t0)
+                await one(plan)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(users):
+                tg.start_soon(user)
+        return results, anyio.current_time() - t0
+
     async with anyio.create_task_group() as tg:
-        ordered = sorted(plans, key=lambda p: p.arrival_s)
-        marks = {len(ordered) // 2, len(ordered) - 1}
         for i, plan in enumerate(ordered):
             delay = t0 + plan.arrival_s - anyio.current_time()
             if delay > 0:
@@ -159,6 +177,7 @@ def _summarize(
             "name": r.name,
             "kind": r.kind,
             "arrival_s": r.arrival_s,
+            "start_s": r.start_s,
             "jct_s": r.jct_s,
             "status": r.status,
             "calls": len(r.calls),
@@ -261,7 +280,7 @@ async def _run_sim(
 
             async with driver:
                 results, makespan = await _replay(
-                    plans, driver.run_job, progress, spec.name, snapshot
+                    plans, driver.run_job, progress, spec.name, snapshot, cfg.users
                 )
             span = None
             if len(window) == 2:
@@ -305,7 +324,9 @@ async def _run_real(
             before = [await _metrics(http, u) for u in urls]
             driver = make_driver(spec, urls, None, model, Prompts("text"), True, cfg.api)
             async with driver:
-                results, makespan = await _replay(plans, driver.run_job, progress, spec.name)
+                results, makespan = await _replay(
+                    plans, driver.run_job, progress, spec.name, None, cfg.users
+                )
             after = [await _metrics(http, u) for u in urls]
 
             def delta(
@@ -339,6 +360,10 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchResult
     """Run the benchmark (blocking: it starts its own event loop)."""
     for name in cfg.clients:
         ClientSpec.parse(name)
+    if cfg.users is not None and cfg.users < 1:
+        raise ValueError("users must be >= 1")
+    if cfg.rate is not None and not cfg.rate > 0:
+        raise ValueError("rate must be > 0 jobs per second")
     if not cfg.endpoints and cfg.preset not in PRESETS:
         raise ValueError(f"unknown preset {cfg.preset!r}; known: {', '.join(PRESETS)}")
     plans = make_workload(

@@ -124,3 +124,24 @@ def test_cli_bench_writes_results(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_cli_reports_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--client", "bogus", "--jobs", "1"]) == 2
     assert "unknown client" in capsys.readouterr().err
+
+
+def test_closed_loop_users_bound_concurrency() -> None:
+    cfg = BenchConfig(
+        workload="react",
+        jobs=6,
+        users=2,
+        replicas=1,
+        clients=("agentrt:session",),
+        stretch=False,
+    )
+    (c,) = run_bench(cfg).clients
+    rows = sorted(c.job_rows, key=lambda r: r["name"])
+    assert c.jobs == 6 and c.failed == 0
+    # Two users: at most two jobs in flight at any time.
+    starts = sorted((r["start_s"], r["start_s"] + r["jct_s"]) for r in c.job_rows)
+    for t, _ in starts:
+        assert sum(1 for a, b in starts if a <= t < b) <= 2
+    assert rows
+    with pytest.raises(ValueError, match="users"):
+        run_bench(BenchConfig(users=0))
