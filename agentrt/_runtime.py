@@ -44,12 +44,23 @@ class _EndpointState:
     dialect: Dialect
     load: EndpointLoad
 
+    def url_for(self, suffix: str, original: httpx.URL) -> httpx.URL:
+        """This endpoint's URL for a request path suffix, keeping the query."""
+        url = httpx.URL(self.endpoint.url + suffix)
+        return url.copy_with(query=original.query) if original.query else url
+
 
 @dataclass(slots=True)
 class _Program:
     service_s: float = 0.0
     service_tokens: int = 0
     jobs: int = 0
+
+
+def _normalized(url: str) -> str:
+    """A base URL as httpx writes a request's URL (default ports dropped, host lower)."""
+    u = httpx.URL(url)
+    return f"{u.scheme}://{u.netloc.decode('ascii')}{u.path}".rstrip("/")
 
 
 class _Core:
@@ -76,16 +87,16 @@ class _Core:
         self.on_report: Callable[[JobReport], None] = lambda report: None
         # Longest base first, so that nested base paths match the most specific one.
         self._prefixes = sorted(
-            ((e.endpoint.url + "/", e.endpoint.url) for e in endpoints),
+            ((_normalized(e.endpoint.url) + "/", e.endpoint.url) for e in endpoints),
             key=lambda p: -len(p[0]),
         )
 
-    def match(self, url: httpx.URL) -> str | None:
-        """The path suffix of a request addressed to one of the endpoints, else None."""
-        text = str(url.copy_with(query=None, fragment=None))
+    def match(self, url: httpx.URL) -> tuple[str, str] | None:
+        """(base URL, path suffix) of a request addressed to an endpoint, else None."""
+        text = f"{url.scheme}://{url.netloc.decode('ascii')}{url.path}"
         for prefix, base in self._prefixes:
             if text.startswith(prefix):
-                return text[len(base) :]
+                return base, text[len(prefix) - 1 :]
         return None
 
     def route(self, session: Session, avoid: Collection[int]) -> int:

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 __all__ = ["AgentTransport"]
 
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+_DROP_HEADERS = frozenset({b"content-length", b"host"})
+_DROP_HEADERS_AUTH = _DROP_HEADERS | {b"authorization"}
 _USAGE_KEY = b'"usage"'
 
 
@@ -112,14 +114,19 @@ class AgentTransport(httpx.AsyncBaseTransport):
             implicit = core.implicit_job()
             session = implicit._new_session(None, None, None)
         try:
-            return await self._handle(request, route, session, implicit)
+            return await self._handle(request, route[0], route[1], session, implicit)
         except BaseException:
             if implicit is not None and not implicit._closed:
                 core.end_implicit(implicit)
             raise
 
     async def _handle(
-        self, request: httpx.Request, suffix: str, session: Session, implicit: Job | None
+        self,
+        request: httpx.Request,
+        base: str,
+        suffix: str,
+        session: Session,
+        implicit: Job | None,
     ) -> httpx.Response:
         core = self._core
         job = session.job
@@ -177,6 +184,7 @@ class AgentTransport(httpx.AsyncBaseTransport):
 
         failed: set[int] = set()
         last: list[int] = [-1]
+        placeholder = f"Bearer {core.placeholder_key}".encode()
 
         async def attempt() -> httpx.Response:
             index = core.route(session, failed)
@@ -190,23 +198,27 @@ class AgentTransport(httpx.AsyncBaseTransport):
                 else meta_base
             )
             enc = ep.dialect.encode(meta, core.dialect_options)
-            headers = httpx.Headers(request.headers)
-            headers.update(enc.headers)
-            for h in ("content-length", "host"):
-                if h in headers:
-                    del headers[h]
+            # Raw header tuples: far cheaper than httpx.Headers edits on the hot path.
             key = ep.endpoint.api_key if ep.endpoint.api_key is not None else core.api_key
+            drop = _DROP_HEADERS if key is None else _DROP_HEADERS_AUTH
+            names = frozenset(k.encode() for k in enc.headers)  # dialects emit lower case
+            headers = [
+                (k, v)
+                for k, v in request.headers.raw
+                if (lk := k.lower()) not in drop
+                and lk not in names
+                and not (lk == b"authorization" and v == placeholder)
+            ]
+            headers.extend((k.encode(), v.encode()) for k, v in enc.headers.items())
             if key is not None:
-                headers["authorization"] = f"Bearer {key}"
-            elif headers.get("authorization") == f"Bearer {core.placeholder_key}":
-                del headers["authorization"]
-            if body is not None:
+                headers.append((b"authorization", f"Bearer {key}".encode()))
+            if body is not None and enc.body:
                 send_body = dict(body)
                 _merge_body(send_body, enc.body)
                 content = json.dumps(send_body, separators=(",", ":")).encode()
             else:
                 content = request.content
-            url = httpx.URL(ep.endpoint.url + suffix, params=request.url.params)
+            url = request.url if ep.endpoint.url == base else ep.url_for(suffix, request.url)
             out = httpx.Request(
                 request.method,
                 url,
@@ -244,27 +256,45 @@ class AgentTransport(httpx.AsyncBaseTransport):
 
         retry = core.retry
 
-        def wait(rs: RetryCallState) -> float:
-            n = rs.attempt_number
-            backoff = min(retry.wait_max, retry.wait_initial * 2 ** (n - 1))
-            backoff += random.uniform(0.0, retry.wait_jitter) if retry.wait_jitter else 0.0
-            exc = rs.outcome.exception() if rs.outcome else None
+        def backoff(n: int, exc: BaseException | None) -> float:
+            """The wait after failed attempt ``n``."""
+            delay = min(retry.wait_max, retry.wait_initial * 2 ** (n - 1))
+            delay += random.uniform(0.0, retry.wait_jitter) if retry.wait_jitter else 0.0
             if isinstance(exc, _RetryableStatus) and exc.retry_after is not None:
-                backoff = max(backoff, min(exc.retry_after, retry.retry_after_max))
-            return float(backoff)
+                delay = max(delay, min(exc.retry_after, retry.retry_after_max))
+            return float(delay)
+
+        def wait(rs: RetryCallState) -> float:
+            # tenacity numbers its attempts from the second one (the first ran outside).
+            exc = rs.outcome.exception() if rs.outcome else None
+            return backoff(rs.attempt_number + 1, exc)
+
+        async def attempts() -> httpx.Response:
+            # The first attempt runs outside tenacity: most calls succeed at once, and the
+            # retry machinery costs tens of microseconds per call.
+            try:
+                return await attempt()
+            except (_RetryableStatus, _RetryableError) as first:
+                if retry.attempts == 1:
+                    raise
+                await anyio.sleep(backoff(1, first))
+            out: httpx.Response | None = None
+            async for at in AsyncRetrying(
+                stop=stop_after_attempt(retry.attempts - 1),
+                wait=wait,
+                retry=retry_if_exception_type((_RetryableStatus, _RetryableError)),
+                sleep=anyio.sleep,
+                reraise=True,
+            ):
+                with at:
+                    out = await attempt()
+            assert out is not None
+            return out
 
         response: httpx.Response | None = None
         try:
             try:
-                async for at in AsyncRetrying(
-                    stop=stop_after_attempt(retry.attempts),
-                    wait=wait,
-                    retry=retry_if_exception_type((_RetryableStatus, _RetryableError)),
-                    sleep=anyio.sleep,
-                    reraise=True,
-                ):
-                    with at:
-                        response = await attempt()
+                response = await attempts()
             except _RetryableStatus as exc:
                 # Out of attempts: hand the last error reply to the caller (openai raises
                 # its usual typed error from it).
@@ -332,6 +362,11 @@ class AgentTransport(httpx.AsyncBaseTransport):
 
     @staticmethod
     def _rebuild(response: httpx.Response, content: bytes) -> httpx.Response:
+        """The reply, read, handed on with its (decoded) body."""
+        if "content-encoding" not in response.headers:
+            # Nothing was decoded: the read response itself can go on, its body in place.
+            response.stream = httpx.ByteStream(content)
+            return response
         headers = httpx.Headers(response.headers)
         for h in ("content-encoding", "content-length", "transfer-encoding"):
             if h in headers:

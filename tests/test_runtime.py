@@ -549,3 +549,14 @@ async def test_openai_client_options_are_checked() -> None:
             rt.openai(http_client=httpx.AsyncClient())
         client = rt.openai(max_retries=0, timeout=5.0)
         assert client.max_retries == 0
+
+
+async def test_endpoint_with_explicit_default_port_and_query_is_matched() -> None:
+    fake = FakeEngine()
+    async with Runtime(["http://Engine.test:80/v1"], transport=fake.transport()) as rt:
+        client = rt.openai(default_query={"api-version": "1"})
+        async with rt.job("j") as job, job.session():
+            await client.chat.completions.create(model="m", messages=MSG)
+    assert job.report.calls == 1
+    assert fake.seen[0].headers["x-agentrt-turn"] == "0"
+    assert "api-version=1" in fake.seen[0].url
