@@ -8,7 +8,7 @@ share a KV prefix. A tool wait (``session.tool(...)``) is an idle gap in a sessi
 from __future__ import annotations
 
 import contextvars
-import uuid
+import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -60,7 +60,7 @@ def _check_name(value: str | None, what: str) -> str | None:
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+    return f"{prefix}-{os.urandom(8).hex()}"
 
 
 @dataclass(eq=False)
