@@ -19,7 +19,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from ._config import DEFAULT_RETRY, Endpoint, Retry
 from ._context import Job, Session
 from ._errors import AgentrtError
-from ._transport import AgentTransport
+from ._transport import HttpLib, http_lib
 from .dialects import Dialect, DialectOptions, DialectSpec, resolve_dialect
 from .scheduling._routing import EndpointLoad, Router, make_router
 from .telemetry._report import JobReport, JobStatus
@@ -46,7 +46,7 @@ class _EndpointState:
 
     def url_for(self, suffix: str, original: httpx.URL) -> httpx.URL:
         """This endpoint's URL for a request path suffix, keeping the query."""
-        url = httpx.URL(self.endpoint.url + suffix)
+        url = type(original)(self.endpoint.url + suffix)  # the request's own library
         return url.copy_with(query=original.query) if original.query else url
 
 
@@ -179,8 +179,11 @@ class Runtime:
     ``docs/protocol.md``); ``routing`` is ``"session"`` (a session's turns stay on the
     replica holding its KV) or ``"round-robin"``. ``send_priority`` sends engine-level
     priorities (only for servers started with priority scheduling). ``transport`` replaces
-    the HTTP transport underneath (tests, the embedded engine). ``on_job_end`` receives
-    each finished job's report.
+    the HTTP transport underneath (tests, the embedded engine); the clients agentrt builds
+    then come from that transport's library (legacy ``httpx`` or ``httpx2``). Without
+    one, agentrt uses ``httpx2`` when it is installed and openai is 3.x or later (openai's
+    native stack, markedly faster under concurrency), else legacy ``httpx``.
+    ``on_job_end`` receives each finished job's report.
     """
 
     def __init__(
@@ -207,10 +210,14 @@ class Runtime:
             raise ValueError("keep_reports must be >= 0")
         states = _endpoints(endpoints, dialect)
         self._core = _Core(states, make_router(routing), retry, api_key, send_priority)
-        self._timeout = httpx.Timeout(timeout_s, connect=10.0)
+        # The HTTP library (legacy httpx or httpx2), chosen once: everything below and
+        # every client this runtime builds comes from it.
+        self._lib: HttpLib = http_lib(transport)
+        mod = self._lib.mod
+        self._timeout: Any = mod.Timeout(timeout_s, connect=10.0)
         self._owns_inner = transport is None
-        self._inner: httpx.AsyncBaseTransport = transport or httpx.AsyncHTTPTransport(
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        self._inner: httpx.AsyncBaseTransport = transport or mod.AsyncHTTPTransport(
+            limits=mod.Limits(max_connections=None, max_keepalive_connections=256)
         )
         self._reports: deque[JobReport] = deque(maxlen=keep_reports)
         self._on_job_end = on_job_end
@@ -333,10 +340,15 @@ class Runtime:
 
     def http_client(self) -> httpx.AsyncClient:
         """An async HTTP client whose requests go through agentrt (for frameworks that
-        accept one). Requests to an endpoint's base URL are tagged, routed and reported."""
+        accept one). Requests to an endpoint's base URL are tagged, routed and reported.
+
+        It is an ``httpx2.AsyncClient`` when httpx2 is installed with openai 3.x (or the
+        runtime's ``transport`` is an httpx2 one), else a legacy ``httpx.AsyncClient``;
+        both have the same API."""
         self._check_open()
-        return httpx.AsyncClient(
-            transport=_SharedTransport(AgentTransport(self._core, self._inner)),
+        lib = self._lib
+        return lib.mod.AsyncClient(  # type: ignore[no-any-return]
+            transport=lib.SharedTransport(lib.AgentTransport(self._core, self._inner)),
             timeout=self._timeout,
         )
 
@@ -366,19 +378,6 @@ class Runtime:
         out.setdefault("base_url", self._core.endpoints[0].endpoint.url)
         out.setdefault("api_key", self._core.api_key or _PLACEHOLDER_KEY)
         return out
-
-
-class _SharedTransport(httpx.AsyncBaseTransport):
-    """A client's view of the runtime's transport; closing the client leaves it open."""
-
-    def __init__(self, transport: AgentTransport) -> None:
-        self.transport = transport
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return await self.transport.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        return None
 
 
 # -- the synchronous facade --------------------------------------------------------------
@@ -474,8 +473,9 @@ class SyncRuntime:
         rt = self.runtime
         rt._check_open()
         kwargs = rt._client_kwargs(kwargs)
-        http = httpx.Client(
-            transport=_SyncTransport(self, AgentTransport(rt._core, rt._inner)),
+        lib = rt._lib
+        http = lib.mod.Client(
+            transport=lib.SyncTransport(self, lib.AgentTransport(rt._core, rt._inner)),
             timeout=rt._timeout,
         )
         # openai 3.x types its client as httpx2.Client and accepts legacy httpx clients.
@@ -580,68 +580,3 @@ def _sync_iter(srt: SyncRuntime, stream: AsyncStream[_T]) -> Iterator[_T]:
                 return
     finally:
         srt._call(stream.close)
-
-
-class _SyncTransport(httpx.BaseTransport):
-    """Carries a synchronous client's requests into the runtime's event loop."""
-
-    def __init__(self, srt: SyncRuntime, transport: AgentTransport) -> None:
-        self._srt = srt
-        self._transport = transport
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        from ._context import current_session
-
-        session = current_session()
-        content = request.read()
-        areq = httpx.Request(
-            request.method,
-            request.url,
-            headers=request.headers,
-            content=content,
-            extensions={k: v for k, v in request.extensions.items() if k == "timeout"},
-        )
-
-        async def send() -> tuple[httpx.Response, bytes | None]:
-            from ._context import _CALL_SESSION
-
-            token = _CALL_SESSION.set(session)
-            try:
-                response = await self._transport.handle_async_request(areq)
-            finally:
-                _CALL_SESSION.reset(token)
-            if "text/event-stream" in response.headers.get("content-type", ""):
-                return response, None
-            return response, await response.aread()
-
-        response, body = self._srt._call(send)
-        headers = httpx.Headers(response.headers)
-        for h in ("content-encoding", "content-length", "transfer-encoding"):
-            if h in headers:
-                del headers[h]
-        if body is not None:
-            return httpx.Response(response.status_code, headers=headers, content=body)
-        return httpx.Response(
-            response.status_code, headers=response.headers, stream=_SyncStream(self._srt, response)
-        )
-
-
-class _SyncStream(httpx.SyncByteStream):
-    def __init__(self, srt: SyncRuntime, response: httpx.Response) -> None:
-        self._srt = srt
-        self._response = response
-        self._gen = response.aiter_raw()
-
-    def __iter__(self) -> Iterator[bytes]:
-        while True:
-            try:
-                yield self._srt._call(self._gen.__anext__)
-            except StopAsyncIteration:
-                return
-
-    def close(self) -> None:
-        async def close() -> None:
-            await self._gen.aclose()  # type: ignore[attr-defined]
-            await self._response.aclose()
-
-        self._srt._call(close)

@@ -14,9 +14,13 @@ agentrt built (``rt.openai()``, ``rt.http_client()``, ``session.chat``) passes t
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import json
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from functools import cache
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -30,9 +34,9 @@ from .scheduling._priority import plas_priority
 from .telemetry._report import CallReport
 
 if TYPE_CHECKING:
-    from ._runtime import _Core, _EndpointState
+    from ._runtime import SyncRuntime, _Core, _EndpointState
 
-__all__ = ["AgentTransport"]
+__all__ = ["AgentTransport", "HttpLib", "http_lib"]
 
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 _DROP_HEADERS = frozenset({b"content-length", b"host"})
@@ -92,8 +96,78 @@ def _merge_body(body: dict[str, Any], extra: dict[str, Any]) -> None:
             _merge_body(body[key], value)
 
 
-class AgentTransport(httpx.AsyncBaseTransport):
-    """Wraps a real transport; tags, routes, retries and observes every call."""
+# -- the HTTP library ---------------------------------------------------------------------
+#
+# agentrt speaks either legacy ``httpx`` or ``httpx2`` (the maintained fork that openai 3.x
+# is built on; same API, different classes). A Runtime picks one library once, and every
+# object it builds comes from that library. agentrt's own transport and stream classes are
+# written once, as plain classes, and combined per library with that library's base
+# classes (clients check e.g. ``isinstance(response.stream, <lib>.AsyncByteStream)``).
+# The annotations below name legacy httpx types: httpx2's have the same shape.
+
+
+class HttpLib:
+    """One HTTP library (legacy ``httpx`` or ``httpx2``) and agentrt's classes on it."""
+
+    def __init__(self, mod: ModuleType) -> None:
+        self.mod: Any = mod
+        self.name = mod.__name__
+        self.transport_errors: tuple[type[Exception], ...] = (mod.TransportError, OSError)
+        self.AgentTransport: Any = self._derive(AgentTransport, mod.AsyncBaseTransport)
+        self.ObservedStream: Any = self._derive(_ObservedStream, mod.AsyncByteStream)
+        self.SharedTransport: Any = self._derive(_SharedTransport, mod.AsyncBaseTransport)
+        self.SyncTransport: Any = self._derive(_SyncTransport, mod.BaseTransport)
+        self.SyncStream: Any = self._derive(_SyncStream, mod.SyncByteStream)
+
+    def _derive(self, impl: type, base: type) -> type:
+        """``impl``'s behaviour on ``base`` (this library's class), bound to this library."""
+        return type(impl.__name__, (impl, base), {"__module__": __name__, "_lib": self})
+
+    def __repr__(self) -> str:
+        return f"<agentrt HttpLib {self.name}>"
+
+
+@cache
+def _lib_of(mod: ModuleType) -> HttpLib:
+    return HttpLib(mod)
+
+
+@cache
+def _httpx2() -> ModuleType | None:
+    try:
+        return importlib.import_module("httpx2")
+    except ImportError:
+        return None
+
+
+@cache
+def _openai_major() -> int:
+    try:
+        return int(importlib.metadata.version("openai").split(".")[0])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return 0
+
+
+def http_lib(transport: object | None = None) -> HttpLib:
+    """The HTTP library a Runtime uses: that of ``transport`` when one is given, else
+    ``httpx2`` when it is installed and openai is 3.x or later, else legacy ``httpx``."""
+    h2 = _httpx2()
+    if transport is not None:
+        if h2 is not None and isinstance(transport, h2.AsyncBaseTransport | h2.BaseTransport):
+            return _lib_of(h2)
+        return _lib_of(httpx)
+    if h2 is not None and _openai_major() >= 3:
+        return _lib_of(h2)
+    return _lib_of(httpx)
+
+
+class AgentTransport:
+    """Wraps a real transport; tags, routes, retries and observes every call.
+
+    Instantiate it through :attr:`HttpLib.AgentTransport` (this class on the library's
+    ``AsyncBaseTransport``)."""
+
+    _lib: HttpLib
 
     def __init__(self, core: _Core, inner: httpx.AsyncBaseTransport) -> None:
         self._core = core
@@ -182,6 +256,7 @@ class AgentTransport(httpx.AsyncBaseTransport):
             expected_output_tokens=max_out,
         )
 
+        lib = self._lib
         failed: set[int] = set()
         last: list[int] = [-1]
         placeholder = f"Bearer {core.placeholder_key}".encode()
@@ -219,7 +294,7 @@ class AgentTransport(httpx.AsyncBaseTransport):
             else:
                 content = request.content
             url = request.url if ep.endpoint.url == base else ep.url_for(suffix, request.url)
-            out = httpx.Request(
+            out = lib.mod.Request(
                 request.method,
                 url,
                 headers=headers,
@@ -230,7 +305,7 @@ class AgentTransport(httpx.AsyncBaseTransport):
             released = False
             try:
                 response = await self._inner.handle_async_request(out)
-            except (httpx.TransportError, OSError) as exc:
+            except lib.transport_errors as exc:
                 ep.load.in_flight -= 1
                 released = True
                 failed.add(index)
@@ -323,7 +398,7 @@ class AgentTransport(httpx.AsyncBaseTransport):
         assert response is not None
         ep = core.endpoints[last[0]]
         if stream and response.status_code < 300:
-            response.stream = _ObservedStream(self, response, state, session, ep, implicit)
+            response.stream = self._lib.ObservedStream(self, response, state, session, ep, implicit)
             return response
         try:
             raw = await response.aread()
@@ -360,18 +435,18 @@ class AgentTransport(httpx.AsyncBaseTransport):
             core.end_implicit(implicit)
         return self._rebuild(response, raw)
 
-    @staticmethod
-    def _rebuild(response: httpx.Response, content: bytes) -> httpx.Response:
+    def _rebuild(self, response: httpx.Response, content: bytes) -> httpx.Response:
         """The reply, read, handed on with its (decoded) body."""
+        lib = self._lib.mod
         if "content-encoding" not in response.headers:
             # Nothing was decoded: the read response itself can go on, its body in place.
-            response.stream = httpx.ByteStream(content)
+            response.stream = lib.ByteStream(content)
             return response
-        headers = httpx.Headers(response.headers)
+        headers = lib.Headers(response.headers)
         for h in ("content-encoding", "content-length", "transfer-encoding"):
             if h in headers:
                 del headers[h]
-        return httpx.Response(
+        return lib.Response(  # type: ignore[no-any-return]
             response.status_code,
             headers=headers,
             content=content,
@@ -394,8 +469,10 @@ class AgentTransport(httpx.AsyncBaseTransport):
             session._replied()
 
 
-class _ObservedStream(httpx.AsyncByteStream):
+class _ObservedStream:
     """Passes a streamed reply through, noting the first chunk and the usage block."""
+
+    _lib: HttpLib
 
     def __init__(
         self,
@@ -408,7 +485,7 @@ class _ObservedStream(httpx.AsyncByteStream):
     ) -> None:
         self._transport = transport
         inner = response.stream
-        if not isinstance(inner, httpx.AsyncByteStream):
+        if not isinstance(inner, self._lib.mod.AsyncByteStream):
             raise TypeError("agentrt needs an async transport underneath")
         self._inner = inner
         self._state = state
@@ -441,7 +518,7 @@ class _ObservedStream(httpx.AsyncByteStream):
         except anyio.get_cancelled_exc_class():
             self._end("cancelled", "cancelled mid-stream")
             raise
-        except (httpx.TransportError, OSError) as exc:
+        except self._lib.transport_errors as exc:
             message = f"endpoint {self._ep.endpoint.url} broke off the stream: {exc!r}"
             self._end("error", message)
             raise EndpointError(
@@ -487,3 +564,90 @@ class _ObservedStream(httpx.AsyncByteStream):
                 self._end("ok", None)
             else:
                 self._end("error", "the stream was closed before it ended")
+
+
+class _SharedTransport:
+    """A client's view of the runtime's transport; closing the client leaves it open."""
+
+    _lib: HttpLib
+
+    def __init__(self, transport: AgentTransport) -> None:
+        self.transport = transport
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self.transport.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class _SyncTransport:
+    """Carries a synchronous client's requests into the runtime's event loop."""
+
+    _lib: HttpLib
+
+    def __init__(self, srt: SyncRuntime, transport: AgentTransport) -> None:
+        self._srt = srt
+        self._transport = transport
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        from ._context import _CALL_SESSION
+
+        lib = self._lib
+        session = current_session()
+        content = request.read()
+        areq = lib.mod.Request(
+            request.method,
+            request.url,
+            headers=request.headers,
+            content=content,
+            extensions={k: v for k, v in request.extensions.items() if k == "timeout"},
+        )
+
+        async def send() -> tuple[httpx.Response, bytes | None]:
+            token = _CALL_SESSION.set(session)
+            try:
+                response = await self._transport.handle_async_request(areq)
+            finally:
+                _CALL_SESSION.reset(token)
+            if "text/event-stream" in response.headers.get("content-type", ""):
+                return response, None
+            return response, await response.aread()
+
+        response, body = self._srt._call(send)
+        headers = lib.mod.Headers(response.headers)
+        for h in ("content-encoding", "content-length", "transfer-encoding"):
+            if h in headers:
+                del headers[h]
+        if body is not None:
+            return lib.mod.Response(  # type: ignore[no-any-return]
+                response.status_code, headers=headers, content=body
+            )
+        return lib.mod.Response(  # type: ignore[no-any-return]
+            response.status_code,
+            headers=response.headers,
+            stream=lib.SyncStream(self._srt, response),
+        )
+
+
+class _SyncStream:
+    _lib: HttpLib
+
+    def __init__(self, srt: SyncRuntime, response: httpx.Response) -> None:
+        self._srt = srt
+        self._response = response
+        self._gen = response.aiter_raw()
+
+    def __iter__(self) -> Iterator[bytes]:
+        while True:
+            try:
+                yield self._srt._call(self._gen.__anext__)
+            except StopAsyncIteration:
+                return
+
+    def close(self) -> None:
+        async def close() -> None:
+            await self._gen.aclose()  # type: ignore[attr-defined]
+            await self._response.aclose()
+
+        self._srt._call(close)

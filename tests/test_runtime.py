@@ -560,3 +560,162 @@ async def test_endpoint_with_explicit_default_port_and_query_is_matched() -> Non
     assert job.report.calls == 1
     assert fake.seen[0].headers["x-agentrt-turn"] == "0"
     assert "api-version=1" in fake.seen[0].url
+
+
+# -- the HTTP library: httpx2 under openai 3.x, the transport's own library otherwise ------
+
+
+def _openai_major() -> int:
+    from importlib.metadata import version
+
+    return int(version("openai").split(".")[0])
+
+
+def _httpx2_native() -> bool:
+    try:
+        import httpx2  # noqa: F401
+    except ImportError:
+        return False
+    return _openai_major() >= 3
+
+
+needs_httpx2 = pytest.mark.skipif(
+    not _httpx2_native(), reason="httpx2 with openai >= 3 is not installed"
+)
+
+
+@needs_httpx2
+async def test_without_transport_clients_are_httpx2_under_openai_3() -> None:
+    import httpx2
+
+    async with Runtime([URL]) as rt:
+        http = rt.http_client()
+        assert isinstance(http, httpx2.AsyncClient)
+        assert isinstance(rt._inner, httpx2.AsyncHTTPTransport)
+        assert isinstance(rt.openai()._client, httpx2.AsyncClient)
+        await http.aclose()
+
+
+async def test_without_httpx2_or_openai_3_clients_are_legacy_httpx(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agentrt import _transport
+
+    monkeypatch.setattr(_transport, "_openai_major", lambda: 2)
+    async with Runtime([URL]) as rt:
+        assert type(rt.http_client()) is httpx.AsyncClient
+    monkeypatch.setattr(_transport, "_openai_major", lambda: 3)
+    monkeypatch.setattr(_transport, "_httpx2", lambda: None)
+    async with Runtime([URL]) as rt:
+        assert type(rt.http_client()) is httpx.AsyncClient
+
+
+async def test_a_legacy_transport_keeps_legacy_httpx_clients() -> None:
+    fake = FakeEngine()
+    async with rt_for(fake) as rt:
+        assert type(rt.http_client()) is httpx.AsyncClient
+        async with rt.job("j") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+            stream = await s.chat(model="m", messages=MSG, stream=True)
+            async for _ in stream:
+                pass
+    assert job.report.status == "ok" and job.report.calls == 2
+
+
+@needs_httpx2
+async def test_an_httpx2_transport_gets_httpx2_clients() -> None:
+    import httpx2
+
+    fake = FakeEngine(prompt_tokens=10, completion_tokens=2, cached_tokens=4)
+
+    async def handle(request: httpx2.Request) -> httpx2.Response:
+        legacy = httpx.Request(
+            request.method, str(request.url), headers=request.headers.raw, content=request.content
+        )
+        reply = await fake.handle(legacy)
+        return httpx2.Response(
+            reply.status_code, headers=reply.headers.raw, content=await reply.aread()
+        )
+
+    async with Runtime([URL], transport=httpx2.MockTransport(handle), retry=FAST) as rt:
+        assert isinstance(rt.http_client(), httpx2.AsyncClient)
+        async with rt.job("j") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+    assert job.report.status == "ok" and job.report.call_reports[0].cached_tokens == 4
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # uvicorn runs on asyncio
+async def test_served_sim_over_loopback_without_transport() -> None:
+    pytest.importorskip("uvicorn")
+    from agentrt.sim import serve_async
+
+    prompt = [{"role": "user", "content": "x " * 200}]
+    async with anyio.create_task_group() as tg:
+        urls = await tg.start(serve_async, 1, "127.0.0.1", 0, "h100-8b")
+        async with Runtime(list(urls)) as rt:
+            if _httpx2_native():
+                import httpx2
+
+                assert isinstance(rt.http_client(), httpx2.AsyncClient)
+            async with rt.job("served") as job, job.session() as s:
+                for _ in range(2):
+                    reply = await s.chat(model="m", messages=prompt, max_tokens=4)
+                    assert reply.choices[0].message.content
+                stream = await s.chat(
+                    model="m",
+                    messages=prompt,
+                    max_tokens=4,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+                chunks = [c async for c in stream]
+                assert chunks
+            implicit = await rt.openai().chat.completions.create(
+                model="m", messages=prompt, max_tokens=2
+            )
+            assert implicit.usage is not None
+        tg.cancel_scope.cancel()
+    report = job.report
+    assert report.status == "ok" and report.calls == 3
+    assert all(c.status == "ok" and c.endpoint == urls[0] for c in report.call_reports)
+    assert (report.call_reports[1].cached_tokens or 0) > 0
+    assert report.call_reports[2].ttft_s is not None
+    assert report.call_reports[2].prompt_tokens
+    assert rt.reports()[-1].status == "ok"
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # uvicorn runs on asyncio
+async def test_served_sim_through_sync_runtime_without_transport() -> None:
+    pytest.importorskip("uvicorn")
+    from agentrt.sim import serve_async
+
+    prompt = [{"role": "user", "content": "x " * 200}]
+
+    def run(url: str) -> tuple[agentrt.JobReport, type, list[str]]:
+        with agentrt.SyncRuntime([url]) as srt:
+            with srt.job("sync") as job, job.session() as s:
+                for _ in range(2):
+                    s.chat(model="m", messages=prompt, max_tokens=4)
+                text = [
+                    c.choices[0].delta.content or ""
+                    for c in s.chat(model="m", messages=prompt, max_tokens=4, stream=True)
+                    if c.choices
+                ]
+            client = srt.openai()
+            client.chat.completions.create(model="m", messages=prompt, max_tokens=2)
+            cls = type(client._client)
+        return job.report, cls, text
+
+    async with anyio.create_task_group() as tg:
+        urls = await tg.start(serve_async, 1, "127.0.0.1", 0, "h100-8b")
+        report, cls, text = await anyio.to_thread.run_sync(run, urls[0])
+        tg.cancel_scope.cancel()
+    assert report.status == "ok" and report.calls == 3
+    assert (report.call_reports[1].cached_tokens or 0) > 0
+    assert "".join(text)
+    if _httpx2_native():
+        import httpx2
+
+        assert issubclass(cls, httpx2.Client)
+    else:
+        assert issubclass(cls, httpx.Client)
