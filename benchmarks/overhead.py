@@ -30,7 +30,7 @@ throughput (calls/s, median over rounds) and CPU per call, and their ratios.
 
 By default the client is pinned to one CPU and the server to another (when there are at
 least two), so that they do not fight over one core. ``--profile DIR`` also writes a
-cProfile of each client's sequential calls to ``DIR/<client>.pstats``.
+cProfile of each client's calls at concurrency 1 and N to ``DIR/<client>-c<n>.pstats``.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import anyio
 import httpx
@@ -70,6 +70,8 @@ REQUEST: dict[str, Any] = {
     "max_tokens": 16,
 }
 BASELINE = "openai"
+SAME_STACK = "openai+httpx"
+"""The second reference: openai over the HTTP stack agentrt uses (agentrt's own cost)."""
 ALL_CLIENTS = ("openai", "openai+httpx", "agentrt.chat", "agentrt.openai")
 WALL_GOAL_PCT = 3.0
 CPU_GOAL_US = 100.0
@@ -105,35 +107,55 @@ def echo_server(impl: str, cpu: int | None) -> Iterator[str]:
 # -- the clients ---------------------------------------------------------------------------
 
 
+MAX_ERRORS = 20
+
+
 class Client:
-    """One way of making calls. ``run`` makes ``n`` sequential calls, noting latencies."""
+    """One way of making calls. ``run`` makes ``n`` sequential calls, noting latencies.
+
+    A failed call (e.g. a connection reset on a loaded machine) is counted in ``errors``
+    and skipped rather than ending the run; more than ``MAX_ERRORS`` end it. agentrt
+    retries such failures itself (plain clients run with ``max_retries=0``); its retries
+    are counted in ``retries``.
+    """
 
     name: str
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.errors: list[str] = []
 
     async def run(self, n: int, latencies: list[int] | None) -> None:
         raise NotImplementedError
 
+    @property
+    def retries(self) -> int:
+        """Retried attempts (agentrt's own retry layer; plain clients have none)."""
+        return 0
 
-async def _timed(
-    call: Callable[[], Awaitable[Any]], n: int, latencies: list[int] | None
-) -> Any:
-    reply: Any = None
-    clock = time.perf_counter_ns
-    if latencies is None:
-        for _ in range(n):
-            reply = await call()
-    else:
-        append = latencies.append
+    def reset_counts(self) -> None:
+        self.errors.clear()
+
+    async def _timed(
+        self, call: Callable[[], Awaitable[Any]], n: int, latencies: list[int] | None
+    ) -> None:
+        clock = time.perf_counter_ns
         for _ in range(n):
             t0 = clock()
-            reply = await call()
-            append(clock() - t0)
-    return reply
+            try:
+                await call()
+            except (openai.APIError, agentrt.AgentrtError) as exc:
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                if len(self.errors) > MAX_ERRORS:
+                    raise
+                continue
+            if latencies is not None:
+                latencies.append(clock() - t0)
 
 
 class PlainOpenAI(Client):
     def __init__(self, name: str, client: openai.AsyncOpenAI) -> None:
-        self.name = name
+        super().__init__(name)
         self._create = client.chat.completions.create
 
     async def run(self, n: int, latencies: list[int] | None) -> None:
@@ -142,12 +164,30 @@ class PlainOpenAI(Client):
         async def call() -> Any:
             return await create(**REQUEST)
 
-        await _timed(call, n, latencies)
+        await self._timed(call, n, latencies)
+
+
+class RetryCounter:
+    """``on_job_end`` hook: counts the retried attempts in finished jobs."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, report: agentrt.JobReport) -> None:
+        self.count += report.retries
 
 
 class AgentrtClient(Client):
-    def __init__(self, name: str, rt: agentrt.Runtime, per_job: int, via_openai: bool) -> None:
-        self.name = name
+    def __init__(
+        self,
+        name: str,
+        rt: agentrt.Runtime,
+        per_job: int,
+        via_openai: bool,
+        retries: RetryCounter | None = None,
+    ) -> None:
+        super().__init__(name)
+        self._retries = retries or RetryCounter()
         self._rt = rt
         self._per_job = per_job
         self._create = rt.openai().chat.completions.create if via_openai else None
@@ -157,15 +197,23 @@ class AgentrtClient(Client):
         while done < n:
             k = min(self._per_job, n - done)
             async with self._rt.job("bench") as job, job.session() as session:
-                create = self._create
-
-                async def call() -> Any:
-                    if create is None:
-                        return await session.chat(**REQUEST)
-                    return await create(**REQUEST)
-
-                await _timed(call, k, latencies)
+                await self._timed(self._caller(session), k, latencies)
             done += k
+
+    @property
+    def retries(self) -> int:
+        return self._retries.count
+
+    def reset_counts(self) -> None:
+        super().reset_counts()
+        self._retries.count = 0
+
+    def _caller(self, session: agentrt.Session) -> Callable[[], Awaitable[Any]]:
+        create = self._create
+        if create is None:
+            chat = session.chat
+            return lambda: chat(**REQUEST)
+        return lambda: create(**REQUEST)
 
 
 async def check(client: Client) -> None:
@@ -275,11 +323,19 @@ def summarize_sequential(tallies: dict[str, Tally]) -> dict[str, Any]:
             "mean_block_us": _us(t.wall_ns / t.calls),
             "cpu_us_per_call": _us(t.cpu_ns / t.calls),
         }
-    base = tallies[BASELINE]
+    out: dict[str, Any] = {"variants": variants}
+    for ref in (BASELINE, SAME_STACK):
+        if ref in tallies:
+            out[f"vs_{ref}"] = _versus_sequential(tallies, ref)
+    return out
+
+
+def _versus_sequential(tallies: dict[str, Tally], ref: str) -> dict[str, Any]:
+    base = tallies[ref]
     base_med = statistics.median(base.latencies)
     versus = {}
     for name, t in tallies.items():
-        if name == BASELINE:
+        if name == ref or (ref != BASELINE and not name.startswith("agentrt")):
             continue
         med = statistics.median(t.latencies)
         paired = [
@@ -294,13 +350,15 @@ def summarize_sequential(tallies: dict[str, Tally]) -> dict[str, Any]:
                 "max": round(max(paired), 2),
             },
             "mean_block_added_pct": round(
-                100.0 * (t.wall_ns / t.calls - base.wall_ns / base.calls) / (base.wall_ns / base.calls),
+                100.0
+                * (t.wall_ns / t.calls - base.wall_ns / base.calls)
+                / (base.wall_ns / base.calls),
                 2,
             ),
             "cpu_added_us": _us(t.cpu_ns / t.calls - base.cpu_ns / base.calls),
             "cpu_ratio": round((t.cpu_ns / t.calls) / (base.cpu_ns / base.calls), 3),
         }
-    return {"variants": variants, f"vs_{BASELINE}": versus}
+    return versus
 
 
 def summarize_concurrent(tallies: dict[str, Tally]) -> dict[str, Any]:
@@ -312,19 +370,27 @@ def summarize_concurrent(tallies: dict[str, Tally]) -> dict[str, Any]:
             "throughput_per_round": [round(x, 1) for x in t.round_throughputs],
             "cpu_us_per_call": _us(t.cpu_ns / t.calls),
         }
-    base = tallies[BASELINE]
+    out: dict[str, Any] = {"variants": variants}
+    for ref in (BASELINE, SAME_STACK):
+        if ref in tallies:
+            out[f"vs_{ref}"] = _versus_concurrent(tallies, ref)
+    return out
+
+
+def _versus_concurrent(tallies: dict[str, Tally], ref: str) -> dict[str, Any]:
+    base = tallies[ref]
     base_tp = statistics.median(base.round_throughputs)
     base_cpu = base.cpu_ns / base.calls
     versus = {}
     for name, t in tallies.items():
-        if name == BASELINE:
+        if name == ref or (ref != BASELINE and not name.startswith("agentrt")):
             continue
         versus[name] = {
             "throughput_ratio": round(statistics.median(t.round_throughputs) / base_tp, 3),
             "cpu_ratio": round((t.cpu_ns / t.calls) / base_cpu, 3),
             "cpu_added_us": _us(t.cpu_ns / t.calls - base_cpu),
         }
-    return {"variants": variants, f"vs_{BASELINE}": versus}
+    return versus
 
 
 def _versions() -> dict[str, str]:
@@ -337,26 +403,44 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _git() -> dict[str, Any]:
+    """The checkout's commit, and whether agentrt/ differs from it (what was measured)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "agentrt"],
+            cwd=HERE.parent,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return {}
+    return {"commit": head, "agentrt_modified": bool(dirty)}
+
+
 def print_tables(result: dict[str, Any], concurrency: int) -> None:
     seq = result["concurrency_1"]
     vs = seq[f"vs_{BASELINE}"]
-    print("\nconcurrency 1 (per call; added = vs openai)")
+    print("\nconcurrency 1 (per call; added = vs openai; paired = median over block pairs)")
     header = (
-        f"{'client':<16}{'median µs':>10}{'p99 µs':>9}{'added wall':>12}"
+        f"{'client':<16}{'median µs':>10}{'p99 µs':>9}{'added wall':>12}{'(paired)':>10}"
         f"{'CPU µs':>9}{'added CPU µs':>14}"
     )
     print(header)
     for name, v in seq["variants"].items():
         added = vs.get(name)
         wall = f"{added['wall_added_pct']:+.1f} %" if added else "-"
+        paired = f"{added['wall_added_pct_per_block']['median']:+.1f} %" if added else "-"
         cpu = f"{added['cpu_added_us']:+.1f}" if added else "-"
         print(
-            f"{name:<16}{v['median_us']:>10.1f}{v['p99_us']:>9.1f}{wall:>12}"
+            f"{name:<16}{v['median_us']:>10.1f}{v['p99_us']:>9.1f}{wall:>12}{paired:>10}"
             f"{v['cpu_us_per_call']:>9.1f}{cpu:>14}"
         )
     con = result[f"concurrency_{concurrency}"]
     vs = con[f"vs_{BASELINE}"]
-    print(f"\nconcurrency {concurrency} (throughput: median over rounds)")
+    print(f"\nconcurrency {concurrency} (throughput: median over rounds; ratios vs openai)")
     print(f"{'client':<16}{'calls/s':>10}{'ratio':>8}{'CPU µs':>9}{'CPU ratio':>11}")
     for name, v in con["variants"].items():
         added = vs.get(name)
@@ -364,6 +448,21 @@ def print_tables(result: dict[str, Any], concurrency: int) -> None:
         cr = f"{added['cpu_ratio']:.3f}" if added else "-"
         print(
             f"{name:<16}{v['throughput_per_s']:>10.0f}{tp:>8}{v['cpu_us_per_call']:>9.1f}{cr:>11}"
+        )
+    print("\nagentrt's own share (vs openai over legacy httpx, the stack agentrt uses):")
+    for key in ("concurrency_1", f"concurrency_{concurrency}"):
+        same = result[key].get(f"vs_{SAME_STACK}", {})
+        for name, v in same.items():
+            parts = [f"CPU {v['cpu_added_us']:+.1f} µs/call"]
+            if "wall_added_pct" in v:
+                parts.insert(0, f"median wall {v['wall_added_pct']:+.1f} %")
+            else:
+                parts.insert(0, f"throughput x{v['throughput_ratio']:.3f}")
+            print(f"  {key.replace('_', ' ')}, {name}: {', '.join(parts)}")
+    for name, e in result["incidents"].items():
+        print(
+            f"\nWARNING: {name}: {e['failed_calls']} failed call(s), skipped, "
+            f"{e['retries']} retried attempt(s); first errors: {e['first']}"
         )
     print("\ngoals (concurrency 1, vs openai):")
     for name, g in result["goals"].items():
@@ -384,7 +483,6 @@ async def bench(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
         names = [BASELINE, *names]
     async with AsyncExitStack() as stack:
         clients: list[Client] = []
-        rt: agentrt.Runtime | None = None
         for name in names:
             if name == "openai":
                 oc = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
@@ -395,16 +493,19 @@ async def bench(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
                     limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
                     timeout=httpx.Timeout(600.0, connect=10.0),
                 )
+                # openai 3.x types http_client as httpx2's, and accepts legacy httpx.
                 oc = openai.AsyncOpenAI(
-                    base_url=base_url, api_key="x", max_retries=0, http_client=hc
+                    base_url=base_url, api_key="x", max_retries=0, http_client=cast(Any, hc)
                 )
                 await stack.enter_async_context(oc)
                 clients.append(PlainOpenAI(name, oc))
             else:
-                if rt is None:
-                    rt = await stack.enter_async_context(agentrt.Runtime([base_url]))
+                # One Runtime (one connection pool) per client, like the plain clients.
+                retries = RetryCounter()
+                rt = agentrt.Runtime([base_url], on_job_end=retries)
+                await stack.enter_async_context(rt)
                 via_openai = name == "agentrt.openai"
-                clients.append(AgentrtClient(name, rt, args.calls_per_job, via_openai))
+                clients.append(AgentrtClient(name, rt, args.calls_per_job, via_openai, retries))
 
         for client in clients:
             await check(client)
@@ -412,6 +513,7 @@ async def bench(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
         for client in clients:
             await client.run(args.warmup, None)
             await run_concurrent(client, args.concurrency * 4, args.concurrency)
+            client.reset_counts()
 
         gc.collect()
         print(f"concurrency 1: {args.calls} calls per client in blocks of {args.block} ...")
@@ -425,14 +527,16 @@ async def bench(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
 
         if args.profile is not None:
             args.profile.mkdir(parents=True, exist_ok=True)
+            n = args.profile_calls
             for client in clients:
-                profile = cProfile.Profile()
-                profile.enable()
-                await client.run(args.profile_calls, None)
-                profile.disable()
-                path = args.profile / f"{client.name}.pstats"
-                profile.dump_stats(path)
-                print(f"profile of {args.profile_calls} sequential calls: {path}")
+                for concurrency in (1, args.concurrency):
+                    profile = cProfile.Profile()
+                    profile.enable()
+                    await run_concurrent(client, n, concurrency)
+                    profile.disable()
+                    path = args.profile / f"{client.name}-c{concurrency}.pstats"
+                    profile.dump_stats(path)
+                    print(f"profile of {n} calls at concurrency {concurrency}: {path}")
 
     result: dict[str, Any] = {
         "concurrency_1": summarize_sequential(seq),
@@ -449,6 +553,11 @@ async def bench(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
             "cpu_met": v["cpu_added_us"] < CPU_GOAL_US,
         }
     result["goals"] = goals
+    result["incidents"] = {
+        c.name: {"failed_calls": len(c.errors), "first": c.errors[:3], "retries": c.retries}
+        for c in clients
+        if c.errors or c.retries
+    }
     return result
 
 
@@ -460,9 +569,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--calls", type=int, default=2000, help="sequential calls per client")
     p.add_argument("--block", type=int, default=100, help="sequential calls per block")
     p.add_argument("--concurrency", type=int, default=64, help="concurrent tasks per client")
-    p.add_argument(
-        "--concurrent-calls", type=int, default=5000, help="calls per client and round"
-    )
+    p.add_argument("--concurrent-calls", type=int, default=5000, help="calls per client and round")
     p.add_argument("--rounds", type=int, default=3, help="rounds at --concurrency")
     p.add_argument("--calls-per-job", type=int, default=50, help="agentrt: calls per job")
     p.add_argument("--warmup", type=int, default=200, help="warm-up calls per client")
@@ -498,6 +605,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     server_cpu = cpus[1] if pin else None
     if pin:
         os.sched_setaffinity(0, {cpus[0]})
+    load_before = list(os.getloadavg())
+    git = _git()
     with echo_server(args.server, server_cpu) as base_url:
         print(f"echo server ({args.server}) at {base_url}; client pinned: {pin}")
         result = anyio.run(bench, args, base_url, backend=args.backend)
@@ -507,9 +616,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             "command": " ".join(["benchmarks/overhead.py", *(argv or sys.argv[1:])]),
             "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "pinned": pin,
+            "loadavg_before": load_before,
+            "loadavg_after": list(os.getloadavg()),
             "cpus": os.cpu_count(),
             "machine": platform.platform(),
             "versions": _versions(),
+            "git": git,
             "request": REQUEST,
         },
         **result,
