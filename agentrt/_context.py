@@ -134,28 +134,22 @@ class Session:
         Takes the keyword arguments of ``openai.AsyncOpenAI().chat.completions.create``.
         With ``stream=True`` it returns the openai ``AsyncStream`` of chunks.
         """
-        self._check_usable()
-        client = self.job._core.client
-        token = _CALL_SESSION.set(self)
-        try:
-            result: ChatCompletion | AsyncStream[ChatCompletionChunk]
-            result = await client.chat.completions.create(**kwargs)
-            return result
-        except Exception as exc:
-            _raise_endpoint_error(exc)
-            raise
-        finally:
-            _CALL_SESSION.reset(token)
+        result: ChatCompletion | AsyncStream[ChatCompletionChunk]
+        result = await self._call(self.job._core.client.chat.completions.create, kwargs)
+        return result
 
     async def complete(self, **kwargs: Any) -> Completion | AsyncStream[Completion]:
         """``completions.create`` (the legacy text API) through agentrt."""
+        result: Completion | AsyncStream[Completion]
+        result = await self._call(self.job._core.client.completions.create, kwargs)
+        return result
+
+    async def _call(self, create: Any, kwargs: dict[str, Any]) -> Any:
+        """One openai call made as this session's turn (the transport finds it here)."""
         self._check_usable()
-        client = self.job._core.client
         token = _CALL_SESSION.set(self)
         try:
-            result: Completion | AsyncStream[Completion]
-            result = await client.completions.create(**kwargs)
-            return result
+            return await create(**kwargs)
         except Exception as exc:
             _raise_endpoint_error(exc)
             raise

@@ -69,9 +69,25 @@ REQUEST: dict[str, Any] = {
     ],
     "max_tokens": 16,
 }
+
+
+def make_request(prompt_kb: int) -> dict[str, Any]:
+    """The call every client makes; ``prompt_kb`` > 0 adds a conversation history of about
+    that many KiB (agent prompts are often tens of KiB, and agentrt reads the body)."""
+    if prompt_kb <= 0:
+        return REQUEST
+    turns = 10
+    words = max(1, prompt_kb * 1024 // turns // 5)
+    history = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: " + "word " * words}
+        for i in range(turns)
+    ]
+    messages = [REQUEST["messages"][0], *history, REQUEST["messages"][1]]
+    return {**REQUEST, "messages": messages}
+
+
 BASELINE = "openai"
-SAME_STACK = "openai+httpx"
-"""The second reference: openai over the HTTP stack agentrt uses (agentrt's own cost)."""
+LEGACY = "openai+httpx"
 ALL_CLIENTS = ("openai", "openai+httpx", "agentrt.chat", "agentrt.openai")
 WALL_GOAL_PCT = 3.0
 CPU_GOAL_US = 100.0
@@ -123,6 +139,7 @@ class Client:
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.request: dict[str, Any] = REQUEST
         self.errors: list[str] = []
 
     async def run(self, n: int, latencies: list[int] | None) -> None:
@@ -160,9 +177,10 @@ class PlainOpenAI(Client):
 
     async def run(self, n: int, latencies: list[int] | None) -> None:
         create = self._create
+        request = self.request
 
         async def call() -> Any:
-            return await create(**REQUEST)
+            return await create(**request)
 
         await self._timed(call, n, latencies)
 
@@ -210,10 +228,11 @@ class AgentrtClient(Client):
 
     def _caller(self, session: agentrt.Session) -> Callable[[], Awaitable[Any]]:
         create = self._create
+        request = self.request
         if create is None:
             chat = session.chat
-            return lambda: chat(**REQUEST)
-        return lambda: create(**REQUEST)
+            return lambda: chat(**request)
+        return lambda: create(**request)
 
 
 async def check(client: Client) -> None:
@@ -221,15 +240,15 @@ async def check(client: Client) -> None:
     if isinstance(client, AgentrtClient):
         async with client._rt.job("check") as job, job.session() as session:
             if client._create is None:
-                reply: Any = await session.chat(**REQUEST)
+                reply: Any = await session.chat(**client.request)
             else:
-                reply = await client._create(**REQUEST)
+                reply = await client._create(**client.request)
         report = job.report
         if report.calls != 1 or report.prompt_tokens != 12 or report.cached_tokens != 8:
             raise RuntimeError(f"{client.name}: unexpected job report {report!r}")
     else:
         assert isinstance(client, PlainOpenAI)
-        reply = await client._create(**REQUEST)
+        reply = await client._create(**client.request)
     if reply.choices[0].message.content != "ok" or reply.usage.prompt_tokens != 12:
         raise RuntimeError(f"{client.name}: unexpected reply {reply!r}")
 
@@ -312,7 +331,7 @@ def _pct(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def summarize_sequential(tallies: dict[str, Tally]) -> dict[str, Any]:
+def summarize_sequential(tallies: dict[str, Tally], refs: Sequence[str]) -> dict[str, Any]:
     variants = {}
     for name, t in tallies.items():
         variants[name] = {
@@ -324,7 +343,7 @@ def summarize_sequential(tallies: dict[str, Tally]) -> dict[str, Any]:
             "cpu_us_per_call": _us(t.cpu_ns / t.calls),
         }
     out: dict[str, Any] = {"variants": variants}
-    for ref in (BASELINE, SAME_STACK):
+    for ref in refs:
         if ref in tallies:
             out[f"vs_{ref}"] = _versus_sequential(tallies, ref)
     return out
@@ -361,7 +380,7 @@ def _versus_sequential(tallies: dict[str, Tally], ref: str) -> dict[str, Any]:
     return versus
 
 
-def summarize_concurrent(tallies: dict[str, Tally]) -> dict[str, Any]:
+def summarize_concurrent(tallies: dict[str, Tally], refs: Sequence[str]) -> dict[str, Any]:
     variants = {}
     for name, t in tallies.items():
         variants[name] = {
@@ -371,7 +390,7 @@ def summarize_concurrent(tallies: dict[str, Tally]) -> dict[str, Any]:
             "cpu_us_per_call": _us(t.cpu_ns / t.calls),
         }
     out: dict[str, Any] = {"variants": variants}
-    for ref in (BASELINE, SAME_STACK):
+    for ref in refs:
         if ref in tallies:
             out[f"vs_{ref}"] = _versus_concurrent(tallies, ref)
     return out
@@ -449,9 +468,16 @@ def print_tables(result: dict[str, Any], concurrency: int) -> None:
         print(
             f"{name:<16}{v['throughput_per_s']:>10.0f}{tp:>8}{v['cpu_us_per_call']:>9.1f}{cr:>11}"
         )
-    print("\nagentrt's own share (vs openai over legacy httpx, the stack agentrt uses):")
+    same_stack = result["same_stack_reference"]
+    print(f"\nagentrt's HTTP library: {result['agentrt_http_lib']}", end="")
+    if same_stack == BASELINE:
+        print(" (openai's own stack: the added figures above are agentrt's own)")
+    else:
+        print(f"; agentrt's own share, vs {same_stack} (the same stack):")
     for key in ("concurrency_1", f"concurrency_{concurrency}"):
-        same = result[key].get(f"vs_{SAME_STACK}", {})
+        if same_stack == BASELINE:
+            break
+        same = result[key].get(f"vs_{same_stack}", {})
         for name, v in same.items():
             parts = [f"CPU {v['cpu_added_us']:+.1f} µs/call"]
             if "wall_added_pct" in v:
@@ -481,6 +507,7 @@ async def bench(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
     names: list[str] = args.clients
     if BASELINE not in names:
         names = [BASELINE, *names]
+    agentrt_lib = "none"
     async with AsyncExitStack() as stack:
         clients: list[Client] = []
         for name in names:
@@ -504,20 +531,29 @@ async def bench(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
                 retries = RetryCounter()
                 rt = agentrt.Runtime([base_url], on_job_end=retries)
                 await stack.enter_async_context(rt)
+                probe = rt.http_client()
+                agentrt_lib = type(probe).__module__.split(".")[0]  # httpx2 or httpx
+                await probe.aclose()  # leaves the runtime's transport open
                 via_openai = name == "agentrt.openai"
                 clients.append(AgentrtClient(name, rt, args.calls_per_job, via_openai, retries))
 
+        request = make_request(args.prompt_kb)
         for client in clients:
+            client.request = request
             await check(client)
-        # Warm-up: sequential calls, then a concurrent burst that fills each pool.
+        # Sequential warm-up and phase first: a burst would leave each pool holding
+        # --concurrency idle connections for their keep-alive time (5 s), and the HTTP
+        # pools scan every pooled connection on every request, which would dominate (and,
+        # as the bursts age differently per client, skew) the concurrency-1 figures.
         for client in clients:
             await client.run(args.warmup, None)
-            await run_concurrent(client, args.concurrency * 4, args.concurrency)
             client.reset_counts()
-
         gc.collect()
         print(f"concurrency 1: {args.calls} calls per client in blocks of {args.block} ...")
         seq = await sequential(clients, args.calls, args.block)
+        # Concurrent warm-up: fill each pool, then the rounds.
+        for client in clients:
+            await run_concurrent(client, args.concurrency * 4, args.concurrency)
         gc.collect()
         print(
             f"concurrency {args.concurrency}: {args.concurrent_calls} calls per client "
@@ -538,9 +574,14 @@ async def bench(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
                     profile.dump_stats(path)
                     print(f"profile of {n} calls at concurrency {concurrency}: {path}")
 
+    # The reference on agentrt's own HTTP stack: the difference to it is agentrt's own cost.
+    same_stack = LEGACY if agentrt_lib == "httpx" else BASELINE
+    refs = [BASELINE] if same_stack == BASELINE else [BASELINE, same_stack]
     result: dict[str, Any] = {
-        "concurrency_1": summarize_sequential(seq),
-        f"concurrency_{args.concurrency}": summarize_concurrent(con),
+        "agentrt_http_lib": agentrt_lib,
+        "same_stack_reference": same_stack,
+        "concurrency_1": summarize_sequential(seq, refs),
+        f"concurrency_{args.concurrency}": summarize_concurrent(con, refs),
     }
     goals = {}
     for name, v in result["concurrency_1"][f"vs_{BASELINE}"].items():
@@ -572,6 +613,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrent-calls", type=int, default=5000, help="calls per client and round")
     p.add_argument("--rounds", type=int, default=3, help="rounds at --concurrency")
     p.add_argument("--calls-per-job", type=int, default=50, help="agentrt: calls per job")
+    p.add_argument(
+        "--prompt-kb", type=int, default=0, help="add a conversation history of this many KiB"
+    )
     p.add_argument("--warmup", type=int, default=200, help="warm-up calls per client")
     p.add_argument(
         "--clients",
@@ -608,7 +652,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     load_before = list(os.getloadavg())
     git = _git()
     with echo_server(args.server, server_cpu) as base_url:
-        print(f"echo server ({args.server}) at {base_url}; client pinned: {pin}")
+        size = len(json.dumps(make_request(args.prompt_kb)))
+        print(f"echo server ({args.server}) at {base_url}; client pinned: {pin}; body {size} B")
         result = anyio.run(bench, args, base_url, backend=args.backend)
     result = {
         "meta": {
@@ -622,7 +667,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "machine": platform.platform(),
             "versions": _versions(),
             "git": git,
-            "request": REQUEST,
+            "request_bytes": len(json.dumps(make_request(args.prompt_kb))),
         },
         **result,
     }
