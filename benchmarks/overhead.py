@@ -547,6 +547,8 @@ async def bench(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
         # as the bursts age differently per client, skew) the concurrency-1 figures.
         for client in clients:
             await client.run(args.warmup, None)
+            if args.burst_first:  # measure concurrency 1 with full pools, on purpose
+                await run_concurrent(client, args.concurrency * 4, args.concurrency)
             client.reset_counts()
         gc.collect()
         print(f"concurrency 1: {args.calls} calls per client in blocks of {args.block} ...")
@@ -631,6 +633,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="pin client and server to different CPUs (needs >= 2)",
+    )
+    p.add_argument(
+        "--burst-first",
+        action="store_true",
+        help="run a --concurrency burst before the concurrency-1 phase (full, idle pools)",
     )
     p.add_argument("--out", type=Path, default=Path("results/overhead.json"))
     p.add_argument("--profile", type=Path, default=None, help="write cProfiles to this dir")
