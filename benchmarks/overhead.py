@@ -7,30 +7,40 @@ process with several clients:
 
 - ``openai``: ``openai.AsyncOpenAI(base_url=..., api_key="x", max_retries=0)``, its default
   HTTP stack. The baseline every ratio is computed against.
-- ``openai+httpx``: the same, over an ``httpx.AsyncClient`` like the one agentrt builds
-  (agentrt hands openai a legacy ``httpx`` client). The difference between the two
-  baselines is the HTTP library's, not agentrt's.
+- ``openai+httpx``: the same over a legacy ``httpx.AsyncClient`` (the stack agentrt uses
+  under openai 2.x, and used under 3.x before it moved to httpx2). When agentrt runs on
+  legacy httpx, the difference to this client is agentrt's own cost; the run reports
+  which library agentrt uses (``agentrt_http_lib``).
 - ``agentrt.chat``: ``await session.chat(...)`` inside ``rt.job(...)``/``job.session()``.
 - ``agentrt.openai``: ``rt.openai().chat.completions.create(...)`` inside a session.
 
-agentrt variants open one job with one session per ``--calls-per-job`` calls; the job's
-setup and report are in the CPU and block-wall figures (not in the per-call latency).
+Each agentrt client has its own Runtime (its own connection pool, like the plain clients)
+and opens one job with one session per ``--calls-per-job`` calls; the job's setup and
+report are in the CPU and block-wall figures (not in the per-call latency).
 
 Concurrency 1: ``--calls`` sequential calls per client, run in blocks of ``--block`` calls,
 the clients alternating block by block (ABBA order) so that drift cancels. Reported: the
-median per-call wall latency, the added wall time in %, and the client process's CPU time
-per call (``time.process_time``; the server is another process).
+median per-call wall latency, the added wall time in % (difference of the medians, and
+the median over block pairs), and the client process's CPU time per call
+(``time.process_time``; the server is another process). This phase runs before any
+concurrent call, with one connection per pool: HTTP pools check every pooled connection
+on every request, so a pool left full by a burst makes sequential calls dearer for its
+keep-alive time. ``--after-burst`` measures that state on purpose (a burst before each
+block, unmeasured).
 
-Concurrency N (``--concurrency``, default 64): ``--concurrent-calls`` calls per client and
-round, spread over N tasks, ``--rounds`` rounds alternating the clients. Reported:
-throughput (calls/s, median over rounds) and CPU per call, and their ratios.
+Concurrency N (``--concurrency``, default 64): after a concurrent warm-up,
+``--concurrent-calls`` calls per client and round, spread over N tasks, ``--rounds``
+rounds alternating the clients. Reported: throughput (calls/s, median over rounds) and CPU
+per call, and their ratios.
 
     .venv/bin/python benchmarks/overhead.py                  # writes results/overhead.json
-    .venv/bin/python benchmarks/overhead.py --server raw --calls 5000
+    .venv/bin/python benchmarks/overhead.py --server raw     # bare asyncio echo server
+    .venv/bin/python benchmarks/overhead.py --prompt-kb 64   # a 64 KiB history per call
 
 By default the client is pinned to one CPU and the server to another (when there are at
-least two), so that they do not fight over one core. ``--profile DIR`` also writes a
-cProfile of each client's calls at concurrency 1 and N to ``DIR/<client>-c<n>.pstats``.
+least two), so that they do not fight over one core. A failed call is counted and skipped
+(reported as an incident), not fatal. ``--profile DIR`` also writes a cProfile of each
+client's calls at concurrency 1 and N to ``DIR/<client>-c<n>.pstats``.
 """
 
 from __future__ import annotations
@@ -52,7 +62,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import anyio
 import httpx
@@ -91,9 +101,6 @@ LEGACY = "openai+httpx"
 ALL_CLIENTS = ("openai", "openai+httpx", "agentrt.chat", "agentrt.openai")
 WALL_GOAL_PCT = 3.0
 CPU_GOAL_US = 100.0
-
-Backend = Literal["asyncio", "trio"]
-
 
 # -- the server ----------------------------------------------------------------------------
 
@@ -290,18 +297,25 @@ def _orders(clients: Sequence[Client], rounds: int) -> Iterator[Sequence[Client]
         yield clients if r % 2 == 0 else list(reversed(clients))
 
 
-async def sequential(clients: Sequence[Client], calls: int, block: int) -> dict[str, Tally]:
+async def sequential(
+    clients: Sequence[Client], calls: int, block: int, burst: int = 0
+) -> dict[str, Tally]:
+    """Blocks of sequential calls, clients alternating. ``burst`` > 0: before each block
+    (unmeasured) the client makes ``4 * burst`` calls ``burst`` at a time, so that the
+    block runs with ``burst`` idle connections in its pool."""
     tallies = {c.name: Tally() for c in clients}
     rounds = math.ceil(calls / block)
     for r, order in enumerate(_orders(clients, rounds)):
         n = min(block, calls - r * block)
         for client in order:
             tally = tallies[client.name]
+            if burst:
+                await run_concurrent(client, 4 * burst, burst)
             lat: list[int] = []
             with measured(tally, n):
                 await client.run(n, lat)
             tally.latencies += lat
-            tally.block_medians.append(statistics.median(lat))
+            tally.block_medians.append(statistics.median(lat) if lat else math.nan)
     return tallies
 
 
@@ -358,7 +372,9 @@ def _versus_sequential(tallies: dict[str, Tally], ref: str) -> dict[str, Any]:
             continue
         med = statistics.median(t.latencies)
         paired = [
-            100.0 * (m - b) / b for m, b in zip(t.block_medians, base.block_medians, strict=True)
+            100.0 * (m - b) / b
+            for m, b in zip(t.block_medians, base.block_medians, strict=True)
+            if not (math.isnan(m) or math.isnan(b))
         ]
         versus[name] = {
             "wall_added_pct": round(100.0 * (med - base_med) / base_med, 2),
@@ -545,14 +561,14 @@ async def bench(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
         # --concurrency idle connections for their keep-alive time (5 s), and the HTTP
         # pools scan every pooled connection on every request, which would dominate (and,
         # as the bursts age differently per client, skew) the concurrency-1 figures.
+        # --after-burst measures that state on purpose, the same for every client.
         for client in clients:
             await client.run(args.warmup, None)
-            if args.burst_first:  # measure concurrency 1 with full pools, on purpose
-                await run_concurrent(client, args.concurrency * 4, args.concurrency)
             client.reset_counts()
         gc.collect()
         print(f"concurrency 1: {args.calls} calls per client in blocks of {args.block} ...")
-        seq = await sequential(clients, args.calls, args.block)
+        burst = args.concurrency if args.after_burst else 0
+        seq = await sequential(clients, args.calls, args.block, burst)
         # Concurrent warm-up: fill each pool, then the rounds.
         for client in clients:
             await run_concurrent(client, args.concurrency * 4, args.concurrency)
@@ -635,9 +651,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="pin client and server to different CPUs (needs >= 2)",
     )
     p.add_argument(
-        "--burst-first",
+        "--after-burst",
         action="store_true",
-        help="run a --concurrency burst before the concurrency-1 phase (full, idle pools)",
+        help="precede each concurrency-1 block with a --concurrency burst (full, idle pools)",
     )
     p.add_argument("--out", type=Path, default=Path("results/overhead.json"))
     p.add_argument("--profile", type=Path, default=None, help="write cProfiles to this dir")
