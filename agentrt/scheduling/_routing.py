@@ -1,29 +1,90 @@
 """Routing: which endpoint (replica) a call goes to.
 
-A router is a small object with one method, ``choose``. Routers see the endpoints' load
-(calls in flight) and the session, never the HTTP request.
+A router is a small object with two methods. ``choose`` picks an endpoint index for a call
+from the endpoints' live load (:class:`EndpointLoad`) and what is known about the call
+(:class:`RouteKey`); ``served`` tells it where the call was sent, so that prefix-aware
+routers learn which replica holds which prompt prefix. Routers never see the HTTP request.
+
+Every router obeys the same fallback order (``_candidates``): healthy endpoints not
+in ``avoid``; else any endpoint not in ``avoid``; else healthy ones; else all.
+
+The routers, their sources and their exact rules are described in ``docs/routing.md``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import hashlib
+import math
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Final, Protocol
 
-if TYPE_CHECKING:
-    from .._context import Session
+__all__ = [
+    "DEFAULT_CALL_COST_TOKENS",
+    "DEFAULT_PREFIX_CAPACITY",
+    "PREFIX_CUTS",
+    "EndpointLoad",
+    "HashAffinity",
+    "LeastLoaded",
+    "RoundRobin",
+    "RouteKey",
+    "Router",
+    "SessionAffinity",
+    "load_score",
+    "make_router",
+    "prefix_fingerprints",
+]
 
-__all__ = ["EndpointLoad", "RoundRobin", "Router", "SessionAffinity", "make_router"]
+DEFAULT_CALL_COST_TOKENS: Final = 256
+"""What one call in flight weighs in :func:`load_score`, in tokens, on top of its tokens."""
+
+DEFAULT_PREFIX_CAPACITY: Final = 4096
+"""Fingerprints a :class:`SessionAffinity` router remembers (least recently used go first)."""
+
+PREFIX_CUTS: Final = (256, 1024, 4096, 16384, 65536)
+"""Byte lengths at which :func:`prefix_fingerprints` fingerprints a request body."""
 
 
 @dataclass(slots=True)
 class EndpointLoad:
-    """Live load of one endpoint, as agentrt sees it from the client."""
+    """Live load of one endpoint, as agentrt sees it from the client.
+
+    ``running``, ``waiting`` and ``kv_usage`` come from polling the engine's metrics
+    (see :func:`agentrt.scheduling.parse_vllm_metrics`) and are ``None`` when not polled.
+    """
 
     weight: float = 1.0
+    """Relative capacity (a replica on two GPUs might weigh 2)."""
     in_flight: int = 0
+    """Calls this client has sent there and not yet seen finish."""
     sessions: int = 0
     """Sessions currently pinned to this endpoint."""
+    outstanding_tokens: int = 0
+    """Estimated tokens (prompt + expected output) of the calls in flight."""
+    healthy: bool = True
+    """False while the endpoint's health tracker has it marked down."""
+    running: int | None = None
+    """Requests the engine is running (all clients), when polled."""
+    waiting: int | None = None
+    """Requests waiting in the engine's queue (all clients), when polled."""
+    kv_usage: float | None = None
+    """Fraction of the engine's KV cache in use, 0..1, when polled."""
+
+
+@dataclass(slots=True, frozen=True)
+class RouteKey:
+    """What a router knows about the call it places."""
+
+    session_id: str
+    home: int | None
+    """Endpoint that served the session's previous turn; ``None`` before the first."""
+    first_turn: bool
+    prefix: tuple[int, ...] = ()
+    """Fingerprints of growing prefixes of the prompt (:func:`prefix_fingerprints`)."""
+    tokens: int = 0
+    """Estimated tokens of this call (0 when unknown)."""
 
 
 class Router(Protocol):
@@ -31,66 +92,315 @@ class Router(Protocol):
 
     name: str
 
-    def choose(
-        self, loads: Sequence[EndpointLoad], session: Session | None, avoid: Collection[int]
-    ) -> int: ...
+    def choose(self, loads: Sequence[EndpointLoad], key: RouteKey, avoid: Collection[int]) -> int:
+        """The index of the endpoint for this call (``0 <= index < len(loads)``)."""
+        ...
+
+    def served(self, index: int, key: RouteKey) -> None:
+        """The call was sent to endpoint ``index``."""
+        ...
 
 
-def _least_loaded(loads: Sequence[EndpointLoad], avoid: Collection[int]) -> int:
-    candidates = [i for i in range(len(loads)) if i not in avoid] or list(range(len(loads)))
-    return min(candidates, key=lambda i: ((loads[i].in_flight + 1) / loads[i].weight, i))
+# ---------------------------------------------------------------- shared helpers
+
+
+def prefix_fingerprints(body: bytes) -> tuple[int, ...]:
+    """Fingerprints of ``body[:cut]`` for each cut in :data:`PREFIX_CUTS` shorter than it.
+
+    An OpenAI chat request body starts with its messages, system prompt first, so requests
+    that share a system prompt share their early fingerprints. Each fingerprint is a CRC-32
+    chained over the whole prefix (every byte counts) with the cut length in the high bits,
+    so equal fingerprints mean equal prefixes up to CRC collisions. Cost: one pass over at
+    most 64 KiB (about 10 µs on a 2020s x86 core, 3 µs for a 16 KiB body).
+    """
+    view = memoryview(body)
+    size = len(view)
+    out: list[int] = []
+    crc = 0
+    start = 0
+    for cut in PREFIX_CUTS:
+        if cut >= size:
+            break
+        crc = zlib.crc32(view[start:cut], crc)
+        out.append((cut << 32) | crc)
+        start = cut
+    return tuple(out)
+
+
+def _calls(load: EndpointLoad) -> int:
+    """Calls at the endpoint: ours in flight, or the engine's count if polled and larger."""
+    if load.running is None and load.waiting is None:
+        return load.in_flight
+    return max(load.in_flight, (load.running or 0) + (load.waiting or 0))
+
+
+def load_score(load: EndpointLoad, call_cost: float = DEFAULT_CALL_COST_TOKENS) -> float:
+    """One number for an endpoint's load, in tokens per unit of weight.
+
+    ``(outstanding_tokens + call_cost * calls) / weight``, where ``calls`` is
+    ``in_flight`` or, when the engine is polled, ``max(in_flight, running + waiting)``.
+    Without token estimates this is proportional to the calls in flight.
+    """
+    return (load.outstanding_tokens + call_cost * _calls(load)) / load.weight
+
+
+def _candidates(loads: Sequence[EndpointLoad], avoid: Collection[int]) -> list[int]:
+    """The indices a router may choose from, best tier first.
+
+    Healthy and not avoided; else not avoided (every healthy one is avoided); else healthy
+    (every index is avoided); else all. ``avoid`` wins over health: it names endpoints that
+    this very call has just failed on.
+    """
+    n = len(loads)
+    if n == 0:
+        raise ValueError("no endpoints to route to")
+    free = [i for i in range(n) if i not in avoid]
+    pool = free or list(range(n))
+    healthy = [i for i in pool if loads[i].healthy]
+    return healthy or pool
+
+
+def _least_loaded(loads: Sequence[EndpointLoad], pool: Sequence[int], tokens: int) -> int:
+    """The least-loaded index of ``pool``: by weighted outstanding tokens (this call's
+    included), then weighted calls, then weighted pinned sessions, then index."""
+
+    def order(i: int) -> tuple[float, float, float, int]:
+        load = loads[i]
+        w = load.weight
+        return (
+            (load.outstanding_tokens + tokens) / w,
+            (_calls(load) + 1) / w,
+            load.sessions / w,
+            i,
+        )
+
+    return min(pool, key=order)
+
+
+def _coerce_key(key: Any) -> RouteKey:
+    """Transitional: accept the runtime's old ``choose(loads, session, avoid)`` call shape.
+
+    Remove once ``_Core.route`` builds a :class:`RouteKey`.
+    """
+    if isinstance(key, RouteKey):
+        return key
+    if key is None:
+        return RouteKey(session_id="", home=None, first_turn=True)
+    home = getattr(key, "endpoint_index", None)
+    return RouteKey(session_id=str(getattr(key, "id", "")), home=home, first_turn=home is None)
+
+
+# ---------------------------------------------------------------- routers
 
 
 class RoundRobin:
-    """Each call to the next endpoint in turn, ignoring sessions (what plain clients and
-    most load balancers do)."""
+    """Each call to the next endpoint in turn, ignoring sessions and load (what plain
+    clients and most load balancers do). Skips avoided and unhealthy endpoints."""
 
-    name = "round-robin"
+    name = "round_robin"
 
     def __init__(self) -> None:
         self._next = 0
 
-    def choose(
-        self, loads: Sequence[EndpointLoad], session: Session | None, avoid: Collection[int]
-    ) -> int:
+    def choose(self, loads: Sequence[EndpointLoad], key: RouteKey, avoid: Collection[int]) -> int:
+        """The next allowed endpoint after the previous choice."""
+        allowed = set(_candidates(loads, avoid))
         n = len(loads)
         for _ in range(n):
             i = self._next % n
-            self._next += 1
-            if i not in avoid:
+            self._next = i + 1
+            if i in allowed:
                 return i
-        return self._next % n
+        raise AssertionError("unreachable: _candidates() is never empty")  # pragma: no cover
+
+    def served(self, index: int, key: RouteKey) -> None:
+        """Nothing to learn."""
+
+
+class LeastLoaded:
+    """Each call to the least-loaded endpoint, ignoring sessions.
+
+    Least loaded: fewest estimated outstanding tokens (this call's included) per unit of
+    weight, then fewest calls in flight per unit of weight, then fewest pinned sessions,
+    then the lowest index. Unhealthy and avoided endpoints are skipped.
+    """
+
+    name = "least_loaded"
+
+    def choose(self, loads: Sequence[EndpointLoad], key: RouteKey, avoid: Collection[int]) -> int:
+        """The least-loaded allowed endpoint."""
+        key = _coerce_key(key)
+        return _least_loaded(loads, _candidates(loads, avoid), key.tokens)
+
+    def served(self, index: int, key: RouteKey) -> None:
+        """Nothing to learn."""
 
 
 class SessionAffinity:
-    """SMetric-style session routing: a session's first turn goes to the least-loaded
-    endpoint; its later turns go where its KV cache is, unless that endpoint carries more
-    than ``overload`` times the mean load (then the session moves to the least loaded)."""
+    """SMetric-style session routing: keep a session where its KV cache is.
 
-    name = "session"
+    * A session with a home (``key.home``: where its previous turn ran) stays there unless
+      the home is unhealthy, avoided, or overloaded: its :func:`load_score` exceeds
+      ``max(overload * mean, call_cost)``, the mean taken over the healthy endpoints (all
+      of them if none is healthy). An endpoint carrying at most one call's worth is never
+      overloaded.
+    * Otherwise (first turn, or the session moves) the call goes to the allowed,
+      not-overloaded endpoint that last served the longest known prefix of the prompt
+      (``key.prefix``, learned through :meth:`served`); else to the least-loaded allowed
+      endpoint (:class:`LeastLoaded`'s order). A session that moves leaves its home
+      unless no other endpoint is allowed.
 
-    def __init__(self, overload: float = 2.0) -> None:
-        if overload < 1.0:
-            raise ValueError("overload factor must be >= 1.0")
+    The prefix index maps fingerprint -> endpoint, holds at most ``prefix_capacity``
+    entries and forgets the least recently used first.
+    """
+
+    name = "session_affinity"
+
+    def __init__(
+        self,
+        *,
+        overload: float = 2.0,
+        call_cost: float = DEFAULT_CALL_COST_TOKENS,
+        prefix_capacity: int = DEFAULT_PREFIX_CAPACITY,
+    ) -> None:
+        if not overload >= 1.0:
+            raise ValueError(f"overload factor must be >= 1.0, got {overload!r}")
+        if not call_cost > 0:
+            raise ValueError(f"call_cost must be > 0, got {call_cost!r}")
+        if prefix_capacity < 0:
+            raise ValueError(f"prefix_capacity must be >= 0, got {prefix_capacity!r}")
         self.overload = overload
+        self.call_cost = call_cost
+        self.prefix_capacity = prefix_capacity
+        self._prefixes: OrderedDict[int, int] = OrderedDict()
 
-    def choose(
-        self, loads: Sequence[EndpointLoad], session: Session | None, avoid: Collection[int]
-    ) -> int:
-        home = session.endpoint_index if session is not None else None
-        if home is not None and home < len(loads) and home not in avoid:
-            mean = sum(load.in_flight / load.weight for load in loads) / len(loads)
-            mine = loads[home].in_flight / loads[home].weight
-            if mine <= max(self.overload * mean, 1.0):
-                return home
-        return _least_loaded(loads, avoid)
+    @property
+    def prefix_entries(self) -> int:
+        """Fingerprints currently remembered (at most ``prefix_capacity``)."""
+        return len(self._prefixes)
+
+    def overloaded(self, loads: Sequence[EndpointLoad], index: int) -> bool:
+        """Whether endpoint ``index`` carries more than ``overload`` times the mean load."""
+        scores = [load_score(load, self.call_cost) for load in loads]
+        healthy = [s for s, load in zip(scores, loads, strict=True) if load.healthy] or scores
+        mean = math.fsum(healthy) / len(healthy)
+        return scores[index] > max(self.overload * mean, self.call_cost)
+
+    def choose(self, loads: Sequence[EndpointLoad], key: RouteKey, avoid: Collection[int]) -> int:
+        """Home if it may stay there, else the prefix holder, else the least loaded."""
+        key = _coerce_key(key)
+        pool = _candidates(loads, avoid)
+        home = key.home
+        if home is not None and home in pool and not self.overloaded(loads, home):
+            return home
+        if home is not None:  # the session moves: anywhere but its home, if possible
+            pool = [i for i in pool if i != home] or pool
+        for fingerprint in reversed(key.prefix):
+            holder = self._prefixes.get(fingerprint)
+            if holder is not None and holder in pool and not self.overloaded(loads, holder):
+                return holder
+        return _least_loaded(loads, pool, key.tokens)
+
+    def served(self, index: int, key: RouteKey) -> None:
+        """Remember that endpoint ``index`` now holds each of the prompt's prefixes."""
+        if self.prefix_capacity == 0:
+            return
+        prefixes = self._prefixes
+        for fingerprint in key.prefix:
+            prefixes[fingerprint] = index
+            prefixes.move_to_end(fingerprint)
+        while len(prefixes) > self.prefix_capacity:
+            prefixes.popitem(last=False)
 
 
-def make_router(routing: str | Router) -> Router:
+class HashAffinity:
+    """Rendezvous hashing of the session id with bounded loads.
+
+    Each endpoint gets a score per session, ``-weight / ln(u)`` with ``u`` a uniform draw
+    from a keyed hash (BLAKE2b) of the session id and the endpoint's name (weighted
+    rendezvous / highest-random-weight hashing, Thaler and Ravishankar 1998). The session
+    goes to the highest-scoring allowed endpoint whose calls in flight are below its cap,
+    ``ceil(balance * (total + 1) * weight / total_weight)``, where ``total`` and
+    ``total_weight`` are summed over the allowed endpoints (consistent hashing with bounded
+    loads, Mirrokni, Thorup and Zadimoghaddam 2018; with equal weights the cap is
+    ``ceil(c * (m + 1) / n)``). Some allowed endpoint is always below its cap.
+
+    The choice depends only on the session id, the endpoint names and the loads, so
+    independent processes configured with the same endpoints agree without talking (up to
+    their differing in-flight counts). Name the endpoints (``endpoints=[url, ...]``) so that
+    the order they are listed in does not matter and adding one moves only its share of
+    sessions; without names, endpoints are named by index.
+    """
+
+    name = "hash"
+
+    def __init__(self, *, endpoints: Sequence[str] | None = None, balance: float = 1.25) -> None:
+        if not balance >= 1.0:
+            raise ValueError(f"balance must be >= 1.0, got {balance!r}")
+        if endpoints is not None and len(set(endpoints)) != len(endpoints):
+            raise ValueError("endpoint names must be distinct")
+        self.balance = balance
+        self._names = None if endpoints is None else [e.encode() for e in endpoints]
+
+    def _ranked(self, session_id: str, loads: Sequence[EndpointLoad]) -> list[int]:
+        """All indices, highest rendezvous score first."""
+        if self._names is None:
+            names = [str(i).encode() for i in range(len(loads))]
+        elif len(self._names) == len(loads):
+            names = self._names
+        else:
+            raise ValueError(f"router knows {len(self._names)} endpoints, got {len(loads)} loads")
+        sid = session_id.encode() + b"\x00"
+        scores: list[tuple[float, int]] = []
+        for i, (name, load) in enumerate(zip(names, loads, strict=True)):
+            digest = hashlib.blake2b(sid + name, digest_size=8).digest()
+            u = ((int.from_bytes(digest, "big") >> 11) + 0.5) / 2.0**53  # exact, in (0, 1)
+            scores.append((-load.weight / math.log(u), -i))
+        return [-neg_i for _, neg_i in sorted(scores, reverse=True)]
+
+    def choose(self, loads: Sequence[EndpointLoad], key: RouteKey, avoid: Collection[int]) -> int:
+        """The highest-ranked allowed endpoint below its cap."""
+        key = _coerce_key(key)
+        pool = _candidates(loads, avoid)
+        allowed = set(pool)
+        room = self.balance * (sum(loads[i].in_flight for i in pool) + 1)
+        weight = math.fsum(loads[i].weight for i in pool)
+        for i in self._ranked(key.session_id, loads):
+            if i in allowed and loads[i].in_flight < math.ceil(room * loads[i].weight / weight):
+                return i
+        # Unreachable while balance >= 1 (the caps add up to more than the calls).
+        return min(
+            pool, key=lambda i: (loads[i].in_flight / loads[i].weight, i)
+        )  # pragma: no cover
+
+    def served(self, index: int, key: RouteKey) -> None:
+        """Nothing to learn: the hash is the memory."""
+
+
+_ROUTERS: Final[dict[str, Callable[..., Router]]] = {
+    "round_robin": RoundRobin,
+    "least_loaded": LeastLoaded,
+    "session_affinity": SessionAffinity,
+    "hash": HashAffinity,
+}
+"""Router names :func:`make_router` accepts (besides the aliases in ``_ALIASES``)."""
+
+_ALIASES: Final = {"session": "session_affinity", "round-robin": "round_robin"}
+
+
+def make_router(routing: str | Router, **options: Any) -> Router:
+    """A router from its name (see ``docs/routing.md``) and constructor options, or
+    ``routing`` itself if it is already a router.
+
+    ``"session"`` and ``"round-robin"`` are accepted as aliases of ``"session_affinity"``
+    and ``"round_robin"``.
+    """
     if not isinstance(routing, str):
+        if options:
+            raise ValueError("router options apply only to a router given by name")
         return routing
-    if routing == "session":
-        return SessionAffinity()
-    if routing == "round-robin":
-        return RoundRobin()
-    raise ValueError(f"unknown routing {routing!r}; choose 'session' or 'round-robin'")
+    factory = _ROUTERS.get(_ALIASES.get(routing, routing))
+    if factory is None:
+        names = ", ".join(repr(n) for n in [*_ROUTERS, *_ALIASES])
+        raise ValueError(f"unknown routing {routing!r}; choose one of {names}")
+    return factory(**options)

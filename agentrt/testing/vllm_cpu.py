@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -37,6 +36,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TextIO
+
+from ..scheduling._signals import parse_prometheus
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -350,26 +351,6 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-
-
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Prometheus text format to ``{sample name: value summed over label sets}``."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if m is None:
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        out[m.group(1)] = out.get(m.group(1), 0.0) + value
-    return out
 
 
 def _engine_environ(engine: EngineEnv, spec: ReplicaSpec) -> dict[str, str]:

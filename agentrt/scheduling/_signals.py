@@ -1,0 +1,95 @@
+"""Load signals polled from engines: Prometheus text in, a few numbers out.
+
+Parsing never raises: a page that is empty, truncated or garbage yields ``None``s.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["EngineSignals", "parse_prometheus", "parse_vllm_metrics"]
+
+# name, optional {labels} (quoted values may hold '}' and escaped quotes), value.
+# A trailing timestamp, if any, is ignored.
+_SAMPLE: Final = re.compile(
+    r'([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)'
+)
+
+_RUNNING: Final = ("vllm:num_requests_running",)
+_WAITING: Final = ("vllm:num_requests_waiting",)
+_KV_USAGE: Final = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+"""``gpu_cache_usage_perc`` is the name in vLLM before the V1 engine."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSignals:
+    """An engine's load as its metrics page reports it; ``None`` where not reported."""
+
+    running: int | None = None
+    """Requests in the engine's running batch."""
+    waiting: int | None = None
+    """Requests queued in the engine."""
+    kv_usage: float | None = None
+    """Fraction of the KV cache in use, 0..1."""
+
+
+def _samples(text: str) -> dict[str, list[float]]:
+    """Prometheus text format to ``{sample name: [value per label set]}``, finite values
+    only. Comments, blank lines and lines that do not parse are skipped."""
+    out: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        try:
+            value = float(m.group(2))
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            out.setdefault(m.group(1), []).append(value)
+    return out
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Prometheus text format to ``{sample name: value summed over label sets}``.
+
+    Never raises: lines that do not parse and non-finite values (``NaN``, ``+Inf``) are
+    skipped.
+    """
+    if not isinstance(text, str):
+        return {}
+    return {name: math.fsum(values) for name, values in _samples(text).items()}
+
+
+def parse_vllm_metrics(text: str) -> EngineSignals:
+    """The load signals on a vLLM ``/metrics`` page.
+
+    ``running`` and ``waiting`` are summed over label sets (several models or engines
+    behind one server); ``kv_usage`` is the largest over label sets, since the fullest
+    cache is the one that preempts (a sum of fractions would exceed 1). Metrics missing
+    from the page are ``None``; bad input gives all ``None``.
+    """
+    if not isinstance(text, str):
+        return EngineSignals()
+    samples = _samples(text)
+
+    def first(names: tuple[str, ...]) -> list[float] | None:
+        for name in names:
+            if name in samples:
+                return samples[name]
+        return None
+
+    running = first(_RUNNING)
+    waiting = first(_WAITING)
+    kv = first(_KV_USAGE)
+    return EngineSignals(
+        running=None if running is None else max(0, round(math.fsum(running))),
+        waiting=None if waiting is None else max(0, round(math.fsum(waiting))),
+        kv_usage=None if kv is None else min(max(max(kv), 0.0), 1.0),
+    )
