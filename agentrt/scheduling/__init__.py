@@ -1,5 +1,6 @@
 """Scheduling and routing: where and in which order calls go."""
 
+from ._admission import Admission, AdmissionStatistics
 from ._health import (
     DEFAULT_FAILURES_TO_DOWN,
     DEFAULT_PROBE_INTERVAL_S,
@@ -7,7 +8,9 @@ from ._health import (
     EndpointHealth,
     HealthStatistics,
 )
+from ._limiter import AIMDLimit, FixedLimit, GradientLimit, Limit, make_limit
 from ._priority import DEFAULT_LEVELS_S, plas_priority
+from ._queue import ATLAS, EDF, FCFS, MLFQ, PLAS, Policy, Ticket, make_policy
 from ._routing import (
     DEFAULT_CALL_COST_TOKENS,
     DEFAULT_PREFIX_CAPACITY,
@@ -26,24 +29,39 @@ from ._routing import (
 from ._signals import EngineSignals, parse_vllm_metrics
 
 __all__ = [
+    "ATLAS",
     "DEFAULT_CALL_COST_TOKENS",
     "DEFAULT_FAILURES_TO_DOWN",
     "DEFAULT_LEVELS_S",
     "DEFAULT_PREFIX_CAPACITY",
     "DEFAULT_PROBE_INTERVAL_S",
     "DEFAULT_WINDOW_S",
+    "EDF",
+    "FCFS",
+    "MLFQ",
+    "PLAS",
     "PREFIX_CUTS",
+    "AIMDLimit",
+    "Admission",
+    "AdmissionStatistics",
     "EndpointHealth",
     "EndpointLoad",
     "EngineSignals",
+    "FixedLimit",
+    "GradientLimit",
     "HashAffinity",
     "HealthStatistics",
     "LeastLoaded",
+    "Limit",
+    "Policy",
     "RoundRobin",
     "RouteKey",
     "Router",
     "SessionAffinity",
+    "Ticket",
     "load_score",
+    "make_limit",
+    "make_policy",
     "make_router",
     "parse_vllm_metrics",
     "plas_priority",
