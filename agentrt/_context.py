@@ -19,7 +19,14 @@ import anyio
 
 from ._errors import EndpointError, JobClosedError, SessionClosedError
 from ._protocol import validate_id, validate_nonneg
-from .telemetry._report import CallReport, JobReport, JobStatus, ToolReport, union_length
+from .telemetry._report import (
+    CallReport,
+    CallStatus,
+    JobReport,
+    JobStatus,
+    ToolReport,
+    union_length,
+)
 
 if TYPE_CHECKING:
     from openai import AsyncStream
@@ -63,13 +70,58 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{os.urandom(8).hex()}"
 
 
-@dataclass(eq=False)
+@dataclass(slots=True, eq=False)
 class _CallState:
-    """Mutable accounting for one call in flight; turned into a CallReport at the end."""
+    """One call's accounting while it is in flight: a plain slots object on the hot path,
+    turned into a :class:`CallReport` (pydantic) when the job's report is built."""
 
-    report: CallReport
+    call_id: str
+    session_id: str
+    session_name: str | None
+    turn: int
+    path: str
+    model: str | None
+    stream: bool
+    start_s: float
     started: float
+    """Clock time (``anyio.current_time()``) at which the call entered agentrt."""
+    priority: int | None = None
+    endpoint: str | None = None
+    queue_s: float = 0.0
+    ttft_s: float | None = None
+    latency_s: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    attempts: int = 0
+    http_status: int | None = None
+    status: CallStatus = "ok"
+    error: str | None = None
     done: bool = False
+
+    def to_report(self) -> CallReport:
+        return CallReport(
+            call_id=self.call_id,
+            session_id=self.session_id,
+            session_name=self.session_name,
+            turn=self.turn,
+            endpoint=self.endpoint,
+            path=self.path,
+            model=self.model,
+            stream=self.stream,
+            start_s=self.start_s,
+            queue_s=self.queue_s,
+            ttft_s=self.ttft_s,
+            latency_s=self.latency_s,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            cached_tokens=self.cached_tokens,
+            attempts=self.attempts,
+            http_status=self.http_status,
+            status=self.status,
+            error=self.error,
+            priority=self.priority,
+        )
 
 
 class Session:
@@ -202,18 +254,17 @@ class Session:
 
     # -- used by the transport -----------------------------------------------------------
 
-    def _begin_turn(self) -> tuple[int, float | None, float | None, float | None]:
+    def _begin_turn(self, now: float) -> tuple[int, float | None, float | None, float | None]:
         """Claim the next turn: (turn, idle_s, idle_declared_s, idle_expected_s)."""
         turn = self._turns
         self._turns += 1
-        now = anyio.current_time()
         idle = None if self._last_reply_at is None else max(0.0, now - self._last_reply_at)
         declared, self._idle_declared = self._idle_declared, None
         expected, self._expect_idle = self._expect_idle, None
         return turn, idle, declared, expected
 
-    def _replied(self) -> None:
-        self._last_reply_at = anyio.current_time()
+    def _replied(self, now: float) -> None:
+        self._last_reply_at = now
 
 
 def _raise_endpoint_error(exc: Exception) -> None:
@@ -319,20 +370,19 @@ class Job:
             if not call.done:
                 # A call whose reply was never consumed to the end: count it as ended now.
                 call.done = True
-                rep = call.report
-                rep.latency_s = end - call.started
-                if rep.status == "ok":
-                    rep.status = "cancelled" if status == "cancelled" else "error"
-                    rep.error = rep.error or "the job ended before the reply was read"
+                call.latency_s = end - call.started
+                if call.status == "ok":
+                    call.status = "cancelled" if status == "cancelled" else "error"
+                    call.error = call.error or "the job ended before the reply was read"
         self._report = self._build_report(status, error, end)
         return self._report
 
     def _build_report(self, status: JobStatus, error: str | None, end: float) -> JobReport:
-        calls = [c.report for c in self._calls]
+        calls = [c.to_report() for c in self._calls]
         intervals = []
         for c in self._calls:
-            if c.report.latency_s is not None:
-                intervals.append((c.started, c.started + c.report.latency_s))
+            if c.latency_s is not None:
+                intervals.append((c.started, c.started + c.latency_s))
             elif not c.done:
                 intervals.append((c.started, end))
         return JobReport(
@@ -356,6 +406,6 @@ class Job:
             retries=sum(max(0, c.attempts - 1) for c in calls),
             deadline_s=self.deadline_s,
             metadata=self.metadata,
-            call_reports=[c.model_copy() for c in calls],
+            call_reports=calls,
             tool_reports=list(self._tools),
         )

@@ -11,7 +11,7 @@ import math
 import re
 from typing import Final
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "HEADER_PREFIX",
@@ -106,7 +106,7 @@ class CallMetadata(BaseModel):
     """Scheduling class, lower runs first; None when priorities are not sent."""
     expected_output_tokens: int | None = None
     """``max_tokens`` / ``max_completion_tokens`` of the request, when given."""
-    echo: dict[str, str] = {}
+    echo: dict[str, str] = Field(default_factory=dict)
     """Response headers the session's dialect asked to echo back (e.g. llm-d's token)."""
 
 

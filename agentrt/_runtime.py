@@ -6,7 +6,7 @@ import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
@@ -44,10 +44,21 @@ class _EndpointState:
     dialect: Dialect
     load: EndpointLoad
 
+    urls: dict[str, httpx.URL] = field(default_factory=dict)
+    """Parsed URLs by path suffix (a handful: chat/completions, completions, models)."""
+
     def url_for(self, suffix: str, original: httpx.URL) -> httpx.URL:
         """This endpoint's URL for a request path suffix, keeping the query."""
-        url = type(original)(self.endpoint.url + suffix)  # the request's own library
-        return url.copy_with(query=original.query) if original.query else url
+        if original.query:
+            url = type(original)(self.endpoint.url + suffix)  # the request's own library
+            return url.copy_with(query=original.query)
+        cached = self.urls.get(suffix)
+        if cached is not None and type(cached) is type(original):
+            return cached
+        url = type(original)(self.endpoint.url + suffix)
+        if len(self.urls) < 64:
+            self.urls[suffix] = url
+        return url
 
 
 @dataclass(slots=True)
@@ -100,12 +111,14 @@ class _Core:
         return None
 
     def route(self, session: Session, avoid: Collection[int]) -> int:
-        loads = [e.load for e in self.endpoints]
-        index = self.router.choose(loads, session, avoid) if len(loads) > 1 else 0
+        endpoints = self.endpoints
+        index = 0
+        if len(endpoints) > 1:
+            index = self.router.choose([e.load for e in endpoints], session, avoid)
         if session.endpoint_index != index:
             if session.endpoint_index is not None:
-                loads[session.endpoint_index].sessions -= 1
-            loads[index].sessions += 1
+                endpoints[session.endpoint_index].load.sessions -= 1
+            endpoints[index].load.sessions += 1
             session.endpoint_index = index
         return index
 
@@ -139,14 +152,14 @@ class _Core:
     def end_implicit(self, job: Job) -> None:
         if job._closed:
             return
-        statuses = {c.report.status for c in job._calls}
+        statuses = {c.status for c in job._calls}
         status: JobStatus = "ok"
         error = None
         if "cancelled" in statuses:
             status, error = "cancelled", "cancelled"
         elif "error" in statuses:
             status = "error"
-            error = next((c.report.error for c in job._calls if c.report.error), None)
+            error = next((c.error for c in job._calls if c.error), None)
         self.job_ended(job, status, error)
 
 

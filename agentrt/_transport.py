@@ -31,7 +31,7 @@ from ._context import Job, Session, _CallState, current_session, new_id
 from ._errors import EndpointError
 from ._protocol import CallMetadata
 from .scheduling._priority import plas_priority
-from .telemetry._report import CallReport
+from .telemetry._report import CallStatus
 
 if TYPE_CHECKING:
     from ._runtime import SyncRuntime, _Core, _EndpointState
@@ -42,6 +42,28 @@ RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 _DROP_HEADERS = frozenset({b"content-length", b"host"})
 _DROP_HEADERS_AUTH = _DROP_HEADERS | {b"authorization"}
 _USAGE_KEY = b'"usage"'
+_JSON = json.JSONDecoder()
+
+
+def _usage_of(raw: bytes) -> Any:
+    """The ``usage`` object of a JSON reply, parsed from the reply's tail only.
+
+    OpenAI-compatible servers put ``usage`` after ``choices``; parsing just that object
+    keeps the cost flat however long the completion is. Falls back to a full parse when
+    the tail is not a plain object."""
+    i = raw.rfind(_USAGE_KEY)
+    if i >= 0:
+        j = raw.find(b"{", i + 7)
+        if j > 0 and raw[i + 7 : j].strip() == b":":
+            try:
+                return _JSON.raw_decode(raw[j:].decode("utf-8"))[0]
+            except ValueError:
+                pass
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return data.get("usage") if isinstance(data, dict) else None
 
 
 class _RetryableStatus(Exception):
@@ -74,7 +96,7 @@ def _retry_after(headers: httpx.Headers) -> float | None:
         return None  # HTTP-date form: fall back to exponential backoff
 
 
-def _usage_into(report: CallReport, usage: Any) -> None:
+def _usage_into(report: _CallState, usage: Any) -> None:
     if not isinstance(usage, dict):
         return
     pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
@@ -113,6 +135,12 @@ class HttpLib:
         self.mod: Any = mod
         self.name = mod.__name__
         self.transport_errors: tuple[type[Exception], ...] = (mod.TransportError, OSError)
+        # Requests are copied shallowly and their headers edited through Headers' raw list
+        # when the library has one (httpx and httpx2 both do); otherwise each attempt
+        # builds a new request.
+        self.raw_headers = isinstance(getattr(mod.Headers(), "_list", None), list) and hasattr(
+            mod.Request("GET", "http://x/"), "__dict__"
+        )
         self.AgentTransport: Any = self._derive(AgentTransport, mod.AsyncBaseTransport)
         self.ObservedStream: Any = self._derive(_ObservedStream, mod.AsyncByteStream)
         self.SharedTransport: Any = self._derive(_SharedTransport, mod.AsyncBaseTransport)
@@ -172,6 +200,7 @@ class AgentTransport:
     def __init__(self, core: _Core, inner: httpx.AsyncBaseTransport) -> None:
         self._core = core
         self._inner = inner
+        self._placeholder = f"Bearer {core.placeholder_key}".encode()
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -188,252 +217,76 @@ class AgentTransport:
             implicit = core.implicit_job()
             session = implicit._new_session(None, None, None)
         try:
-            return await self._handle(request, route[0], route[1], session, implicit)
+            session._check_usable()
+            call = _Call(self, request, route[0], route[1], session, implicit)
+            return await call.run()
         except BaseException:
             if implicit is not None and not implicit._closed:
                 core.end_implicit(implicit)
             raise
 
-    async def _handle(
+    def _prepare(
         self,
         request: httpx.Request,
-        base: str,
-        suffix: str,
-        session: Session,
-        implicit: Job | None,
-    ) -> httpx.Response:
-        core = self._core
-        job = session.job
-        session._check_usable()
-        body: dict[str, Any] | None = None
-        if request.method == "POST" and request.content:
-            try:
-                parsed = json.loads(request.content)
-            except ValueError:
-                parsed = None
-            if isinstance(parsed, dict):
-                body = parsed
-        stream = bool(body.get("stream")) if body else False
-        max_out = None
-        if body:
-            for key in ("max_completion_tokens", "max_tokens"):
-                if isinstance(body.get(key), int):
-                    max_out = body[key]
-                    break
+        url: httpx.URL,
+        add: dict[str, str],
+        key: str | None,
+        content: bytes | None,
+    ) -> httpx.Request:
+        """The request to send for one attempt: the caller's, with the dialect's headers
+        (replacing any of the same name), the endpoint's key, and the new body if any.
 
-        now = anyio.current_time()
-        turn, idle_s, declared, expected = session._begin_turn()
-        program = core.program(job.program_id)
-        call_id = new_id("call")
-        priority = plas_priority(program.service_s) if core.send_priority else None
-        report = CallReport(
-            call_id=call_id,
-            session_id=session.id,
-            session_name=session.name,
-            turn=turn,
-            path=suffix,
-            model=body.get("model") if body and isinstance(body.get("model"), str) else None,
-            stream=stream,
-            start_s=now - job._t0,
-            priority=priority,
-        )
-        state = _CallState(report=report, started=now)
-        job._calls.append(state)
-        meta_base = CallMetadata(
-            call_id=call_id,
-            job_id=job.id,
-            session_id=session.id,
-            program_id=job.program_id,
-            parent_session_id=session.parent_id,
-            turn=turn,
-            first_turn=turn == 0,
-            service_s=program.service_s,
-            service_tokens=program.service_tokens,
-            idle_expected_s=expected,
-            idle_s=idle_s,
-            idle_declared_s=declared,
-            priority=priority,
-            expected_output_tokens=max_out,
-        )
-
+        Building a second request the usual way would cost a URL parse and a header
+        normalisation pass on every call; a shallow copy with a copied header list costs
+        about a microsecond."""
         lib = self._lib
-        failed: set[int] = set()
-        last: list[int] = [-1]
-        placeholder = f"Bearer {core.placeholder_key}".encode()
-
-        async def attempt() -> httpx.Response:
-            index = core.route(session, failed)
-            last[0] = index
-            ep = core.endpoints[index]
-            report.attempts += 1
-            report.endpoint = ep.endpoint.url
-            meta = (
-                meta_base.model_copy(update={"echo": dict(session.echo)})
-                if session.echo
-                else meta_base
-            )
-            enc = ep.dialect.encode(meta, core.dialect_options)
-            # Raw header tuples: far cheaper than httpx.Headers edits on the hot path.
-            key = ep.endpoint.api_key if ep.endpoint.api_key is not None else core.api_key
-            drop = _DROP_HEADERS if key is None else _DROP_HEADERS_AUTH
-            names = frozenset(k.encode() for k in enc.headers)  # dialects emit lower case
+        new = [(k.encode(), v.encode()) for k, v in add.items()]  # dialects emit lower case
+        if key is not None:
+            new.append((b"authorization", f"Bearer {key}".encode()))
+        if content is not None:
+            new.append((b"content-length", str(len(content)).encode()))
+        if url is not request.url:
+            new.append((b"host", url.netloc))
+        names = {k for k, _ in new}
+        placeholder = self._placeholder
+        if not lib.raw_headers:
+            # A library whose Headers keeps no raw list: build a fresh request.
             headers = [
                 (k, v)
                 for k, v in request.headers.raw
-                if (lk := k.lower()) not in drop
-                and lk not in names
+                if (lk := k.lower()) not in names
                 and not (lk == b"authorization" and v == placeholder)
             ]
-            headers.extend((k.encode(), v.encode()) for k, v in enc.headers.items())
-            if key is not None:
-                headers.append((b"authorization", f"Bearer {key}".encode()))
-            if body is not None and enc.body:
-                send_body = dict(body)
-                _merge_body(send_body, enc.body)
-                content = json.dumps(send_body, separators=(",", ":")).encode()
-            else:
-                content = request.content
-            url = request.url if ep.endpoint.url == base else ep.url_for(suffix, request.url)
-            out = lib.mod.Request(
+            headers.extend(new)
+            return lib.mod.Request(  # type: ignore[no-any-return]
                 request.method,
                 url,
                 headers=headers,
-                content=content,
+                content=request.content if content is None else content,
                 extensions=request.extensions,
             )
-            ep.load.in_flight += 1
-            released = False
-            try:
-                response = await self._inner.handle_async_request(out)
-            except lib.transport_errors as exc:
-                ep.load.in_flight -= 1
-                released = True
-                failed.add(index)
-                raise _RetryableError(exc, index) from exc
-            except BaseException:
-                ep.load.in_flight -= 1
-                raise
-            try:
-                report.http_status = response.status_code
-                if response.status_code in RETRY_STATUS:
-                    await response.aread()
-                    raise _RetryableStatus(response, _retry_after(response.headers))
-            except BaseException:
-                if not released:
-                    ep.load.in_flight -= 1
-                await response.aclose()
-                raise
-            for name in ep.dialect.echo_headers:
-                value = response.headers.get(name)
-                if value is not None and len(value) <= 1024 and "\r" not in value:
-                    session.echo[name] = value
-            return response
-
-        retry = core.retry
-
-        def backoff(n: int, exc: BaseException | None) -> float:
-            """The wait after failed attempt ``n``."""
-            delay = min(retry.wait_max, retry.wait_initial * 2 ** (n - 1))
-            delay += random.uniform(0.0, retry.wait_jitter) if retry.wait_jitter else 0.0
-            if isinstance(exc, _RetryableStatus) and exc.retry_after is not None:
-                delay = max(delay, min(exc.retry_after, retry.retry_after_max))
-            return float(delay)
-
-        def wait(rs: RetryCallState) -> float:
-            # tenacity numbers its attempts from the second one (the first ran outside).
-            exc = rs.outcome.exception() if rs.outcome else None
-            return backoff(rs.attempt_number + 1, exc)
-
-        async def attempts() -> httpx.Response:
-            # The first attempt runs outside tenacity: most calls succeed at once, and the
-            # retry machinery costs tens of microseconds per call.
-            try:
-                return await attempt()
-            except (_RetryableStatus, _RetryableError) as first:
-                if retry.attempts == 1:
-                    raise
-                await anyio.sleep(backoff(1, first))
-            out: httpx.Response | None = None
-            async for at in AsyncRetrying(
-                stop=stop_after_attempt(retry.attempts - 1),
-                wait=wait,
-                retry=retry_if_exception_type((_RetryableStatus, _RetryableError)),
-                sleep=anyio.sleep,
-                reraise=True,
-            ):
-                with at:
-                    out = await attempt()
-            assert out is not None
-            return out
-
-        response: httpx.Response | None = None
-        try:
-            try:
-                response = await attempts()
-            except _RetryableStatus as exc:
-                # Out of attempts: hand the last error reply to the caller (openai raises
-                # its usual typed error from it).
-                response = exc.response
-                self._finish(state, session, "error", f"HTTP {response.status_code}")
-                return self._rebuild(response, response.content)
-            except _RetryableError as exc:
-                url = core.endpoints[exc.endpoint].endpoint.url
-                message = (
-                    f"endpoint {url} failed after {report.attempts} attempt(s): "
-                    f"{type(exc.error).__name__}: {exc.error}"
-                )
-                self._finish(state, session, "error", message)
-                raise EndpointError(message, endpoint=url, attempts=report.attempts) from (
-                    exc.error
-                )
-        except anyio.get_cancelled_exc_class():
-            self._finish(state, session, "cancelled", "cancelled")
-            raise
-        except EndpointError:
-            raise
-        except BaseException as exc:
-            self._finish(state, session, "error", f"{type(exc).__name__}: {exc}")
-            raise
-
-        assert response is not None
-        ep = core.endpoints[last[0]]
-        if stream and response.status_code < 300:
-            response.stream = self._lib.ObservedStream(self, response, state, session, ep, implicit)
-            return response
-        try:
-            raw = await response.aread()
-        except BaseException as exc:
-            ep.load.in_flight -= 1
-            await response.aclose()
-            status = "cancelled" if isinstance(exc, anyio.get_cancelled_exc_class()) else "error"
-            self._finish(state, session, status, f"{type(exc).__name__}: {exc}")
-            if implicit is not None:
-                core.end_implicit(implicit)
-            raise
-        ep.load.in_flight -= 1
-        if response.status_code < 300:
-            try:
-                data = json.loads(raw)
-            except ValueError:
-                data = None
-            if not isinstance(data, dict):
-                ctype = response.headers.get("content-type", "?")
-                message = (
-                    f"endpoint {ep.endpoint.url} did not answer like an OpenAI-compatible "
-                    f"server: HTTP {response.status_code}, content-type {ctype}, "
-                    f"body starts {raw[:80]!r}"
-                )
-                self._finish(state, session, "error", message)
-                if implicit is not None:
-                    core.end_implicit(implicit)
-                raise EndpointError(message, endpoint=ep.endpoint.url, attempts=report.attempts)
-            _usage_into(report, data.get("usage"))
-            self._finish(state, session, "ok", None)
-        else:
-            self._finish(state, session, "error", f"HTTP {response.status_code}")
-        if implicit is not None:
-            core.end_implicit(implicit)
-        return self._rebuild(response, raw)
+        # A shallow copy of the caller's request with its own header list: no URL parse,
+        # no header normalisation, and the caller's request stays as it was.
+        out = object.__new__(type(request))
+        out.__dict__.update(request.__dict__)
+        headers_obj = lib.mod.Headers(request.headers)  # copies the raw list
+        raw: list[tuple[bytes, bytes, bytes]] = headers_obj._list
+        keys = [h[1] for h in raw]
+        if not names.isdisjoint(keys) or (
+            b"authorization" in keys and raw[keys.index(b"authorization")][2] == placeholder
+        ):
+            raw[:] = [
+                h
+                for h in raw
+                if h[1] not in names and not (h[1] == b"authorization" and h[2] == placeholder)
+            ]
+        raw.extend([(k, k, v) for k, v in new])
+        out.headers = headers_obj
+        out.url = url
+        if content is not None:
+            out.stream = lib.mod.ByteStream(content)
+            out._content = content
+        return out
 
     def _rebuild(self, response: httpx.Response, content: bytes) -> httpx.Response:
         """The reply, read, handed on with its (decoded) body."""
@@ -453,20 +306,275 @@ class AgentTransport:
             extensions=response.extensions,
         )
 
-    def _finish(self, state: _CallState, session: Session, status: Any, error: str | None) -> None:
-        if state.done:
-            return
-        state.done = True
+
+class _Call:
+    """One call through the transport: its metadata, its attempts, its accounting."""
+
+    __slots__ = (
+        "base",
+        "body",
+        "core",
+        "ended",
+        "ep",
+        "failed",
+        "implicit",
+        "meta",
+        "request",
+        "session",
+        "state",
+        "suffix",
+        "transport",
+    )
+
+    def __init__(
+        self,
+        transport: AgentTransport,
+        request: httpx.Request,
+        base: str,
+        suffix: str,
+        session: Session,
+        implicit: Job | None,
+    ) -> None:
+        self.transport = transport
+        self.core = core = transport._core
+        self.request = request
+        self.base = base
+        self.suffix = suffix
+        self.session = session
+        self.implicit = implicit
+        self.ep: _EndpointState | None = None
+        """The endpoint of the attempt in flight, counted in its load until released."""
+        self.failed: set[int] = set()
+        self.ended = False
+        job = session.job
+        body: dict[str, Any] | None = None
+        content = request.content if request.method == "POST" else b""
+        if content:
+            try:
+                parsed = json.loads(content)
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, dict):
+                body = parsed
+        self.body = body
+        stream = False
+        max_out = model = None
+        if body:
+            stream = body.get("stream") is True
+            model = body.get("model")
+            if not isinstance(model, str):
+                model = None
+            max_out = body.get("max_completion_tokens")
+            if not isinstance(max_out, int):
+                max_out = body.get("max_tokens")
+                if not isinstance(max_out, int):
+                    max_out = None
+
         now = anyio.current_time()
-        rep = state.report
-        rep.latency_s = now - state.started
-        rep.status = status
-        rep.error = error
-        program = self._core.program(session.job.program_id)
-        program.service_s += rep.latency_s
-        program.service_tokens += (rep.prompt_tokens or 0) + (rep.completion_tokens or 0)
-        if status == "ok":
-            session._replied()
+        turn, idle_s, declared, expected = session._begin_turn(now)
+        program = core.program(job.program_id)
+        call_id = new_id("call")
+        priority = plas_priority(program.service_s) if core.send_priority else None
+        self.state = _CallState(
+            call_id,
+            session.id,
+            session.name,
+            turn,
+            suffix,
+            model,
+            stream,
+            now - job._t0,
+            now,
+            priority,
+        )
+        job._calls.append(self.state)
+        self.meta = CallMetadata(
+            call_id=call_id,
+            job_id=job.id,
+            session_id=session.id,
+            program_id=job.program_id,
+            parent_session_id=session.parent_id,
+            turn=turn,
+            first_turn=turn == 0,
+            service_s=program.service_s,
+            service_tokens=program.service_tokens,
+            idle_expected_s=expected,
+            idle_s=idle_s,
+            idle_declared_s=declared,
+            priority=priority,
+            expected_output_tokens=max_out,
+        )
+
+    # -- sending ------------------------------------------------------------------------
+
+    async def _attempt(self) -> httpx.Response:
+        core, session, state = self.core, self.session, self.state
+        index = core.route(session, self.failed)
+        ep = core.endpoints[index]
+        state.attempts += 1
+        state.endpoint = ep.endpoint.url
+        meta = self.meta
+        if session.echo:
+            meta = meta.model_copy(update={"echo": dict(session.echo)})
+        enc = ep.dialect.encode(meta, core.dialect_options)
+        key = ep.endpoint.api_key if ep.endpoint.api_key is not None else core.api_key
+        content = None
+        if self.body is not None and enc.body:
+            send_body = dict(self.body)
+            _merge_body(send_body, enc.body)
+            content = json.dumps(send_body, separators=(",", ":")).encode()
+        request = self.request
+        url = request.url if ep.endpoint.url == self.base else ep.url_for(self.suffix, request.url)
+        transport = self.transport
+        out = transport._prepare(request, url, enc.headers, key, content)
+        ep.load.in_flight += 1
+        self.ep = ep
+        try:
+            response = await transport._inner.handle_async_request(out)
+        except transport._lib.transport_errors as exc:
+            self._release()
+            self.failed.add(index)
+            raise _RetryableError(exc, index) from exc
+        except BaseException:
+            self._release()
+            raise
+        try:
+            state.http_status = status = response.status_code
+            if status in RETRY_STATUS:
+                await response.aread()
+                raise _RetryableStatus(response, _retry_after(response.headers))
+        except BaseException:
+            self._release()
+            await response.aclose()
+            raise
+        for name in ep.dialect.echo_headers:
+            value = response.headers.get(name)
+            if value is not None and len(value) <= 1024 and "\r" not in value:
+                session.echo[name] = value
+        return response
+
+    def _backoff(self, n: int, exc: BaseException | None) -> float:
+        """The wait after failed attempt ``n``."""
+        retry = self.core.retry
+        delay = min(retry.wait_max, retry.wait_initial * 2 ** (n - 1))
+        delay += random.uniform(0.0, retry.wait_jitter) if retry.wait_jitter else 0.0
+        if isinstance(exc, _RetryableStatus) and exc.retry_after is not None:
+            delay = max(delay, min(exc.retry_after, retry.retry_after_max))
+        return float(delay)
+
+    def _wait(self, rs: RetryCallState) -> float:
+        # tenacity numbers its attempts from the second one (the first ran outside).
+        exc = rs.outcome.exception() if rs.outcome else None
+        return self._backoff(rs.attempt_number + 1, exc)
+
+    async def _attempts(self) -> httpx.Response:
+        # The first attempt runs outside tenacity: most calls succeed at once, and the
+        # retry machinery costs tens of microseconds per call.
+        retry = self.core.retry
+        try:
+            return await self._attempt()
+        except (_RetryableStatus, _RetryableError) as first:
+            if retry.attempts == 1:
+                raise
+            await anyio.sleep(self._backoff(1, first))
+        out: httpx.Response | None = None
+        async for at in AsyncRetrying(
+            stop=stop_after_attempt(retry.attempts - 1),
+            wait=self._wait,
+            retry=retry_if_exception_type((_RetryableStatus, _RetryableError)),
+            sleep=anyio.sleep,
+            reraise=True,
+        ):
+            with at:
+                out = await self._attempt()
+        assert out is not None
+        return out
+
+    async def run(self) -> httpx.Response:
+        """Send the call (with retries) and observe its reply."""
+        state = self.state
+        transport = self.transport
+        try:
+            try:
+                response = await self._attempts()
+            except _RetryableStatus as exc:
+                # Out of attempts: hand the last error reply to the caller (openai raises
+                # its usual typed error from it).
+                response = exc.response
+                self._end("error", f"HTTP {response.status_code}")
+                return transport._rebuild(response, response.content)
+            except _RetryableError as exc:
+                url = self.core.endpoints[exc.endpoint].endpoint.url
+                message = (
+                    f"endpoint {url} failed after {state.attempts} attempt(s): "
+                    f"{type(exc.error).__name__}: {exc.error}"
+                )
+                self._end("error", message)
+                raise EndpointError(message, endpoint=url, attempts=state.attempts) from (exc.error)
+        except anyio.get_cancelled_exc_class():
+            self._end("cancelled", "cancelled")
+            raise
+        except EndpointError:
+            raise
+        except BaseException as exc:
+            self._end("error", f"{type(exc).__name__}: {exc}")
+            raise
+
+        if state.stream and response.status_code < 300:
+            response.stream = transport._lib.ObservedStream(self, response)
+            return response
+        try:
+            raw = await response.aread()
+        except BaseException as exc:
+            await response.aclose()
+            cancelled = isinstance(exc, anyio.get_cancelled_exc_class())
+            self._end("cancelled" if cancelled else "error", f"{type(exc).__name__}: {exc}")
+            raise
+        if response.status_code >= 300:
+            self._end("error", f"HTTP {response.status_code}")
+        elif raw.lstrip()[:1] != b"{":
+            url = self.ep.endpoint.url if self.ep is not None else self.base
+            ctype = response.headers.get("content-type", "?")
+            message = (
+                f"endpoint {url} did not answer like an OpenAI-compatible server: "
+                f"HTTP {response.status_code}, content-type {ctype}, body starts {raw[:80]!r}"
+            )
+            self._end("error", message)
+            raise EndpointError(message, endpoint=url, attempts=state.attempts)
+        else:
+            _usage_into(state, _usage_of(raw))
+            self._end("ok", None)
+        return transport._rebuild(response, raw)
+
+    # -- ending ---------------------------------------------------------------------------
+
+    def _release(self) -> None:
+        """The attempt in flight is over: its endpoint no longer carries it."""
+        ep = self.ep
+        if ep is not None:
+            ep.load.in_flight -= 1
+            self.ep = None
+
+    def _end(self, status: CallStatus, error: str | None) -> None:
+        """The call is over (once): release its endpoint, account it, end an implicit job."""
+        if self.ended:
+            return
+        self.ended = True
+        self._release()
+        state = self.state
+        if not state.done:
+            state.done = True
+            now = anyio.current_time()
+            state.latency_s = latency = now - state.started
+            state.status = status
+            state.error = error
+            program = self.core.program(self.session.job.program_id)
+            program.service_s += latency
+            program.service_tokens += (state.prompt_tokens or 0) + (state.completion_tokens or 0)
+            if status == "ok":
+                self.session._replied(now)
+        if self.implicit is not None:
+            self.core.end_implicit(self.implicit)
 
 
 class _ObservedStream:
@@ -474,27 +582,16 @@ class _ObservedStream:
 
     _lib: HttpLib
 
-    def __init__(
-        self,
-        transport: AgentTransport,
-        response: httpx.Response,
-        state: _CallState,
-        session: Session,
-        ep: _EndpointState,
-        implicit: Job | None,
-    ) -> None:
-        self._transport = transport
+    def __init__(self, call: _Call, response: httpx.Response) -> None:
         inner = response.stream
         if not isinstance(inner, self._lib.mod.AsyncByteStream):
             raise TypeError("agentrt needs an async transport underneath")
         self._inner = inner
-        self._state = state
-        self._session = session
-        self._ep = ep
-        self._implicit = implicit
+        self._call = call
+        self._state = call.state
+        self._url = call.ep.endpoint.url if call.ep is not None else call.base
         self._parse = "content-encoding" not in response.headers
         self._tail = b""
-        self._closed = False
         self._complete = False
         self._it: AsyncIterator[bytes] | None = None
 
@@ -508,28 +605,26 @@ class _ObservedStream:
 
     async def __anext__(self) -> bytes:
         assert self._it is not None
-        rep = self._state.report
+        state = self._state
         try:
             chunk = await self._it.__anext__()
         except StopAsyncIteration:
             self._complete = True
-            self._end("ok", None)
+            self._call._end("ok", None)
             raise
         except anyio.get_cancelled_exc_class():
-            self._end("cancelled", "cancelled mid-stream")
+            self._call._end("cancelled", "cancelled mid-stream")
             raise
         except self._lib.transport_errors as exc:
-            message = f"endpoint {self._ep.endpoint.url} broke off the stream: {exc!r}"
-            self._end("error", message)
-            raise EndpointError(
-                message, endpoint=self._ep.endpoint.url, attempts=rep.attempts
-            ) from exc
-        if rep.ttft_s is None and chunk:
-            rep.ttft_s = anyio.current_time() - self._state.started
+            message = f"endpoint {self._url} broke off the stream: {exc!r}"
+            self._call._end("error", message)
+            raise EndpointError(message, endpoint=self._url, attempts=state.attempts) from exc
+        if state.ttft_s is None and chunk:
+            state.ttft_s = anyio.current_time() - state.started
         if self._parse:
             self._scan(chunk)
             if self._complete:
-                self._end("ok", None)  # [DONE] seen: the reply is complete
+                self._call._end("ok", None)  # [DONE] seen: the reply is complete
         return chunk
 
     def _scan(self, chunk: bytes) -> None:
@@ -545,25 +640,16 @@ class _ObservedStream:
                 except ValueError:
                     continue
                 if isinstance(obj, dict):
-                    _usage_into(self._state.report, obj.get("usage"))
-
-    def _end(self, status: str, error: str | None) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._ep.load.in_flight -= 1
-        self._transport._finish(self._state, self._session, status, error)
-        if self._implicit is not None:
-            self._transport._core.end_implicit(self._implicit)
+                    _usage_into(self._state, obj.get("usage"))
 
     async def aclose(self) -> None:
         try:
             await self._inner.aclose()
         finally:
             if self._complete:
-                self._end("ok", None)
+                self._call._end("ok", None)
             else:
-                self._end("error", "the stream was closed before it ended")
+                self._call._end("error", "the stream was closed before it ended")
 
 
 class _SharedTransport:

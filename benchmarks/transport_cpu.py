@@ -1,8 +1,10 @@
 """agentrt's own CPU cost per call, without a network: a bare openai client against
-agentrt's session.chat, both over the same in-process mock server and the same (legacy
-httpx) HTTP stack, so the difference is agentrt's transport, context and accounting.
+agentrt's session.chat, both over the same in-process mock server and the same HTTP
+library (``--lib httpx2``, openai 3.x's own stack, or legacy ``httpx``), so the
+difference is agentrt's transport, context and accounting.
 
     .venv/bin/python benchmarks/transport_cpu.py --calls 3000 --rounds 3
+    .venv/bin/python benchmarks/transport_cpu.py --lib httpx
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ import statistics
 import sys
 import time
 
+import importlib
+from types import ModuleType
+from typing import Any
+
 import anyio
-import httpx
 import openai
 
 import agentrt
@@ -31,12 +36,15 @@ BODY = {
 URL = "http://engine.test/v1"
 
 
-def handler(request: httpx.Request) -> httpx.Response:
-    return httpx.Response(200, json=BODY)
+def mock(lib: ModuleType) -> Any:
+    def handler(request: Any) -> Any:
+        return lib.Response(200, json=BODY)
+
+    return lib.MockTransport(handler)
 
 
-async def plain(n: int) -> float:
-    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+async def plain(lib: ModuleType, n: int) -> float:
+    http = lib.AsyncClient(transport=mock(lib))
     client = openai.AsyncOpenAI(
         base_url=URL,
         api_key="x",
@@ -51,8 +59,8 @@ async def plain(n: int) -> float:
     return (time.process_time() - t) / n * 1e6
 
 
-async def with_agentrt(n: int) -> float:
-    transport = httpx.MockTransport(handler)
+async def with_agentrt(lib: ModuleType, n: int) -> float:
+    transport = mock(lib)
     async with agentrt.Runtime([URL], transport=transport, keep_reports=0) as rt:
         async with rt.job("bench") as job, job.session() as s:
             t = time.process_time()
@@ -65,11 +73,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--lib", choices=("httpx2", "httpx"), default="httpx2")
     args = parser.parse_args()
+    lib = importlib.import_module(args.lib)
     added = []
     for i in range(args.rounds):
-        p = anyio.run(plain, args.calls)
-        a = anyio.run(with_agentrt, args.calls)
+        p = anyio.run(plain, lib, args.calls)
+        a = anyio.run(with_agentrt, lib, args.calls)
         added.append(a - p)
         print(f"round {i}: openai {p:.0f} µs/call, agentrt {a:.0f} µs/call, added {a - p:.0f} µs")
     print(f"median added CPU per call: {statistics.median(added):.0f} µs")
