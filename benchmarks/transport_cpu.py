@@ -10,11 +10,10 @@ difference is agentrt's transport, context and accounting.
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import sys
 import time
-
-import importlib
 from types import ModuleType
 from typing import Any
 
