@@ -37,13 +37,16 @@ class Endpoint:
 
     ``dialect`` overrides the runtime's dialect for this endpoint; ``api_key`` overrides
     the runtime's key (it never appears in ``repr``, logs or reports); ``weight`` scales
-    the endpoint's share of new sessions under load-based routing.
+    the endpoint's share of new sessions under load-based routing; ``send_priority``
+    overrides the runtime's ``send_priority`` (engine-level priorities, only for servers
+    started with priority scheduling).
     """
 
     url: str
     dialect: DialectSpec | None = None
     api_key: str | None = field(default=None, repr=False)
     weight: float = 1.0
+    send_priority: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "url", _check_url(self.url))

@@ -97,6 +97,7 @@ class _CallState:
     http_status: int | None = None
     status: CallStatus = "ok"
     error: str | None = None
+    moved: bool = False
     done: bool = False
 
     def to_report(self) -> CallReport:
@@ -121,6 +122,7 @@ class _CallState:
             status=self.status,
             error=self.error,
             priority=self.priority,
+            moved=self.moved,
         )
 
 
@@ -226,6 +228,8 @@ class Session:
         expected = validate_nonneg(expected_s, "expected_s")
         self._check_usable()
         now = anyio.current_time()
+        for e in self.job._core.endpoints:
+            e.admission.policy.on_tool(self.job.id, self.id)
         if expected is not None:
             self._idle_declared = (self._idle_declared or 0.0) + expected
         self._tool_depth += 1
@@ -404,6 +408,7 @@ class Job:
             completion_tokens=sum(c.completion_tokens or 0 for c in calls),
             cached_tokens=sum(c.cached_tokens or 0 for c in calls),
             retries=sum(max(0, c.attempts - 1) for c in calls),
+            session_moves=sum(c.moved for c in calls),
             deadline_s=self.deadline_s,
             metadata=self.metadata,
             call_reports=calls,

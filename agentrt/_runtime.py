@@ -9,9 +9,10 @@ from contextlib import AbstractContextManager, asynccontextmanager, contextmanag
 from dataclasses import dataclass, field
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
 
 import anyio
+import anyio.abc
 import httpx
 import openai
 from anyio.from_thread import BlockingPortal, start_blocking_portal
@@ -21,7 +22,12 @@ from ._context import Job, Session
 from ._errors import AgentrtError
 from ._transport import HttpLib, http_lib
 from .dialects import Dialect, DialectOptions, DialectSpec, resolve_dialect
-from .scheduling._routing import EndpointLoad, Router, make_router
+from .scheduling._admission import Admission
+from .scheduling._health import DEFAULT_PROBE_INTERVAL_S, EndpointHealth
+from .scheduling._limiter import make_limit
+from .scheduling._queue import Policy, make_policy
+from .scheduling._routing import EndpointLoad, RouteKey, Router, SessionAffinity, make_router
+from .scheduling._signals import parse_vllm_metrics
 from .telemetry._report import JobReport, JobStatus
 
 if TYPE_CHECKING:
@@ -43,6 +49,9 @@ class _EndpointState:
     endpoint: Endpoint
     dialect: Dialect
     load: EndpointLoad
+    admission: Admission
+    health: EndpointHealth
+    options: DialectOptions
 
     urls: dict[str, httpx.URL] = field(default_factory=dict)
     """Parsed URLs by path suffix (a handful: chat/completions, completions, models)."""
@@ -83,19 +92,21 @@ class _Core:
         router: Router,
         retry: Retry,
         api_key: str | None,
-        send_priority: bool,
     ) -> None:
         self.endpoints = endpoints
         self.router = router
         self.retry = retry
         self.api_key = api_key
         self.placeholder_key = _PLACEHOLDER_KEY
-        self.send_priority = send_priority
-        self.dialect_options = DialectOptions(send_priority=send_priority)
+        self.send_priority = any(e.options.send_priority for e in endpoints)
+        """Whether any endpoint takes engine-level priorities (then calls carry one)."""
+        self.prefix_aware = isinstance(router, SessionAffinity) and len(endpoints) > 1
         self.programs: dict[str, _Program] = {}
         self.active_jobs: dict[str, Job] = {}
         self.client: openai.AsyncOpenAI = None  # type: ignore[assignment]  # set by Runtime
         self.on_report: Callable[[JobReport], None] = lambda report: None
+        self.health_changed: anyio.Event | None = None
+        """Set when an endpoint is marked down (wakes the runtime's prober)."""
         # Longest base first, so that nested base paths match the most specific one.
         self._prefixes = sorted(
             ((_normalized(e.endpoint.url) + "/", e.endpoint.url) for e in endpoints),
@@ -110,17 +121,38 @@ class _Core:
                 return base, text[len(prefix) - 1 :]
         return None
 
-    def route(self, session: Session, avoid: Collection[int]) -> int:
+    def route(
+        self, session: Session, avoid: Collection[int], prefix: tuple[int, ...], tokens: int
+    ) -> tuple[int, bool]:
+        """The endpoint for the session's call, and whether the session moved there from
+        the replica that served its previous turn (its KV cache there is lost)."""
         endpoints = self.endpoints
+        home = session.endpoint_index
         index = 0
         if len(endpoints) > 1:
-            index = self.router.choose([e.load for e in endpoints], session, avoid)
-        if session.endpoint_index != index:
-            if session.endpoint_index is not None:
-                endpoints[session.endpoint_index].load.sessions -= 1
-            endpoints[index].load.sessions += 1
-            session.endpoint_index = index
-        return index
+            key = RouteKey(session.id, home, home is None, prefix, tokens)
+            index = self.router.choose([e.load for e in endpoints], key, avoid)
+            self.router.served(index, key)
+        if home == index:
+            return index, False
+        if home is not None:
+            endpoints[home].load.sessions -= 1
+        endpoints[index].load.sessions += 1
+        session.endpoint_index = index
+        return index, home is not None
+
+    def record_health(self, ep: _EndpointState, ok: bool, *, connect: bool = False) -> None:
+        """Feed an attempt's outcome to the endpoint's health tracker."""
+        now = anyio.current_time()
+        health = ep.health
+        if ok:
+            health.record_success(now)
+            return
+        was = health.healthy
+        health.record_failure(now, connect=connect)
+        ep.load.healthy = health.healthy
+        if was and not health.healthy and self.health_changed is not None:
+            self.health_changed.set()
 
     def program(self, program_id: str) -> _Program:
         program = self.programs.get(program_id)
@@ -136,6 +168,8 @@ class _Core:
     def job_ended(self, job: Job, status: JobStatus, error: str | None) -> JobReport:
         report = job._finish(status, error)
         self.active_jobs.pop(job.id, None)
+        for e in self.endpoints:
+            e.admission.policy.on_job_end(job.id, job.program_id)
         program = self.programs.get(job.program_id)
         if program is not None:
             program.jobs -= 1
@@ -163,8 +197,37 @@ class _Core:
         self.job_ended(job, status, error)
 
 
+PolicySpec = str | Policy | Callable[[], Policy]
+"""A policy name (``"fcfs"``, ``"plas"``, ``"atlas"``, ``"mlfq"``, ``"edf"``), a factory
+(e.g. ``lambda: PLAS(starvation_ratio=2.0)``) or, with a single endpoint, an instance."""
+
+
+def _policy_factory(policy: PolicySpec, n_endpoints: int) -> Callable[[], Policy]:
+    """Each endpoint queues its own calls, so each gets its own policy instance (fed the
+    same feedback, they classify alike)."""
+    if isinstance(policy, str):
+        make_policy(policy)  # fail now on a bad name
+        return partial(make_policy, policy)
+    if isinstance(policy, type) or not hasattr(policy, "pop"):
+        if not callable(policy):
+            raise TypeError(f"policy must be a name, a Policy or a factory, got {policy!r}")
+        return cast("Callable[[], Policy]", policy)
+    if n_endpoints > 1:
+        raise ValueError(
+            "a Policy instance can serve one endpoint only (each endpoint queues its own "
+            "calls); pass a policy name or a factory such as 'lambda: PLAS(...)'"
+        )
+    instance = cast("Policy", policy)
+    return lambda: instance
+
+
 def _endpoints(
-    endpoints: Sequence[str | Endpoint] | str | Endpoint, dialect: DialectSpec
+    endpoints: Sequence[str | Endpoint] | str | Endpoint,
+    dialect: DialectSpec,
+    policy: PolicySpec,
+    concurrency: int | Literal["auto"] | None,
+    token_budget: int | None,
+    send_priority: bool,
 ) -> list[_EndpointState]:
     if isinstance(endpoints, str | Endpoint):
         endpoints = [endpoints]
@@ -172,6 +235,13 @@ def _endpoints(
         raise ValueError("Runtime needs at least one endpoint, e.g. ['http://127.0.0.1:8000/v1']")
     out = []
     seen: set[str] = set()
+    new_policy = _policy_factory(policy, len(endpoints))
+    if concurrency is not None and not (
+        concurrency == "auto" or (isinstance(concurrency, int) and concurrency >= 1)
+    ):
+        raise ValueError(f"concurrency must be an int >= 1, 'auto' or None, got {concurrency!r}")
+    if token_budget is not None and not (isinstance(token_budget, int) and token_budget >= 1):
+        raise ValueError(f"token_budget must be an int >= 1 or None, got {token_budget!r}")
     for item in endpoints:
         ep = Endpoint(item) if isinstance(item, str) else item
         if not isinstance(ep, Endpoint):
@@ -180,7 +250,17 @@ def _endpoints(
             raise ValueError(f"endpoint {ep.url} is listed twice")
         seen.add(ep.url)
         d = resolve_dialect(ep.dialect if ep.dialect is not None else dialect)
-        out.append(_EndpointState(ep, d, EndpointLoad(weight=ep.weight)))
+        prio = send_priority if ep.send_priority is None else ep.send_priority
+        out.append(
+            _EndpointState(
+                ep,
+                d,
+                EndpointLoad(weight=ep.weight),
+                Admission(new_policy(), make_limit(concurrency), token_budget),
+                EndpointHealth(),
+                DialectOptions(send_priority=prio),
+            )
+        )
     return out
 
 
@@ -189,9 +269,28 @@ class Runtime:
 
     ``endpoints`` are base URLs (``"http://127.0.0.1:8000/v1"``) or :class:`Endpoint`
     objects. ``dialect`` names how calls are tagged for the engines (see
-    ``docs/protocol.md``); ``routing`` is ``"session"`` (a session's turns stay on the
-    replica holding its KV) or ``"round-robin"``. ``send_priority`` sends engine-level
-    priorities (only for servers started with priority scheduling). ``transport`` replaces
+    ``docs/protocol.md``). Scheduling (``docs/scheduling.md``, ``docs/routing.md``):
+
+    - ``routing`` picks each call's endpoint: ``"session_affinity"`` (a session's turns
+      stay on the replica holding its KV, SMetric-style), ``"hash"`` (bounded-load
+      rendezvous hashing: processes agree without talking), ``"least_loaded"`` or
+      ``"round_robin"``, or a :class:`~agentrt.scheduling.Router`.
+    - ``concurrency`` and ``token_budget`` bound what each endpoint has in flight (calls;
+      estimated tokens). ``"auto"`` adapts the call limit from observed latency per token
+      (a gradient limiter). ``None`` (the default) puts no client-side cap: calls go out
+      at once, as from a plain client.
+    - ``policy`` orders the calls waiting for room: ``"fcfs"``, ``"plas"``, ``"atlas"``,
+      ``"mlfq"`` or ``"edf"``. Its queue level is also what ``send_priority`` passes
+      to engines that accept a priority (only for servers started with priority
+      scheduling; :class:`Endpoint` can override it per endpoint).
+
+    Endpoints that fail (connection errors, bursts of 5xx) are marked down, probed in
+    the background and readmitted when they answer; their sessions fail over (the move is
+    counted in the report). ``poll_metrics_s`` polls each engine's ``/metrics`` (vLLM's
+    running and waiting requests, KV usage) at that interval, so routing sees load from
+    other clients too.
+
+    ``transport`` replaces
     the HTTP transport underneath (tests, the embedded engine); the clients agentrt builds
     then come from that transport's library (legacy ``httpx`` or ``httpx2``). Without
     one, agentrt uses ``httpx2`` when it is installed and openai is 3.x or later (openai's
@@ -205,13 +304,17 @@ class Runtime:
         *,
         dialect: DialectSpec = "generic",
         api_key: str | None = None,
-        routing: str | Router = "session",
-        retry: Retry = DEFAULT_RETRY,
+        routing: str | Router = "session_affinity",
+        policy: PolicySpec = "fcfs",
+        concurrency: int | Literal["auto"] | None = None,
+        token_budget: int | None = None,
         send_priority: bool = False,
+        retry: Retry = DEFAULT_RETRY,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         transport: httpx.AsyncBaseTransport | None = None,
         on_job_end: Callable[[JobReport], None] | None = None,
         keep_reports: int = 1000,
+        poll_metrics_s: float | None = None,
     ) -> None:
         if api_key is not None and any(c in api_key for c in "\r\n"):
             raise ValueError("api_key contains CR/LF")
@@ -221,8 +324,14 @@ class Runtime:
             raise ValueError(f"timeout_s must be a finite number > 0, got {timeout_s!r}")
         if keep_reports < 0:
             raise ValueError("keep_reports must be >= 0")
-        states = _endpoints(endpoints, dialect)
-        self._core = _Core(states, make_router(routing), retry, api_key, send_priority)
+        if poll_metrics_s is not None and not (
+            isinstance(poll_metrics_s, int | float)
+            and math.isfinite(poll_metrics_s)
+            and poll_metrics_s > 0
+        ):
+            raise ValueError(f"poll_metrics_s must be a number > 0 or None, got {poll_metrics_s!r}")
+        states = _endpoints(endpoints, dialect, policy, concurrency, token_budget, send_priority)
+        self._core = _Core(states, make_router(routing), retry, api_key)
         # The HTTP library (legacy httpx or httpx2), chosen once: everything below and
         # every client this runtime builds comes from it.
         self._lib: HttpLib = http_lib(transport)
@@ -238,6 +347,9 @@ class Runtime:
         self._http: httpx.AsyncClient | None = None
         self._opened = False
         self._closed = False
+        self._tasks: anyio.abc.TaskGroup | None = None
+        self._poll_metrics_s = poll_metrics_s
+        self._polled_at = -math.inf
 
     def __repr__(self) -> str:
         urls = [e.endpoint.url for e in self._core.endpoints]
@@ -269,7 +381,64 @@ class Runtime:
         self._opened = True
         self._http = self.http_client()
         self._core.client = self.openai()
+        if len(self._core.endpoints) > 1 or self._poll_metrics_s is not None:
+            # Health probes and metrics polling run in the background while the runtime
+            # is open (structured: the task ends when the runtime's block does).
+            self._core.health_changed = anyio.Event()
+            self._tasks = anyio.create_task_group()
+            await self._tasks.__aenter__()
+            self._tasks.start_soon(self._maintain)
         return self
+
+    async def _maintain(self) -> None:
+        """Probe endpoints marked down until they answer; poll engine metrics if asked."""
+        core = self._core
+        poll = self._poll_metrics_s
+        probe_every = DEFAULT_PROBE_INTERVAL_S
+        while True:
+            if poll is None and all(e.health.healthy for e in core.endpoints):
+                core.health_changed = event = anyio.Event()
+                await event.wait()
+                continue
+            await anyio.sleep(probe_every if poll is None else min(poll, probe_every))
+            now = anyio.current_time()
+            for e in core.endpoints:
+                if not e.health.healthy and e.health.probe_due(now):
+                    ok = await self._fetch(e, "/models") is not None
+                    e.health.probed(anyio.current_time(), ok)
+                    e.load.healthy = e.health.healthy
+            if poll is not None and now - self._polled_at >= poll:
+                self._polled_at = now
+                for e in core.endpoints:
+                    text = await self._fetch(e, "/metrics", root=True)
+                    if text is not None:
+                        signals = parse_vllm_metrics(text)
+                        e.load.running = signals.running
+                        e.load.waiting = signals.waiting
+                        e.load.kv_usage = signals.kv_usage
+
+    async def _fetch(self, ep: _EndpointState, path: str, *, root: bool = False) -> str | None:
+        """GET ``path`` under the endpoint's base URL (``root``: under its origin, where
+        vLLM serves /metrics); the body if it answered below 500, else None."""
+        base = ep.endpoint.url
+        if root:
+            u = httpx.URL(base)
+            base = f"{u.scheme}://{u.netloc.decode('ascii')}"
+        mod = self._lib.mod
+        timeout = {"connect": 2.0, "read": 2.0, "write": 2.0, "pool": 2.0}
+        request = mod.Request("GET", base + path, extensions={"timeout": timeout})
+        with anyio.move_on_after(3.0):
+            try:
+                response = await self._inner.handle_async_request(request)
+                try:
+                    body = await response.aread()
+                finally:
+                    await response.aclose()
+            except (*self._lib.transport_errors, ValueError):  # type: ignore[misc]
+                return None
+            if response.status_code < 500:
+                return body.decode("utf-8", "replace")
+        return None
 
     async def __aexit__(
         self,
@@ -279,6 +448,10 @@ class Runtime:
     ) -> None:
         self._closed = True
         running = list(self._core.active_jobs.values())
+        if self._tasks is not None:
+            # Its scope encloses the runtime's block: leave it first (it ends at once).
+            self._tasks.cancel_scope.cancel()
+            await self._tasks.__aexit__(None, None, None)
         with anyio.CancelScope(shield=True):
             if self._owns_inner:
                 await self._inner.aclose()
@@ -420,13 +593,17 @@ class SyncRuntime:
         self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
         self._portal: BlockingPortal | None = None
         self._rt: Runtime | None = None
+        self._rt_cm: AbstractContextManager[Runtime] | None = None
 
     def __enter__(self) -> SyncRuntime:
         self._portal_cm = start_blocking_portal(self._backend)
         self._portal = self._portal_cm.__enter__()
         endpoints, kwargs = self._args
         self._rt = Runtime(endpoints, **kwargs)
-        self._portal.call(self._rt.__aenter__)
+        # Entered and left in one task of the portal's loop (the runtime may hold a task
+        # group for its background probes).
+        self._rt_cm = self._portal.wrap_async_context_manager(self._rt)
+        self._rt_cm.__enter__()
         return self
 
     def __exit__(
@@ -435,9 +612,9 @@ class SyncRuntime:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        assert self._portal is not None and self._rt is not None and self._portal_cm is not None
+        assert self._portal_cm is not None and self._rt_cm is not None
         try:
-            self._portal.call(self._rt.__aexit__, exc_type, exc, tb)
+            self._rt_cm.__exit__(exc_type, exc, tb)
         finally:
             self._portal_cm.__exit__(None, None, None)
 

@@ -30,7 +30,8 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 from ._context import Job, Session, _CallState, current_session, new_id
 from ._errors import EndpointError
 from ._protocol import CallMetadata
-from .scheduling._priority import plas_priority
+from .scheduling._queue import Ticket
+from .scheduling._routing import prefix_fingerprints
 from .telemetry._report import CallStatus
 
 if TYPE_CHECKING:
@@ -318,12 +319,15 @@ class _Call:
         "ep",
         "failed",
         "implicit",
-        "meta",
+        "prefix",
         "request",
+        "sent_at",
         "session",
         "state",
         "suffix",
+        "ticket",
         "transport",
+        "turn",
     )
 
     def __init__(
@@ -372,9 +376,8 @@ class _Call:
 
         now = anyio.current_time()
         turn, idle_s, declared, expected = session._begin_turn(now)
-        program = core.program(job.program_id)
+        self.turn = (turn, idle_s, declared, expected, max_out)
         call_id = new_id("call")
-        priority = plas_priority(program.service_s) if core.send_priority else None
         self.state = _CallState(
             call_id,
             session.id,
@@ -385,11 +388,26 @@ class _Call:
             stream,
             now - job._t0,
             now,
-            priority,
         )
         job._calls.append(self.state)
-        self.meta = CallMetadata(
-            call_id=call_id,
+        tokens = len(content) // 4 + (max_out or 0)  # ~4 bytes of JSON per prompt token
+        deadline = None if job.deadline_s is None else job._t0 + job.deadline_s
+        self.ticket = Ticket(
+            call_id, job.id, job.program_id, session.id, session.parent_id, tokens, deadline
+        )
+        self.prefix: tuple[int, ...] = ()
+        if core.prefix_aware and session.endpoint_index is None and content:
+            self.prefix = prefix_fingerprints(content)
+        self.sent_at = now
+
+    # -- sending ------------------------------------------------------------------------
+
+    def _metadata(self, priority: int | None) -> CallMetadata:
+        session, job = self.session, self.session.job
+        program = self.core.program(job.program_id)
+        turn, idle_s, declared, expected, max_out = self.turn
+        return CallMetadata(
+            call_id=self.state.call_id,
             job_id=job.id,
             session_id=session.id,
             program_id=job.program_id,
@@ -403,40 +421,59 @@ class _Call:
             idle_declared_s=declared,
             priority=priority,
             expected_output_tokens=max_out,
+            echo=dict(session.echo),
         )
 
-    # -- sending ------------------------------------------------------------------------
-
     async def _attempt(self) -> httpx.Response:
-        core, session, state = self.core, self.session, self.state
-        index = core.route(session, self.failed)
+        core, session, state, ticket = self.core, self.session, self.state, self.ticket
+        index, moved = core.route(session, self.failed, self.prefix, ticket.tokens)
         ep = core.endpoints[index]
-        state.attempts += 1
-        state.endpoint = ep.endpoint.url
-        meta = self.meta
-        if session.echo:
-            meta = meta.model_copy(update={"echo": dict(session.echo)})
-        enc = ep.dialect.encode(meta, core.dialect_options)
-        key = ep.endpoint.api_key if ep.endpoint.api_key is not None else core.api_key
-        content = None
-        if self.body is not None and enc.body:
-            send_body = dict(self.body)
-            _merge_body(send_body, enc.body)
-            content = json.dumps(send_body, separators=(",", ":")).encode()
-        request = self.request
-        url = request.url if ep.endpoint.url == self.base else ep.url_for(self.suffix, request.url)
-        transport = self.transport
-        out = transport._prepare(request, url, enc.headers, key, content)
-        ep.load.in_flight += 1
+        if moved:
+            state.moved = True
+        admission = ep.admission
+        priority = admission.policy.classify(ticket, state.started)
+        if core.send_priority:
+            state.priority = priority
+        ticket.enqueued_at = -1.0
+        await admission.admit(ticket)
+        try:
+            if ticket.enqueued_at >= 0.0:  # it waited in the queue
+                self.sent_at = now = anyio.current_time()
+                state.queue_s += now - ticket.enqueued_at
+            state.attempts += 1
+            state.endpoint = ep.endpoint.url
+            meta = self._metadata(state.priority)
+            enc = ep.dialect.encode(meta, ep.options)
+            key = ep.endpoint.api_key if ep.endpoint.api_key is not None else core.api_key
+            content = None
+            if self.body is not None and enc.body:
+                send_body = dict(self.body)
+                _merge_body(send_body, enc.body)
+                content = json.dumps(send_body, separators=(",", ":")).encode()
+            request = self.request
+            url = (
+                request.url
+                if ep.endpoint.url == self.base
+                else ep.url_for(self.suffix, request.url)
+            )
+            transport = self.transport
+            out = transport._prepare(request, url, enc.headers, key, content)
+        except BaseException:
+            admission.release(ticket, latency_s=None, tokens=0, ok=True)
+            raise
+        load = ep.load
+        load.in_flight += 1
+        load.outstanding_tokens += ticket.tokens
         self.ep = ep
         try:
             response = await transport._inner.handle_async_request(out)
         except transport._lib.transport_errors as exc:
-            self._release()
+            self._release(ok=False)
+            core.record_health(ep, False, connect=True)
             self.failed.add(index)
             raise _RetryableError(exc, index) from exc
         except BaseException:
-            self._release()
+            self._release(ok=True)
             raise
         try:
             state.http_status = status = response.status_code
@@ -444,9 +481,13 @@ class _Call:
                 await response.aread()
                 raise _RetryableStatus(response, _retry_after(response.headers))
         except BaseException:
-            self._release()
+            self._release(ok=status not in RETRY_STATUS)
+            if status >= 500:
+                core.record_health(ep, False)
             await response.aclose()
             raise
+        if status < 500:
+            ep.health.record_success(self.sent_at)
         for name in ep.dialect.echo_headers:
             value = response.headers.get(name)
             if value is not None and len(value) <= 1024 and "\r" not in value:
@@ -548,19 +589,28 @@ class _Call:
 
     # -- ending ---------------------------------------------------------------------------
 
-    def _release(self) -> None:
-        """The attempt in flight is over: its endpoint no longer carries it."""
+    def _release(self, *, ok: bool) -> None:
+        """The attempt in flight is over: its endpoint no longer carries it, its room in
+        the admission gate goes to the next call, and its latency feeds the limit."""
         ep = self.ep
-        if ep is not None:
-            ep.load.in_flight -= 1
-            self.ep = None
+        if ep is None:
+            return
+        self.ep = None
+        ticket = self.ticket
+        load = ep.load
+        load.in_flight -= 1
+        load.outstanding_tokens -= ticket.tokens
+        latency = anyio.current_time() - self.sent_at
+        ep.admission.release(
+            ticket, latency_s=latency, tokens=self.state.completion_tokens or 0, ok=ok
+        )
 
     def _end(self, status: CallStatus, error: str | None) -> None:
         """The call is over (once): release its endpoint, account it, end an implicit job."""
         if self.ended:
             return
         self.ended = True
-        self._release()
+        self._release(ok=status != "error")
         state = self.state
         if not state.done:
             state.done = True
@@ -568,9 +618,13 @@ class _Call:
             state.latency_s = latency = now - state.started
             state.status = status
             state.error = error
-            program = self.core.program(self.session.job.program_id)
+            job = self.session.job
+            program = self.core.program(job.program_id)
+            tokens = (state.prompt_tokens or 0) + (state.completion_tokens or 0)
             program.service_s += latency
-            program.service_tokens += (state.prompt_tokens or 0) + (state.completion_tokens or 0)
+            program.service_tokens += tokens
+            for e in self.core.endpoints:
+                e.admission.policy.on_call_end(self.ticket, latency, tokens)
             if status == "ok":
                 self.session._replied(now)
         if self.implicit is not None:

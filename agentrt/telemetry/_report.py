@@ -44,6 +44,10 @@ class CallReport(BaseModel):
     status: CallStatus = "ok"
     error: str | None = None
     priority: int | None = None
+    """The queue level sent to the engine (only when priorities are sent)."""
+    moved: bool = False
+    """The session's previous turn was served by another replica: its KV cache there was
+    not reused (a move by the router's overload guard or a health failover)."""
 
 
 class ToolReport(BaseModel):
@@ -88,6 +92,8 @@ class JobReport(BaseModel):
     cached_tokens: int
     retries: int
     """Attempts beyond the first, over all calls."""
+    session_moves: int = 0
+    """Calls whose session moved to another replica (its cached prefix lost there)."""
     deadline_s: float | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     call_reports: list[CallReport] = Field(default_factory=list)
