@@ -6,7 +6,7 @@ import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
@@ -22,7 +22,7 @@ from ._context import Job, Session
 from ._errors import AgentrtError
 from ._transport import HttpLib, http_lib
 from .dialects import Dialect, DialectOptions, DialectSpec, resolve_dialect
-from .scheduling._admission import Admission
+from .scheduling._admission import Admission, AdmissionStatistics
 from .scheduling._health import DEFAULT_PROBE_INTERVAL_S, EndpointHealth
 from .scheduling._limiter import make_limit
 from .scheduling._queue import Policy, make_policy
@@ -365,10 +365,11 @@ class Runtime:
 
     def endpoint_loads(self) -> list[EndpointLoad]:
         """A snapshot of each endpoint's load as agentrt sees it."""
-        return [
-            EndpointLoad(e.load.weight, e.load.in_flight, e.load.sessions)
-            for e in self._core.endpoints
-        ]
+        return [replace(e.load) for e in self._core.endpoints]
+
+    def admission_statistics(self) -> list[AdmissionStatistics]:
+        """A snapshot of each endpoint's admission gate (limit, in flight, waiting)."""
+        return [e.admission.statistics() for e in self._core.endpoints]
 
     def _record(self, report: JobReport) -> None:
         self._reports.append(report)

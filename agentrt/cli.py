@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import __version__
+from .bench._drivers import CLIENT_SPEC_HELP
 
 if TYPE_CHECKING:
     from .bench._runner import BenchConfig
@@ -31,7 +32,17 @@ def _bench_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     if demo:
         return
     p.add_argument(
-        "--workload", default="mixed", choices=("react", "fanout", "chat", "mixed", "claude-code")
+        "--workload",
+        default="mixed",
+        choices=("react", "fanout", "chat", "mixed", "claude-code", "mixed-cc"),
+        help="mixed: ReAct, fan-out and chat jobs; mixed-cc: short ReAct jobs and long Claude "
+        "Code replays (--long-share of them); default: %(default)s",
+    )
+    p.add_argument(
+        "--long-share",
+        type=float,
+        default=0.2,
+        help="mixed-cc: share of jobs that are Claude Code replays (default: %(default)s)",
     )
     p.add_argument("--jobs", type=int, default=40, help="number of jobs (default: %(default)s)")
     p.add_argument(
@@ -45,7 +56,9 @@ def _bench_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
         action="append",
         dest="clients",
         default=None,
-        help="'plain', 'agentrt:round-robin' or 'agentrt:session' (repeatable; default: all three)",
+        metavar="CLIENT",
+        help="a client to compare (repeatable; default: plain, agentrt:round-robin, "
+        "agentrt:session). " + CLIENT_SPEC_HELP.replace("%", "%%"),
     )
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--preset", default="h100-8b", help="embedded engine cost model")
@@ -203,6 +216,7 @@ def _bench(args: argparse.Namespace) -> int:
         stretch=not args.no_stretch and not args.endpoints,
         tool_wait_s=args.tool_wait,
         api=args.api,
+        long_share=args.long_share,
     )
     return _run_bench(cfg, args.out, not args.no_plots, f"agentrt bench: {args.workload}")
 

@@ -50,8 +50,10 @@ class Stub(httpx2.AsyncBaseTransport):
         return httpx2.Response(200, headers=[(b"content-type", b"application/json")], content=REPLY)
 
 
-async def run(calls: int, per_job: int, dialect: str, prof: cProfile.Profile | None) -> float:
-    async with agentrt.Runtime([URL], transport=Stub(), dialect=dialect, keep_reports=0) as rt:
+async def run(
+    calls: int, per_job: int, dialect: str, prof: cProfile.Profile | None, keep: int = 0
+) -> float:
+    async with agentrt.Runtime([URL], transport=Stub(), dialect=dialect, keep_reports=keep) as rt:
         transport: Any = rt.http_client()._transport
         headers = [(b"content-type", b"application/json"), (b"authorization", b"Bearer x")]
         headers += [(f"x-stainless-{i}".encode(), b"value") for i in range(8)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 import anyio
 import httpx
@@ -16,7 +16,15 @@ from .._runtime import Runtime
 from ..sim import prompt_for_blocks
 from ._plan import BLOCK_TOKENS, Call, Fanout, JobPlan, SessionPlan
 
-__all__ = ["CallResult", "ClientSpec", "Driver", "JobResult", "Prompts", "make_driver"]
+__all__ = [
+    "CLIENT_SPEC_HELP",
+    "CallResult",
+    "ClientSpec",
+    "Driver",
+    "JobResult",
+    "Prompts",
+    "make_driver",
+]
 
 PromptMode = Literal["sim", "text"]
 Api = Literal["openai", "http"]
@@ -90,27 +98,143 @@ class JobResult:
     calls: list[CallResult] = field(default_factory=list)
 
 
+_ROUTINGS: Final = ("round_robin", "least_loaded", "session_affinity", "hash")
+_ROUTING_ALIASES: Final = {
+    "round-robin": "round_robin",
+    "rr": "round_robin",
+    "least-loaded": "least_loaded",
+    "session": "session_affinity",
+    "session-affinity": "session_affinity",
+}
+_POLICIES: Final = ("fcfs", "plas", "atlas", "mlfq", "edf")
+_TRUE: Final = ("1", "true", "yes", "on")
+_FALSE: Final = ("0", "false", "no", "off")
+
+CLIENT_SPEC_HELP: Final = (
+    "'plain' (a bare openai client: every call sent at once, round-robin over replicas) or "
+    "'agentrt[:OPTIONS]'. OPTIONS: names joined by '+' (a routing: round_robin, "
+    "least_loaded, session_affinity, hash, or the aliases round-robin, session; a policy: "
+    "fcfs, plas, atlas, mlfq, edf), then optionally '@LIMIT' (per-endpoint concurrency: an "
+    "int >= 1, auto or none), then ',key=value' options: routing=, policy=, concurrency=, "
+    "token_budget= (int), priority= (on/off: send each call's queue level as the engine "
+    "priority; embedded replicas then schedule by priority), dialect= (default vllm). "
+    "Examples: agentrt:session, agentrt:plas+round_robin@auto, agentrt:mlfq@16, "
+    "agentrt:plas+round_robin,priority=on, agentrt:routing=hash,policy=plas,concurrency=8. "
+    "Defaults: round_robin, fcfs, no limit."
+)
+
+
+def _spec_error(text: str, why: str) -> ValueError:
+    return ValueError(
+        f"bad client {text!r}: {why}; syntax: 'plain' or "
+        "'agentrt[:ROUTING+POLICY][@LIMIT][,key=value...]' (see agentrt bench --help)"
+    )
+
+
+def _routing_name(value: str, text: str) -> str:
+    name = _ROUTING_ALIASES.get(value, value)
+    if name not in _ROUTINGS:
+        raise _spec_error(text, f"unknown routing {value!r}")
+    return name
+
+
+def _policy_name(value: str, text: str) -> str:
+    if value not in _POLICIES:
+        raise _spec_error(text, f"unknown policy {value!r}")
+    return value
+
+
+def _concurrency(value: str, text: str) -> int | Literal["auto"] | None:
+    if value in ("none", ""):
+        return None
+    if value == "auto":
+        return "auto"
+    try:
+        n = int(value)
+    except ValueError:
+        raise _spec_error(
+            text, f"concurrency must be an int >= 1, auto or none, not {value!r}"
+        ) from None
+    if n < 1:
+        raise _spec_error(text, f"concurrency must be >= 1, not {n}")
+    return n
+
+
 @dataclass(frozen=True, slots=True)
 class ClientSpec:
-    """A client to compare: ``plain``, or agentrt with a routing policy."""
+    """A client to compare: ``plain``, or agentrt with a routing, an ordering policy and
+    per-endpoint admission limits (see :data:`CLIENT_SPEC_HELP` for the text syntax)."""
 
     name: str
     kind: Literal["plain", "agentrt"]
-    routing: str = "round-robin"
+    routing: str = "round_robin"
     dialect: str = "vllm"
+    policy: str = "fcfs"
+    concurrency: int | Literal["auto"] | None = None
+    token_budget: int | None = None
+    send_priority: bool = False
 
     @staticmethod
     def parse(text: str) -> ClientSpec:
+        """``plain`` or ``agentrt[:OPTIONS]``; a :class:`ValueError` says what is wrong."""
+        text = text.strip()
         if text == "plain":
             return ClientSpec("plain", "plain")
-        if text.startswith("agentrt"):
-            _, _, routing = text.partition(":")
-            routing = routing or "round-robin"
-            return ClientSpec(f"agentrt:{routing}", "agentrt", routing=routing)
-        raise ValueError(
-            f"unknown client {text!r}; use 'plain' or 'agentrt:<routing>' "
-            "(routing: round-robin, session)"
-        )
+        head, sep, rest = text.partition(":")
+        if head != "agentrt" or (sep and not rest):
+            raise ValueError(f"unknown client {text!r}. {CLIENT_SPEC_HELP}")
+        fields: dict[str, Any] = {}
+
+        def put(key: str, value: object) -> None:
+            if key in fields and fields[key] != value:
+                raise _spec_error(text, f"{key} given twice")
+            fields[key] = value
+
+        parts = rest.split(",") if rest else []
+        if parts and "=" not in parts[0]:
+            names, at, limit = parts.pop(0).partition("@")
+            for word in filter(None, (w.strip().lower() for w in names.split("+"))):
+                if word in _POLICIES:
+                    put("policy", word)
+                elif _ROUTING_ALIASES.get(word, word) in _ROUTINGS:
+                    put("routing", _routing_name(word, text))
+                else:
+                    raise _spec_error(text, f"{word!r} is neither a routing nor a policy")
+            if at:
+                put("concurrency", _concurrency(limit.strip().lower(), text))
+        for part in parts:
+            key, eq, value = (x.strip() for x in part.partition("="))
+            key = key.lower().replace("-", "_")
+            if not eq or not key:
+                raise _spec_error(text, f"option {part!r} is not key=value")
+            low = value.lower()
+            if key == "routing":
+                put("routing", _routing_name(low, text))
+            elif key == "policy":
+                put("policy", _policy_name(low, text))
+            elif key in ("concurrency", "limit"):
+                put("concurrency", _concurrency(low, text))
+            elif key == "token_budget":
+                try:
+                    budget = None if low in ("none", "") else int(low)
+                except ValueError:
+                    raise _spec_error(text, f"token_budget must be an int, not {value!r}") from None
+                if budget is not None and budget < 1:
+                    raise _spec_error(text, "token_budget must be >= 1")
+                put("token_budget", budget)
+            elif key in ("priority", "send_priority"):
+                if low not in _TRUE + _FALSE:
+                    raise _spec_error(text, f"priority must be on or off, not {value!r}")
+                put("send_priority", low in _TRUE)
+            elif key == "dialect":
+                from ..dialects import get_dialect
+
+                get_dialect(value)  # fails on an unknown dialect
+                put("dialect", value)
+            else:
+                raise _spec_error(text, f"unknown option {key!r}")
+        name = text if rest else "agentrt:round-robin"
+        return ClientSpec(name, "agentrt", **fields)
 
 
 class Driver(Protocol):
@@ -280,6 +404,10 @@ class AgentrtDriver:
             urls,
             routing=spec.routing,
             dialect=spec.dialect,
+            policy=spec.policy,
+            concurrency=spec.concurrency,
+            token_budget=spec.token_budget,
+            send_priority=spec.send_priority,
             transport=transport,
             timeout_s=3600.0,
             keep_reports=0,

@@ -54,6 +54,8 @@ class BenchConfig:
     api: Literal["openai", "http"] = "openai"
     """How calls are made: through the openai client, or as raw JSON over agentrt's HTTP
     client (no openai object parsing: for large replays)."""
+    long_share: float = 0.2
+    """``mixed-cc``: the share of jobs that are Claude Code replays (the rest are ReAct)."""
     stream_interval: int = 16
     """Tokens per streamed chunk of the embedded engine (the first token is always sent
     at once, so time to first token is exact)."""
@@ -260,7 +262,10 @@ async def _run_sim(
     out = []
     for name in cfg.clients:
         spec = ClientSpec.parse(name)
-        async with Cluster(cfg.replicas, preset) as cluster:
+        # A client that sends engine priorities gets replicas that schedule by them (as a
+        # vLLM server started with --scheduling-policy priority); the others keep FCFS.
+        engine = preset.replace(scheduling="priority") if spec.send_priority else preset
+        async with Cluster(cfg.replicas, engine) as cluster:
             driver = make_driver(
                 spec,
                 list(cluster.base_urls),
@@ -285,8 +290,8 @@ async def _run_sim(
             span = None
             if len(window) == 2:
                 span = (window[1][0] - window[0][0], window[1][1] - window[0][1])
-            engine = _sim_engine_stats(cluster, makespan, span)
-        out.append(_summarize(spec.name, results, makespan, alone, engine))
+            stats = _sim_engine_stats(cluster, makespan, span)
+        out.append(_summarize(spec.name, results, makespan, alone, stats))
     return out
 
 
@@ -373,6 +378,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchResult
         seed=cfg.seed,
         traces=cfg.traces,
         tool_wait_s=cfg.tool_wait_s,
+        long_share=cfg.long_share,
     )
     report: Progress = progress or (lambda label: None)
     started = time.perf_counter()

@@ -239,6 +239,7 @@ WORKLOADS: Final[dict[str, Generator | None]] = {
     "chat": chat_job,
     "mixed": None,
     "claude-code": None,
+    "mixed-cc": None,
 }
 
 
@@ -250,16 +251,35 @@ def make_workload(
     seed: int = 0,
     traces: TraceOptions | None = None,
     tool_wait_s: float = 2.0,
+    long_share: float = 0.2,
 ) -> list[JobPlan]:
     """``jobs`` job plans of workload ``name`` (``react``, ``fanout``, ``chat``, ``mixed``,
-    ``claude-code``) with their arrival times."""
+    ``claude-code``, ``mixed-cc``) with their arrival times.
+
+    ``mixed-cc`` mixes short ReAct jobs with long Claude Code replays: each job is a
+    Claude Code trace (``round(jobs * long_share)`` of them at seeded random positions,
+    the traces in file order, replayed with ``traces``' options), the others ReAct jobs."""
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}")
     if jobs < 1:
         raise ValueError("a workload needs at least one job")
+    if not 0.0 <= long_share <= 1.0:
+        raise ValueError(f"long_share must be between 0 and 1, got {long_share!r}")
     rng = random.Random(seed)
     roots: list[tuple[str, SessionPlan]] = []
-    if name == "claude-code":
+    if name == "mixed-cc":
+        n_long = round(jobs * long_share)
+        chosen = set(rng.sample(range(jobs), n_long))
+        kinds = ["claude-code" if i in chosen else "react" for i in range(jobs)]
+        long_roots = iter(
+            claude_code_jobs(replace(traces or TraceOptions(), limit=n_long)) if n_long else []
+        )
+        for i, kind in enumerate(kinds):
+            if kind == "react":
+                roots.append((kind, react_job(rng, f"react-{i}", tool_wait_s=tool_wait_s)))
+            else:
+                roots.append((kind, next(long_roots)))
+    elif name == "claude-code":
         opts = traces or TraceOptions()
         if opts.limit is None or opts.limit > jobs:
             opts = replace(opts, limit=jobs)

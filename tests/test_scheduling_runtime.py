@@ -1,0 +1,241 @@
+"""The Runtime's scheduling, end to end over a fake engine: admission, ordering policies,
+priority pass-through, routing moves, health failover and probes, metrics polling."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from agentrt import Endpoint, Retry, Runtime
+from agentrt.scheduling import PLAS
+from tests._fake import MSG, FakeEngine
+
+pytestmark = pytest.mark.anyio
+
+URL = "http://engine.test/v1"
+FAST = Retry(attempts=3, wait_initial=0.0, wait_jitter=0.0)
+
+
+class Gate:
+    """A fake engine whose replies wait until the test lets them go, one by one; it
+    records the order in which calls arrived (by job name in the user message)."""
+
+    def __init__(self) -> None:
+        self.arrived: list[str] = []
+        self.release = anyio.Event()
+        self.fake = FakeEngine()
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        self.arrived.append(body["messages"][-1]["content"])
+        if body["messages"][-1]["content"].startswith("wait"):
+            await self.release.wait()
+        return await self.fake.handle(request)
+
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self.handle)
+
+
+async def until(predicate: Any, timeout_s: float = 5.0) -> None:
+    """Wait until ``predicate()`` holds. Polling, on purpose: the state watched lives in
+    the runtime (nothing to wait on), and the openai client's first request runs a
+    platform probe in a worker thread, so 'all tasks blocked' is not enough."""
+    with anyio.fail_after(timeout_s):
+        while not predicate():  # noqa: ASYNC110
+            await anyio.sleep(0.005)
+    await anyio.wait_all_tasks_blocked()
+
+
+def ask(text: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": text}]
+
+
+async def test_concurrency_limit_queues_and_reports_queue_time() -> None:
+    gate = Gate()
+    async with Runtime([URL], transport=gate.transport(), concurrency=1) as rt:
+        async with rt.job("j") as job:
+
+            async def first() -> None:
+                async with job.session() as s:
+                    await s.chat(model="m", messages=ask("wait-1"))
+
+            async def second() -> None:
+                async with job.session() as s:
+                    await s.chat(model="m", messages=ask("go-2"))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(first)
+                await until(lambda: gate.arrived)
+                tg.start_soon(second)
+                await anyio.sleep(0.05)
+                # The second call waits in agentrt's queue, not at the engine.
+                assert gate.arrived == ["wait-1"]
+                await anyio.sleep(0.05)
+                gate.release.set()
+    assert gate.arrived == ["wait-1", "go-2"]
+    reports = {c.turn: c for c in job.report.call_reports}
+    queued = [c.queue_s for c in job.report.call_reports]
+    assert max(queued) >= 0.04 and min(queued) == 0.0
+    assert job.report.queue_s == pytest.approx(sum(queued))
+    assert reports  # every call reported
+    assert all(c.status == "ok" for c in job.report.call_reports)
+
+
+async def test_plas_serves_the_program_with_less_service_first() -> None:
+    gate = Gate()
+    gate.fake.delay_s = 0.0
+    async with Runtime(
+        [URL], transport=gate.transport(), concurrency=1, policy=lambda: PLAS(levels=(0.01,))
+    ) as rt:
+        # A long job builds up attained service (> 0.01 LLM seconds).
+        async with rt.job("long", program_id="long") as long_job:
+            async with long_job.session() as s:
+                slow = FakeEngine(delay_s=0.02)
+                gate.fake = slow
+                await s.chat(model="m", messages=ask("long-warm"))
+                gate.fake = FakeEngine()
+
+                async with anyio.create_task_group() as tg:
+                    async with rt.job("blocker") as blocker:
+
+                        async def hold() -> None:
+                            async with blocker.session() as b:
+                                await b.chat(model="m", messages=ask("wait-blocker"))
+
+                        tg.start_soon(hold)
+                        await until(lambda: "wait-blocker" in gate.arrived)
+
+                        async def long_call() -> None:
+                            await s.chat(model="m", messages=ask("long-2"))
+
+                        async def short_call() -> None:
+                            async with rt.job("short") as short, short.session() as ss:
+                                await ss.chat(model="m", messages=ask("short-1"))
+
+                        tg.start_soon(long_call)  # queued first...
+                        await until(lambda: rt.admission_statistics()[0].waiting == 1)
+                        tg.start_soon(short_call)  # ...but the new program goes first
+                        await until(lambda: rt.admission_statistics()[0].waiting == 2)
+                        gate.release.set()
+    assert gate.arrived[-2:] == ["short-1", "long-2"]
+
+
+async def test_fcfs_keeps_arrival_order() -> None:
+    gate = Gate()
+    async with Runtime([URL], transport=gate.transport(), concurrency=1, policy="fcfs") as rt:
+        async with anyio.create_task_group() as tg:
+            for i, name in enumerate(("wait-0", "a", "b", "c")):
+
+                async def one(name: str = name) -> None:
+                    async with rt.job(name) as job, job.session() as s:
+                        await s.chat(model="m", messages=ask(name))
+
+                tg.start_soon(one)
+                if i == 0:
+                    await until(lambda: gate.arrived)
+                else:
+                    await until(lambda i=i: rt.admission_statistics()[0].waiting == i)
+            gate.release.set()
+    assert gate.arrived == ["wait-0", "a", "b", "c"]
+
+
+async def test_priority_pass_through_follows_the_policy_per_endpoint() -> None:
+    fake = FakeEngine()
+    eps = [Endpoint(URL, send_priority=True)]
+    async with Runtime(eps, transport=fake.transport(), dialect="vllm", policy="plas") as rt:
+        async with rt.job("j") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+    assert fake.seen[0].body["priority"] == 0
+    assert job.report.call_reports[0].priority == 0
+
+
+async def test_session_move_is_counted_when_its_replica_fails() -> None:
+    down = {"a.test"}
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host in down:
+            raise httpx.ConnectError("refused", request=request)
+        return await FakeEngine().handle(request)
+
+    eps = ["http://a.test/v1", "http://b.test/v1"]
+    async with Runtime(eps, transport=httpx.MockTransport(handler), retry=FAST) as rt:
+        async with rt.job("r") as job, job.session() as s:
+            down.clear()
+            await s.chat(model="m", messages=MSG)  # lands somewhere, fine
+            home = s.endpoint_index
+            assert home is not None
+            down.add(("a.test", "b.test")[home])  # its replica dies
+            await s.chat(model="m", messages=MSG)
+        loads = rt.endpoint_loads()
+        assert not loads[home].healthy  # a connection error marks it down at once
+    last = job.report.call_reports[-1]
+    assert last.moved and last.attempts == 2 and last.status == "ok"
+    assert job.report.session_moves == 1
+
+
+async def test_a_down_endpoint_is_probed_and_readmitted() -> None:
+    state = {"a_up": False}
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "a.test" and not state["a_up"]:
+            raise httpx.ConnectError("refused", request=request)
+        if request.url.path.endswith("/models"):
+            return httpx.Response(200, json={"object": "list", "data": []})
+        return await FakeEngine().handle(request)
+
+    eps = ["http://a.test/v1", "http://b.test/v1"]
+    async with Runtime(
+        eps, transport=httpx.MockTransport(handler), retry=FAST, routing="round_robin"
+    ) as rt:
+        async with rt.job("r") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+            await s.chat(model="m", messages=MSG)
+        assert not rt.endpoint_loads()[0].healthy
+        state["a_up"] = True
+        await until(lambda: rt.endpoint_loads()[0].healthy, timeout_s=10)
+    assert job.report.status == "ok"
+
+
+async def test_metrics_polling_feeds_endpoint_loads() -> None:
+    page = (
+        'vllm:num_requests_running{model_name="m"} 3\n'
+        'vllm:num_requests_waiting{model_name="m"} 2\n'
+        'vllm:kv_cache_usage_perc{model_name="m"} 0.5\n'
+    )
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=page)
+        return await FakeEngine().handle(request)
+
+    async with Runtime([URL], transport=httpx.MockTransport(handler), poll_metrics_s=0.05) as rt:
+        await until(lambda: rt.endpoint_loads()[0].running is not None, timeout_s=10)
+        load = rt.endpoint_loads()[0]
+    assert (load.running, load.waiting, load.kv_usage) == (3, 2, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"policy": "lottery"}, "unknown scheduling policy"),
+        ({"concurrency": 0}, "concurrency must be"),
+        ({"concurrency": "fast"}, "concurrency must be"),
+        ({"token_budget": -5}, "token_budget must be"),
+        ({"routing": "random-ish"}, "routing"),
+        ({"poll_metrics_s": 0}, "poll_metrics_s"),
+    ],
+)
+def test_bad_scheduling_settings_are_rejected(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Runtime([URL], **kwargs)
+
+
+def test_a_policy_instance_serves_one_endpoint_only() -> None:
+    Runtime([URL], policy=PLAS())
+    with pytest.raises(ValueError, match="one endpoint only"):
+        Runtime([URL, "http://other.test/v1"], policy=PLAS())
+    Runtime([URL, "http://other.test/v1"], policy=PLAS)  # a factory is fine
