@@ -1,0 +1,90 @@
+"""Memory of open, idle sessions: a Runtime with 10,000 sessions open, each after one
+call and waiting (as in a tool wait), against the same Runtime with none.
+
+Two replicas of a fake engine (httpx2 MockTransport), ``routing="session_affinity"``,
+``policy="atlas"`` (the policy with the most per-session state), a concurrency limit (so
+the admission gates are live). Measured with tracemalloc: the Python heap held by the
+sessions, jobs, routing and scheduling state, and the per-call accounting of that first
+call.
+
+    .venv/bin/python benchmarks/idle_sessions.py                  # 10,000 sessions
+    .venv/bin/python benchmarks/idle_sessions.py --sessions 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tracemalloc
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+
+import agentrt
+
+REPLY = {
+    "id": "x",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "m",
+    "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
+    ],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+}
+MESSAGES = [
+    {"role": "system", "content": "You are a coding agent. " * 20},
+    {"role": "user", "content": "Fix the failing test."},
+]
+
+
+async def measure(sessions: int) -> dict[str, Any]:
+    transport = httpx2.MockTransport(lambda request: httpx2.Response(200, json=REPLY))
+    endpoints = ["http://a.test/v1", "http://b.test/v1"]
+    async with agentrt.Runtime(
+        endpoints, transport=transport, policy="atlas", concurrency=64, keep_reports=0
+    ) as rt:
+        # Warm everything that is created once (clients, imports, caches).
+        async with rt.job("warm") as job, job.session() as s:
+            await s.chat(model="m", messages=MESSAGES)
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        async with AsyncExitStack() as stack:
+            for i in range(sessions):
+                job = await stack.enter_async_context(rt.job(f"job-{i % 50}"))
+                s = await stack.enter_async_context(job.session("main"))
+                await s.chat(model="m", messages=MESSAGES)
+                s.expect_idle(30.0)
+            held = tracemalloc.get_traced_memory()[0] - before
+            loads = rt.endpoint_loads()
+        tracemalloc.stop()
+    return {
+        "sessions": sessions,
+        "held_mb": held / 1e6,
+        "per_session_kb": held / max(sessions, 1) / 1e3,
+        "sessions_per_endpoint": [load.sessions for load in loads],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=10_000)
+    parser.add_argument("--out", type=Path, default=Path("results/idle_sessions.json"))
+    args = parser.parse_args()
+    result = anyio.run(measure, args.sessions)
+    print(
+        f"{result['sessions']} idle sessions hold {result['held_mb']:.1f} MB "
+        f"({result['per_session_kb']:.1f} kB each; goal: < 100 MB for 10,000); "
+        f"sessions per endpoint {result['sessions_per_endpoint']}"
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
