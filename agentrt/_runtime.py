@@ -9,7 +9,7 @@ from contextlib import AbstractContextManager, asynccontextmanager, contextmanag
 from dataclasses import dataclass, field, replace
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeVar, cast
 
 import anyio
 import anyio.abc
@@ -197,6 +197,14 @@ class _Core:
         self.job_ended(job, status, error)
 
 
+class AsyncTransport(Protocol):
+    """An async transport of legacy ``httpx`` or of ``httpx2`` (same shape)."""
+
+    async def handle_async_request(self, request: Any) -> Any: ...
+
+    async def aclose(self) -> None: ...
+
+
 PolicySpec = str | Policy | Callable[[], Policy]
 """A policy name (``"fcfs"``, ``"plas"``, ``"atlas"``, ``"mlfq"``, ``"edf"``), a factory
 (e.g. ``lambda: PLAS(starvation_ratio=2.0)``) or, with a single endpoint, an instance."""
@@ -311,7 +319,7 @@ class Runtime:
         send_priority: bool = False,
         retry: Retry = DEFAULT_RETRY,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: AsyncTransport | None = None,
         on_job_end: Callable[[JobReport], None] | None = None,
         keep_reports: int = 1000,
         poll_metrics_s: float | None = None,
@@ -338,7 +346,7 @@ class Runtime:
         mod = self._lib.mod
         self._timeout: Any = mod.Timeout(timeout_s, connect=10.0)
         self._owns_inner = transport is None
-        self._inner: httpx.AsyncBaseTransport = transport or mod.AsyncHTTPTransport(
+        self._inner: httpx.AsyncBaseTransport = cast(Any, transport) or mod.AsyncHTTPTransport(
             limits=mod.Limits(max_connections=None, max_keepalive_connections=256)
         )
         self._reports: deque[JobReport] = deque(maxlen=keep_reports)
