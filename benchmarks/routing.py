@@ -14,7 +14,7 @@ blocks, at most ``prompt - 1`` tokens per call, as the engine counts), computed 
 the replayed plans; and, for reference, the unscaled traces' share of prompt blocks shared
 with the previous turn.
 
-    .venv/bin/python benchmarks/routing.py        # ~5 min; writes results/routing.json
+    .venv/bin/python benchmarks/routing.py        # ~6 min; writes results/routing.json
 """
 
 from __future__ import annotations

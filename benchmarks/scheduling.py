@@ -16,8 +16,8 @@ point. Every client replays the identical workload on a fresh cluster, side by s
 ``--knee`` instead sweeps the per-endpoint concurrency limit on one replica under a
 saturating closed loop (128 users of back-to-back ReAct calls) and prints the throughput.
 
-    .venv/bin/python benchmarks/scheduling.py              # ~4 min; results/scheduling.json
-    .venv/bin/python benchmarks/scheduling.py --knee       # ~15 s; results/scheduling_knee.json
+    .venv/bin/python benchmarks/scheduling.py              # ~5 min; results/scheduling.json
+    .venv/bin/python benchmarks/scheduling.py --knee       # ~80 s; results/scheduling_knee.json
 """
 
 from __future__ import annotations
