@@ -30,8 +30,18 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 from ._context import Job, Session, _CallState, current_session, new_id
 from ._errors import EndpointError
 from ._protocol import CallMetadata
+from .dialects._generic import check_header_name, check_header_value
 from .scheduling._queue import Ticket
 from .scheduling._routing import prefix_fingerprints
+from .telemetry._events import (
+    AttemptFailed,
+    CallEnded,
+    CallQueued,
+    CallSent,
+    CallStarted,
+    FirstToken,
+    SessionMoved,
+)
 from .telemetry._report import CallStatus
 
 if TYPE_CHECKING:
@@ -399,6 +409,19 @@ class _Call:
         if core.prefix_aware and session.endpoint_index is None and content:
             self.prefix = prefix_fingerprints(content)
         self.sent_at = now
+        if core.hooks:
+            core.emit(
+                CallStarted(
+                    t=now,
+                    job_id=job.id,
+                    session_id=session.id,
+                    call_id=call_id,
+                    turn=turn,
+                    path=suffix,
+                    model=model,
+                    stream=stream,
+                )
+            )
 
     # -- sending ------------------------------------------------------------------------
 
@@ -426,10 +449,26 @@ class _Call:
 
     async def _attempt(self) -> httpx.Response:
         core, session, state, ticket = self.core, self.session, self.state, self.ticket
+        previous = state.endpoint or (
+            core.endpoints[session.endpoint_index].endpoint.url
+            if session.endpoint_index is not None
+            else None
+        )
         index, moved = core.route(session, self.failed, self.prefix, ticket.tokens)
         ep = core.endpoints[index]
         if moved:
             state.moved = True
+            if core.hooks:
+                core.emit(
+                    SessionMoved(
+                        t=anyio.current_time(),
+                        job_id=ticket.job_id,
+                        session_id=session.id,
+                        call_id=state.call_id,
+                        from_endpoint=previous or "",
+                        to_endpoint=ep.endpoint.url,
+                    )
+                )
         admission = ep.admission
         priority = admission.policy.classify(ticket, state.started)
         if core.send_priority:
@@ -437,13 +476,17 @@ class _Call:
         ticket.enqueued_at = -1.0
         await admission.admit(ticket)
         try:
-            if ticket.enqueued_at >= 0.0:  # it waited in the queue
+            queued = ticket.enqueued_at >= 0.0
+            if queued or state.attempts:  # it waited in the queue, or this is a retry
                 self.sent_at = now = anyio.current_time()
-                state.queue_s += now - ticket.enqueued_at
+                if queued:
+                    state.queue_s += now - ticket.enqueued_at
             state.attempts += 1
             state.endpoint = ep.endpoint.url
             meta = self._metadata(state.priority)
             enc = ep.dialect.encode(meta, ep.options)
+            if core.hooks:
+                self._sending(ep, queued, enc.headers)
             key = ep.endpoint.api_key if ep.endpoint.api_key is not None else core.api_key
             content = None
             if self.body is not None and enc.body:
@@ -471,6 +514,8 @@ class _Call:
             self._release(ok=False)
             core.record_health(ep, False, connect=True)
             self.failed.add(index)
+            if core.hooks:
+                self._failed(ep, f"{type(exc).__name__}: {exc}")
             raise _RetryableError(exc, index) from exc
         except BaseException:
             self._release(ok=True)
@@ -484,6 +529,8 @@ class _Call:
             self._release(ok=status not in RETRY_STATUS)
             if status >= 500:
                 core.record_health(ep, False)
+            if core.hooks:
+                self._failed(ep, f"HTTP {status}")
             await response.aclose()
             raise
         if status < 500:
@@ -493,6 +540,52 @@ class _Call:
             if value is not None and len(value) <= 1024 and "\r" not in value:
                 session.echo[name] = value
         return response
+
+    def _sending(self, ep: _EndpointState, queued: bool, headers: dict[str, str]) -> None:
+        """Emit CallQueued (if it waited) and CallSent; merge the hooks' headers."""
+        core, state, ticket = self.core, self.state, self.ticket
+        url = ep.endpoint.url
+        if queued:
+            core.emit(
+                CallQueued(
+                    t=ticket.enqueued_at,
+                    job_id=ticket.job_id,
+                    session_id=ticket.session_id,
+                    call_id=state.call_id,
+                    endpoint=url,
+                    attempt=state.attempts,
+                )
+            )
+        event = CallSent(
+            t=self.sent_at,
+            job_id=ticket.job_id,
+            session_id=ticket.session_id,
+            call_id=state.call_id,
+            endpoint=url,
+            attempt=state.attempts,
+            queue_s=state.queue_s,
+            priority=state.priority,
+        )
+        core.emit(event)
+        for name, value in event.headers.items():
+            headers[check_header_name(name).lower()] = check_header_value(
+                value, f"header {name!r} from a hook"
+            )
+
+    def _failed(self, ep: _EndpointState, error: str) -> None:
+        state, ticket = self.state, self.ticket
+        self.core.emit(
+            AttemptFailed(
+                t=anyio.current_time(),
+                job_id=ticket.job_id,
+                session_id=ticket.session_id,
+                call_id=state.call_id,
+                endpoint=ep.endpoint.url,
+                attempt=state.attempts,
+                error=error,
+                will_retry=state.attempts < self.core.retry.attempts,
+            )
+        )
 
     def _backoff(self, n: int, exc: BaseException | None) -> float:
         """The wait after failed attempt ``n``."""
@@ -621,12 +714,24 @@ class _Call:
             job = self.session.job
             program = self.core.program(job.program_id)
             tokens = (state.prompt_tokens or 0) + (state.completion_tokens or 0)
-            program.service_s += latency
+            service = max(0.0, latency - state.queue_s)  # LLM seconds, not queueing
+            program.service_s += service
             program.service_tokens += tokens
             for e in self.core.endpoints:
-                e.admission.policy.on_call_end(self.ticket, latency, tokens)
+                e.admission.policy.on_call_end(self.ticket, service, tokens)
             if status == "ok":
                 self.session._replied(now)
+            if self.core.hooks:
+                self.core.emit(
+                    CallEnded(
+                        t=now,
+                        job_id=job.id,
+                        session_id=self.session.id,
+                        call_id=state.call_id,
+                        status=status,
+                        report=state.to_report(),
+                    )
+                )
         if self.implicit is not None:
             self.core.end_implicit(self.implicit)
 
@@ -674,7 +779,19 @@ class _ObservedStream:
             self._call._end("error", message)
             raise EndpointError(message, endpoint=self._url, attempts=state.attempts) from exc
         if state.ttft_s is None and chunk:
-            state.ttft_s = anyio.current_time() - state.started
+            now = anyio.current_time()
+            state.ttft_s = now - state.started
+            core = self._call.core
+            if core.hooks:
+                core.emit(
+                    FirstToken(
+                        t=now,
+                        job_id=self._call.ticket.job_id,
+                        session_id=self._call.ticket.session_id,
+                        call_id=state.call_id,
+                        ttft_s=state.ttft_s,
+                    )
+                )
         if self._parse:
             self._scan(chunk)
             if self._complete:

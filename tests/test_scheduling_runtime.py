@@ -239,3 +239,29 @@ def test_a_policy_instance_serves_one_endpoint_only() -> None:
     with pytest.raises(ValueError, match="one endpoint only"):
         Runtime([URL, "http://other.test/v1"], policy=PLAS())
     Runtime([URL, "http://other.test/v1"], policy=PLAS)  # a factory is fine
+
+
+async def test_time_in_the_queue_is_not_attained_service() -> None:
+    gate = Gate()
+    async with Runtime([URL], transport=gate.transport(), concurrency=1) as rt:
+        async with anyio.create_task_group() as tg, rt.job("blocker") as blocker:
+
+            async def hold() -> None:
+                async with blocker.session() as b:
+                    await b.chat(model="m", messages=ask("wait-0"))
+
+            tg.start_soon(hold)
+            await until(lambda: gate.arrived)
+            async with rt.job("waiter") as job, job.session() as s:
+
+                async def release_later() -> None:
+                    await anyio.sleep(0.1)
+                    gate.release.set()
+
+                tg.start_soon(release_later)
+                await s.chat(model="m", messages=ask("first"))  # queued ~0.1 s
+                await s.chat(model="m", messages=ask("second"))
+    first, second = job.report.call_reports
+    assert first.queue_s >= 0.05
+    service = float(gate.fake.seen[-1].headers["x-agentrt-service-s"])
+    assert service < first.queue_s / 2  # the engine answered at once; the wait is not service

@@ -244,10 +244,11 @@ class SessionAffinity:
       ``max(overload * mean, call_cost)``, the mean taken over the healthy endpoints (all
       of them if none is healthy). An endpoint carrying at most one call's worth is never
       overloaded.
-    * Otherwise (first turn, or the session moves) the call goes to the allowed,
-      not-overloaded endpoint that last served the longest known prefix of the prompt
-      (``key.prefix``, learned through :meth:`served`); else to the least-loaded allowed
-      endpoint (:class:`LeastLoaded`'s order). A session that moves leaves its home
+    * Otherwise (first turn, or the session moves) the call goes to the allowed endpoint
+      that last served the longest known prefix of the prompt (``key.prefix``, learned
+      through :meth:`served`) if its load is at most the allowed endpoints' mean plus
+      one call's cost; else to the least-loaded allowed endpoint (:class:`LeastLoaded`'s
+      order). A session that moves leaves its home
       unless no other endpoint is allowed.
 
     The prefix index maps fingerprint -> endpoint, holds at most ``prefix_capacity``
@@ -295,10 +296,16 @@ class SessionAffinity:
             return home
         if home is not None:  # the session moves: anywhere but its home, if possible
             pool = [i for i in pool if i != home] or pool
-        for fingerprint in reversed(key.prefix):
-            holder = self._prefixes.get(fingerprint)
-            if holder is not None and holder in pool and not self.overloaded(loads, holder):
-                return holder
+        if key.prefix:
+            # A replica that holds the prompt's prefix wins only while it carries no more
+            # than the pool's mean load: every session of an agent shares its system
+            # prompt, so "the holder" would otherwise draw every new session to one replica.
+            scores = {i: load_score(loads[i], self.call_cost) for i in pool}
+            ceiling = math.fsum(scores.values()) / len(scores) + self.call_cost
+            for fingerprint in reversed(key.prefix):
+                holder = self._prefixes.get(fingerprint)
+                if holder is not None and holder in scores and scores[holder] <= ceiling:
+                    return holder
         return _least_loaded(loads, pool, key.tokens)
 
     def served(self, index: int, key: RouteKey) -> None:
