@@ -19,6 +19,7 @@ import anyio
 
 from ._errors import EndpointError, JobClosedError, SessionClosedError
 from ._protocol import validate_id, validate_nonneg
+from .telemetry._events import SessionClosed, SessionOpened, ToolEnded, ToolStarted
 from .telemetry._report import (
     CallReport,
     CallStatus,
@@ -233,6 +234,13 @@ class Session:
         if expected is not None:
             self._idle_declared = (self._idle_declared or 0.0) + expected
         self._tool_depth += 1
+        core = self.job._core
+        if core.hooks:
+            core.emit(
+                ToolStarted(
+                    t=now, job_id=self.job.id, session_id=self.id, name=name, expected_s=expected
+                )
+            )
         status: Any = "ok"
         try:
             yield
@@ -255,6 +263,17 @@ class Session:
                     status=status,
                 )
             )
+            if core.hooks:
+                core.emit(
+                    ToolEnded(
+                        t=end,
+                        job_id=self.job.id,
+                        session_id=self.id,
+                        name=name,
+                        duration_s=end - now,
+                        status=status,
+                    )
+                )
 
     # -- used by the transport -----------------------------------------------------------
 
@@ -341,12 +360,27 @@ class Job:
         ``parent`` links a sub-agent's session to the session that spawned it.
         """
         session = self._new_session(name, session_id, parent)
+        core = self._core
+        if core.hooks:
+            core.emit(
+                SessionOpened(
+                    t=anyio.current_time(),
+                    job_id=self.id,
+                    session_id=session.id,
+                    name=session.name,
+                    parent_id=session.parent_id,
+                )
+            )
         token = _CURRENT_SESSION.set(session)
         try:
             yield session
         finally:
             session._closed = True
             _CURRENT_SESSION.reset(token)
+            if core.hooks:
+                core.emit(
+                    SessionClosed(t=anyio.current_time(), job_id=self.id, session_id=session.id)
+                )
 
     def _new_session(
         self, name: str | None, session_id: str | None, parent: Session | str | None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
@@ -28,6 +29,7 @@ from .scheduling._limiter import make_limit
 from .scheduling._queue import Policy, make_policy
 from .scheduling._routing import EndpointLoad, RouteKey, Router, SessionAffinity, make_router
 from .scheduling._signals import parse_vllm_metrics
+from .telemetry._events import Event, Hook, JobEnded, JobStarted
 from .telemetry._report import JobReport, JobStatus
 
 if TYPE_CHECKING:
@@ -105,6 +107,10 @@ class _Core:
         self.active_jobs: dict[str, Job] = {}
         self.client: openai.AsyncOpenAI = None  # type: ignore[assignment]  # set by Runtime
         self.on_report: Callable[[JobReport], None] = lambda report: None
+        self.hooks: tuple[Hook, ...] = ()
+        """Event hooks (set by Runtime). Emission points test ``if core.hooks:`` first, so
+        no event is built when nobody listens."""
+        self._broken_hooks: set[int] = set()
         self.health_changed: anyio.Event | None = None
         """Set when an endpoint is marked down (wakes the runtime's prober)."""
         # Longest base first, so that nested base paths match the most specific one.
@@ -141,6 +147,22 @@ class _Core:
         session.endpoint_index = index
         return index, home is not None
 
+    def emit(self, event: Event) -> None:
+        """Hand ``event`` to every hook. A hook that raises is reported once (a warning)
+        and never disturbs the call."""
+        for hook in self.hooks:
+            try:
+                hook(event)
+            except Exception as exc:
+                if id(hook) not in self._broken_hooks:
+                    self._broken_hooks.add(id(hook))
+                    warnings.warn(
+                        f"agentrt hook {hook!r} raised {type(exc).__name__}: {exc} "
+                        f"(on {type(event).__name__}; further errors of this hook are silent)",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+
     def record_health(self, ep: _EndpointState, ok: bool, *, connect: bool = False) -> None:
         """Feed an attempt's outcome to the endpoint's health tracker."""
         now = anyio.current_time()
@@ -160,10 +182,21 @@ class _Core:
             program = self.programs[program_id] = _Program()
         return program
 
-    def job_started(self, job: Job) -> None:
+    def job_started(self, job: Job, *, implicit: bool = False) -> None:
         self.program(job.program_id).jobs += 1
         self.active_jobs[job.id] = job
         job._start()
+        if self.hooks:
+            self.emit(
+                JobStarted(
+                    t=job._t0,
+                    job_id=job.id,
+                    name=job.name,
+                    program_id=job.program_id,
+                    started_at=job._started_at,
+                    implicit=implicit,
+                )
+            )
 
     def job_ended(self, job: Job, status: JobStatus, error: str | None) -> JobReport:
         report = job._finish(status, error)
@@ -176,11 +209,13 @@ class _Core:
             if program.jobs <= 0:
                 del self.programs[job.program_id]
         self.on_report(report)
+        if self.hooks:
+            self.emit(JobEnded(t=anyio.current_time(), job_id=job.id, report=report))
         return report
 
     def implicit_job(self) -> Job:
         job = Job(self, "call", job_id=None, program_id=None, deadline_s=None, metadata=None)
-        self.job_started(job)
+        self.job_started(job, implicit=True)
         return job
 
     def end_implicit(self, job: Job) -> None:
@@ -303,7 +338,9 @@ class Runtime:
     then come from that transport's library (legacy ``httpx`` or ``httpx2``). Without
     one, agentrt uses ``httpx2`` when it is installed and openai is 3.x or later (openai's
     native stack, markedly faster under concurrency), else legacy ``httpx``.
-    ``on_job_end`` receives each finished job's report.
+    ``on_job_end`` receives each finished job's report; ``hooks`` receive every event
+    (job and session start and end, each call's start, queueing, attempts, first token and
+    end, tool waits, session moves: ``agentrt.telemetry``).
     """
 
     def __init__(
@@ -323,6 +360,7 @@ class Runtime:
         on_job_end: Callable[[JobReport], None] | None = None,
         keep_reports: int = 1000,
         poll_metrics_s: float | None = None,
+        hooks: Sequence[Hook] = (),
     ) -> None:
         if api_key is not None and any(c in api_key for c in "\r\n"):
             raise ValueError("api_key contains CR/LF")
@@ -340,6 +378,10 @@ class Runtime:
             raise ValueError(f"poll_metrics_s must be a number > 0 or None, got {poll_metrics_s!r}")
         states = _endpoints(endpoints, dialect, policy, concurrency, token_budget, send_priority)
         self._core = _Core(states, make_router(routing), retry, api_key)
+        for hook in hooks:
+            if not callable(hook):
+                raise TypeError(f"a hook must be a callable taking one event, got {hook!r}")
+        self._core.hooks = tuple(hooks)
         # The HTTP library (legacy httpx or httpx2), chosen once: everything below and
         # every client this runtime builds comes from it.
         self._lib: HttpLib = http_lib(transport)

@@ -1,5 +1,43 @@
-"""Telemetry: per-job reports (and, later, events, journal and exporters)."""
+"""Telemetry: per-job reports, the event stream and its hooks."""
 
+from ._events import (
+    AttemptFailed,
+    CallEnded,
+    CallQueued,
+    CallSent,
+    CallStarted,
+    Event,
+    FirstToken,
+    Hook,
+    JobEnded,
+    JobStarted,
+    SessionClosed,
+    SessionMoved,
+    SessionOpened,
+    ToolEnded,
+    ToolStarted,
+)
 from ._report import CallReport, CallStatus, JobReport, JobStatus, ToolReport
 
-__all__ = ["CallReport", "CallStatus", "JobReport", "JobStatus", "ToolReport"]
+__all__ = [
+    "AttemptFailed",
+    "CallEnded",
+    "CallQueued",
+    "CallReport",
+    "CallSent",
+    "CallStarted",
+    "CallStatus",
+    "Event",
+    "FirstToken",
+    "Hook",
+    "JobEnded",
+    "JobReport",
+    "JobStarted",
+    "JobStatus",
+    "SessionClosed",
+    "SessionMoved",
+    "SessionOpened",
+    "ToolEnded",
+    "ToolReport",
+    "ToolStarted",
+]

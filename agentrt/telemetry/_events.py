@@ -1,0 +1,184 @@
+"""Events: a small, typed stream of what happens in a runtime, for hooks.
+
+A hook is any callable that takes one :class:`Event` (the :class:`Hook` protocol).
+``Runtime(hooks=[...])`` calls every hook, in order, synchronously, at the moment the event
+happens; the exporters (journal, OpenTelemetry, Prometheus) are hooks too. Events are
+frozen dataclasses. Every event carries ``t`` (the runtime's clock,
+``anyio.current_time()``: monotonic, or virtual in simulations) and the job id; the
+events of a session carry its id, those of a call its id.
+
+When no hook is installed, no event object is built: the cost is one truth test per
+emission point. A hook that raises is reported once through :mod:`warnings` and does not
+disturb the call.
+
+Order of a call's events: ``CallStarted``, then per attempt ``CallQueued`` (only when it
+waited for room; ``t`` is when it started waiting), ``CallSent``, and ``AttemptFailed``
+when the attempt failed; ``FirstToken`` for a streamed reply; ``CallEnded`` once, whatever
+the outcome. ``SessionMoved`` comes before the ``CallSent`` of the attempt that moved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from ._report import CallReport, CallStatus, JobReport
+
+__all__ = [
+    "AttemptFailed",
+    "CallEnded",
+    "CallQueued",
+    "CallSent",
+    "CallStarted",
+    "Event",
+    "FirstToken",
+    "Hook",
+    "JobEnded",
+    "JobStarted",
+    "SessionClosed",
+    "SessionMoved",
+    "SessionOpened",
+    "ToolEnded",
+    "ToolStarted",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """Something that happened. ``t``: the runtime clock (seconds)."""
+
+    t: float
+    job_id: str
+
+
+class Hook(Protocol):
+    """Receives every event of a runtime. Keep it fast: it runs on the call's path."""
+
+    def __call__(self, event: Event, /) -> None: ...
+
+
+# -- jobs and sessions ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobStarted(Event):
+    name: str
+    program_id: str
+    started_at: datetime
+    """Wall-clock start (UTC)."""
+    implicit: bool = False
+    """A one-call job opened for a call made outside any session."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobEnded(Event):
+    report: JobReport
+    """The job's final report (status, JCT and its breakdown, every call and tool wait)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionOpened(Event):
+    session_id: str
+    name: str | None
+    parent_id: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionClosed(Event):
+    session_id: str
+
+
+# -- calls -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallStarted(Event):
+    session_id: str
+    call_id: str
+    turn: int
+    path: str
+    """The request path under the endpoint's base URL, e.g. ``/chat/completions``."""
+    model: str | None
+    stream: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallQueued(Event):
+    """The call waited in agentrt's admission queue; ``t`` is when it began waiting."""
+
+    session_id: str
+    call_id: str
+    endpoint: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallSent(Event):
+    """An attempt was admitted and is being sent."""
+
+    session_id: str
+    call_id: str
+    endpoint: str
+    attempt: int
+    """1 for the first attempt."""
+    queue_s: float
+    """Time this call has spent in the admission queue so far."""
+    priority: int | None
+    headers: dict[str, str] = field(default_factory=dict)
+    """Hooks may add headers to the attempt here (e.g. W3C ``traceparent``); names lower
+    case. Values are checked like every header agentrt sends (no CR/LF, bounded)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptFailed(Event):
+    session_id: str
+    call_id: str
+    endpoint: str
+    attempt: int
+    error: str
+    will_retry: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FirstToken(Event):
+    session_id: str
+    call_id: str
+    ttft_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallEnded(Event):
+    session_id: str
+    call_id: str
+    status: CallStatus
+    report: CallReport
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionMoved(Event):
+    """A session's call went to another replica than its previous turn: the cached
+    prefix there is not reused."""
+
+    session_id: str
+    call_id: str
+    from_endpoint: str
+    to_endpoint: str
+
+
+# -- tool waits -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolStarted(Event):
+    session_id: str
+    name: str
+    expected_s: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolEnded(Event):
+    session_id: str
+    name: str
+    duration_s: float
+    status: CallStatus
