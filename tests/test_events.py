@@ -41,7 +41,7 @@ async def test_a_job_emits_its_events_in_order() -> None:
             async with s.tool("grep", expected_s=1.0):
                 pass
             stream = await s.chat(model="m", messages=MSG, stream=True)
-            async for _ in stream:
+            async for _ in stream:  # type: ignore[union-attr]
                 pass
     kinds = [type(e).__name__ for e in events]
     assert kinds == [
