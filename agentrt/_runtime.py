@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
@@ -30,6 +31,7 @@ from .scheduling._queue import Policy, make_policy
 from .scheduling._routing import EndpointLoad, RouteKey, Router, SessionAffinity, make_router
 from .scheduling._signals import parse_vllm_metrics
 from .telemetry._events import Event, Hook, JobEnded, JobStarted
+from .telemetry._journal import Journal
 from .telemetry._report import JobReport, JobStatus
 
 if TYPE_CHECKING:
@@ -108,6 +110,8 @@ class _Core:
         self.client: openai.AsyncOpenAI = None  # type: ignore[assignment]  # set by Runtime
         self.on_report: Callable[[JobReport], None] = lambda report: None
         self.hooks: tuple[Hook, ...] = ()
+        self.capture_content = False
+        """Carry prompt and completion text in the call events (opt-in)."""
         """Event hooks (set by Runtime). Emission points test ``if core.hooks:`` first, so
         no event is built when nobody listens."""
         self._broken_hooks: set[int] = set()
@@ -338,9 +342,15 @@ class Runtime:
     then come from that transport's library (legacy ``httpx`` or ``httpx2``). Without
     one, agentrt uses ``httpx2`` when it is installed and openai is 3.x or later (openai's
     native stack, markedly faster under concurrency), else legacy ``httpx``.
-    ``on_job_end`` receives each finished job's report; ``hooks`` receive every event
-    (job and session start and end, each call's start, queueing, attempts, first token and
-    end, tool waits, session moves: ``agentrt.telemetry``).
+    Telemetry (docs/telemetry.md): ``on_job_end`` receives each finished job's report;
+    ``hooks`` receive every event (job and session start and end, each call's start,
+    queueing, attempts, first token and end, tool waits, session moves:
+    ``agentrt.telemetry``). ``journal`` appends one JSON line per finished job to that
+    file. ``otel`` (on by default) emits OpenTelemetry spans and metrics to the globally
+    installed providers when ``opentelemetry`` is installed (no-ops without an SDK).
+    ``prometheus`` registers agentrt's metrics: ``True`` in the default registry, or in
+    the ``CollectorRegistry`` given. ``capture_content`` records prompt and completion
+    text in events and spans (off by default).
     """
 
     def __init__(
@@ -361,6 +371,10 @@ class Runtime:
         keep_reports: int = 1000,
         poll_metrics_s: float | None = None,
         hooks: Sequence[Hook] = (),
+        journal: str | os.PathLike[str] | None = None,
+        otel: bool = True,
+        prometheus: Any = None,
+        capture_content: bool = False,
     ) -> None:
         if api_key is not None and any(c in api_key for c in "\r\n"):
             raise ValueError("api_key contains CR/LF")
@@ -381,7 +395,25 @@ class Runtime:
         for hook in hooks:
             if not callable(hook):
                 raise TypeError(f"a hook must be a callable taking one event, got {hook!r}")
-        self._core.hooks = tuple(hooks)
+        all_hooks = list(hooks)
+        if not isinstance(otel, bool):
+            raise TypeError(f"otel must be True or False, got {otel!r}")
+        self._core.capture_content = bool(capture_content)
+        if otel:
+            from .telemetry._otel import otel_hook
+
+            span_hook = otel_hook(capture_content=bool(capture_content))
+            if span_hook is not None:  # None: opentelemetry is not installed
+                all_hooks.append(span_hook)
+        if prometheus is not None and prometheus is not False:
+            from .telemetry._prometheus import PrometheusHook
+
+            all_hooks.append(PrometheusHook(None if prometheus is True else prometheus))
+        self._journal: Journal | None = None
+        if journal is not None:
+            self._journal = Journal(journal)  # opened now: a bad path fails here
+            all_hooks.append(self._journal)
+        self._core.hooks = tuple(all_hooks)
         # The HTTP library (legacy httpx or httpx2), chosen once: everything below and
         # every client this runtime builds comes from it.
         self._lib: HttpLib = http_lib(transport)
@@ -506,6 +538,8 @@ class Runtime:
         with anyio.CancelScope(shield=True):
             if self._owns_inner:
                 await self._inner.aclose()
+            if self._journal is not None:
+                self._journal.close()
         if running and exc is None:
             names = ", ".join(repr(j.id) for j in running[:5])
             raise AgentrtError(

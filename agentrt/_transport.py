@@ -120,6 +120,34 @@ def _usage_into(report: _CallState, usage: Any) -> None:
         report.cached_tokens = details["cached_tokens"]
 
 
+def _content_of(body: dict[str, Any] | None) -> Any:
+    """What a request asked (its messages, or its prompt), for ``capture_content``."""
+    if not body:
+        return None
+    return body.get("messages", body.get("prompt"))
+
+
+def _text_of(choice: Any) -> str | None:
+    if not isinstance(choice, dict):
+        return None
+    for key in ("message", "delta"):
+        part = choice.get(key)
+        if isinstance(part, dict) and isinstance(part.get("content"), str):
+            return str(part["content"])
+    text = choice.get("text")
+    return text if isinstance(text, str) else None
+
+
+def _output_of(raw: bytes) -> str | None:
+    """The first choice's text of a JSON reply, for ``capture_content``."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    choices = data.get("choices") if isinstance(data, dict) else None
+    return _text_of(choices[0]) if isinstance(choices, list) and choices else None
+
+
 def _merge_body(body: dict[str, Any], extra: dict[str, Any]) -> None:
     """Merge dialect fields into the body; never overwrite what the caller set."""
     for key, value in extra.items():
@@ -329,6 +357,7 @@ class _Call:
         "ep",
         "failed",
         "implicit",
+        "output",
         "prefix",
         "request",
         "sent_at",
@@ -360,6 +389,8 @@ class _Call:
         """The endpoint of the attempt in flight, counted in its load until released."""
         self.failed: set[int] = set()
         self.ended = False
+        self.output: str | None = None
+        """The completion text, collected only with ``capture_content`` and hooks."""
         job = session.job
         body: dict[str, Any] | None = None
         content = request.content if request.method == "POST" else b""
@@ -420,6 +451,7 @@ class _Call:
                     path=suffix,
                     model=model,
                     stream=stream,
+                    content=_content_of(body) if core.capture_content else None,
                 )
             )
 
@@ -677,6 +709,8 @@ class _Call:
             raise EndpointError(message, endpoint=url, attempts=state.attempts)
         else:
             _usage_into(state, _usage_of(raw))
+            if self.core.capture_content and self.core.hooks:
+                self.output = _output_of(raw)
             self._end("ok", None)
         return transport._rebuild(response, raw)
 
@@ -730,6 +764,7 @@ class _Call:
                         call_id=state.call_id,
                         status=status,
                         report=state.to_report(),
+                        output=self.output,
                     )
                 )
         if self.implicit is not None:
@@ -750,6 +785,8 @@ class _ObservedStream:
         self._state = call.state
         self._url = call.ep.endpoint.url if call.ep is not None else call.base
         self._parse = "content-encoding" not in response.headers
+        self._capture = call.core.capture_content and bool(call.core.hooks)
+        self._parts: list[str] = []
         self._tail = b""
         self._complete = False
         self._it: AsyncIterator[bytes] | None = None
@@ -805,6 +842,20 @@ class _ObservedStream:
         for line in lines:
             if line.startswith(b"data: [DONE]"):
                 self._complete = True
+                if self._capture:
+                    self._call.output = "".join(self._parts)
+            elif self._capture and line.startswith(b"data:"):
+                try:
+                    obj = json.loads(line[5:])
+                except ValueError:
+                    continue
+                if isinstance(obj, dict):
+                    choices = obj.get("choices")
+                    if isinstance(choices, list) and choices:
+                        text = _text_of(choices[0])
+                        if text:
+                            self._parts.append(text)
+                    _usage_into(self._state, obj.get("usage"))
             elif _USAGE_KEY in line and line.startswith(b"data:"):
                 try:
                     obj = json.loads(line[5:])

@@ -177,3 +177,27 @@ async def test_a_raising_hook_warns_once_and_the_call_goes_on() -> None:
 def test_a_hook_must_be_callable() -> None:
     with pytest.raises(TypeError, match="hook must be a callable"):
         Runtime([URL], hooks=["not a hook"])  # type: ignore[list-item]
+
+
+async def test_content_is_captured_only_on_request() -> None:
+    for capture in (False, True):
+        events: list[Event] = []
+        fake = FakeEngine()
+        async with Runtime(
+            [URL], transport=fake.transport(), hooks=[events.append], capture_content=capture
+        ) as rt:
+            async with rt.job("j") as job, job.session() as s:
+                await s.chat(model="m", messages=MSG)
+                stream = await s.chat(model="m", messages=MSG, stream=True)
+                async for _ in stream:  # type: ignore[union-attr]
+                    pass
+        started = [e for e in events if isinstance(e, CallStarted)]
+        ended = [e for e in events if isinstance(e, CallEnded)]
+        if capture:
+            assert started[0].content == MSG
+            assert ended[0].output == "hello"
+            assert ended[1].output  # the streamed deltas, joined
+        else:
+            assert all(e.content is None for e in started)
+            assert all(e.output is None for e in ended)
+        assert job.report.status == "ok"

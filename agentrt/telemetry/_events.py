@@ -101,6 +101,9 @@ class CallStarted(Event):
     """The request path under the endpoint's base URL, e.g. ``/chat/completions``."""
     model: str | None
     stream: bool
+    content: object = None
+    """The request's ``messages`` (or ``prompt``), only with
+    ``Runtime(capture_content=True)``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -153,6 +156,8 @@ class CallEnded(Event):
     call_id: str
     status: CallStatus
     report: CallReport
+    output: str | None = None
+    """The completion text (first choice), only with ``Runtime(capture_content=True)``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
