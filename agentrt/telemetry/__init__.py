@@ -17,6 +17,7 @@ from ._events import (
     ToolEnded,
     ToolStarted,
 )
+from ._journal import Journal, JournalWarning, iter_journal, read_journal
 from ._report import CallReport, CallStatus, JobReport, JobStatus, ToolReport
 
 __all__ = [
@@ -34,10 +35,14 @@ __all__ = [
     "JobReport",
     "JobStarted",
     "JobStatus",
+    "Journal",
+    "JournalWarning",
     "SessionClosed",
     "SessionMoved",
     "SessionOpened",
     "ToolEnded",
     "ToolReport",
     "ToolStarted",
+    "iter_journal",
+    "read_journal",
 ]
