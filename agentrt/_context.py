@@ -291,9 +291,13 @@ class Session:
 
 
 def _raise_endpoint_error(exc: Exception) -> None:
-    """openai wraps transport errors in APIConnectionError; surface agentrt's own."""
+    """openai 2.x wraps whatever the transport raised in APIConnectionError; surface
+    agentrt's own errors (an endpoint that failed, bad input caught before sending) as
+    they are, as openai 3.x does."""
     cause = exc.__cause__
-    if isinstance(cause, EndpointError):
+    if isinstance(cause, EndpointError | ValueError | TypeError) and not isinstance(
+        exc, ValueError | TypeError
+    ):
         raise cause from exc
 
 
