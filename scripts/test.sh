@@ -14,7 +14,7 @@ if [[ ! -x .venv/bin/python ]]; then
     "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[dev,report,serve]"
+.venv/bin/python -m pip install -q -e ".[dev,otel,prometheus,report,serve]"
 
 # The real engine (vLLM CPU + a tiny offline model) in its own environment.
 bash scripts/engine_setup.sh

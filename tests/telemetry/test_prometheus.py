@@ -1,0 +1,200 @@
+"""The Prometheus exporter: metric values after a run, labels, registries, the extra."""
+
+from __future__ import annotations
+
+import sys
+
+import anyio
+import httpx
+import pytest
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from agentrt import Retry, Runtime
+from agentrt.telemetry._prometheus import PrometheusHook
+from tests._fake import MSG, FakeEngine
+
+pytestmark = pytest.mark.anyio
+
+FAST = Retry(attempts=3, wait_initial=0.0, wait_jitter=0.0)
+EPS = ["http://a.test/v1", "http://b.test/v1"]
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    """A sample's value; 0 when the series does not exist."""
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+def total(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    """Sum of a sample over every series matching ``labels``."""
+    out = 0.0
+    for metric in registry.collect():
+        for s in metric.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                out += s.value
+    return out
+
+
+def label_values(registry: CollectorRegistry, name: str, label: str) -> set[str]:
+    return {s.labels[label] for m in registry.collect() for s in m.samples if s.name == name}
+
+
+async def test_a_run_with_a_retry_a_tool_wait_and_a_failover() -> None:
+    registry = CollectorRegistry()
+    fake = FakeEngine(prompt_tokens=12, completion_tokens=5, cached_tokens=4)
+    fake.script.append(lambda request: httpx.Response(503))  # the first attempt fails
+    down: set[str] = set()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host in down:
+            raise httpx.ConnectError("refused", request=request)
+        return await fake.handle(request)
+
+    transport = httpx.MockTransport(handler)
+    async with Runtime(EPS, transport=transport, retry=FAST, prometheus=registry) as rt:
+        async with rt.job("triage") as job, job.session("main") as s:
+            await s.chat(model="m", messages=MSG)  # 503, then ok on the same replica
+            assert s.endpoint_index is not None
+            home = EPS[s.endpoint_index]
+            other = EPS[1 - s.endpoint_index]
+            async with s.tool("grep"):
+                await anyio.sleep(0.02)
+            down.add(httpx.URL(home).host)
+            await s.chat(model="m", messages=MSG)  # refused at home: fails over
+            stream = await s.chat(model="m", messages=MSG, stream=True)
+            async for _ in stream:  # type: ignore[union-attr]
+                pass
+    report = job.report
+    assert report.retries == 2 and report.session_moves == 1 and report.calls == 3
+
+    jct = value(registry, "agentrt_job_duration_seconds_sum", job="triage", status="ok")
+    assert jct == pytest.approx(report.jct_s)
+    assert value(registry, "agentrt_job_duration_seconds_count", job="triage", status="ok") == 1
+    # The JCT histogram's 4-hour bucket holds the job.
+    job_ok = {"job": "triage", "status": "ok"}
+    assert value(registry, "agentrt_job_duration_seconds_bucket", le="14400.0", **job_ok) == 1
+
+    calls = total(registry, "agentrt_call_duration_seconds_count", job="triage", status="ok")
+    assert calls == 3
+    latency = total(registry, "agentrt_call_duration_seconds_sum", job="triage")
+    assert latency == pytest.approx(report.llm_s)
+    assert value(registry, "agentrt_call_duration_seconds_count", endpoint=home, **job_ok) == 1
+    assert value(registry, "agentrt_call_duration_seconds_count", endpoint=other, **job_ok) == 2
+    assert total(registry, "agentrt_call_queue_seconds_count", job="triage") == 3
+    ttft = total(registry, "agentrt_call_time_to_first_token_seconds_count", job="triage")
+    assert ttft == 1
+
+    assert total(registry, "agentrt_call_attempts_total", job="triage") == 5
+    assert value(registry, "agentrt_call_attempts_total", job="triage", endpoint=home) == 3
+    failed = "agentrt_call_attempts_failed_total"
+    at_home = {"job": "triage", "endpoint": home, "retried": "true"}
+    assert value(registry, failed, reason="http_503", **at_home) == 1
+    assert value(registry, failed, reason="ConnectError", **at_home) == 1
+    moves = "agentrt_session_moves_total"
+    assert value(registry, moves, job="triage", from_endpoint=home, to_endpoint=other) == 1
+    assert total(registry, moves) == 1
+
+    assert total(registry, "agentrt_prompt_tokens_total") == report.prompt_tokens > 0
+    assert total(registry, "agentrt_completion_tokens_total") == report.completion_tokens > 0
+    assert total(registry, "agentrt_cached_tokens_total") == report.cached_tokens > 0
+
+    tool = {"job": "triage", "tool": "grep", "status": "ok"}
+    assert value(registry, "agentrt_tool_wait_seconds_count", **tool) == 1
+    assert value(registry, "agentrt_tool_wait_seconds_sum", **tool) >= 0.02
+    assert value(registry, "agentrt_tool_wait_seconds_sum", **tool) == pytest.approx(report.tool_s)
+
+    assert value(registry, "agentrt_jobs_in_progress", job="triage") == 0
+    assert value(registry, "agentrt_calls_in_progress", job="triage") == 0
+    # No label carries an id.
+    for metric in registry.collect():
+        for sample in metric.samples:
+            assert not any(v.startswith(("job-", "sess", "call-")) for v in sample.labels.values())
+
+
+async def test_queue_time_and_failed_jobs_are_observed() -> None:
+    registry = CollectorRegistry()
+    fake = FakeEngine(delay_s=0.05)
+    rt = Runtime("http://e.test/v1", transport=fake.transport(), concurrency=1, prometheus=registry)
+    async with rt:
+
+        async def one(name: str) -> None:
+            async with rt.job("pair") as job, job.session(name) as s:
+                await s.chat(model="m", messages=MSG)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, "a")
+            tg.start_soon(one, "b")
+        with pytest.raises(RuntimeError):
+            async with rt.job("pair"):
+                raise RuntimeError("boom")
+    labels = {"job": "pair", "endpoint": "http://e.test/v1"}
+    assert value(registry, "agentrt_call_queue_seconds_count", **labels) == 2
+    assert value(registry, "agentrt_call_queue_seconds_sum", **labels) >= 0.04
+    assert value(registry, "agentrt_job_duration_seconds_count", job="pair", status="ok") == 2
+    assert value(registry, "agentrt_job_duration_seconds_count", job="pair", status="error") == 1
+
+
+async def test_calls_outside_a_job_are_labelled_call() -> None:
+    registry = CollectorRegistry()
+    fake = FakeEngine()
+    async with Runtime("http://e.test/v1", transport=fake.transport(), prometheus=registry) as rt:
+        await rt.openai().chat.completions.create(model="m", messages=MSG)  # type: ignore[arg-type]
+    assert value(registry, "agentrt_job_duration_seconds_count", job="call", status="ok") == 1
+    assert total(registry, "agentrt_call_attempts_total", job="call") == 1
+
+
+async def test_two_runtimes_share_one_registry() -> None:
+    registry = CollectorRegistry()
+    fake = FakeEngine()
+    for _ in range(2):
+        async with Runtime(
+            "http://e.test/v1", transport=fake.transport(), prometheus=registry
+        ) as rt:
+            async with rt.job("j") as job, job.session() as s:
+                await s.chat(model="m", messages=MSG)
+    assert value(registry, "agentrt_job_duration_seconds_count", job="j", status="ok") == 2
+
+
+def test_hooks_on_one_registry_share_their_metrics() -> None:
+    registry = CollectorRegistry()
+    a, b = PrometheusHook(registry), PrometheusHook(registry)
+    assert a._m is b._m
+    assert PrometheusHook(CollectorRegistry())._m is not a._m
+    # prometheus=True: the default registry, also more than once.
+    assert PrometheusHook()._m is PrometheusHook(None)._m
+    assert PrometheusHook().registry is REGISTRY
+
+
+async def test_job_and_tool_names_beyond_the_cap_are_other() -> None:
+    registry = CollectorRegistry()
+    hook = PrometheusHook(registry, max_label_values=2)
+    fake = FakeEngine()
+    async with Runtime("http://e.test/v1", transport=fake.transport(), hooks=[hook]) as rt:
+        for i in range(4):
+            async with rt.job(f"job{i}") as job, job.session() as s:
+                async with s.tool(f"tool{i}"):
+                    pass
+                await s.chat(model="m", messages=MSG)
+    jobs = label_values(registry, "agentrt_job_duration_seconds_count", "job")
+    assert jobs == {"job0", "job1", "other"}
+    assert value(registry, "agentrt_job_duration_seconds_count", job="other", status="ok") == 2
+    tools = label_values(registry, "agentrt_tool_wait_seconds_count", "tool")
+    assert tools == {"tool0", "tool1", "other"}
+
+
+def test_a_bad_registry_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="CollectorRegistry"):
+        PrometheusHook("registry")
+    with pytest.raises(TypeError, match="CollectorRegistry"):
+        Runtime("http://e.test/v1", prometheus="yes")
+    with pytest.raises(ValueError, match="max_label_values"):
+        PrometheusHook(CollectorRegistry(), max_label_values=0)
+
+
+def test_without_prometheus_client_the_error_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    with pytest.raises(ImportError, match=r'pip install "agentrt\[prometheus\]"'):
+        Runtime("http://e.test/v1", prometheus=True)
+    # Without prometheus, agentrt works as before.
+    Runtime("http://e.test/v1")
