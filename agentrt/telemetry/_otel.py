@@ -1,20 +1,497 @@
 """OpenTelemetry spans and metrics from the event stream (optional extra ``otel``).
 
-Placeholder while the exporter is written: without ``opentelemetry`` installed the hook
-is None (no spans, no cost).
+Spans and metrics go to the globally installed tracer and meter providers (no-ops until
+the application installs real ones). Names follow the OpenTelemetry GenAI semantic
+conventions (development status; see docs/telemetry.md for the version used):
+
+* ``invoke_agent {job name}`` (INTERNAL) for each job, the child of the span that was
+  current when the job started, and itself current inside the job's block;
+* ``{chat|text_completion|embeddings} {model}`` (CLIENT) for each call, a child of its
+  job's span; its W3C ``traceparent`` goes out with every attempt (``CallSent.headers``)
+  so the engine's own spans join the trace;
+* ``execute_tool {tool name}`` (INTERNAL) for each tool wait, a child of its job's span.
+
+A call made outside any job (an implicit one-call job) has no ``invoke_agent`` span: its
+call span is a child of the span current when it was made.
+
+Event times (``anyio.current_time()``, monotonic or virtual) become epoch nanoseconds
+through each job's anchor: ``JobStarted`` carries both its clock time and the wall-clock
+start. State is kept per open job, call and tool wait, and dropped when it ends.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
-from ._events import Hook
+from ._events import (
+    AttemptFailed,
+    CallEnded,
+    CallSent,
+    CallStarted,
+    Event,
+    FirstToken,
+    Hook,
+    JobEnded,
+    JobStarted,
+    SessionMoved,
+    ToolEnded,
+    ToolStarted,
+)
+
+if TYPE_CHECKING:
+    from contextvars import Token
+
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span
 
 __all__ = ["otel_hook"]
+
+PROVIDER = "openai"
+"""``gen_ai.provider.name``: every endpoint agentrt drives speaks the OpenAI REST API."""
+
+DURATION_BUCKETS: tuple[float, ...] = tuple(0.01 * 2**i for i in range(14))
+"""The bucket boundaries the GenAI conventions advise for ``gen_ai.client.operation.duration``
+(0.01, 0.02, ..., 81.92 s)."""
+TOKEN_BUCKETS = tuple(4**i for i in range(14))
+"""The bucket boundaries advised for ``gen_ai.client.token.usage`` (1, 4, ..., 4**13)."""
+JOB_BUCKETS: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0)
+JOB_BUCKETS += (250.0, 500.0, 1000.0, 2500.0, 5000.0)
+"""Jobs run from under a second to over an hour."""
+
+_ERROR_NAME = re.compile(r"^([A-Za-z_][\w.]*): ")
 
 
 def otel_hook(*, capture_content: bool = False) -> Hook | None:
     """The span and metrics hook, or None when ``opentelemetry-api`` is not installed."""
-    if importlib.util.find_spec("opentelemetry") is None:
+    try:
+        import opentelemetry.metrics
+        import opentelemetry.propagate
+        import opentelemetry.trace  # noqa: F401
+    except ImportError:
         return None
-    return None
+    return _OtelHook(capture_content=capture_content)
+
+
+@dataclass(slots=True)
+class _Job:
+    offset_ns: int
+    """Epoch nanoseconds at clock time 0 (this job's anchor)."""
+    parent: Context
+    """What the job's calls and tool waits are children of."""
+    span: Span | None = None
+    """None for an implicit one-call job."""
+    token: Token[Context] | None = None
+    """The context token of the job span made current (detached at JobEnded)."""
+
+
+@dataclass(slots=True)
+class _Call:
+    span: Span
+    offset_ns: int
+    metric_attrs: dict[str, Any]
+    context: Context | None = None
+
+
+@dataclass(slots=True)
+class _Tool:
+    span: Span
+    offset_ns: int
+    start_t: float
+
+
+class _OtelHook:
+    """Turns events into spans and metrics. One per Runtime."""
+
+    def __init__(self, *, capture_content: bool) -> None:
+        from opentelemetry import context, metrics, propagate, trace
+
+        from .. import __version__
+
+        self._trace = trace
+        self._context = context
+        self._propagate = propagate
+        self._capture = capture_content
+        self._tracer = trace.get_tracer("agentrt", __version__)
+        meter = metrics.get_meter("agentrt", __version__)
+        self._op_duration = meter.create_histogram(
+            "gen_ai.client.operation.duration",
+            unit="s",
+            description="GenAI operation duration.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self._token_usage = meter.create_histogram(
+            "gen_ai.client.token.usage",
+            unit="{token}",
+            description="Number of input and output tokens used.",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+        )
+        self._job_duration = meter.create_histogram(
+            "agentrt.job.duration",
+            unit="s",
+            description="Job completion time: from entering the job's block to leaving it.",
+            explicit_bucket_boundaries_advisory=JOB_BUCKETS,
+        )
+        self._job_phase = meter.create_histogram(
+            "agentrt.job.phase.duration",
+            unit="s",
+            description="A job's time per phase (agentrt.phase: queue, llm, critical_llm, tool).",
+            explicit_bucket_boundaries_advisory=JOB_BUCKETS,
+        )
+        # Fallback anchor, for events of a job this hook did not see start.
+        self._offset_ns = time.time_ns() - time.monotonic_ns()
+        self._jobs: dict[str, _Job] = {}
+        self._calls: dict[str, _Call] = {}
+        self._tools: dict[tuple[str, str], list[_Tool]] = {}
+        self._servers: dict[str, tuple[str | None, int | None]] = {}
+        self._handlers: dict[type[Event], Callable[[Any], None]] = {
+            JobStarted: self._job_started,
+            JobEnded: self._job_ended,
+            CallStarted: self._call_started,
+            CallSent: self._call_sent,
+            AttemptFailed: self._attempt_failed,
+            FirstToken: self._first_token,
+            SessionMoved: self._session_moved,
+            CallEnded: self._call_ended,
+            ToolStarted: self._tool_started,
+            ToolEnded: self._tool_ended,
+        }
+
+    def __call__(self, event: Event, /) -> None:
+        handler = self._handlers.get(type(event))
+        if handler is not None:
+            handler(event)
+
+    def __repr__(self) -> str:
+        return "<agentrt OpenTelemetry hook>"
+
+    # -- jobs ---------------------------------------------------------------------------
+
+    def _job_started(self, e: JobStarted) -> None:
+        offset = int(e.started_at.timestamp() * 1e9) - int(e.t * 1e9)
+        parent = self._context.get_current()
+        if e.implicit:
+            self._jobs[e.job_id] = _Job(offset, parent)
+            return
+        span = self._tracer.start_span(
+            f"invoke_agent {e.name}",
+            context=parent,
+            kind=self._trace.SpanKind.INTERNAL,
+            start_time=offset + int(e.t * 1e9),
+            attributes={
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.name": e.name,
+                "gen_ai.provider.name": PROVIDER,
+                "agentrt.job.id": e.job_id,
+                "agentrt.program.id": e.program_id,
+            },
+        )
+        ctx = self._trace.set_span_in_context(span, parent)
+        token = self._context.attach(ctx)
+        self._jobs[e.job_id] = _Job(offset, ctx, span, token)
+
+    def _job_ended(self, e: JobEnded) -> None:
+        job = self._jobs.pop(e.job_id, None)
+        if job is None or job.span is None:
+            return
+        span, r = job.span, e.report
+        if job.token is not None and self._trace.get_current_span() is span:
+            # Only where it was made current: an event from another context leaves it.
+            self._context.detach(job.token)
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "agentrt.job.status": r.status,
+                    "agentrt.job.jct_s": r.jct_s,
+                    "agentrt.job.llm_s": r.llm_s,
+                    "agentrt.job.critical_llm_s": r.critical_llm_s,
+                    "agentrt.job.queue_s": r.queue_s,
+                    "agentrt.job.tool_s": r.tool_s,
+                    "agentrt.job.calls": r.calls,
+                    "agentrt.job.tool_waits": r.tool_waits,
+                    "agentrt.job.sessions": r.sessions,
+                    "agentrt.job.retries": r.retries,
+                    "agentrt.job.session_moves": r.session_moves,
+                    "gen_ai.usage.input_tokens": r.prompt_tokens,
+                    "gen_ai.usage.output_tokens": r.completion_tokens,
+                    "gen_ai.usage.cache_read.input_tokens": r.cached_tokens,
+                }
+            )
+            if r.status in ("error", "deadline"):
+                error_type = "deadline" if r.status == "deadline" else _error_type(r.error)
+                span.set_attribute("error.type", error_type)
+                span.set_status(self._trace.StatusCode.ERROR, r.error)
+        span.end(end_time=job.offset_ns + int(e.t * 1e9))
+        attrs = {"agentrt.job.name": r.name, "agentrt.job.status": r.status}
+        self._job_duration.record(r.jct_s, attrs)
+        name = r.name
+        phase = self._job_phase
+        phase.record(r.queue_s, {"agentrt.job.name": name, "agentrt.phase": "queue"})
+        phase.record(r.llm_s, {"agentrt.job.name": name, "agentrt.phase": "llm"})
+        phase.record(r.critical_llm_s, {"agentrt.job.name": name, "agentrt.phase": "critical_llm"})
+        phase.record(r.tool_s, {"agentrt.job.name": name, "agentrt.phase": "tool"})
+
+    def _job(self, job_id: str) -> _Job:
+        job = self._jobs.get(job_id)
+        if job is None:  # started before this hook was installed: a root of its own
+            job = _Job(self._offset_ns, self._context.get_current())
+        return job
+
+    # -- calls --------------------------------------------------------------------------
+
+    def _call_started(self, e: CallStarted) -> None:
+        job = self._job(e.job_id)
+        op = _operation(e.path)
+        attrs: dict[str, Any] = {"gen_ai.operation.name": op, "gen_ai.provider.name": PROVIDER}
+        if e.model:
+            attrs["gen_ai.request.model"] = e.model
+        metric_attrs = dict(attrs)
+        attrs["gen_ai.conversation.id"] = e.session_id
+        if e.stream:
+            attrs["gen_ai.request.stream"] = True
+        attrs["agentrt.job.id"] = e.job_id
+        attrs["agentrt.session.id"] = e.session_id
+        attrs["agentrt.call.id"] = e.call_id
+        attrs["agentrt.turn"] = e.turn
+        if self._capture and e.content is not None:
+            attrs["gen_ai.input.messages"] = json.dumps(_input_messages(e.content), default=str)
+        span = self._tracer.start_span(
+            f"{op} {e.model}" if e.model else op,
+            context=job.parent,
+            kind=self._trace.SpanKind.CLIENT,
+            start_time=job.offset_ns + int(e.t * 1e9),
+            attributes=attrs,
+        )
+        self._calls[e.call_id] = _Call(span, job.offset_ns, metric_attrs)
+
+    def _call_sent(self, e: CallSent) -> None:
+        call = self._calls.get(e.call_id)
+        if call is None:
+            return
+        span = call.span
+        if call.context is None:
+            call.context = self._trace.set_span_in_context(span)
+        self._propagate.inject(e.headers, context=call.context)
+        address, port = self._server(e.endpoint)
+        if address is not None:
+            call.metric_attrs["server.address"] = address
+            if port is not None:
+                call.metric_attrs["server.port"] = port
+        if span.is_recording():
+            attrs: dict[str, Any] = {
+                "agentrt.endpoint": e.endpoint,
+                "agentrt.attempts": e.attempt,
+                "agentrt.queue_s": e.queue_s,
+            }
+            if address is not None:
+                attrs["server.address"] = address
+                if port is not None:
+                    attrs["server.port"] = port
+            if e.priority is not None:
+                attrs["agentrt.priority"] = e.priority
+            span.set_attributes(attrs)
+
+    def _attempt_failed(self, e: AttemptFailed) -> None:
+        call = self._calls.get(e.call_id)
+        if call is not None and call.span.is_recording():
+            call.span.add_event(
+                "agentrt.attempt_failed",
+                {
+                    "agentrt.attempt": e.attempt,
+                    "agentrt.endpoint": e.endpoint,
+                    "agentrt.error": e.error,
+                    "agentrt.will_retry": e.will_retry,
+                },
+                timestamp=call.offset_ns + int(e.t * 1e9),
+            )
+
+    def _first_token(self, e: FirstToken) -> None:
+        call = self._calls.get(e.call_id)
+        if call is not None:
+            call.span.set_attribute("gen_ai.response.time_to_first_chunk", e.ttft_s)
+
+    def _session_moved(self, e: SessionMoved) -> None:
+        call = self._calls.get(e.call_id)
+        if call is not None:
+            call.span.set_attribute("agentrt.session.moved", True)
+
+    def _call_ended(self, e: CallEnded) -> None:
+        call = self._calls.pop(e.call_id, None)
+        if call is None:
+            return
+        span, r = call.span, e.report
+        error_type = None
+        if r.status == "error":
+            if r.http_status is not None and r.http_status >= 400:
+                error_type = str(r.http_status)
+            else:
+                error_type = _error_type(r.error)
+        elif r.status == "cancelled":
+            error_type = "cancelled"
+        if span.is_recording():
+            attrs: dict[str, Any] = {
+                "agentrt.attempts": r.attempts,
+                "agentrt.queue_s": r.queue_s,
+                "agentrt.status": r.status,
+            }
+            if r.prompt_tokens is not None:
+                attrs["gen_ai.usage.input_tokens"] = r.prompt_tokens
+            if r.completion_tokens is not None:
+                attrs["gen_ai.usage.output_tokens"] = r.completion_tokens
+            if r.cached_tokens is not None:
+                attrs["gen_ai.usage.cache_read.input_tokens"] = r.cached_tokens
+            if r.http_status is not None:
+                attrs["http.response.status_code"] = r.http_status
+            if r.moved:
+                attrs["agentrt.session.moved"] = True
+            if error_type is not None:
+                attrs["error.type"] = error_type
+            if self._capture and e.output is not None:
+                finish = "unknown" if r.status == "ok" else "error"
+                attrs["gen_ai.output.messages"] = json.dumps(
+                    [
+                        {
+                            "role": "assistant",
+                            "parts": [{"type": "text", "content": e.output}],
+                            "finish_reason": finish,
+                        }
+                    ]
+                )
+            span.set_attributes(attrs)
+            if r.status == "error":
+                span.set_status(self._trace.StatusCode.ERROR, r.error)
+        span.end(end_time=call.offset_ns + int(e.t * 1e9))
+        attrs = call.metric_attrs
+        if error_type is not None:
+            attrs["error.type"] = error_type
+        if r.latency_s is not None:
+            self._op_duration.record(r.latency_s, attrs)
+        if r.prompt_tokens is not None:
+            self._token_usage.record(r.prompt_tokens, {**attrs, "gen_ai.token.type": "input"})
+        if r.completion_tokens is not None:
+            self._token_usage.record(r.completion_tokens, {**attrs, "gen_ai.token.type": "output"})
+
+    def _server(self, endpoint: str) -> tuple[str | None, int | None]:
+        server = self._servers.get(endpoint)
+        if server is None:
+            try:
+                parts = urlsplit(endpoint)
+                port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+                server = (parts.hostname, port)
+            except ValueError:
+                server = (None, None)
+            if len(self._servers) < 1024:  # endpoints are few; never grow without bound
+                self._servers[endpoint] = server
+        return server
+
+    # -- tool waits ---------------------------------------------------------------------
+
+    def _tool_started(self, e: ToolStarted) -> None:
+        job = self._job(e.job_id)
+        attrs: dict[str, Any] = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": e.name,
+            "agentrt.job.id": e.job_id,
+            "agentrt.session.id": e.session_id,
+        }
+        if e.expected_s is not None:
+            attrs["agentrt.tool.expected_s"] = e.expected_s
+        span = self._tracer.start_span(
+            f"execute_tool {e.name}",
+            context=job.parent,
+            kind=self._trace.SpanKind.INTERNAL,
+            start_time=job.offset_ns + int(e.t * 1e9),
+            attributes=attrs,
+        )
+        key = (e.session_id, e.name)
+        self._tools.setdefault(key, []).append(_Tool(span, job.offset_ns, e.t))
+
+    def _tool_ended(self, e: ToolEnded) -> None:
+        key = (e.session_id, e.name)
+        open_ = self._tools.get(key)
+        if not open_:
+            return
+        # Waits of one tool may overlap in a session: the one that started when this
+        # one did (its end minus its duration).
+        start = e.t - e.duration_s
+        i = min(range(len(open_)), key=lambda k: abs(open_[k].start_t - start))
+        tool = open_.pop(i)
+        if not open_:
+            del self._tools[key]
+        span = tool.span
+        if span.is_recording():
+            span.set_attribute("agentrt.status", e.status)
+            if e.status == "error":
+                span.set_attribute("error.type", "_OTHER")
+                span.set_status(self._trace.StatusCode.ERROR)
+        span.end(end_time=tool.offset_ns + int(e.t * 1e9))
+
+
+def _operation(path: str) -> str:
+    """``gen_ai.operation.name`` for a request path."""
+    if path.endswith("/chat/completions"):
+        return "chat"
+    if path.endswith("/completions"):
+        return "text_completion"
+    if path.endswith("/embeddings"):
+        return "embeddings"
+    return "chat"
+
+
+def _error_type(error: str | None) -> str:
+    """A low-cardinality ``error.type``: the exception's class name, else ``_OTHER``."""
+    if error:
+        m = _ERROR_NAME.match(error)
+        if m is not None:
+            return m.group(1)
+    return "_OTHER"
+
+
+def _input_messages(content: object) -> list[dict[str, Any]]:
+    """OpenAI ``messages`` (or a completion ``prompt``) in the GenAI input-messages shape."""
+    if isinstance(content, str):
+        return [{"role": "user", "parts": [{"type": "text", "content": content}]}]
+    if not isinstance(content, list):
+        return [{"role": "user", "parts": [{"type": "text", "content": str(content)}]}]
+    out: list[dict[str, Any]] = []
+    for msg in content:
+        if isinstance(msg, str):  # a list of prompts
+            out.append({"role": "user", "parts": [{"type": "text", "content": msg}]})
+            continue
+        if not isinstance(msg, dict):
+            continue
+        role = str(msg.get("role", "user"))
+        parts: list[dict[str, Any]] = []
+        body = msg.get("content")
+        if role == "tool":
+            parts.append(
+                {"type": "tool_call_response", "id": msg.get("tool_call_id"), "response": body}
+            )
+        elif isinstance(body, str):
+            parts.append({"type": "text", "content": body})
+        elif isinstance(body, list):
+            for part in body:
+                if isinstance(part, dict) and part.get("type") == "text":
+                    parts.append({"type": "text", "content": part.get("text", "")})
+                elif isinstance(part, dict):
+                    parts.append({"type": str(part.get("type", "unknown"))})
+        for tc in msg.get("tool_calls") or ():
+            if not isinstance(tc, dict):
+                continue
+            fn = tc.get("function") or {}
+            args = fn.get("arguments")
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except ValueError:
+                    pass
+            parts.append(
+                {"type": "tool_call", "id": tc.get("id"), "name": fn.get("name"), "arguments": args}
+            )
+        out.append({"role": role, "parts": parts})
+    return out
