@@ -1,4 +1,4 @@
-"""The ``agentrt`` command: ``demo``, ``bench`` and ``sim serve``."""
+"""The ``agentrt`` command: ``demo``, ``bench``, ``report`` and ``sim serve``."""
 
 from __future__ import annotations
 
@@ -28,6 +28,12 @@ def _bench_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
         help="folder for results.json and the PNGs (default: %(default)s)",
     )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument(
+        "--no-journal",
+        action="store_true",
+        help="skip the journals (journal-<client>.jsonl in --out: one job report per line, "
+        "as Runtime(journal=...) writes them)",
+    )
     p.add_argument("--seed", type=int, default=0)
     if demo:
         return
@@ -127,6 +133,32 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="run a benchmark workload through several clients")
     _bench_args(bench, demo=False)
 
+    report = sub.add_parser(
+        "report",
+        help="tables and plots from journals (Runtime(journal=...))",
+        description="Per job name: JCT percentiles beside per-call latency, where the time "
+        "went (queue, LLM critical path, tools), cache share, retries, session moves and "
+        "errors. Several journals are pooled unless --compare. Needs the report extra: "
+        'pip install "agentrt[report]".',
+    )
+    report.add_argument("journals", nargs="+", type=Path, metavar="JOURNAL")
+    report.add_argument(
+        "--compare",
+        action="store_true",
+        help="two journals A and B side by side per job name, with ratios B/A",
+    )
+    report.add_argument(
+        "--png", type=Path, metavar="DIR", help="write jct_cdf.png, breakdown.png, timeline.png"
+    )
+    report.add_argument(
+        "--html", type=Path, metavar="FILE", help="write one self-contained HTML page"
+    )
+    report.add_argument(
+        "--job",
+        metavar="ID",
+        help="the job whose timeline and critical path are shown (default: the slowest)",
+    )
+
     sim = sub.add_parser("sim", help="the embedded engine")
     sim_sub = sim.add_subparsers(dest="sim_command", metavar="SIM_COMMAND")
     serve = sim_sub.add_parser("serve", help="serve simulated replicas on loopback")
@@ -137,10 +169,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run_bench(cfg: BenchConfig, out: Path, plots: bool, title: str) -> int:
+def _run_bench(cfg: BenchConfig, out: Path, plots: bool, title: str, journal: bool) -> int:
     from .bench._output import print_table, progress_bar
     from .bench._runner import run_bench
 
+    if journal:
+        cfg.journal_dir = out
     solo = 1 if cfg.stretch and not cfg.endpoints else 0
     total = cfg.jobs * (len(cfg.clients) + solo)
     with progress_bar(total, enabled=sys.stderr.isatty()) as advance:
@@ -153,6 +187,9 @@ def _run_bench(cfg: BenchConfig, out: Path, plots: bool, title: str) -> int:
     out.mkdir(parents=True, exist_ok=True)
     result.save(out / "results.json")
     print(f"results: {out / 'results.json'}")
+    journals = [c.journal for c in result.clients if c.journal]
+    if journals:
+        print("journals: " + ", ".join(journals))
     if plots:
         try:
             from .bench._output import plot
@@ -183,6 +220,7 @@ def _demo(args: argparse.Namespace) -> int:
         args.out,
         not args.no_plots,
         "agentrt demo: 60 agent jobs on 4 simulated H100-class replicas",
+        not args.no_journal,
     )
     print(
         "JCT is each job's completion time; stretch is JCT over the same job's JCT alone "
@@ -218,7 +256,25 @@ def _bench(args: argparse.Namespace) -> int:
         api=args.api,
         long_share=args.long_share,
     )
-    return _run_bench(cfg, args.out, not args.no_plots, f"agentrt bench: {args.workload}")
+    title = f"agentrt bench: {args.workload}"
+    return _run_bench(cfg, args.out, not args.no_plots, title, not args.no_journal)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .report import report
+
+    def warn(message: str) -> None:
+        print(f"agentrt: warning: {message}", file=sys.stderr)
+
+    report(
+        args.journals,
+        compare_runs=args.compare,
+        png_dir=args.png,
+        html_path=args.html,
+        job_id=args.job,
+        warn=warn,
+    )
+    return 0
 
 
 def _sim_serve(args: argparse.Namespace) -> int:
@@ -244,6 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _demo(args)
         if args.command == "bench":
             return _bench(args)
+        if args.command == "report":
+            return _report(args)
         if args.command == "sim" and args.sim_command == "serve":
             return _sim_serve(args)
     except (ValueError, FileNotFoundError, ImportError) as exc:

@@ -1,0 +1,207 @@
+"""``agentrt report``: journals in, tables out (and PNGs, and one HTML page).
+
+Several journals are pooled into one run unless ``compare`` is set, which reads exactly two
+(A and B) and adds a table of B over A per job name.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..telemetry import JobReport, read_journal
+from ._stats import NameSummary, compare, summarize
+from ._tables import TextTable, comparison_table, print_tables, summary_table
+from ._timeline import critical_path
+
+__all__ = ["ReportError", "Run", "load_run", "report"]
+
+PNG_NAMES = ("jct_cdf.png", "breakdown.png", "timeline.png")
+
+
+class ReportError(ValueError):
+    """A journal or an option the report cannot use (the message names it)."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """The jobs of one or more journals, read as one run."""
+
+    label: str
+    paths: tuple[Path, ...]
+    reports: tuple[JobReport, ...]
+
+
+def _read(path: Path, warn: Callable[[str], None]) -> list[JobReport]:
+    if not path.exists():
+        raise ReportError(f"journal {path}: no such file")
+    if path.is_dir():
+        raise ReportError(f"journal {path}: is a directory")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            reports = read_journal(path)
+        except OSError as exc:
+            raise ReportError(f"journal {path}: {exc.strerror or exc}") from exc
+    for w in caught:
+        warn(str(w.message))
+    if not reports:
+        raise ReportError(f"journal {path} is empty: no job reports in it")
+    return reports
+
+
+def load_run(
+    paths: Sequence[str | os.PathLike[str]],
+    label: str = "",
+    warn: Callable[[str], None] = lambda message: None,
+) -> Run:
+    """Read journals into one run. Corrupt lines go to ``warn`` and are skipped; a missing
+    or empty journal raises :class:`ReportError`."""
+    ps = tuple(Path(p) for p in paths)
+    reports = [r for p in ps for r in _read(p, warn)]
+    return Run(label, ps, tuple(reports))
+
+
+def _labels(a: Path, b: Path) -> tuple[str, str]:
+    if a.stem != b.stem:
+        return a.stem, b.stem
+    if a.name != b.name:
+        return a.name, b.name
+    return str(a), str(b)
+
+
+def _find(runs: Sequence[Run], job_id: str | None) -> tuple[Run, JobReport]:
+    if job_id is None:
+        return max(((run, r) for run in runs for r in run.reports), key=lambda p: p[1].jct_s)
+    for run in runs:
+        for r in run.reports:
+            if r.job_id == job_id:
+                return run, r
+    count = sum(len(run.reports) for run in runs)
+    raise ReportError(f"--job {job_id}: no job with that id in the journals ({count} jobs)")
+
+
+def _critical_table(run: Run, job: JobReport) -> TextTable:
+    where = f" [{run.label}]" if run.label else ""
+    rows = tuple(
+        (
+            a.session,
+            a.kind,
+            a.label,
+            f"{a.start_s:.3f}",
+            f"{a.end_s:.3f}",
+            f"{a.queue_s:.3f}" if a.kind == "call" else "",
+        )
+        for a in critical_path(job)
+    )
+    return TextTable(
+        f"Critical path of {job.name} {job.job_id}{where} (JCT {job.jct_s:.2f} s)",
+        ("session", "kind", "activity", "start", "end", "queued"),
+        rows,
+        "Walking back from the job's end, the activity that ended last; then the one that "
+        "ended last before it started; and so on. Seconds since the job started.",
+        label_columns=3,
+    )
+
+
+def _series(runs: Sequence[Run]) -> list[tuple[str, NameSummary, list[float]]]:
+    out = []
+    for run in runs:
+        for s in summarize(run.reports):
+            jcts = [r.jct_s for r in run.reports if r.name == s.name]
+            label = f"{s.name} [{run.label}]" if len(runs) > 1 else s.name
+            out.append((label, s, jcts))
+    return out
+
+
+def _write(path: Path, data: bytes) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    except OSError as exc:
+        raise ReportError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def report(
+    journals: Sequence[str | os.PathLike[str]],
+    *,
+    compare_runs: bool = False,
+    png_dir: str | os.PathLike[str] | None = None,
+    html_path: str | os.PathLike[str] | None = None,
+    job_id: str | None = None,
+    echo: Callable[[str], None] = print,
+    warn: Callable[[str], None] = print,
+) -> list[Path]:
+    """Print the tables; write the plots to ``png_dir`` and the page to ``html_path``.
+    Returns the files written."""
+    if not journals:
+        raise ReportError("no journal given")
+    if compare_runs:
+        if len(journals) != 2:
+            raise ReportError(f"--compare takes two journals (A and B), got {len(journals)}")
+        a, b = Path(journals[0]), Path(journals[1])
+        la, lb = _labels(a, b)
+        runs = [load_run([a], la, warn), load_run([b], lb, warn)]
+    else:
+        runs = [load_run(journals, "", warn)]
+    chosen_run, chosen = _find(runs, job_id)
+
+    tables = [
+        summary_table(
+            summarize(run.reports),
+            f"{run.label or 'jobs'}: {len(run.reports)} jobs from "
+            + ", ".join(str(p) for p in run.paths),
+        )
+        for run in runs
+    ]
+    if compare_runs:
+        tables.append(
+            comparison_table(
+                compare(runs[0].reports, runs[1].reports), runs[0].label, runs[1].label
+            )
+        )
+    shown = [*tables, _critical_table(chosen_run, chosen)] if job_id else tables
+    print_tables(shown)
+
+    written: list[Path] = []
+    if png_dir is None and html_path is None:
+        return written
+    from ._html import html_page
+    from ._plots import breakdown_bars, jct_cdf, png_bytes, timeline
+
+    series = _series(runs)
+    pngs = (
+        png_bytes(jct_cdf([(label, jcts) for label, _, jcts in series])),
+        png_bytes(breakdown_bars([(label, s) for label, s, _ in series])),
+        png_bytes(timeline(chosen, chosen_run.label)),
+    )
+    if png_dir is not None:
+        for name, data in zip(PNG_NAMES, pngs, strict=True):
+            _write(Path(png_dir) / name, data)
+            written.append(Path(png_dir) / name)
+    if html_path is not None:
+        which = "the slowest job" if job_id is None else "the chosen job"
+        captions = (
+            "JCT CDF: the fraction of jobs finished by each completion time, per job name.",
+            "Where the time goes: each job name's mean JCT, split into time with a call "
+            "being served (LLM critical path), only queued in agentrt, only in tool waits, "
+            "and the rest (the agent's own code).",
+            f"Timeline of {which}: sessions as rows, calls in blue (the hatched part queued "
+            "in agentrt), tool waits in orange; the critical path is outlined in red and "
+            "repeated on the top row.",
+        )
+        page = html_page(
+            "agentrt report",
+            f"{sum(len(r.reports) for r in runs)} jobs from "
+            + ", ".join(str(p) for run in runs for p in run.paths),
+            [*tables, _critical_table(chosen_run, chosen)],
+            list(zip(captions, pngs, strict=True)),
+        )
+        _write(Path(html_path), page.encode("utf-8"))
+        written.append(Path(html_path))
+    for path in written:
+        echo(f"wrote {path}")
+    return written

@@ -1,0 +1,58 @@
+"""The report as one self-contained HTML page: inline CSS, plots as base64 PNGs, no
+scripts and no external resources, so it opens offline and can be mailed as one file."""
+
+from __future__ import annotations
+
+import base64
+import html
+from collections.abc import Sequence
+
+from ._tables import TextTable, html_table
+
+__all__ = ["html_page"]
+
+CSS = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #222;
+       margin: 24px auto; max-width: 1200px; padding: 0 16px; }
+h1 { font-size: 22px; margin-bottom: 4px; }
+h2 { font-size: 16px; margin: 28px 0 8px; }
+.meta { color: #666; margin: 0 0 16px; }
+table { border-collapse: collapse; margin: 4px 0; }
+th, td { padding: 4px 10px; border-bottom: 1px solid #e4e4e4; white-space: nowrap; }
+th { background: #f4f6f8; text-align: right; font-weight: 600; }
+th:first-child { text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.label { text-align: left; }
+tbody tr:hover { background: #fafbfc; }
+.caption { color: #666; font-size: 12px; max-width: 1000px; margin: 6px 0 0; }
+figure { margin: 20px 0; }
+figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { color: #666; font-size: 12px; max-width: 1000px; }
+"""
+
+
+def html_page(
+    title: str,
+    meta: str,
+    tables: Sequence[TextTable],
+    images: Sequence[tuple[str, bytes]],
+) -> str:
+    """A page with ``tables`` then ``images`` (``(caption, png)`` pairs), all inline."""
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{html.escape(title)}</title>",
+        f"<style>{CSS}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        f'<p class="meta">{html.escape(meta)}</p>',
+    ]
+    parts.extend(html_table(t) for t in tables)
+    for caption, png in images:
+        data = base64.b64encode(png).decode("ascii")
+        parts.append(
+            f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+        )
+    parts.append("</body></html>\n")
+    return "\n".join(parts)

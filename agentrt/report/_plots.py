@@ -1,0 +1,193 @@
+"""The report's plots (matplotlib, drawn on the Agg canvas, no global pyplot state).
+
+- :func:`jct_cdf`: the JCT distribution per job name (and run).
+- :func:`breakdown_bars`: each job name's mean JCT split into LLM, queue, tool and other.
+- :func:`timeline`: one job as a Gantt chart: sessions as rows, calls (their queue part
+  hatched) and tool waits as bars, the critical path outlined and repeated on a top row.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..telemetry import JobReport
+from ._deps import require
+from ._stats import NameSummary
+from ._timeline import Activity, activities, critical_path
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = ["breakdown_bars", "jct_cdf", "png_bytes", "timeline"]
+
+LLM = "#4c78a8"
+QUEUE = "#b8b8b8"
+TOOL = "#f58518"
+OTHER = "#e8e8e8"
+FAILED = "#e45756"
+CRITICAL = "#d62728"
+DPI = 110
+
+
+def _figure(width: float, height: float) -> Figure:
+    require("matplotlib")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def png_bytes(fig: Figure) -> bytes:
+    """The figure as a PNG (no software tag in its metadata)."""
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def jct_cdf(series: Sequence[tuple[str, Sequence[float]]]) -> Figure:
+    """Fraction of jobs done by each JCT, one line per ``(label, jcts)``."""
+    fig = _figure(7, 4.5)
+    ax = fig.add_subplot()
+    lo, hi = math.inf, 0.0
+    for label, values in series:
+        jcts = sorted(v for v in values if v > 0)
+        if not jcts:
+            continue
+        lo, hi = min(lo, jcts[0]), max(hi, jcts[-1])
+        ys = [(i + 1) / len(jcts) for i in range(len(jcts))]
+        ax.step([jcts[0], *jcts], [0.0, *ys], where="post", label=label)
+    if hi > 0 and hi / lo > 20:
+        ax.set_xscale("log")
+    ax.set_xlabel("job completion time (s)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("JCT CDF per job name")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return fig
+
+
+def breakdown_bars(series: Sequence[tuple[str, NameSummary]]) -> Figure:
+    """Each ``(label, summary)``'s mean JCT as a bar split into LLM, queue, tool, other."""
+    fig = _figure(7, max(2.5, 0.55 * len(series) + 1.6))
+    ax = fig.add_subplot()
+    parts = (
+        ("LLM (critical path)", "llm_share", LLM, None),
+        ("queue (agentrt)", "queue_share", QUEUE, "///"),
+        ("tool", "tool_share", TOOL, None),
+        ("other", "other_share", OTHER, None),
+    )
+    labels = [label for label, _ in series]
+    ys = list(range(len(series)))
+    left = [0.0] * len(series)
+    for name, field, color, hatch in parts:
+        widths = []
+        for _, s in series:
+            share = getattr(s, field)
+            widths.append(0.0 if math.isnan(share) else share * s.jct_mean)
+        ax.barh(ys, widths, left=left, color=color, hatch=hatch, edgecolor="white", label=name)
+        for y, x0, w, (_, s) in zip(ys, left, widths, series, strict=True):
+            if s.jct_mean > 0 and w / s.jct_mean >= 0.08:
+                ax.text(
+                    x0 + w / 2,
+                    y,
+                    f"{w / s.jct_mean:.0%}",
+                    ha="center",
+                    va="center",
+                    fontsize="small",
+                )
+        left = [x0 + w for x0, w in zip(left, widths, strict=True)]
+    ax.set_yticks(ys, labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("mean JCT (s)")
+    ax.set_title("Where the time goes: shares of mean JCT")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize="small", loc="lower right", framealpha=0.9)
+    return fig
+
+
+def _bar(ax: Axes, a: Activity, row: int, outline: bool) -> None:
+    """One activity on row ``row``: a tool wait, or a call (its queue part hatched)."""
+    height = 0.6
+    y = (row - height / 2, height)
+    if a.kind == "tool":
+        ax.broken_barh([(a.start_s, a.end_s - a.start_s)], y, color=TOOL)
+    else:
+        if a.queue_s > 0:
+            ax.broken_barh(
+                [(a.start_s, a.queue_s)],
+                y,
+                facecolor=QUEUE,
+                hatch="///",
+                edgecolor="#777777",
+                linewidth=0,
+            )
+        ax.broken_barh(
+            [(a.start_s + a.queue_s, a.end_s - a.start_s - a.queue_s)],
+            y,
+            color=LLM if a.status == "ok" else FAILED,
+        )
+    if outline:
+        ax.broken_barh(
+            [(a.start_s, a.end_s - a.start_s)],
+            y,
+            facecolor="none",
+            edgecolor=CRITICAL,
+            linewidth=1.6,
+        )
+
+
+def timeline(report: JobReport, label: str = "") -> Figure:
+    """One job's Gantt chart (see the module's doc)."""
+    from matplotlib.patches import Patch
+
+    acts = activities(report)
+    path = critical_path(report)
+    on_path = set(map(id, path))
+    rows: dict[str, int] = {}
+    names: list[str] = ["critical path"]
+    for a in acts:
+        if a.session_id not in rows:
+            rows[a.session_id] = len(names)
+            name = a.session if len(a.session) <= 24 else a.session[:23] + "…"
+            names.append(name)
+    fig = _figure(10, min(30.0, max(3.0, 0.42 * len(names) + 1.8)))
+    ax = fig.add_subplot()
+    for a in acts:
+        _bar(ax, a, rows[a.session_id], id(a) in on_path)
+    for a in path:
+        _bar(ax, a, 0, True)
+    failed = any(a.kind == "call" and a.status != "ok" for a in acts)
+    ax.axvline(report.jct_s, color="black", linestyle="--", linewidth=1)
+    ax.set_yticks(range(len(names)), names)
+    ax.set_ylim(len(names) - 0.4, -0.6)
+    ax.set_xlim(0, max([report.jct_s, *(a.end_s for a in acts)]) * 1.02 or 1.0)
+    ax.set_xlabel("seconds since the job started")
+    on = sum(a.end_s - a.start_s for a in path)
+    where = f" [{label}]" if label else ""
+    ax.set_title(
+        f"{report.name} {report.job_id}{where}: JCT {report.jct_s:.2f} s, "
+        f"{on:.2f} s of it on the critical path's calls and tools",
+        fontsize="medium",
+    )
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(
+        handles=[
+            Patch(color=LLM, label="call (served)"),
+            Patch(facecolor=QUEUE, hatch="///", edgecolor="#777777", label="call (queued)"),
+            Patch(color=TOOL, label="tool wait"),
+            *([Patch(color=FAILED, label="failed call")] if failed else []),
+            Patch(facecolor="none", edgecolor=CRITICAL, label="critical path"),
+        ],
+        fontsize="small",
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+    )
+    return fig

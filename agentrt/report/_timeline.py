@@ -1,0 +1,89 @@
+"""One job on a timeline: its calls and tool waits, and the critical path through them.
+
+The critical path is traced backwards from the job's end: the activity (a call, its queue
+time included, or a tool wait) that ended last, no later than the current point, is on the
+path; the point moves to its start, and the walk repeats until no activity ends before
+the point. The result is a chain of non-overlapping activities, in time order, that ends
+at the job's last activity: shorten any of them and the job ends sooner (unless a
+parallel activity of nearly the same length takes its place). The gaps between them are
+the job's own code: prompt building, parsing, think time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ..telemetry import JobReport
+
+__all__ = ["Activity", "activities", "critical_path"]
+
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Activity:
+    """A call or a tool wait of one job. Times are seconds from the job's start."""
+
+    kind: Literal["call", "tool"]
+    session_id: str
+    session: str
+    """The session's name, or its id when it has none."""
+    label: str
+    """``turn N`` for a call, the tool's name for a tool wait."""
+    start_s: float
+    end_s: float
+    queue_s: float = 0.0
+    """A call's time in agentrt's admission queue (the first part of it)."""
+    status: str = "ok"
+
+
+def activities(report: JobReport) -> list[Activity]:
+    """The job's calls and tool waits, by start time. A call still in flight when the job
+    ended (no latency recorded) lasts to the job's end."""
+    names = {c.session_id: c.session_name for c in report.call_reports}
+    out = []
+    for c in report.call_reports:
+        end = c.start_s + c.latency_s if c.latency_s is not None else report.jct_s
+        out.append(
+            Activity(
+                kind="call",
+                session_id=c.session_id,
+                session=c.session_name or c.session_id,
+                label=f"turn {c.turn}",
+                start_s=c.start_s,
+                end_s=max(end, c.start_s),
+                queue_s=min(c.queue_s, max(end - c.start_s, 0.0)),
+                status=c.status,
+            )
+        )
+    for t in report.tool_reports:
+        out.append(
+            Activity(
+                kind="tool",
+                session_id=t.session_id,
+                session=names.get(t.session_id) or t.session_id,
+                label=t.name,
+                start_s=t.start_s,
+                end_s=t.start_s + max(t.duration_s, 0.0),
+                status=t.status,
+            )
+        )
+    out.sort(key=lambda a: (a.start_s, a.end_s))
+    return out
+
+
+def critical_path(report: JobReport) -> list[Activity]:
+    """The chain of activities that ends the job, in time order (see the module's doc)."""
+    acts = activities(report)
+    point = max([report.jct_s, *(a.end_s for a in acts)])
+    path: list[Activity] = []
+    while True:
+        candidates = [a for a in acts if a.end_s <= point + _EPS and a.start_s < point - _EPS]
+        if not candidates:
+            break
+        last = max(candidates, key=lambda a: (a.end_s, -a.start_s))
+        path.append(last)
+        point = last.start_s
+    path.reverse()
+    return path
