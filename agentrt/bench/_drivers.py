@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import random
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Final, Literal, Protocol
 
 import anyio
@@ -12,8 +14,11 @@ import httpx
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 
+from .._context import new_id
 from .._runtime import Runtime
 from ..sim import prompt_for_blocks
+from ..telemetry import CallReport, JobReport, Journal, ToolReport
+from ..telemetry._report import union_length
 from ._plan import BLOCK_TOKENS, Call, Fanout, JobPlan, SessionPlan
 
 __all__ = [
@@ -23,7 +28,9 @@ __all__ = [
     "Driver",
     "JobResult",
     "Prompts",
+    "ToolResult",
     "make_driver",
+    "plain_report",
 ]
 
 PromptMode = Literal["sim", "text"]
@@ -85,6 +92,25 @@ class Prompts:
 class CallResult:
     latency_s: float
     ttft_s: float | None
+    start_s: float = 0.0
+    """When the call was made, from the job's start (the plain driver's journal)."""
+    session_id: str = ""
+    session_name: str | None = None
+    turn: int = 0
+    endpoint: str | None = None
+    stream: bool = False
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class ToolResult:
+    session_id: str
+    name: str
+    start_s: float
+    """From the job's start."""
+    duration_s: float
 
 
 @dataclass(slots=True)
@@ -96,6 +122,9 @@ class JobResult:
     jct_s: float
     status: str
     calls: list[CallResult] = field(default_factory=list)
+    tools: list[ToolResult] = field(default_factory=list)
+    sessions: int = 0
+    error: str | None = None
 
 
 _ROUTINGS: Final = ("round_robin", "least_loaded", "session_affinity", "hash")
@@ -260,9 +289,11 @@ class PlainDriver:
         prompts: Prompts,
         real_engine: bool,
         api: Api = "openai",
+        journal: Path | None = None,
     ) -> None:
         self._urls = urls
         self._api = api
+        self._journal = Journal(journal) if journal is not None else None
         self._http = httpx.AsyncClient(
             transport=transport
             or httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=None)),
@@ -287,41 +318,111 @@ class PlainDriver:
 
     async def __aexit__(self, *exc: object) -> None:
         await self._http.aclose()
+        if self._journal is not None:
+            self._journal.close()
 
-    async def _session(self, plan: SessionPlan, out: list[CallResult]) -> None:
+    async def _session(self, plan: SessionPlan, job: JobResult, job_t0: float) -> None:
+        session_id = new_id("sess")
+        job.sessions += 1
+        turn = 0
         for step in plan.steps:
             if isinstance(step, Fanout):
                 async with anyio.create_task_group() as tg:
                     for sub in step.sessions:
-                        tg.start_soon(self._session, sub, out)
+                        tg.start_soon(self._session, sub, job, job_t0)
                 continue
             if step.wait_s:
+                start = anyio.current_time()
                 await anyio.sleep(step.wait_s)
+                if step.tool:
+                    now = anyio.current_time()
+                    job.tools.append(ToolResult(session_id, step.tool, start - job_t0, now - start))
             i = next(self._rr)
+            start = anyio.current_time()
             if self._api == "http":
                 body = _body(self._model, self._prompts, step, self._extra)
-                out.append(await _http_chat(self._http, self._urls[i], body, step.stream))
+                usage = self._journal is not None
+                call = await _http_chat(self._http, self._urls[i], body, step.stream, usage)
             else:
                 client = self._clients[i]
-                out.append(await _call(client, self._model, self._prompts, step, self._extra))
+                call = await _call(client, self._model, self._prompts, step, self._extra)
+            call.start_s = start - job_t0
+            call.session_id, call.session_name, call.turn = session_id, plan.name, turn
+            call.endpoint, call.stream = self._urls[i], step.stream
+            job.calls.append(call)
+            turn += 1
 
     async def run_job(self, plan: JobPlan, t0: float) -> JobResult:
+        started_at = datetime.now(UTC)
         start = anyio.current_time()
-        calls: list[CallResult] = []
-        status = "ok"
+        job = JobResult(plan.name, plan.kind, plan.arrival_s, start - t0, 0.0, "ok")
         try:
-            await self._session(plan.root, calls)
+            await self._session(plan.root, job, start)
         except Exception as exc:
-            status = f"error: {type(exc).__name__}"
-        return JobResult(
-            plan.name,
-            plan.kind,
-            plan.arrival_s,
-            start - t0,
-            anyio.current_time() - start,
-            status,
-            calls,
+            job.status = f"error: {type(exc).__name__}"
+            job.error = f"{type(exc).__name__}: {exc}"
+        job.jct_s = anyio.current_time() - start
+        if self._journal is not None:
+            self._journal.write(plain_report(job, started_at=started_at, model=self._model))
+        return job
+
+
+def plain_report(
+    job: JobResult, *, started_at: datetime, model: str | None, client: str = "plain"
+) -> JobReport:
+    """A :class:`JobReport` from what the plain driver measured, for the journal: the
+    same fields as agentrt's where the plain client knows them (no queue, one attempt per
+    call, tokens only where the reply carried usage)."""
+    failed = job.status != "ok"
+    calls = [
+        CallReport(
+            call_id=new_id("call"),
+            session_id=c.session_id,
+            session_name=c.session_name,
+            turn=c.turn,
+            endpoint=c.endpoint,
+            path="/chat/completions",
+            model=model,
+            stream=c.stream,
+            start_s=c.start_s,
+            ttft_s=c.ttft_s,
+            latency_s=c.latency_s,
+            prompt_tokens=c.prompt_tokens,
+            completion_tokens=c.completion_tokens,
+            cached_tokens=c.cached_tokens,
+            attempts=1,
+            http_status=200,
         )
+        for c in job.calls
+    ]
+    tools = [
+        ToolReport(session_id=w.session_id, name=w.name, start_s=w.start_s, duration_s=w.duration_s)
+        for w in job.tools
+    ]
+    job_id = new_id("job")
+    return JobReport(
+        job_id=job_id,
+        name=job.name,
+        program_id=job_id,
+        status="error" if failed else "ok",
+        error=job.error if failed else None,
+        started_at=started_at,
+        jct_s=job.jct_s,
+        llm_s=sum(c.latency_s for c in job.calls),
+        critical_llm_s=union_length([(c.start_s, c.start_s + c.latency_s) for c in job.calls]),
+        queue_s=0.0,
+        tool_s=sum(w.duration_s for w in job.tools),
+        calls=len(calls),
+        tool_waits=len(tools),
+        sessions=job.sessions,
+        prompt_tokens=sum(c.prompt_tokens or 0 for c in job.calls),
+        completion_tokens=sum(c.completion_tokens or 0 for c in job.calls),
+        cached_tokens=sum(c.cached_tokens or 0 for c in job.calls),
+        retries=0,
+        metadata={"kind": job.kind, "client": client},
+        call_reports=calls,
+        tool_reports=tools,
+    )
 
 
 def _body(model: str, prompts: Prompts, step: Call, extra: dict[str, Any]) -> dict[str, Any]:
@@ -336,13 +437,32 @@ def _body(model: str, prompts: Prompts, step: Call, extra: dict[str, Any]) -> di
     return body
 
 
+def _usage(usage: Any) -> tuple[int | None, int | None, int | None]:
+    """(prompt, completion, cached) tokens of an openai ``usage`` object or JSON dict."""
+    if usage is None:
+        return None, None, None
+    if isinstance(usage, dict):
+        details = usage.get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        return usage.get("prompt_tokens"), usage.get("completion_tokens"), cached
+    details = getattr(usage, "prompt_tokens_details", None)
+    cached = getattr(details, "cached_tokens", None) if details is not None else None
+    return usage.prompt_tokens, usage.completion_tokens, cached
+
+
 async def _http_chat(
-    http: httpx.AsyncClient, base_url: str, body: dict[str, Any], stream: bool
+    http: httpx.AsyncClient,
+    base_url: str,
+    body: dict[str, Any],
+    stream: bool,
+    usage: bool = False,
 ) -> CallResult:
-    """One chat call as raw HTTP (no openai object parsing): the bench's fast path."""
+    """One chat call as raw HTTP (no openai object parsing): the bench's fast path.
+    ``usage``: read the token counts of a non-streamed reply (parses its JSON)."""
     url = base_url + "/chat/completions"
     start = anyio.current_time()
     ttft = None
+    tokens: tuple[int | None, int | None, int | None] = (None, None, None)
     if stream:
         async with http.stream("POST", url, json=body) as resp:
             resp.raise_for_status()
@@ -354,7 +474,17 @@ async def _http_chat(
     else:
         resp = await http.post(url, json=body)
         resp.raise_for_status()
-    return CallResult(anyio.current_time() - start, ttft)
+        if usage:
+            tokens = _usage(resp.json().get("usage"))
+    prompt, completion, cached = tokens
+    return CallResult(
+        anyio.current_time() - start,
+        ttft,
+        stream=stream,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        cached_tokens=cached,
+    )
 
 
 async def _call(
@@ -374,14 +504,21 @@ async def _call(
         async for _ in stream:
             if ttft is None:
                 ttft = anyio.current_time() - start
-    else:
-        await client.chat.completions.create(
-            model=model,
-            messages=messages,
-            max_tokens=step.output_tokens,
-            extra_body=extra,
-        )
-    return CallResult(anyio.current_time() - start, ttft)
+        return CallResult(anyio.current_time() - start, ttft, stream=True)
+    reply = await client.chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=step.output_tokens,
+        extra_body=extra,
+    )
+    prompt, completion, cached = _usage(reply.usage)
+    return CallResult(
+        anyio.current_time() - start,
+        None,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        cached_tokens=cached,
+    )
 
 
 class AgentrtDriver:
@@ -396,9 +533,11 @@ class AgentrtDriver:
         prompts: Prompts,
         real_engine: bool,
         api: Api = "openai",
+        journal: Path | None = None,
     ) -> None:
         self._api = api
         self._url = urls[0]
+        self._name = spec.name
         self._http: httpx.AsyncClient | None = None
         self._rt = Runtime(
             urls,
@@ -411,6 +550,7 @@ class AgentrtDriver:
             transport=transport,
             timeout_s=3600.0,
             keep_reports=0,
+            journal=journal,
         )
         self._model = model
         self._prompts = prompts
@@ -469,7 +609,8 @@ class AgentrtDriver:
         start = anyio.current_time()
         status = "ok"
         try:
-            async with self._rt.job(plan.name, metadata={"kind": plan.kind}) as job:
+            metadata = {"kind": plan.kind, "client": self._name}
+            async with self._rt.job(plan.name, metadata=metadata) as job:
                 await self._session(job, plan.root, None)
         except Exception as exc:
             status = f"error: {type(exc).__name__}"
@@ -486,12 +627,15 @@ def make_driver(
     prompts: Prompts,
     real_engine: bool,
     api: Api = "openai",
+    journal: Path | None = None,
 ) -> Driver:
     """A driver for ``spec``. ``api="openai"`` calls through the openai client (what agent
     code does); ``api="http"`` posts the same JSON through an HTTP client (agentrt's
-    ``rt.http_client()``), skipping openai's per-call object parsing, for large replays."""
+    ``rt.http_client()``), skipping openai's per-call object parsing, for large replays.
+    ``journal``: a JSON-lines file that receives one :class:`JobReport` per job (agentrt's
+    own journal; for ``plain``, reports built from what the driver measured)."""
     if api not in ("openai", "http"):
         raise ValueError(f"api must be 'openai' or 'http', got {api!r}")
     if spec.kind == "plain":
-        return PlainDriver(urls, transport, model, prompts, real_engine, api)
-    return AgentrtDriver(spec, urls, transport, model, prompts, real_engine, api)
+        return PlainDriver(urls, transport, model, prompts, real_engine, api, journal)
+    return AgentrtDriver(spec, urls, transport, model, prompts, real_engine, api, journal)

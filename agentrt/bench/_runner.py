@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +27,7 @@ from ._drivers import ClientSpec, JobResult, Prompts, make_driver
 from ._plan import JobPlan
 from ._workloads import Arrivals, TraceOptions, make_workload
 
-__all__ = ["BenchConfig", "BenchResult", "ClientResult", "run_bench"]
+__all__ = ["BenchConfig", "BenchResult", "ClientResult", "journal_paths", "run_bench"]
 
 
 @dataclass(slots=True)
@@ -59,6 +60,10 @@ class BenchConfig:
     stream_interval: int = 16
     """Tokens per streamed chunk of the embedded engine (the first token is always sent
     at once, so time to first token is exact)."""
+    journal_dir: Path | None = None
+    """Write one journal per client there (``journal-<client>.jsonl``: a JobReport per
+    line, as ``Runtime(journal=...)`` writes them), replacing the previous run's;
+    None: no journals."""
 
 
 @dataclass(slots=True)
@@ -77,6 +82,8 @@ class ClientResult:
     load_imbalance: float | None
     utilization: float | None
     job_rows: list[dict[str, Any]] = field(default_factory=list)
+    journal: str | None = None
+    """The client's journal (one JobReport per job), when the run wrote journals."""
 
 
 @dataclass(slots=True)
@@ -115,6 +122,25 @@ def _dist(values: Sequence[float]) -> dict[str, float]:
 
 
 Progress = Callable[[str], None]
+
+
+def journal_paths(cfg: BenchConfig) -> list[Path | None]:
+    """Each client's journal file (in ``cfg.clients`` order): ``journal-<client>.jsonl``
+    in ``cfg.journal_dir``, the client's name made safe for a file name (and numbered if
+    two clients would share one)."""
+    if cfg.journal_dir is None:
+        return [None] * len(cfg.clients)
+    out: list[Path | None] = []
+    used: set[str] = set()
+    for name in cfg.clients:
+        stem = "journal-" + (re.sub(r"[^A-Za-z0-9._-]+", "_", name.strip()).strip("_") or "client")
+        unique, n = stem, 1
+        while unique in used:
+            n += 1
+            unique = f"{stem}-{n}"
+        used.add(unique)
+        out.append(cfg.journal_dir / f"{unique}.jsonl")
+    return out
 
 
 async def _replay(
@@ -165,6 +191,7 @@ def _summarize(
     makespan: float,
     alone: dict[str, float] | None,
     engine: dict[str, float | None],
+    journal: Path | None = None,
 ) -> ClientResult:
     ok = [r for r in results if r.status == "ok"]
     jcts = [r.jct_s for r in ok]
@@ -203,6 +230,7 @@ def _summarize(
         load_imbalance=engine.get("imbalance"),
         utilization=engine.get("utilization"),
         job_rows=rows,
+        journal=str(journal) if journal is not None else None,
     )
 
 
@@ -260,7 +288,7 @@ async def _run_sim(
                 tg.start_soon(solo, plan)
 
     out = []
-    for name in cfg.clients:
+    for name, journal in zip(cfg.clients, journal_paths(cfg), strict=True):
         spec = ClientSpec.parse(name)
         # A client that sends engine priorities gets replicas that schedule by them (as a
         # vLLM server started with --scheduling-policy priority); the others keep FCFS.
@@ -274,6 +302,7 @@ async def _run_sim(
                 Prompts("sim"),
                 False,
                 cfg.api,
+                journal,
             )
             window: list[tuple[float, float]] = []
 
@@ -291,7 +320,7 @@ async def _run_sim(
             if len(window) == 2:
                 span = (window[1][0] - window[0][0], window[1][1] - window[0][1])
             stats = _sim_engine_stats(cluster, makespan, span)
-        out.append(_summarize(spec.name, results, makespan, alone, stats))
+        out.append(_summarize(spec.name, results, makespan, alone, stats, journal))
     return out
 
 
@@ -324,10 +353,11 @@ async def _run_real(
         if model is None:
             resp = await http.get(urls[0].rstrip("/") + "/models")
             model = resp.json()["data"][0]["id"]
-        for name in cfg.clients:
+        for name, journal in zip(cfg.clients, journal_paths(cfg), strict=True):
             spec = ClientSpec.parse(name)
             before = [await _metrics(http, u) for u in urls]
-            driver = make_driver(spec, urls, None, model, Prompts("text"), True, cfg.api)
+            prompts = Prompts("text")
+            driver = make_driver(spec, urls, None, model, prompts, True, cfg.api, journal)
             async with driver:
                 results, makespan = await _replay(
                     plans, driver.run_job, progress, spec.name, None, cfg.users
@@ -357,7 +387,7 @@ async def _run_real(
                 "utilization": None,
                 "tokens_per_s": total / makespan if makespan > 0 and total else None,
             }
-            out.append(_summarize(spec.name, results, makespan, None, engine))
+            out.append(_summarize(spec.name, results, makespan, None, engine, journal))
     return out
 
 
@@ -381,6 +411,9 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchResult
         long_share=cfg.long_share,
     )
     report: Progress = progress or (lambda label: None)
+    for path in journal_paths(cfg):
+        if path is not None:  # a fresh journal per run (journals append)
+            path.unlink(missing_ok=True)
     started = time.perf_counter()
     if cfg.endpoints:
         clients = anyio.run(_run_real, cfg, plans, report)
@@ -394,6 +427,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchResult
     config["traces"] = {
         k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg.traces).items()
     }
+    config["journal_dir"] = str(cfg.journal_dir) if cfg.journal_dir is not None else None
     return BenchResult(
         config=config,
         virtual_time=virtual,
