@@ -437,17 +437,26 @@ def _body(model: str, prompts: Prompts, step: Call, extra: dict[str, Any]) -> di
     return body
 
 
-def _usage(usage: Any) -> tuple[int | None, int | None, int | None]:
-    """(prompt, completion, cached) tokens of an openai ``usage`` object or JSON dict."""
+def _result(latency_s: float, ttft_s: float | None, stream: bool, usage: Any) -> CallResult:
+    """A call's result; token counts from an openai ``usage`` object or JSON dict."""
     if usage is None:
-        return None, None, None
+        return CallResult(latency_s, ttft_s, stream=stream)
     if isinstance(usage, dict):
         details = usage.get("prompt_tokens_details") or {}
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        return usage.get("prompt_tokens"), usage.get("completion_tokens"), cached
-    details = getattr(usage, "prompt_tokens_details", None)
-    cached = getattr(details, "cached_tokens", None) if details is not None else None
-    return usage.prompt_tokens, usage.completion_tokens, cached
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    else:
+        details = getattr(usage, "prompt_tokens_details", None)
+        cached = getattr(details, "cached_tokens", None) if details is not None else None
+        prompt, completion = usage.prompt_tokens, usage.completion_tokens
+    return CallResult(
+        latency_s,
+        ttft_s,
+        stream=stream,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        cached_tokens=cached,
+    )
 
 
 async def _http_chat(
@@ -462,7 +471,7 @@ async def _http_chat(
     url = base_url + "/chat/completions"
     start = anyio.current_time()
     ttft = None
-    tokens: tuple[int | None, int | None, int | None] = (None, None, None)
+    tokens = None
     if stream:
         async with http.stream("POST", url, json=body) as resp:
             resp.raise_for_status()
@@ -475,16 +484,8 @@ async def _http_chat(
         resp = await http.post(url, json=body)
         resp.raise_for_status()
         if usage:
-            tokens = _usage(resp.json().get("usage"))
-    prompt, completion, cached = tokens
-    return CallResult(
-        anyio.current_time() - start,
-        ttft,
-        stream=stream,
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        cached_tokens=cached,
-    )
+            tokens = resp.json().get("usage")
+    return _result(anyio.current_time() - start, ttft, stream, tokens)
 
 
 async def _call(
@@ -504,21 +505,14 @@ async def _call(
         async for _ in stream:
             if ttft is None:
                 ttft = anyio.current_time() - start
-        return CallResult(anyio.current_time() - start, ttft, stream=True)
+        return _result(anyio.current_time() - start, ttft, True, None)
     reply = await client.chat.completions.create(
         model=model,
         messages=messages,
         max_tokens=step.output_tokens,
         extra_body=extra,
     )
-    prompt, completion, cached = _usage(reply.usage)
-    return CallResult(
-        anyio.current_time() - start,
-        None,
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        cached_tokens=cached,
-    )
+    return _result(anyio.current_time() - start, None, False, reply.usage)
 
 
 class AgentrtDriver:
