@@ -372,7 +372,8 @@ def plain_report(
 ) -> JobReport:
     """A :class:`JobReport` from what the plain driver measured, for the journal: the
     same fields as agentrt's where the plain client knows them (no queue, one attempt per
-    call, tokens only where the reply carried usage)."""
+    call, tokens only where the reply carried usage). Like the agentrt driver's jobs it is
+    named by the job's kind, with the plan's name and the client in its metadata."""
     failed = job.status != "ok"
     calls = [
         CallReport(
@@ -402,7 +403,7 @@ def plain_report(
     job_id = new_id("job")
     return JobReport(
         job_id=job_id,
-        name=job.name,
+        name=job.kind,
         program_id=job_id,
         status="error" if failed else "ok",
         error=job.error if failed else None,
@@ -419,7 +420,7 @@ def plain_report(
         completion_tokens=sum(c.completion_tokens or 0 for c in job.calls),
         cached_tokens=sum(c.cached_tokens or 0 for c in job.calls),
         retries=0,
-        metadata={"kind": job.kind, "client": client},
+        metadata={"plan": job.name, "client": client},
         call_reports=calls,
         tool_reports=tools,
     )
@@ -603,8 +604,9 @@ class AgentrtDriver:
         start = anyio.current_time()
         status = "ok"
         try:
-            metadata = {"kind": plan.kind, "client": self._name}
-            async with self._rt.job(plan.name, metadata=metadata) as job:
+            # Named by kind, so that reports and metrics group jobs of a kind together.
+            metadata = {"plan": plan.name, "client": self._name}
+            async with self._rt.job(plan.kind, metadata=metadata) as job:
                 await self._session(job, plan.root, None)
         except Exception as exc:
             status = f"error: {type(exc).__name__}"

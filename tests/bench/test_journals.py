@@ -9,7 +9,7 @@ import pytest
 from agentrt.bench import BenchConfig, run_bench
 from agentrt.bench._runner import journal_paths
 from agentrt.cli import main
-from agentrt.telemetry import read_journal
+from agentrt.telemetry import JobReport, read_journal
 
 
 @pytest.mark.parametrize("api", ["openai", "http"])
@@ -35,10 +35,11 @@ def test_a_bench_run_leaves_a_journal_per_client(tmp_path: Path, api: str) -> No
         reports = read_journal(client.journal)
         assert len(reports) == client.jobs == 6
         rows = {r["name"]: r for r in client.job_rows}
-        assert {r.name for r in reports} == set(rows)
+        # Jobs are named by kind; the plan's name is in the metadata.
+        assert {r.metadata["plan"] for r in reports} == set(rows)
         for report in reports:
-            row = rows[report.name]
-            assert report.status == "ok" and report.metadata["kind"] == row["kind"]
+            row = rows[report.metadata["plan"]]
+            assert report.status == "ok" and report.name == row["kind"]
             assert report.metadata["client"] == client.client
             assert report.jct_s == pytest.approx(row["jct_s"])
             assert report.calls == row["calls"] == len(report.call_reports)
@@ -50,9 +51,12 @@ def test_a_bench_run_leaves_a_journal_per_client(tmp_path: Path, api: str) -> No
         # Non-streamed replies carry usage; the embedded engine reports exact counts.
         assert sum(r.prompt_tokens for r in reports) > 0
     plain, agentrt = (read_journal(c.journal or "") for c in result.clients)
+
     # The same jobs, the same shape, whoever ran them.
-    shape = {r.name: (r.calls, r.tool_waits, r.sessions) for r in plain}
-    assert shape == {r.name: (r.calls, r.tool_waits, r.sessions) for r in agentrt}
+    def shape(reports: list[JobReport]) -> dict[str, tuple[str, int, int, int]]:
+        return {r.metadata["plan"]: (r.name, r.calls, r.tool_waits, r.sessions) for r in reports}
+
+    assert shape(plain) == shape(agentrt)
 
     # A second run replaces the journals (they do not accumulate).
     run_bench(cfg)
