@@ -64,7 +64,7 @@ JOB_BUCKETS: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.
 JOB_BUCKETS += (250.0, 500.0, 1000.0, 2500.0, 5000.0)
 """Jobs run from under a second to over an hour."""
 
-_ERROR_NAME = re.compile(r"^([A-Za-z_][\w.]*): ")
+_ERROR_NAME = re.compile(r"^(?:endpoint \S+ failed after \d+ attempt\(s\): )?([A-Za-z_][\w.]*): ")
 
 
 def otel_hook(*, capture_content: bool = False) -> Hook | None:
@@ -276,7 +276,8 @@ class _OtelHook:
         span = call.span
         if call.context is None:
             call.context = self._trace.set_span_in_context(span)
-        self._propagate.inject(e.headers, context=call.context)
+        if "traceparent" not in e.headers:  # an earlier hook's trace context wins
+            self._propagate.inject(e.headers, context=call.context)
         address, port = self._server(e.endpoint)
         if address is not None:
             call.metric_attrs["server.address"] = address

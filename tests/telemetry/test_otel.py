@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanContext, SpanKind, StatusCode
 
-from agentrt import Retry, Runtime
+from agentrt import EndpointError, Retry, Runtime
 from agentrt.sim import Cluster
 from agentrt.telemetry._otel import _OtelHook
 from tests._fake import MSG, FakeEngine
@@ -284,6 +284,23 @@ async def test_a_failed_call_and_job_are_errors(otel: Otel) -> None:
         and p.attributes.get("error.type") == "400"
     ]
     assert errors
+
+
+async def test_a_call_out_of_connection_attempts_names_the_exception(otel: Otel) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    fake = FakeEngine(script=[refuse, refuse, refuse])
+    async with Runtime([URL], transport=fake.transport(), retry=FAST) as rt:
+        with pytest.raises(EndpointError):
+            async with rt.job("unreachable") as job, job.session() as s:
+                await s.chat(model="m", messages=MSG)
+    named = by_name(otel.finished())
+    call = named["chat m"]
+    assert call.status.status_code is StatusCode.ERROR
+    assert attrs(call)["error.type"] == "ConnectError"
+    assert [e.name for e in call.events] == ["agentrt.attempt_failed"] * 3
+    assert attrs(named["invoke_agent unreachable"])["error.type"] == "EndpointError"
 
 
 async def test_capture_content_records_input_and_output_messages(otel: Otel) -> None:
