@@ -19,10 +19,9 @@ h2 { font-size: 16px; margin: 28px 0 8px; }
 .meta { color: #666; margin: 0 0 16px; }
 table { border-collapse: collapse; margin: 4px 0; }
 th, td { padding: 4px 10px; border-bottom: 1px solid #e4e4e4; white-space: nowrap; }
-th { background: #f4f6f8; text-align: right; font-weight: 600; }
-th:first-child { text-align: left; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-td.label { text-align: left; }
+th { background: #f4f6f8; font-weight: 600; }
+.num { text-align: right; font-variant-numeric: tabular-nums; }
+.label { text-align: left; }
 tbody tr:hover { background: #fafbfc; }
 .caption { color: #666; font-size: 12px; max-width: 1000px; margin: 6px 0 0; }
 figure { margin: 20px 0; }

@@ -139,7 +139,10 @@ def print_tables(tables: Sequence[TextTable]) -> None:
 
 def html_table(t: TextTable) -> str:
     """The table as an HTML ``<table>`` (cells escaped)."""
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in t.headers)
+    head = "".join(
+        f'<th class="{"label" if i < t.label_columns else "num"}">{html.escape(h)}</th>'
+        for i, h in enumerate(t.headers)
+    )
     body = []
     for row in t.rows:
         cells = "".join(

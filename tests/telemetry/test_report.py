@@ -1,0 +1,432 @@
+"""`agentrt report`: tables, plots, one self-contained HTML page, --compare, clear errors.
+
+The journals come from a real run: a Runtime against the embedded engine (agentrt.sim) in
+virtual time, with two job names, tool waits, concurrent sessions and a concurrency limit
+that makes calls queue. Ratios and the time breakdown are checked on constructed journals.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import trio
+from trio.testing import MockClock
+
+import agentrt
+import agentrt.report
+from agentrt.cli import main
+from agentrt.report import breakdown, compare, critical_path, summarize
+from agentrt.sim import PRESETS, Cluster
+from agentrt.telemetry import CallReport, JobReport, ToolReport, read_journal
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+async def _run(path: Path, concurrency: int) -> None:
+    async with (
+        Cluster(2, PRESETS["h100-8b"]) as cluster,
+        agentrt.Runtime(
+            list(cluster.base_urls),
+            transport=cluster.transport(),
+            journal=path,
+            otel=False,
+            concurrency=concurrency,
+        ) as rt,
+    ):
+
+        async def react(i: int) -> None:
+            async with rt.job("react") as job, job.session("main") as s:
+                msgs: list[dict[str, Any]] = [{"role": "user", "content": f"task {i} " * 40}]
+                for _ in range(3):
+                    r = await s.chat(model="m", messages=msgs, max_tokens=48)
+                    msgs.append({"role": "assistant", "content": r.choices[0].message.content})
+                    async with s.tool("search"):
+                        await anyio.sleep(0.4 + 0.1 * i)
+                    msgs.append({"role": "user", "content": "result"})
+
+        async def fanout(i: int) -> None:
+            async with rt.job("fanout") as job:
+
+                async def worker(k: int) -> None:
+                    async with job.session(f"worker-{k}") as s:
+                        content = f"part {i} {k} " * 30
+                        await s.chat(
+                            model="m",
+                            messages=[{"role": "user", "content": content}],
+                            max_tokens=96,
+                        )
+                        async with s.tool("exec"):
+                            await anyio.sleep(0.2 * (k + 1))
+                        await s.chat(
+                            model="m",
+                            messages=[{"role": "user", "content": "again"}],
+                            max_tokens=16,
+                        )
+
+                async with anyio.create_task_group() as tg:
+                    for k in range(3):
+                        tg.start_soon(worker, k)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(4):
+                tg.start_soon(react, i)
+                tg.start_soon(fanout, i)
+
+
+@pytest.fixture(scope="module")
+def journals(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two runs of the same workload: A with 2 calls in flight per replica, B with 8."""
+    folder = tmp_path_factory.mktemp("journals")
+    a, b = folder / "tight.jsonl", folder / "roomy.jsonl"
+    trio.run(_run, a, 2, clock=MockClock(autojump_threshold=0))
+    trio.run(_run, b, 8, clock=MockClock(autojump_threshold=0))
+    return a, b
+
+
+def _job(
+    name: str,
+    jct: float,
+    calls: Sequence[tuple[str, float, float, float]] = (),
+    tools: Sequence[tuple[str, float, float]] = (),
+    *,
+    prompt: int = 100,
+    cached: int = 0,
+    status: str = "ok",
+    job_id: str | None = None,
+    retries: int = 0,
+) -> JobReport:
+    """A report: calls as (session, start, queue, latency), tools as (session, start, s)."""
+    call_reports = [
+        CallReport(
+            call_id=f"c{i}",
+            session_id=s,
+            session_name=s,
+            turn=i,
+            path="/chat/completions",
+            start_s=start,
+            queue_s=queue,
+            latency_s=latency,
+        )
+        for i, (s, start, queue, latency) in enumerate(calls)
+    ]
+    tool_reports = [
+        ToolReport(session_id=s, name="t", start_s=start, duration_s=d) for s, start, d in tools
+    ]
+    return JobReport(
+        job_id=job_id or f"{name}-{jct}",
+        name=name,
+        program_id="p",
+        status=status,  # type: ignore[arg-type]
+        started_at=datetime(2026, 1, 1, tzinfo=UTC),
+        jct_s=jct,
+        llm_s=sum(c.latency_s or 0.0 for c in call_reports),
+        critical_llm_s=0.0,
+        queue_s=sum(c.queue_s for c in call_reports),
+        tool_s=sum(t.duration_s for t in tool_reports),
+        calls=len(call_reports),
+        tool_waits=len(tool_reports),
+        sessions=len({c.session_id for c in call_reports}),
+        prompt_tokens=prompt,
+        completion_tokens=10,
+        cached_tokens=cached,
+        retries=retries,
+        call_reports=call_reports,
+        tool_reports=tool_reports,
+    )
+
+
+def _write(path: Path, reports: Sequence[JobReport]) -> Path:
+    path.write_text("".join(r.model_dump_json() + "\n" for r in reports))
+    return path
+
+
+def _is_png(path: Path) -> bool:
+    return path.read_bytes()[:8] == PNG_MAGIC
+
+
+# --- the numbers -------------------------------------------------------------------------
+
+
+def test_the_real_run_has_queues_tools_concurrent_sessions_and_cache(
+    journals: tuple[Path, Path],
+) -> None:
+    reports = read_journal(journals[0])
+    assert {r.name for r in reports} == {"react", "fanout"}
+    assert len(reports) == 8
+    assert any(r.queue_s > 0 for r in reports)
+    assert all(r.tool_waits == 3 for r in reports)
+    assert all(r.sessions == 3 for r in reports if r.name == "fanout")
+    assert sum(r.cached_tokens for r in reports if r.name == "react") > 0
+    for r in reports:
+        parts = breakdown(r)
+        assert parts.total_s == pytest.approx(r.jct_s)
+        assert parts.queue_s >= 0 and parts.tool_s >= 0 and parts.other_s >= 0
+
+
+def test_breakdown_partitions_the_jct_and_the_critical_path_walks_back() -> None:
+    # a: queued 0-1, served 1-4; tool 4-6 in a; b: served 5-7; nothing after 7 (JCT 10).
+    job = _job("x", 10.0, calls=[("a", 0.0, 1.0, 4.0), ("b", 5.0, 0.0, 2.0)], tools=[("a", 4, 2)])
+    parts = breakdown(job)
+    assert (parts.llm_s, parts.queue_s, parts.tool_s, parts.other_s) == pytest.approx(
+        (5.0, 1.0, 1.0, 3.0)
+    )
+    path = critical_path(job)
+    # from the end: b's call ended last (7); before its start (5) the last to end is a's
+    # call (4): the tool (4-6) was still running at 5.
+    assert [(p.session, p.kind, p.start_s, p.end_s) for p in path] == [
+        ("a", "call", 0.0, 4.0),
+        ("b", "call", 5.0, 7.0),
+    ]
+    chain = _job("y", 6.0, calls=[("a", 0, 0, 2), ("a", 3, 0.5, 3)], tools=[("a", 2, 1)])
+    assert [p.kind for p in critical_path(chain)] == ["call", "tool", "call"]
+
+
+def test_summaries_per_job_name() -> None:
+    reports = [
+        _job("a", float(i), calls=[("s", 0.0, 0.0, 0.1 * i)], prompt=100, cached=50)
+        for i in range(1, 11)
+    ]
+    reports.append(_job("b", 3.0, status="error", retries=2))
+    a, b = summarize(reports)
+    assert (a.name, a.jobs, a.errors, a.jct_p50, a.jct_p90, a.jct_p99) == ("a", 10, 0, 5, 9, 10)
+    assert a.call_p50 == pytest.approx(0.5)
+    assert a.cache_share == pytest.approx(0.5)
+    assert (b.name, b.errors, b.retries) == ("b", 1, 2)
+    assert b.other_share == 1.0
+
+
+# --- the terminal table ------------------------------------------------------------------
+
+
+def test_the_table_shows_each_job_name_and_its_numbers(
+    journals: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", str(journals[0])]) == 0
+    out = capsys.readouterr().out
+    summaries = {s.name: s for s in summarize(read_journal(journals[0]))}
+    for header in ("JCT p50", "JCT p99", "call p50", "queue", "LLM", "tool", "cached", "moves"):
+        assert header in out
+    for name, s in summaries.items():
+        line = next(x for x in out.splitlines() if f" {name} " in x)
+        assert f"{s.jct_p50:.2f}" in line and f"{s.jct_p99:.2f}" in line
+        assert f"{s.call_p50:.3f}" in line
+        assert f"{s.queue_share:.0%}" in line
+    assert "8 jobs from" in out
+
+
+def test_several_journals_are_pooled(
+    journals: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", *map(str, journals)]) == 0
+    out = capsys.readouterr().out
+    assert "16 jobs from" in out
+    assert re.search(r" react\s+.\s+8 ", out)
+
+
+def test_job_prints_its_critical_path(
+    journals: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    fastest = min(read_journal(journals[0]), key=lambda r: r.jct_s)
+    assert main(["report", str(journals[0]), "--job", fastest.job_id]) == 0
+    out = capsys.readouterr().out
+    assert f"Critical path of {fastest.name} {fastest.job_id}" in out
+    assert len(critical_path(fastest)) >= 2
+
+
+# --- plots and the page ------------------------------------------------------------------
+
+
+def test_png_writes_three_plots(
+    journals: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "plots"
+    assert main(["report", str(journals[0]), "--png", str(out)]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["breakdown.png", "jct_cdf.png", "timeline.png"]
+    for p in out.iterdir():
+        assert _is_png(p), p
+        assert p.stat().st_size > 5_000, p
+    assert f"wrote {out / 'timeline.png'}" in capsys.readouterr().out
+
+
+def test_html_is_one_self_contained_page(
+    journals: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    page = tmp_path / "out" / "report.html"
+    assert main(["report", str(journals[0]), "--html", str(page)]) == 0
+    capsys.readouterr()
+    assert list(page.parent.iterdir()) == [page]
+    text = page.read_text()
+    assert not re.search(r"https?://", text)  # endpoints and tool URLs stay out too
+    assert not re.search(r"<(script|link|iframe)\b|@import|url\(", text)
+    assert re.findall(r'src="([^"]*)"', text) and all(
+        src.startswith("data:image/png;base64,") for src in re.findall(r'src="([^"]*)"', text)
+    )
+    assert text.count("data:image/png;base64,") == 3
+    assert text.count("<table>") == 2  # the summary and the slowest job's critical path
+    for cell in ('<td class="label">react</td>', '<td class="label">fanout</td>', "JCT p99"):
+        assert cell in text
+    slowest = max(read_journal(journals[0]), key=lambda r: r.jct_s)
+    assert f"Critical path of {slowest.name} {slowest.job_id}" in text
+
+
+# --- compare -----------------------------------------------------------------------------
+
+
+def _pair(tmp_path: Path) -> tuple[Path, Path]:
+    a = [
+        _job("x", float(j), calls=[("s", 0.0, 0.0, 1.0)], prompt=100, cached=10)
+        for j in (1, 2, 3, 4)
+    ]
+    b = [
+        _job("x", 2.0 * j, calls=[("s", 0.0, 0.0, 0.5)], prompt=100, cached=30)
+        for j in (1, 2, 3, 4)
+    ]
+    b.append(_job("only-b", 1.0))
+    return _write(tmp_path / "base.jsonl", a), _write(tmp_path / "new.jsonl", b)
+
+
+def test_compare_ratios(tmp_path: Path) -> None:
+    a, b = _pair(tmp_path)
+    rows = {(r.name, r.metric): r for r in compare(read_journal(a), read_journal(b))}
+    assert rows["x", "JCT p50"].ratio == pytest.approx(2.0)  # 4 over 2
+    assert rows["x", "JCT p99"].ratio == pytest.approx(2.0)  # 8 over 4
+    assert rows["x", "call p50"].ratio == pytest.approx(0.5)
+    assert rows["x", "cache share"].ratio == pytest.approx(3.0)
+    assert rows["x", "jobs"].ratio == 1.0
+    assert rows["x", "retries"].ratio is None  # 0 over 0
+    assert rows["only-b", "JCT p50"].a is None and rows["only-b", "JCT p50"].ratio is None
+
+
+def test_compare_in_the_terminal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = _pair(tmp_path)
+    assert main(["report", "--compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "B / A: new over base" in out
+    assert re.search(r"JCT p50\s+.\s+2\.000\s+.\s+4\.000\s+.\s+2\.00x", out)
+    assert re.search(r"cache share\s+.\s+10%\s+.\s+30%\s+.\s+3\.00x", out)
+    assert re.search(r"call p50\s+.\s+1\.000\s+.\s+0\.500\s+.\s+0\.50x", out)
+
+
+def test_compare_real_runs_with_plots_and_page(
+    journals: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    page = tmp_path / "compare.html"
+    args = ["report", "--compare", *map(str, journals), "--png", str(tmp_path), "--html"]
+    assert main([*args, str(page)]) == 0
+    out = capsys.readouterr().out
+    assert "B / A: roomy over tight" in out
+    text = page.read_text()
+    assert text.count("<table>") == 4  # A, B, B over A, the critical path
+    assert "roomy over tight" in text
+    assert all(_is_png(tmp_path / n) for n in ("jct_cdf.png", "breakdown.png", "timeline.png"))
+
+
+# --- errors ------------------------------------------------------------------------------
+
+
+def _fails(argv: list[str], capsys: pytest.CaptureFixture[str], *needles: str) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    for needle in needles:
+        assert needle in captured.err
+
+
+def test_errors_are_named_with_exit_code_2(
+    journals: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "missing.jsonl"
+    _fails(["report", str(missing)], capsys, f"journal {missing}: no such file")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    _fails(["report", str(journals[0]), str(empty)], capsys, f"journal {empty} is empty")
+    _fails(["report", str(tmp_path)], capsys, "is a directory")
+    _fails(
+        ["report", str(journals[0]), "--job", "job-nope"],
+        capsys,
+        "--job job-nope: no job with that id",
+    )
+    _fails(["report", "--compare", str(journals[0])], capsys, "--compare takes two journals")
+
+
+def test_a_corrupt_line_is_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path / "runs.jsonl", [_job("x", 1.0)])
+    with path.open("a") as f:
+        f.write('{"job_id": "cut sh\n')
+    assert main(["report", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "agentrt: warning:" in captured.err and "runs.jsonl:2" in captured.err
+    assert " x " in captured.out
+
+
+def test_without_the_extra_the_error_names_the_install(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _write(tmp_path / "runs.jsonl", [_job("x", 1.0)])
+    monkeypatch.setitem(sys.modules, "rich", None)
+    _fails(["report", str(path)], capsys, 'pip install "agentrt[report]"')
+
+
+def test_the_public_names_are_sorted_and_complete() -> None:
+    names = agentrt.report.__all__
+    assert names == sorted(names, key=lambda n: (not n[0].isupper(), n))
+    assert all(hasattr(agentrt.report, n) for n in names)
+
+
+# --- the page in a browser ---------------------------------------------------------------
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    message = "chromium not installed (apt-get install -y chromium; scripts/test.sh does it)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true but {message}", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.mark.browser
+def test_the_page_renders_in_headless_chromium(
+    journals: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    chromium = _chromium()
+    page = tmp_path / "report.html"
+    assert main(["report", str(journals[0]), "--html", str(page)]) == 0
+    shot = tmp_path / "shot.png"
+    subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--screenshot={shot}",
+            "--window-size=1280,2000",
+            page.as_uri(),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=90,
+    )
+    assert _is_png(shot)
+    assert shot.stat().st_size > 30_000
+    from PIL import Image  # matplotlib's dependency
+
+    with Image.open(shot) as image:
+        assert image.size == (1280, 2000)
+        colors = image.convert("RGB").getcolors(maxcolors=1 << 20)
+        assert colors is not None and len(colors) > 100  # tables and plots, not a blank page
