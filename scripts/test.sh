@@ -19,6 +19,13 @@ fi
 # The real engine (vLLM CPU + a tiny offline model) in its own environment.
 bash scripts/engine_setup.sh
 
+# Headless Chromium for the tests marked browser (the HTML report). CI runs this as root.
+if ! command -v chromium >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq chromium >/dev/null
+fi
+
 .venv/bin/ruff check agentrt tests examples benchmarks scripts
 .venv/bin/ruff format --check agentrt tests examples benchmarks scripts
 .venv/bin/mypy
