@@ -190,6 +190,22 @@ class _Metrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
+    def call_end(self, job: str, endpoint: str, status: str) -> tuple[Any, ...]:
+        """The series a finished call updates, in one cached lookup (the hot path)."""
+        key = ("call_end", job, endpoint, status)
+        children = self._children.get(key)
+        if children is None:
+            children = self._children[key] = (
+                self.calls_in_progress.labels(job),
+                self.call_duration.labels(job, endpoint, status),
+                self.call_queue.labels(job, endpoint),
+                self.ttft.labels(job, endpoint),
+                self.prompt_tokens.labels(job, endpoint),
+                self.completion_tokens.labels(job, endpoint),
+                self.cached_tokens.labels(job, endpoint),
+            )
+        return children
+
 
 _BY_REGISTRY: weakref.WeakKeyDictionary[Any, _Metrics] = weakref.WeakKeyDictionary()
 
@@ -289,20 +305,22 @@ class PrometheusHook:
 
     def _call_ended(self, e: CallEnded) -> None:
         m, r = self._m, e.report
-        job = self._job(e.job_id)
-        m.child(m.calls_in_progress, job).dec()
         endpoint = m.endpoint_label(r.endpoint) if r.endpoint is not None else "none"
+        in_progress, duration, queue, ttft, prompt, completion, cached = m.call_end(
+            self._job(e.job_id), endpoint, e.status
+        )
+        in_progress.dec()
         if r.latency_s is not None:
-            m.child(m.call_duration, job, endpoint, e.status).observe(r.latency_s)
-        m.child(m.call_queue, job, endpoint).observe(r.queue_s)
+            duration.observe(r.latency_s)
+        queue.observe(r.queue_s)
         if r.ttft_s is not None:
-            m.child(m.ttft, job, endpoint).observe(r.ttft_s)
+            ttft.observe(r.ttft_s)
         if r.prompt_tokens:
-            m.child(m.prompt_tokens, job, endpoint).inc(r.prompt_tokens)
+            prompt.inc(r.prompt_tokens)
         if r.completion_tokens:
-            m.child(m.completion_tokens, job, endpoint).inc(r.completion_tokens)
+            completion.inc(r.completion_tokens)
         if r.cached_tokens:
-            m.child(m.cached_tokens, job, endpoint).inc(r.cached_tokens)
+            cached.inc(r.cached_tokens)
 
     def _session_moved(self, e: SessionMoved) -> None:
         m = self._m
