@@ -1,11 +1,12 @@
 """The CPU telemetry costs per call: agentrt's transport with no hooks, with a no-op hook,
 the journal, OpenTelemetry (API only, then an SDK with in-memory exporters) and Prometheus.
 
-As in ``transport_micro.py``: a prebuilt request goes straight into the transport, a stub
-transport answers at once, each job makes ``--calls-per-job`` calls in one session, and
-the figure is CPU microseconds per call (``time.process_time``, the job's report and its
-end events included), the stub's own cost taken off, median over rounds. The rounds of
-the configurations are interleaved, so that drift in the machine's speed hits them alike.
+As in ``transport_micro.py`` (whose ``run`` this calls): a prebuilt request goes straight
+into the transport, a stub transport answers at once, each job makes ``--calls-per-job``
+calls in one session, and the figure is CPU microseconds per call (``time.process_time``;
+the job's report and its end events included, its start events not), the stub's own cost
+taken off, median over rounds. The configurations' rounds are interleaved, so that drift
+in the machine's speed hits them alike.
 Writes ``results/telemetry_cost.json``.
 
     .venv/bin/python benchmarks/telemetry_cost.py
@@ -20,17 +21,13 @@ import platform
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx2
-from transport_micro import BODY, URL, Stub, stub_only  # this folder: run as a script
+from transport_micro import run, stub_only  # this folder: run as a script
 
-import agentrt
-from agentrt._context import _CALL_SESSION
 from agentrt.telemetry import Event
 
 Options = Callable[[Path], dict[str, Any]]
@@ -80,28 +77,6 @@ CONFIGS: dict[str, Options] = {
 SDK = ("otel (SDK, in-memory)", "all (journal, otel SDK, prometheus)")
 
 
-async def run(calls: int, per_job: int, options: dict[str, Any]) -> float:
-    """CPU microseconds per call through the transport, reports and events included."""
-    async with agentrt.Runtime([URL], transport=Stub(), keep_reports=0, **options) as rt:
-        transport: Any = rt.http_client()._transport
-        headers = [(b"content-type", b"application/json"), (b"authorization", b"Bearer x")]
-        headers += [(f"x-stainless-{i}".encode(), b"value") for i in range(8)]
-        request = httpx2.Request("POST", URL + "/chat/completions", headers=headers, content=BODY)
-        total = 0.0
-        done = 0
-        while done < calls:
-            t = time.process_time()
-            async with rt.job("micro") as job, job.session() as s:
-                token = _CALL_SESSION.set(s)
-                for _ in range(per_job):
-                    response = await transport.handle_async_request(request)
-                    await response.aread()
-                _CALL_SESSION.reset(token)
-            total += time.process_time() - t
-            done += per_job
-        return total / done * 1e6
-
-
 def _have(module: str) -> bool:
     try:
         __import__(module)
@@ -141,7 +116,8 @@ def main() -> int:
                     if clear is not None:
                         clear()
                     options = CONFIGS[name](folder)
-                    value = anyio.run(run, args.calls, args.calls_per_job, options)
+                    per_job = args.calls_per_job
+                    value = anyio.run(run, args.calls, per_job, "generic", None, 0, options)
                     rounds[name].append(value)
     stub = statistics.median(anyio.run(stub_only, args.calls) for _ in range(args.rounds))
     own = {n: statistics.median(v) - stub for n, v in rounds.items()}

@@ -51,9 +51,17 @@ class Stub(httpx2.AsyncBaseTransport):
 
 
 async def run(
-    calls: int, per_job: int, dialect: str, prof: cProfile.Profile | None, keep: int = 0
+    calls: int,
+    per_job: int,
+    dialect: str,
+    prof: cProfile.Profile | None,
+    keep: int = 0,
+    options: dict[str, Any] | None = None,
 ) -> float:
-    async with agentrt.Runtime([URL], transport=Stub(), dialect=dialect, keep_reports=keep) as rt:
+    """CPU microseconds per call; ``options``: more Runtime arguments (telemetry_cost.py)."""
+    async with agentrt.Runtime(
+        [URL], transport=Stub(), dialect=dialect, keep_reports=keep, **(options or {})
+    ) as rt:
         transport: Any = rt.http_client()._transport
         headers = [(b"content-type", b"application/json"), (b"authorization", b"Bearer x")]
         headers += [(f"x-stainless-{i}".encode(), b"value") for i in range(8)]
