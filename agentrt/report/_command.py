@@ -152,10 +152,11 @@ def report(
     tables = [
         summary_table(
             summarize(run.reports),
-            f"{run.label or 'jobs'}: {len(run.reports)} jobs from "
+            (f"{ab}: {run.label}, " if compare_runs else "")
+            + f"{len(run.reports)} jobs from "
             + ", ".join(str(p) for p in run.paths),
         )
-        for run in runs
+        for ab, run in zip("AB", runs, strict=False)
     ]
     if compare_runs:
         tables.append(
@@ -169,7 +170,7 @@ def report(
     written: list[Path] = []
     if png_dir is None and html_path is None:
         return written
-    from ._html import html_page
+    from ._html import Image, html_page
     from ._plots import breakdown_bars, jct_cdf, png_bytes, timeline
 
     series = _series(runs)
@@ -184,21 +185,31 @@ def report(
             written.append(Path(png_dir) / name)
     if html_path is not None:
         which = "the slowest job" if job_id is None else "the chosen job"
-        captions = (
-            "JCT CDF: the fraction of jobs finished by each completion time, per job name.",
-            "Where the time goes: each job name's mean JCT, split into time with a call "
-            "being served (LLM critical path), only queued in agentrt, only in tool waits, "
-            "and the rest (the agent's own code).",
-            f"Timeline of {which}: sessions as rows, calls in blue (the hatched part queued "
-            "in agentrt), tool waits in orange; the critical path is outlined in red and "
-            "repeated on the top row.",
-        )
         page = html_page(
             "agentrt report",
             f"{sum(len(r.reports) for r in runs)} jobs from "
             + ", ".join(str(p) for run in runs for p in run.paths),
-            [*tables, _critical_table(chosen_run, chosen)],
-            list(zip(captions, pngs, strict=True)),
+            [
+                *tables,
+                Image(
+                    "JCT CDF: the fraction of jobs finished by each completion time, per job name.",
+                    pngs[0],
+                ),
+                Image(
+                    "Where the time goes: each job name's mean JCT, split into time with a "
+                    "call being served (LLM critical path), only queued in agentrt, only in "
+                    "tool waits, and the rest (the agent's own code).",
+                    pngs[1],
+                ),
+                Image(
+                    f"Timeline of {which}: sessions as rows, calls in blue (the hatched part "
+                    "queued in agentrt), tool waits in orange; the critical path is outlined "
+                    "in red and repeated on the top row.",
+                    pngs[2],
+                    wide=True,
+                ),
+                _critical_table(chosen_run, chosen),
+            ],
         )
         _write(Path(html_path), page.encode("utf-8"))
         written.append(Path(html_path))

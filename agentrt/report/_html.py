@@ -6,14 +6,15 @@ from __future__ import annotations
 import base64
 import html
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ._tables import TextTable, html_table
 
-__all__ = ["html_page"]
+__all__ = ["Image", "html_page"]
 
 CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #222;
-       margin: 24px auto; max-width: 1200px; padding: 0 16px; }
+       margin: 24px auto; max-width: 1240px; padding: 0 16px; }
 h1 { font-size: 22px; margin-bottom: 4px; }
 h2 { font-size: 16px; margin: 28px 0 8px; }
 .meta { color: #666; margin: 0 0 16px; }
@@ -24,19 +25,33 @@ th { background: #f4f6f8; font-weight: 600; }
 .label { text-align: left; }
 tbody tr:hover { background: #fafbfc; }
 .caption { color: #666; font-size: 12px; max-width: 1000px; margin: 6px 0 0; }
-figure { margin: 20px 0; }
-figure img { max-width: 100%; border: 1px solid #eee; }
-figcaption { color: #666; font-size: 12px; max-width: 1000px; }
+.row { display: flex; flex-wrap: wrap; gap: 16px; }
+figure { margin: 20px 0 0; flex: 1 1 560px; max-width: 100%; }
+figure img { width: 100%; border: 1px solid #eee; }
+figcaption { color: #666; font-size: 12px; }
 """
 
 
-def html_page(
-    title: str,
-    meta: str,
-    tables: Sequence[TextTable],
-    images: Sequence[tuple[str, bytes]],
-) -> str:
-    """A page with ``tables`` then ``images`` (``(caption, png)`` pairs), all inline."""
+@dataclass(frozen=True)
+class Image:
+    """A PNG with its caption; narrow ones sit side by side."""
+
+    caption: str
+    png: bytes
+    wide: bool = False
+
+
+def _figure(image: Image) -> str:
+    data = base64.b64encode(image.png).decode("ascii")
+    alt = html.escape(image.caption)
+    return (
+        f'<figure><img alt="{alt}" src="data:image/png;base64,{data}">'
+        f"<figcaption>{alt}</figcaption></figure>"
+    )
+
+
+def html_page(title: str, meta: str, blocks: Sequence[TextTable | Image]) -> str:
+    """A page of tables and images, in order, all inline."""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -46,12 +61,17 @@ def html_page(
         f"<h1>{html.escape(title)}</h1>",
         f'<p class="meta">{html.escape(meta)}</p>',
     ]
-    parts.extend(html_table(t) for t in tables)
-    for caption, png in images:
-        data = base64.b64encode(png).decode("ascii")
-        parts.append(
-            f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>"
-        )
+    row: list[str] = []
+    for block in [*blocks, None]:
+        if isinstance(block, Image) and not block.wide:
+            row.append(_figure(block))
+            continue
+        if row:
+            parts.append('<div class="row">' + "".join(row) + "</div>")
+            row = []
+        if isinstance(block, Image):
+            parts.append(_figure(block))
+        elif isinstance(block, TextTable):
+            parts.append(html_table(block))
     parts.append("</body></html>\n")
     return "\n".join(parts)

@@ -76,7 +76,7 @@ def jct_cdf(series: Sequence[tuple[str, Sequence[float]]]) -> Figure:
 
 def breakdown_bars(series: Sequence[tuple[str, NameSummary]]) -> Figure:
     """Each ``(label, summary)``'s mean JCT as a bar split into LLM, queue, tool, other."""
-    fig = _figure(7, max(2.5, 0.55 * len(series) + 1.6))
+    fig = _figure(7, max(3.2, 0.55 * len(series) + 2.0))
     ax = fig.add_subplot()
     parts = (
         ("LLM (critical path)", "llm_share", LLM, None),
@@ -109,7 +109,7 @@ def breakdown_bars(series: Sequence[tuple[str, NameSummary]]) -> Figure:
     ax.set_xlabel("mean JCT (s)")
     ax.set_title("Where the time goes: shares of mean JCT")
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize="small", loc="lower right", framealpha=0.9)
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4)
     return fig
 
 
