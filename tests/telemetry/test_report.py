@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,13 @@ from agentrt.sim import PRESETS, Cluster
 from agentrt.telemetry import CallReport, JobReport, ToolReport, read_journal
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+# The numbers and the errors need nothing more; the table and plots need the report extra
+# (the openai 2.x run of scripts/test.sh installs without it).
+needs_extra = pytest.mark.skipif(
+    find_spec("rich") is None or find_spec("matplotlib") is None,
+    reason='needs the report extra: pip install "agentrt[report]"',
+)
 
 
 async def _run(path: Path, concurrency: int) -> None:
@@ -208,6 +216,7 @@ def test_summaries_per_job_name() -> None:
 # --- the terminal table ------------------------------------------------------------------
 
 
+@needs_extra
 def test_the_table_shows_each_job_name_and_its_numbers(
     journals: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -224,6 +233,7 @@ def test_the_table_shows_each_job_name_and_its_numbers(
     assert "8 jobs from" in out
 
 
+@needs_extra
 def test_several_journals_are_pooled(
     journals: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -233,6 +243,7 @@ def test_several_journals_are_pooled(
     assert re.search(r" react\s+.\s+8 ", out)
 
 
+@needs_extra
 def test_job_prints_its_critical_path(
     journals: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -246,6 +257,7 @@ def test_job_prints_its_critical_path(
 # --- plots and the page ------------------------------------------------------------------
 
 
+@needs_extra
 def test_png_writes_three_plots(
     journals: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -259,6 +271,7 @@ def test_png_writes_three_plots(
     assert f"wrote {out / 'timeline.png'}" in capsys.readouterr().out
 
 
+@needs_extra
 def test_html_is_one_self_contained_page(
     journals: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -308,6 +321,7 @@ def test_compare_ratios(tmp_path: Path) -> None:
     assert rows["only-b", "JCT p50"].a is None and rows["only-b", "JCT p50"].ratio is None
 
 
+@needs_extra
 def test_compare_in_the_terminal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a, b = _pair(tmp_path)
     assert main(["report", "--compare", str(a), str(b)]) == 0
@@ -318,6 +332,7 @@ def test_compare_in_the_terminal(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert re.search(r"call p50\s+.\s+1\.000\s+.\s+0\.500\s+.\s+0\.50x", out)
 
 
+@needs_extra
 def test_compare_real_runs_with_plots_and_page(
     journals: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -360,6 +375,7 @@ def test_errors_are_named_with_exit_code_2(
     _fails(["report", "--compare", str(journals[0])], capsys, "--compare takes two journals")
 
 
+@needs_extra
 def test_a_corrupt_line_is_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _write(tmp_path / "runs.jsonl", [_job("x", 1.0)])
     with path.open("a") as f:
@@ -399,6 +415,7 @@ def _chromium() -> str:
 
 
 @pytest.mark.browser
+@needs_extra
 def test_the_page_renders_in_headless_chromium(
     journals: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
