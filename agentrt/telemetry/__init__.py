@@ -18,6 +18,7 @@ from ._events import (
     ToolStarted,
 )
 from ._journal import Journal, JournalWarning, iter_journal, read_journal
+from ._prometheus import PrometheusHook
 from ._report import CallReport, CallStatus, JobReport, JobStatus, ToolReport
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "JobStatus",
     "Journal",
     "JournalWarning",
+    "PrometheusHook",
     "SessionClosed",
     "SessionMoved",
     "SessionOpened",

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from agentrt import Retry, Runtime
-from agentrt.telemetry._prometheus import PrometheusHook
+from agentrt.telemetry import PrometheusHook
 from tests._fake import MSG, FakeEngine
 
 pytestmark = pytest.mark.anyio
