@@ -11,7 +11,7 @@ import contextvars
 import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -100,8 +100,18 @@ class _CallState:
     error: str | None = None
     moved: bool = False
     done: bool = False
+    final: CallReport | None = field(default=None, repr=False)
+    """The report, once built for a finished call (nothing changes it after that)."""
 
     def to_report(self) -> CallReport:
+        if self.final is not None:
+            return self.final
+        report = self._build()
+        if self.done:
+            self.final = report
+        return report
+
+    def _build(self) -> CallReport:
         return CallReport(
             call_id=self.call_id,
             session_id=self.session_id,

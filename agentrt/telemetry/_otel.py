@@ -114,6 +114,7 @@ class _OtelHook:
         from .. import __version__
 
         self._trace = trace
+        self._metrics = metrics
         self._context = context
         self._propagate = propagate
         self._capture = capture_content
@@ -163,9 +164,20 @@ class _OtelHook:
         }
 
     def __call__(self, event: Event, /) -> None:
+        if not self._jobs and not self._calls and not self._sdk_installed():
+            return  # the API alone would make no-op spans: skip the work entirely
         handler = self._handlers.get(type(event))
         if handler is not None:
             handler(event)
+
+    def _sdk_installed(self) -> bool:
+        """Whether a tracer or meter provider has been installed globally (until then the
+        API hands out proxies, and every span and measurement would be dropped)."""
+        tracer_provider = self._trace.get_tracer_provider()
+        if not isinstance(tracer_provider, self._trace.ProxyTracerProvider):
+            return True
+        meter_provider = self._metrics.get_meter_provider()
+        return type(meter_provider).__name__ != "_ProxyMeterProvider"
 
     def __repr__(self) -> str:
         return "<agentrt OpenTelemetry hook>"
