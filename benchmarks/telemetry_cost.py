@@ -66,7 +66,7 @@ CONFIGS: dict[str, Options] = {
     "no-op hook": lambda d: {"otel": False, "hooks": [_noop]},
     "journal": lambda d: {"otel": False, "journal": d / "journal.jsonl"},
     "prometheus": _prometheus,
-    "otel (API only)": lambda d: {"otel": True},
+    "otel (API only, the default: no hook)": lambda d: {"otel": True},
     "otel (SDK, in-memory)": lambda d: {"otel": True},
     "all (journal, otel SDK, prometheus)": lambda d: {
         **_prometheus(d),
@@ -93,7 +93,10 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("results/telemetry_cost.json"))
     args = parser.parse_args()
 
-    needs = {"otel (API only)": "opentelemetry.trace", "prometheus": "prometheus_client"}
+    needs = {
+        "otel (API only, the default: no hook)": "opentelemetry.trace",
+        "prometheus": "prometheus_client",
+    }
     needs |= {n: "opentelemetry.sdk" for n in SDK}
     names = [n for n in CONFIGS if n not in needs or _have(needs[n])]
     if SDK[1] in names and not _have("prometheus_client"):

@@ -68,14 +68,19 @@ _ERROR_NAME = re.compile(r"^(?:endpoint \S+ failed after \d+ attempt\(s\): )?([A
 
 
 def otel_hook(*, capture_content: bool = False) -> Hook | None:
-    """The span and metrics hook, or None when ``opentelemetry-api`` is not installed."""
+    """The span and metrics hook; None when ``opentelemetry-api`` is not installed, or
+    when no tracer or meter provider has been installed yet (then spans would be no-ops:
+    install the SDK's providers before building the Runtime)."""
     try:
         import opentelemetry.metrics
         import opentelemetry.propagate
         import opentelemetry.trace  # noqa: F401
     except ImportError:
         return None
-    return _OtelHook(capture_content=capture_content)
+    hook = _OtelHook(capture_content=capture_content)
+    # Without an SDK provider (installed before the Runtime is built, the usual order)
+    # every span would be a no-op: install no hook at all, so no event is even built.
+    return hook if hook._sdk_installed() else None
 
 
 @dataclass(slots=True)
@@ -116,6 +121,8 @@ class _OtelHook:
         self._trace = trace
         self._metrics = metrics
         self._context = context
+        self._on = False
+        """Whether an SDK provider was installed when the last job started."""
         self._propagate = propagate
         self._capture = capture_content
         self._tracer = trace.get_tracer("agentrt", __version__)
@@ -164,9 +171,12 @@ class _OtelHook:
         }
 
     def __call__(self, event: Event, /) -> None:
-        if not self._jobs and not self._calls and not self._sdk_installed():
+        kind = type(event)
+        if kind is JobStarted:
+            self._on = self._sdk_installed()  # checked once per job
+        if not self._on and not self._jobs and not self._calls:
             return  # the API alone would make no-op spans: skip the work entirely
-        handler = self._handlers.get(type(event))
+        handler = self._handlers.get(kind)
         if handler is not None:
             handler(event)
 
