@@ -245,20 +245,29 @@ class Session:
             self._idle_declared = (self._idle_declared or 0.0) + expected
         self._tool_depth += 1
         core = self.job._core
+        wait_id = self.job._tool_seq
+        self.job._tool_seq += 1
         if core.hooks:
             core.emit(
                 ToolStarted(
-                    t=now, job_id=self.job.id, session_id=self.id, name=name, expected_s=expected
+                    t=now,
+                    job_id=self.job.id,
+                    session_id=self.id,
+                    wait_id=wait_id,
+                    name=name,
+                    expected_s=expected,
                 )
             )
         status: Any = "ok"
+        error_type: str | None = None
         try:
             yield
         except anyio.get_cancelled_exc_class():
             status = "cancelled"
             raise
-        except BaseException:
+        except BaseException as exc:
             status = "error"
+            error_type = type(exc).__name__
             raise
         finally:
             self._tool_depth -= 1
@@ -279,9 +288,11 @@ class Session:
                         t=end,
                         job_id=self.job.id,
                         session_id=self.id,
+                        wait_id=wait_id,
                         name=name,
                         duration_s=end - now,
                         status=status,
+                        error_type=error_type,
                     )
                 )
 
@@ -343,6 +354,8 @@ class Job:
         self._started_at = datetime.now(UTC)
         self._calls: list[_CallState] = []
         self._tools: list[ToolReport] = []
+        self._tool_seq = 0
+        """Tool waits started so far (numbers them for the tool events)."""
         self._sessions = 0
         self._report: JobReport | None = None
 

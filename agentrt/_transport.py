@@ -18,6 +18,7 @@ import importlib
 import importlib.metadata
 import json
 import random
+import re
 from collections.abc import AsyncIterator, Iterator
 from functools import cache
 from types import ModuleType
@@ -53,6 +54,7 @@ RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 _DROP_HEADERS = frozenset({b"content-length", b"host"})
 _DROP_HEADERS_AUTH = _DROP_HEADERS | {b"authorization"}
 _USAGE_KEY = b'"usage"'
+_FINISH = re.compile(rb'"finish_reason"\s*:\s*"([A-Za-z_]{1,32})"')
 _JSON = json.JSONDecoder()
 
 
@@ -356,6 +358,7 @@ class _Call:
         "ended",
         "ep",
         "failed",
+        "finish_reason",
         "implicit",
         "output",
         "prefix",
@@ -391,6 +394,8 @@ class _Call:
         self.ended = False
         self.output: str | None = None
         """The completion text, collected only with ``capture_content`` and hooks."""
+        self.finish_reason: str | None = None
+        """The first choice's finish reason, looked up only when there are hooks."""
         job = session.job
         body: dict[str, Any] | None = None
         content = request.content if request.method == "POST" else b""
@@ -709,8 +714,11 @@ class _Call:
             raise EndpointError(message, endpoint=url, attempts=state.attempts)
         else:
             _usage_into(state, _usage_of(raw))
-            if self.core.capture_content and self.core.hooks:
-                self.output = _output_of(raw)
+            if self.core.hooks:
+                found = _FINISH.search(raw)  # the first choice's: keys are not escaped
+                self.finish_reason = found.group(1).decode() if found else None
+                if self.core.capture_content:
+                    self.output = _output_of(raw)
             self._end("ok", None)
         return transport._rebuild(response, raw)
 
@@ -764,6 +772,7 @@ class _Call:
                         call_id=state.call_id,
                         status=status,
                         report=state.to_report(),
+                        finish_reason=self.finish_reason,
                         output=self.output,
                     )
                 )
@@ -785,7 +794,8 @@ class _ObservedStream:
         self._state = call.state
         self._url = call.ep.endpoint.url if call.ep is not None else call.base
         self._parse = "content-encoding" not in response.headers
-        self._capture = call.core.capture_content and bool(call.core.hooks)
+        self._hooks = bool(call.core.hooks)
+        self._capture = call.core.capture_content and self._hooks
         self._parts: list[str] = []
         self._tail = b""
         self._complete = False
@@ -829,6 +839,10 @@ class _ObservedStream:
                         ttft_s=state.ttft_s,
                     )
                 )
+        if self._hooks and self._call.finish_reason is None:
+            found = _FINISH.search(chunk)
+            if found:
+                self._call.finish_reason = found.group(1).decode()
         if self._parse:
             self._scan(chunk)
             if self._complete:

@@ -204,3 +204,23 @@ async def test_content_is_captured_only_on_request() -> None:
             assert all(e.content is None for e in started)
             assert all(e.output is None for e in ended)
         assert job.report.status == "ok"
+
+
+async def test_tool_waits_are_numbered_and_failures_named() -> None:
+    events: list[Event] = []
+    async with Runtime([URL], transport=FakeEngine().transport(), hooks=[events.append]) as rt:
+        async with rt.job("j") as job, job.session() as s:
+            async with s.tool("a"), s.tool("b"):  # nested: both open at once
+                pass
+            with pytest.raises(KeyError):
+                async with s.tool("c"):
+                    raise KeyError("missing")
+            await s.chat(model="m", messages=MSG)
+    started = [e for e in events if isinstance(e, ToolStarted)]
+    ended = {e.wait_id: e for e in events if isinstance(e, ToolEnded)}
+    assert [(e.wait_id, e.name) for e in started] == [(0, "a"), (1, "b"), (2, "c")]
+    assert {i: e.name for i, e in ended.items()} == {0: "a", 1: "b", 2: "c"}
+    assert ended[2].status == "error" and ended[2].error_type == "KeyError"
+    call_end = next(e for e in events if isinstance(e, CallEnded))
+    assert call_end.finish_reason == "stop"
+    assert job.report.status == "ok"

@@ -156,6 +156,9 @@ class CallEnded(Event):
     call_id: str
     status: CallStatus
     report: CallReport
+    finish_reason: str | None = None
+    """The first choice's ``finish_reason`` (``stop``, ``length``, ``tool_calls``...), when
+    the reply had one."""
     output: str | None = None
     """The completion text (first choice), only with ``Runtime(capture_content=True)``."""
 
@@ -177,6 +180,8 @@ class SessionMoved(Event):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolStarted(Event):
     session_id: str
+    wait_id: int
+    """Numbers the job's tool waits from 0; the matching ``ToolEnded`` has the same."""
     name: str
     expected_s: float | None
 
@@ -184,6 +189,9 @@ class ToolStarted(Event):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolEnded(Event):
     session_id: str
+    wait_id: int
     name: str
     duration_s: float
     status: CallStatus
+    error_type: str | None = None
+    """The exception's class name when the tool's block raised."""

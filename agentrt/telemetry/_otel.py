@@ -155,7 +155,7 @@ class _OtelHook:
         self._offset_ns = time.time_ns() - time.monotonic_ns()
         self._jobs: dict[str, _Job] = {}
         self._calls: dict[str, _Call] = {}
-        self._tools: dict[tuple[str, str], list[_Tool]] = {}
+        self._tools: dict[tuple[str, int], _Tool] = {}
         self._servers: dict[str, tuple[str | None, int | None]] = {}
         self._handlers: dict[type[Event], Callable[[Any], None]] = {
             JobStarted: self._job_started,
@@ -375,7 +375,7 @@ class _OtelHook:
             if error_type is not None:
                 attrs["error.type"] = error_type
             if self._capture and e.output is not None:
-                finish = "unknown" if r.status == "ok" else "error"
+                finish = e.finish_reason or ("unknown" if r.status == "ok" else "error")
                 attrs["gen_ai.output.messages"] = json.dumps(
                     [
                         {
@@ -431,26 +431,17 @@ class _OtelHook:
             start_time=job.offset_ns + int(e.t * 1e9),
             attributes=attrs,
         )
-        key = (e.session_id, e.name)
-        self._tools.setdefault(key, []).append(_Tool(span, job.offset_ns, e.t))
+        self._tools[(e.job_id, e.wait_id)] = _Tool(span, job.offset_ns, e.t)
 
     def _tool_ended(self, e: ToolEnded) -> None:
-        key = (e.session_id, e.name)
-        open_ = self._tools.get(key)
-        if not open_:
+        tool = self._tools.pop((e.job_id, e.wait_id), None)
+        if tool is None:
             return
-        # Waits of one tool may overlap in a session: the one that started when this
-        # one did (its end minus its duration).
-        start = e.t - e.duration_s
-        i = min(range(len(open_)), key=lambda k: abs(open_[k].start_t - start))
-        tool = open_.pop(i)
-        if not open_:
-            del self._tools[key]
         span = tool.span
         if span.is_recording():
             span.set_attribute("agentrt.status", e.status)
             if e.status == "error":
-                span.set_attribute("error.type", "_OTHER")
+                span.set_attribute("error.type", e.error_type or "_OTHER")
                 span.set_status(self._trace.StatusCode.ERROR)
         span.end(end_time=tool.offset_ns + int(e.t * 1e9))
 

@@ -342,7 +342,7 @@ async def test_capture_content_records_input_and_output_messages(otel: Otel) -> 
         {
             "role": "assistant",
             "parts": [{"type": "text", "content": "hello"}],
-            "finish_reason": "unknown",
+            "finish_reason": "stop",
         }
     ]
 
