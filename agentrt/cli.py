@@ -166,6 +166,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--preset", default="h100-8b")
+    serve.add_argument(
+        "--replies",
+        choices=("filler", "agent"),
+        default="filler",
+        help="'agent': follow CALL/ANSWER directives in the last user message, so agent "
+        "frameworks call real tools (docs/sim.md)",
+    )
     return parser
 
 
@@ -279,6 +286,9 @@ def _report(args: argparse.Namespace) -> int:
 
 def _sim_serve(args: argparse.Namespace) -> int:
     from .sim import serve
+    from .sim._config import resolve_config
+
+    preset = resolve_config(args.preset).replace(replies=args.replies)
 
     def ready(urls: tuple[str, ...]) -> None:
         print("serving (Ctrl-C to stop):")
@@ -286,7 +296,7 @@ def _sim_serve(args: argparse.Namespace) -> int:
             print(f"  {url}")
 
     try:
-        serve(args.replicas, args.host, args.port, args.preset, on_ready=ready)
+        serve(args.replicas, args.host, args.port, preset, on_ready=ready)
     except KeyboardInterrupt:
         pass
     return 0

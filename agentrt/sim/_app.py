@@ -21,6 +21,7 @@ import anyio
 
 from .._protocol import H_IDLE_EXPECTED, H_PRIORITY, H_SESSION
 from ._engine import ABORTED, Engine, RequestRejected, SimRequest
+from ._replies import ScriptedReply, agent_reply
 from ._tokenize import Prompt, PromptError, output_text
 
 __all__ = ["INPROCESS_EXTENSION", "ASGIApp", "ClusterApp", "ReplicaApp", "Scope"]
@@ -286,6 +287,9 @@ class ReplicaApp:
             max_tokens = cfg.default_max_tokens
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise _HTTPError(400, "max_tokens must be an integer >= 1", param="max_tokens")
+        script = agent_reply(body) if chat and cfg.replies == "agent" else None
+        if script is not None:
+            max_tokens = min(max_tokens, script.num_tokens)
         n = body.get("n", 1)
         if n not in (1, None):
             raise _HTTPError(400, "the simulator only supports n=1", param="n")
@@ -323,7 +327,7 @@ class ReplicaApp:
             return Reply(
                 200,
                 [*_SSE_HEADERS, rid_header],
-                stream=SSEStream(engine, req, prompt, rid, model, chat, include_usage),
+                stream=SSEStream(engine, req, prompt, rid, model, chat, include_usage, script),
             )
         try:
             while not req.done:
@@ -333,19 +337,31 @@ class ReplicaApp:
                 engine.abort(req)
         if req.status == ABORTED:  # pragma: no cover - only when the engine shuts down
             raise _HTTPError(500, "the request was aborted")
-        return _json_reply(200, _completion_body(req, prompt, rid, model, chat), [rid_header])
+        body_out = _completion_body(req, prompt, rid, model, chat, script)
+        return _json_reply(200, body_out, [rid_header])
 
 
-def _completion_body(req: SimRequest, prompt: Prompt, rid: str, model: str, chat: bool) -> bytes:
-    text = output_text(req.max_tokens)
+def _completion_body(
+    req: SimRequest,
+    prompt: Prompt,
+    rid: str,
+    model: str,
+    chat: bool,
+    script: ScriptedReply | None = None,
+) -> bytes:
     created = _CREATED_EPOCH + int(anyio.current_time())
     usage = _usage(req, prompt)
     choice: dict[str, Any] = {"index": 0}
-    if chat:
+    finish = "length"
+    if script is not None:
+        choice["message"] = script.message()
+        finish = script.finish_reason
+    elif chat:
+        text = output_text(req.max_tokens)
         choice["message"] = {"role": "assistant", "content": text, "tool_calls": []}
     else:
-        choice["text"] = text
-    choice.update({"logprobs": None, "finish_reason": "length", "stop_reason": None})
+        choice["text"] = output_text(req.max_tokens)
+    choice.update({"logprobs": None, "finish_reason": finish, "stop_reason": None})
     doc = {
         "id": f"chatcmpl-{rid}" if chat else f"cmpl-{rid}",
         "object": "chat.completion" if chat else "text_completion",
@@ -373,8 +389,10 @@ class SSEStream:
         model: str,
         chat: bool,
         include_usage: bool,
+        script: ScriptedReply | None = None,
     ) -> None:
         self._engine = engine
+        self._script = script
         self._req = req
         self._prompt = prompt
         self._rid = rid
@@ -392,7 +410,7 @@ class SSEStream:
             f'data: {{"id":{ident},"object":"{kind}","created":{self._created},'
             f'"model":{json.dumps(model)},"choices":[{{"index":0,"{field}":'
         )
-        self._text = output_text(req.max_tokens)
+        self._text = output_text(req.max_tokens) if script is None else script.content
 
     def __aiter__(self) -> SSEStream:
         return self
@@ -412,7 +430,13 @@ class SSEStream:
             raise StopAsyncIteration
         piece = json.dumps(self._text[seen * 4 : count * 4])
         last = count >= req.max_tokens
-        finish = '"length"' if last else "null"
+        script = self._script
+        finish = "null"
+        if last:
+            finish = '"length"' if script is None else json.dumps(script.finish_reason)
+        calls = script.tool_calls if script is not None and last else ()
+        if calls:
+            finish = "null"  # the tool calls come first, then the finish chunk
         head = self._head
         tail = self._usage_tail
         parts: list[str] = []
@@ -426,6 +450,23 @@ class SSEStream:
                 f'{head}{{"content":{piece}}},"logprobs":null,"finish_reason":{finish}'
                 f"}}]{tail}}}\n\n"
             )
+            if calls:
+                deltas = [
+                    {
+                        "index": i,
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments},
+                    }
+                    for i, c in enumerate(calls)
+                ]
+                parts.append(
+                    f'{head}{{"tool_calls":{json.dumps(deltas)}}},"logprobs":null,'
+                    f'"finish_reason":null}}]{tail}}}\n\n'
+                )
+                parts.append(
+                    f'{head}{{}},"logprobs":null,"finish_reason":"tool_calls"}}]{tail}}}\n\n'
+                )
         else:
             parts.append(
                 f'{head}{piece},"logprobs":null,"finish_reason":{finish},'

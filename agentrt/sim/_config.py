@@ -11,9 +11,10 @@ from typing import Final, Literal
 
 from ._cost import CostModel
 
-__all__ = ["PRESETS", "EngineConfig", "KVPolicy", "SchedulingPolicy", "resolve_config"]
+__all__ = ["PRESETS", "EngineConfig", "KVPolicy", "Replies", "SchedulingPolicy", "resolve_config"]
 
 SchedulingPolicy = Literal["fcfs", "priority"]
+Replies = Literal["filler", "agent"]
 KVPolicy = Literal["lru", "keep", "pin", "offload", "drop"]
 
 _KV_POLICIES: Final = ("lru", "keep", "pin", "offload", "drop")
@@ -70,6 +71,10 @@ class EngineConfig:
     cache_output_blocks: bool = True
     """Cache the full blocks of generated text too (as vLLM does), so a next turn that
     sends the reply back hits them."""
+    replies: Replies = "filler"
+    """What replies say: ``filler`` (deterministic filler text of the requested length) or
+    ``agent`` (follow ``CALL``/``ANSWER`` directives in the last user message: tool calls
+    for agent frameworks, see ``agentrt.sim._replies``)."""
 
     def __post_init__(self) -> None:
         positive = (
@@ -93,6 +98,8 @@ class EngineConfig:
             raise ValueError("host_bandwidth must be > 0 and pin_margin_s >= 0")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ValueError("max_model_len must be > 0 or None")
+        if self.replies not in ("filler", "agent"):
+            raise ValueError(f"replies must be 'filler' or 'agent', got {self.replies!r}")
         if self.scheduling not in ("fcfs", "priority"):
             raise ValueError(f"scheduling must be 'fcfs' or 'priority', got {self.scheduling!r}")
         if self.tool_wait_policy not in _KV_POLICIES:
