@@ -14,7 +14,7 @@ if [[ ! -x .venv/bin/python ]]; then
     "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[dev,otel,prometheus,report,serve]"
+.venv/bin/python -m pip install -q -e ".[dev,otel,prometheus,report,serve,test-frameworks]"
 
 # The real engine (vLLM CPU + a tiny offline model) in its own environment.
 bash scripts/engine_setup.sh
@@ -46,12 +46,13 @@ run_pytest() {
 run_pytest .venv/bin/python -m pytest "$@"
 
 # agentrt supports openai 2.x (on httpx) as well as the current 3.x (on httpx2): the unit
-# tests run again against the newest 2.x.
+# tests run again against the newest 2.x. The LlamaIndex adapter's tests run here too
+# (LlamaIndex's OpenAI LLM requires openai<3).
 if [[ $# -eq 0 ]]; then
     if [[ ! -x .venv-openai2/bin/python ]]; then
         "$PY" -m venv .venv-openai2
     fi
-    .venv-openai2/bin/python -m pip install -q -e ".[dev,serve]" "openai>=2,<3"
+    .venv-openai2/bin/python -m pip install -q -e ".[dev,serve,test-llamaindex]" "openai>=2,<3"
     echo "--- unit tests with $(.venv-openai2/bin/python -m pip show openai | grep ^Version)"
     run_pytest .venv-openai2/bin/python -m pytest -m "not engine" -p no:cacheprovider
 fi
