@@ -137,6 +137,17 @@ class _CallState:
         )
 
 
+@dataclass(slots=True, eq=False)
+class _ToolWait:
+    """A tool wait in progress (between ``Session._start_tool`` and ``_end_tool``)."""
+
+    wait_id: int
+    name: str
+    start: float
+    expected_s: float | None
+    ended: bool = False
+
+
 class Session:
     """One conversation in a job. Its calls share a KV prefix and are tagged as one.
 
@@ -233,6 +244,26 @@ class Session:
 
     @contextmanager
     def _tool_wait(self, name: str, expected_s: float | None) -> Iterator[None]:
+        wait = self._start_tool(name, expected_s)
+        status: CallStatus = "ok"
+        error_type: str | None = None
+        try:
+            yield
+        except anyio.get_cancelled_exc_class():
+            status = "cancelled"
+            raise
+        except BaseException as exc:
+            status = "error"
+            error_type = type(exc).__name__
+            raise
+        finally:
+            self._end_tool(wait, status, error_type)
+
+    # -- tool waits and the session's end without a block (framework adapters whose
+    # callbacks start and end them: agentrt.integrations._bridge) --------------------------
+
+    def _start_tool(self, name: str, expected_s: float | None) -> _ToolWait:
+        """Begin a tool wait; end it with :meth:`_end_tool` (what ``tool()`` does)."""
         _check_name(name, "tool name")
         if not name:
             raise ValueError("tool name must not be empty")
@@ -245,7 +276,7 @@ class Session:
             self._idle_declared = (self._idle_declared or 0.0) + expected
         self._tool_depth += 1
         core = self.job._core
-        wait_id = self.job._tool_seq
+        wait = _ToolWait(self.job._tool_seq, name, now, expected)
         self.job._tool_seq += 1
         if core.hooks:
             core.emit(
@@ -253,48 +284,53 @@ class Session:
                     t=now,
                     job_id=self.job.id,
                     session_id=self.id,
-                    wait_id=wait_id,
+                    wait_id=wait.wait_id,
                     name=name,
                     expected_s=expected,
                 )
             )
-        status: Any = "ok"
-        error_type: str | None = None
-        try:
-            yield
-        except anyio.get_cancelled_exc_class():
-            status = "cancelled"
-            raise
-        except BaseException as exc:
-            status = "error"
-            error_type = type(exc).__name__
-            raise
-        finally:
-            self._tool_depth -= 1
-            end = anyio.current_time()
-            self.job._tools.append(
-                ToolReport(
+        return wait
+
+    def _end_tool(self, wait: _ToolWait, status: CallStatus, error_type: str | None) -> None:
+        """End a tool wait begun by :meth:`_start_tool` (a second call does nothing)."""
+        if wait.ended:
+            return
+        wait.ended = True
+        self._tool_depth -= 1
+        end = anyio.current_time()
+        core = self.job._core
+        self.job._tools.append(
+            ToolReport(
+                session_id=self.id,
+                name=wait.name,
+                start_s=wait.start - self.job._t0,
+                duration_s=end - wait.start,
+                expected_s=wait.expected_s,
+                status=status,
+            )
+        )
+        if core.hooks:
+            core.emit(
+                ToolEnded(
+                    t=end,
+                    job_id=self.job.id,
                     session_id=self.id,
-                    name=name,
-                    start_s=now - self.job._t0,
-                    duration_s=end - now,
-                    expected_s=expected,
+                    wait_id=wait.wait_id,
+                    name=wait.name,
+                    duration_s=end - wait.start,
                     status=status,
+                    error_type=error_type,
                 )
             )
-            if core.hooks:
-                core.emit(
-                    ToolEnded(
-                        t=end,
-                        job_id=self.job.id,
-                        session_id=self.id,
-                        wait_id=wait_id,
-                        name=name,
-                        duration_s=end - now,
-                        status=status,
-                        error_type=error_type,
-                    )
-                )
+
+    def _close(self) -> None:
+        """End the session (what leaving ``job.session(...)``'s block does); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        core = self.job._core
+        if core.hooks:
+            core.emit(SessionClosed(t=anyio.current_time(), job_id=self.job.id, session_id=self.id))
 
     # -- used by the transport -----------------------------------------------------------
 
@@ -386,6 +422,18 @@ class Job:
 
         ``parent`` links a sub-agent's session to the session that spawned it.
         """
+        session = self._open_session(name, session_id, parent)
+        token = _CURRENT_SESSION.set(session)
+        try:
+            yield session
+        finally:
+            _CURRENT_SESSION.reset(token)
+            session._close()
+
+    def _open_session(
+        self, name: str | None, session_id: str | None, parent: Session | str | None
+    ) -> Session:
+        """Open a session without a block (it ends with ``session._close()``)."""
         session = self._new_session(name, session_id, parent)
         core = self._core
         if core.hooks:
@@ -398,16 +446,7 @@ class Job:
                     parent_id=session.parent_id,
                 )
             )
-        token = _CURRENT_SESSION.set(session)
-        try:
-            yield session
-        finally:
-            session._closed = True
-            _CURRENT_SESSION.reset(token)
-            if core.hooks:
-                core.emit(
-                    SessionClosed(t=anyio.current_time(), job_id=self.id, session_id=session.id)
-                )
+        return session
 
     def _new_session(
         self, name: str | None, session_id: str | None, parent: Session | str | None

@@ -236,6 +236,15 @@ class _Core:
         self.job_ended(job, status, error)
 
 
+def _outcome(exc: BaseException | None) -> tuple[JobStatus, str | None]:
+    """A job's status and error for the exception that ended it (None: it succeeded)."""
+    if exc is None:
+        return "ok", None
+    if isinstance(exc, anyio.get_cancelled_exc_class()):
+        return "cancelled", "cancelled"
+    return "error", f"{type(exc).__name__}: {exc}"
+
+
 class AsyncTransport(Protocol):
     """An async transport of legacy ``httpx`` or of ``httpx2`` (same shape)."""
 
@@ -596,18 +605,47 @@ class Runtime:
             if scope.cancelled_caught:
                 status, error = "deadline", f"deadline of {job.deadline_s} s exceeded"
                 raise TimeoutError(f"job {job.id!r} exceeded its deadline of {job.deadline_s} s")
-        except anyio.get_cancelled_exc_class():
-            status, error = "cancelled", "cancelled"
-            raise
         except BaseException as exc:
             if status == "ok":
                 if isinstance(exc, TimeoutError) and anyio.current_time() >= deadline:
                     status, error = "deadline", f"deadline of {job.deadline_s} s exceeded"
                 else:
-                    status, error = "error", f"{type(exc).__name__}: {exc}"
+                    status, error = _outcome(exc)
             raise
         finally:
             self._core.job_ended(job, status, error)
+
+    def _open_job(
+        self,
+        name: str,
+        *,
+        job_id: str | None = None,
+        program_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Job:
+        """Start a job without a block, for framework adapters whose callbacks start and
+        end a run (``agentrt.integrations._bridge``); :meth:`_close_job` ends it. It has
+        no deadline: no block encloses its work to cancel."""
+        self._check_open()
+        job = Job(
+            self._core,
+            name,
+            job_id=job_id,
+            program_id=program_id,
+            deadline_s=None,
+            metadata=metadata,
+        )
+        self._core.job_started(job)
+        return job
+
+    def _close_job(self, job: Job, exc: BaseException | None = None) -> JobReport:
+        """End a job started by :meth:`_open_job`, with the status ``rt.job`` gives: ``ok``,
+        or ``cancelled`` / ``error`` for the exception that ended its work. A second call
+        returns the report."""
+        if job._report is not None:
+            return job._report
+        status, error = _outcome(exc)
+        return self._core.job_ended(job, status, error)
 
     def http_client(self) -> httpx.AsyncClient:
         """An async HTTP client whose requests go through agentrt (for frameworks that
