@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import json
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -34,6 +36,7 @@ from agentrt.sim import PRESETS, Cluster  # noqa: E402
 pytestmark = pytest.mark.anyio
 
 ADD_S, LOOKUP_S = 0.2, 0.1
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "openai_agents_agent.py"
 
 
 @pytest.fixture
@@ -269,3 +272,14 @@ def test_without_the_sdk_the_import_names_the_extra(monkeypatch: pytest.MonkeyPa
     monkeypatch.delitem(sys.modules, "agentrt.integrations.openai_agents")
     with pytest.raises(ImportError, match=r'pip install "agentrt\[openai-agents\]"'):
         importlib.import_module("agentrt.integrations.openai_agents")
+
+
+async def test_the_example_runs_on_the_embedded_engine(env: Env) -> None:
+    spec = importlib.util.spec_from_file_location("openai_agents_agent", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    answer, report = await example.run_agent(env.rt, "agent-model", example.QUESTION)
+    assert answer.startswith("391") and report.name == "assistant"
+    assert (report.status, report.calls, report.sessions) == ("ok", 5, 2)
+    assert [t.name for t in report.tool_reports] == ["calculator", "word_count", "ask_researcher"]
