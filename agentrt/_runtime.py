@@ -781,16 +781,24 @@ class SyncRuntime:
         with self._portal.wrap_async_context_manager(rt._run_job(job, enforce_deadline=False)):
             yield SyncJob(self, job)
 
+    def http_client(self) -> httpx.Client:
+        """A synchronous HTTP client whose requests go through agentrt (for frameworks
+        that accept one; see :meth:`Runtime.http_client`). Its requests run in the
+        runtime's event loop; inside ``job.session(...)`` they are that session's turns."""
+        rt = self.runtime
+        rt._check_open()
+        lib = rt._lib
+        return lib.mod.Client(  # type: ignore[no-any-return]
+            transport=lib.SyncTransport(self, lib.AgentTransport(rt._core, rt._inner)),
+            timeout=rt._timeout,
+        )
+
     def openai(self, **kwargs: Any) -> openai.OpenAI:
         """A synchronous ``openai.OpenAI`` whose calls go through agentrt."""
         rt = self.runtime
         rt._check_open()
         kwargs = rt._client_kwargs(kwargs)
-        lib = rt._lib
-        http = lib.mod.Client(
-            transport=lib.SyncTransport(self, lib.AgentTransport(rt._core, rt._inner)),
-            timeout=rt._timeout,
-        )
+        http = self.http_client()
         # openai 3.x types its client as httpx2.Client and accepts legacy httpx clients.
         return openai.OpenAI(http_client=http, **kwargs)  # type: ignore[arg-type,unused-ignore]
 
