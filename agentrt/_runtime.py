@@ -579,15 +579,7 @@ class Runtime:
         status ``deadline`` (raising ``TimeoutError``). The report is in ``job.report``
         after the block, whatever happened inside.
         """
-        self._check_open()
-        job = Job(
-            self._core,
-            name,
-            job_id=job_id,
-            program_id=program_id,
-            deadline_s=deadline_s,
-            metadata=metadata,
-        )
+        job = self._new_job(name, job_id, program_id, deadline_s, metadata)
         async with self._run_job(job, enforce_deadline=True):
             yield job
 
@@ -626,17 +618,27 @@ class Runtime:
         """Start a job without a block, for framework adapters whose callbacks start and
         end a run (``agentrt.integrations._bridge``); :meth:`_close_job` ends it. It has
         no deadline: no block encloses its work to cancel."""
+        job = self._new_job(name, job_id, program_id, None, metadata)
+        self._core.job_started(job)
+        return job
+
+    def _new_job(
+        self,
+        name: str,
+        job_id: str | None,
+        program_id: str | None,
+        deadline_s: float | None,
+        metadata: dict[str, Any] | None,
+    ) -> Job:
         self._check_open()
-        job = Job(
+        return Job(
             self._core,
             name,
             job_id=job_id,
             program_id=program_id,
-            deadline_s=None,
+            deadline_s=deadline_s,
             metadata=metadata,
         )
-        self._core.job_started(job)
-        return job
 
     def _close_job(self, job: Job, exc: BaseException | None = None) -> JobReport:
         """End a job started by :meth:`_open_job`, with the status ``rt.job`` gives: ``ok``,
@@ -768,16 +770,8 @@ class SyncRuntime:
     ) -> Iterator[SyncJob]:
         """Run one job (see :meth:`Runtime.job`)."""
         rt = self.runtime
-        rt._check_open()
+        job = rt._new_job(name, job_id, program_id, deadline_s, metadata)
         assert self._portal is not None
-        job = Job(
-            rt._core,
-            name,
-            job_id=job_id,
-            program_id=program_id,
-            deadline_s=deadline_s,
-            metadata=metadata,
-        )
         with self._portal.wrap_async_context_manager(rt._run_job(job, enforce_deadline=False)):
             yield SyncJob(self, job)
 
