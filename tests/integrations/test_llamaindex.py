@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -27,6 +28,7 @@ pytestmark = [
 ]
 
 SLEEP_S = 0.15
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llamaindex_agent.py"
 
 
 @pytest.fixture
@@ -336,3 +338,17 @@ async def test_instrument_is_idempotent_and_needs_an_open_runtime() -> None:
             llamaindex.llm(rt, model="m", max_retries=2)
     with pytest.raises(Exception, match="closed"):
         llamaindex.instrument(rt)
+
+
+async def test_the_example_runs_on_the_embedded_engine() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("llamaindex_agent", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    async with runtime() as (rt, _):
+        answer, report = await example.run_agent(rt, "m", example.QUESTION)
+    assert answer.startswith("391") and report.status == "ok"
+    assert report.sessions == 2 and report.calls == 5
+    assert {t.name for t in report.tool_reports} == {"calculator", "ask_researcher", "word_count"}
