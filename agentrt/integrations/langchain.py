@@ -40,7 +40,7 @@ from ._bridge import Bridge, bind, unbind
 try:
     from langchain_core.callbacks import BaseCallbackHandler
     from langchain_openai import ChatOpenAI as _ChatOpenAIBase
-except ImportError as exc:  # pragma: no cover - exercised by a test that hides the modules
+except ImportError as exc:
     raise ImportError(
         f"agentrt.integrations.langchain needs LangChain ({exc.name or exc} is missing); "
         'install it with: pip install "agentrt[langchain]"'
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
     from .._context import Session
 
-__all__ = ["AgentrtCallbackHandler", "callbacks", "chat_model"]
+__all__ = ["AgentrtCallbackHandler", "ChatOpenAI", "callbacks", "chat_model"]
 
 _T = TypeVar("_T")
 _Kind = Literal["chain", "llm", "tool"]

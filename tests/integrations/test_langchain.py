@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import json
 import sys
 import time
 import warnings
 from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,6 +31,7 @@ pytestmark = pytest.mark.anyio
 
 CONFIG = PRESETS["h100-8b"].replace(replies="agent")
 SLEEP = {"add": 0.05, "lookup": 0.12}
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -335,3 +338,25 @@ def test_a_clear_error_without_langchain(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.delitem(sys.modules, "agentrt.integrations.langchain")
     with pytest.raises(ImportError, match=r'pip install "agentrt\[langchain\]"'):
         importlib.import_module("agentrt.integrations.langchain")
+
+
+async def test_the_example_runs_on_the_embedded_engine(
+    served: tuple[agentrt.Runtime, Recorder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = ROOT
+    monkeypatch.chdir(root)  # its word_count reads README.md
+    spec = importlib.util.spec_from_file_location(
+        "langchain_agent", root / "examples" / "langchain_agent.py"
+    )
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    rt, _ = served
+    answer, report = await example.run_agent(rt, "agent-model", example.QUESTION)
+    assert answer.startswith("391")
+    assert report.status == "ok" and report.name == "assistant" and report.sessions == 2
+    assert sorted(t.name for t in report.tool_reports) == [
+        "ask_researcher",
+        "calculator",
+        "word_count",
+    ]
