@@ -314,6 +314,23 @@ async def test_a_cancelled_run_ends_its_job_as_cancelled() -> None:
     assert [t.status for t in report.tool_reports] == ["cancelled"]
 
 
+async def test_a_run_cancelled_by_its_callers_scope_ends_as_cancelled() -> None:
+    async def wait_long(x: int) -> int:
+        """A tool that takes long."""
+        await asyncio.sleep(30)
+        return x
+
+    async with runtime() as (rt, _):
+        with anyio.move_on_after(0.5):
+            await agent(rt, tools=[wait_long]).run(user_msg='Wait.\nCALL wait_long {"x": 1}')
+        with anyio.fail_after(5):
+            while not rt.reports():  # noqa: ASYNC110 - the run's task ends on its own
+                await asyncio.sleep(0.01)
+    report = only(rt)
+    assert report.status == "cancelled"
+    assert [t.status for t in report.tool_reports] == ["cancelled"]
+
+
 async def test_llm_outside_a_run_is_an_implicit_job_and_sync_calls_fail() -> None:
     from llama_index.core.llms import ChatMessage
 
