@@ -450,20 +450,18 @@ class SSEStream:
                 f'{head}{{"content":{piece}}},"logprobs":null,"finish_reason":{finish}'
                 f"}}]{tail}}}\n\n"
             )
-            if calls:
-                deltas = [
-                    {
-                        "index": i,
-                        "id": c.id,
-                        "type": "function",
-                        "function": {"name": c.name, "arguments": c.arguments},
-                    }
-                    for i, c in enumerate(calls)
-                ]
+            for i, c in enumerate(calls):  # one chunk per tool call, as OpenAI streams them
+                delta = {
+                    "index": i,
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
                 parts.append(
-                    f'{head}{{"tool_calls":{json.dumps(deltas)}}},"logprobs":null,'
+                    f'{head}{{"tool_calls":[{json.dumps(delta)}]}},"logprobs":null,'
                     f'"finish_reason":null}}]{tail}}}\n\n'
                 )
+            if calls:
                 parts.append(
                     f'{head}{{}},"logprobs":null,"finish_reason":"tool_calls"}}]{tail}}}\n\n'
                 )
