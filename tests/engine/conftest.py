@@ -2,7 +2,8 @@
 
 Fixtures (each hands out live replicas; the pool behind them is session-scoped):
 
-- ``vllm_engine`` -> Replica: FCFS, prefix caching, prompt token details, KV events on ZMQ.
+- ``vllm_engine`` -> Replica: FCFS, prefix caching, prompt token details, KV events on ZMQ,
+  forced tool choice (hermes tool-call parser).
 - ``vllm_priority_engine`` -> Replica: ``--scheduling-policy priority``, ``--max-num-seqs 1``.
 - ``vllm_pair`` -> list[Replica]: two replicas, 64 KV blocks (8192 tokens) each, worker of
   replica i bound to core i.
@@ -54,6 +55,9 @@ ENGINE_SPEC = ReplicaSpec(
     kv_events=True,
     kv_cache_space_gib=1,
     cpu_bind="0",
+    # Forced tool choice (tool_choice="required" or a named tool) needs a tool-call parser:
+    # the framework adapters' engine tests make the random-weight model call a tool.
+    extra_args=("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),
 )
 PRIORITY_SPEC = ReplicaSpec(
     name="priority",
