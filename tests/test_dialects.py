@@ -18,6 +18,7 @@ from agentrt.dialects import (
     OPENAI,
     SGLANG,
     VLLM,
+    VLLM_AGENT_HINT,
     VLLM_ROUTER,
     Dialect,
     DialectOptions,
@@ -29,6 +30,7 @@ from agentrt.dialects import (
     resolve_dialect,
     sglang_dialect,
     sglang_priority,
+    vllm_agent_hint_dialect,
     vllm_dialect,
     vllm_router_dialect,
 )
@@ -94,6 +96,7 @@ def test_registry_names() -> None:
         "generic",
         "vllm",
         "vllm-router",
+        "vllm-agent-hint",
         "sglang",
         "dynamo",
         "llm-d",
@@ -285,6 +288,69 @@ def test_vllm_priority_bounded_to_int64() -> None:
 def test_vllm_without_request_id() -> None:
     enc = vllm_dialect(send_request_id=False).encode(FULL, NO_PRIO)
     assert extra_headers(enc) == {"x-session-id": "sess-1"}
+
+
+# --------------------------------------------------------------------------- vllm-agent-hint
+
+
+def test_vllm_agent_hint_exact_fields() -> None:
+    enc = VLLM_AGENT_HINT.encode(FULL, PRIO)
+    assert VLLM_AGENT_HINT.name == "vllm-agent-hint"
+    assert extra_headers(enc) == {}
+    # idle_expected_s=2.0 plus the default 2 s margin
+    assert enc.body == {
+        "agent_hint": {"session_id": "sess-1", "parent_session_id": "sess-0", "cache_ttl_s": 4.0}
+    }
+    assert VLLM_AGENT_HINT.echo_headers == ()
+    assert "experimental" in VLLM_AGENT_HINT.doc
+
+
+def test_vllm_agent_hint_leaves_unknown_fields_out() -> None:
+    enc = VLLM_AGENT_HINT.encode(make_meta(), PRIO)
+    assert enc.body == {"agent_hint": {"session_id": "sess-1"}}
+    # idle 0 is known: the margin alone
+    assert VLLM_AGENT_HINT.encode(make_meta(idle_expected_s=0.0), NO_PRIO).body == {
+        "agent_hint": {"session_id": "sess-1", "cache_ttl_s": 2.0}
+    }
+
+
+def test_vllm_agent_hint_ttl_margin_bound_and_rounding() -> None:
+    d = vllm_agent_hint_dialect(ttl_margin_s=0.5, max_ttl_s=60.0)
+    ttl = d.encode(make_meta(idle_expected_s=1.23456), NO_PRIO).body["agent_hint"]["cache_ttl_s"]
+    assert ttl == 1.735
+    capped = d.encode(make_meta(idle_expected_s=1e9), NO_PRIO).body["agent_hint"]
+    assert capped["cache_ttl_s"] == 60.0
+    assert VLLM_AGENT_HINT.encode(make_meta(idle_expected_s=1e9), NO_PRIO).body["agent_hint"][
+        "cache_ttl_s"
+    ] == pytest.approx(3600.0)
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_vllm_agent_hint_rejects_bad_options(bad: float) -> None:
+    with pytest.raises(ValueError, match="ttl_margin_s"):
+        vllm_agent_hint_dialect(ttl_margin_s=bad)
+    with pytest.raises(ValueError, match="max_ttl_s"):
+        vllm_agent_hint_dialect(max_ttl_s=bad)
+    with pytest.raises(TypeError):
+        vllm_agent_hint_dialect(ttl_margin_s="2")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        vllm_agent_hint_dialect(max_ttl_s=None)  # type: ignore[arg-type]
+
+
+def test_vllm_agent_hint_composes_with_vllm() -> None:
+    for d in (resolve_dialect(["vllm", "vllm-agent-hint"]), combine(VLLM, VLLM_AGENT_HINT)):
+        assert d.name == "vllm+vllm-agent-hint"
+        enc = d.encode(FULL, PRIO)
+        assert extra_headers(enc) == {"x-session-id": "sess-1", "x-request-id": "call-1"}
+        assert enc.body == {
+            "session_id": "sess-1",
+            "priority": 3,
+            "agent_hint": {
+                "session_id": "sess-1",
+                "parent_session_id": "sess-0",
+                "cache_ttl_s": 4.0,
+            },
+        }
 
 
 # --------------------------------------------------------------------------- vllm-router

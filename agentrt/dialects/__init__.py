@@ -25,9 +25,17 @@ from ._llmd import LLMD
 from ._openai import OPENAI
 from ._sglang import SGLANG, sglang_dialect, sglang_priority
 from ._vllm import VLLM, vllm_dialect
+from ._vllm_agent_hint import (
+    DEFAULT_AGENT_HINT_MAX_TTL_S,
+    DEFAULT_AGENT_HINT_TTL_MARGIN_S,
+    VLLM_AGENT_HINT,
+    vllm_agent_hint_dialect,
+)
 from ._vllm_router import VLLM_ROUTER, vllm_router_dialect
 
 __all__ = [
+    "DEFAULT_AGENT_HINT_MAX_TTL_S",
+    "DEFAULT_AGENT_HINT_TTL_MARGIN_S",
     "DIALECTS",
     "DYNAMO",
     "GENERIC",
@@ -35,6 +43,7 @@ __all__ = [
     "OPENAI",
     "SGLANG",
     "VLLM",
+    "VLLM_AGENT_HINT",
     "VLLM_ROUTER",
     "Dialect",
     "DialectOptions",
@@ -47,6 +56,7 @@ __all__ = [
     "resolve_dialect",
     "sglang_dialect",
     "sglang_priority",
+    "vllm_agent_hint_dialect",
     "vllm_dialect",
     "vllm_router_dialect",
 ]
@@ -55,7 +65,7 @@ DialectSpec: TypeAlias = str | Dialect | Sequence[str | Dialect]
 """A dialect by name, a :class:`Dialect`, or several of either (combined in order)."""
 
 _REGISTRY: dict[str, Dialect] = {
-    d.name: d for d in (GENERIC, VLLM, VLLM_ROUTER, SGLANG, DYNAMO, LLMD, OPENAI)
+    d.name: d for d in (GENERIC, VLLM, VLLM_ROUTER, VLLM_AGENT_HINT, SGLANG, DYNAMO, LLMD, OPENAI)
 }
 
 DIALECTS: Final[Mapping[str, Dialect]] = MappingProxyType(_REGISTRY)
