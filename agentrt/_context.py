@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
@@ -48,6 +48,10 @@ _CALL_SESSION: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
 _CURRENT_SESSION: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
     "agentrt_current_session", default=None
 )
+
+
+_MAX_TOOLS_KEPT = 16
+"""Tool names a session remembers per idle period (and per reply's tool calls)."""
 
 
 def current_session() -> Session | None:
@@ -145,6 +149,7 @@ class _ToolWait:
     name: str
     start: float
     expected_s: float | None
+    source: Literal["declared", "learned"] | None
     ended: bool = False
 
 
@@ -170,6 +175,12 @@ class Session:
         self._idle_declared: float | None = None
         self._expect_idle: float | None = None
         self._tool_depth = 0
+        self._period_tools: list[str] = []
+        """Tool waits started since the last call (at most ``_MAX_TOOLS_KEPT``)."""
+        self._last_tools: tuple[str, ...] = ()
+        """The tools the session ran since its last call: that idle period's tool waits,
+        else the tool calls of its last reply. The next call is expected to be followed
+        by the same tools again (agent loops repeat); that call consumes them."""
         self.echo: dict[str, str] = {}
         """Response headers the dialect asked to echo back on later calls."""
         self.endpoint_index: int | None = None
@@ -200,7 +211,8 @@ class Session:
         """Declare the idle time expected after the session's next reply (a tool wait).
 
         It travels with the next call as ``idle_expected_s``, so a server can decide at
-        completion whether to keep, offload or drop the session's KV.
+        completion whether to keep, offload or drop the session's KV. Without it, a
+        runtime that learns waits sends its estimate for the tools the session ran last.
         """
         self._expect_idle = validate_nonneg(seconds, "expected idle seconds")
 
@@ -237,7 +249,9 @@ class Session:
         """Mark a tool's execution: the session is idle inside this block.
 
         The wait is recorded in the job's report; ``expected_s`` (if given) and the
-        measured idle travel with the session's next call.
+        measured idle travel with the session's next call. Without ``expected_s``, the
+        wait is expected to last the tool's learned typical wait (when the runtime has
+        seen the tool before); the report says which expectation was used.
         """
         with self._tool_wait(name, expected_s):
             yield
@@ -270,13 +284,21 @@ class Session:
         expected = validate_nonneg(expected_s, "expected_s")
         self._check_usable()
         now = anyio.current_time()
-        for e in self.job._core.endpoints:
+        core = self.job._core
+        for e in core.endpoints:
             e.admission.policy.on_tool(self.job.id, self.id)
+        source: Literal["declared", "learned"] | None = None
         if expected is not None:
             self._idle_declared = (self._idle_declared or 0.0) + expected
+            source = "declared"
+        elif core.waits is not None:
+            expected = core.waits.estimate(name)
+            if expected is not None:
+                source = "learned"
+        if len(self._period_tools) < _MAX_TOOLS_KEPT:
+            self._period_tools.append(name)
         self._tool_depth += 1
-        core = self.job._core
-        wait = _ToolWait(self.job._tool_seq, name, now, expected)
+        wait = _ToolWait(self.job._tool_seq, name, now, expected, source)
         self.job._tool_seq += 1
         if core.hooks:
             core.emit(
@@ -287,6 +309,7 @@ class Session:
                     wait_id=wait.wait_id,
                     name=name,
                     expected_s=expected,
+                    expected_source=source,
                 )
             )
         return wait
@@ -298,14 +321,20 @@ class Session:
         wait.ended = True
         self._tool_depth -= 1
         end = anyio.current_time()
+        duration = end - wait.start
         core = self.job._core
+        if core.waits is not None and status != "cancelled":  # a cancelled wait is cut short
+            core.waits.observe(wait.name, duration)
+        expected = wait.expected_s
         self.job._tools.append(
             ToolReport(
                 session_id=self.id,
                 name=wait.name,
                 start_s=wait.start - self.job._t0,
-                duration_s=end - wait.start,
-                expected_s=wait.expected_s,
+                duration_s=duration,
+                expected_s=expected,
+                expected_source=wait.source,
+                error_s=None if expected is None else duration - expected,
                 status=status,
             )
         )
@@ -317,7 +346,7 @@ class Session:
                     session_id=self.id,
                     wait_id=wait.wait_id,
                     name=wait.name,
-                    duration_s=end - wait.start,
+                    duration_s=duration,
                     status=status,
                     error_type=error_type,
                 )
@@ -341,7 +370,19 @@ class Session:
         idle = None if self._last_reply_at is None else max(0.0, now - self._last_reply_at)
         declared, self._idle_declared = self._idle_declared, None
         expected, self._expect_idle = self._expect_idle, None
+        if self._period_tools:
+            self._last_tools = tuple(self._period_tools)
+            self._period_tools.clear()
+        if self._last_tools:  # consumed, like the declarations
+            waits = self.job._core.waits
+            if expected is None and waits is not None:
+                expected = waits.estimate_many(self._last_tools)
+            self._last_tools = ()
         return turn, idle, declared, expected
+
+    def _tool_calls(self, names: tuple[str, ...]) -> None:
+        """A reply called these tools: the session's next waits are expected to be them."""
+        self._last_tools = names
 
     def _replied(self, now: float) -> None:
         self._last_reply_at = now

@@ -23,6 +23,7 @@ from ._config import DEFAULT_RETRY, Endpoint, Retry
 from ._context import Job, Session
 from ._errors import AgentrtError
 from ._transport import HttpLib, http_lib
+from ._waits import WaitEstimator
 from .dialects import Dialect, DialectOptions, DialectSpec, resolve_dialect
 from .scheduling._admission import Admission, AdmissionStatistics
 from .scheduling._health import DEFAULT_PROBE_INTERVAL_S, EndpointHealth
@@ -112,6 +113,8 @@ class _Core:
         self.hooks: tuple[Hook, ...] = ()
         self.capture_content = False
         """Carry prompt and completion text in the call events (opt-in)."""
+        self.waits: WaitEstimator | None = WaitEstimator()
+        """Per-tool expected waits learned from the finished ones; None when off."""
         """Event hooks (set by Runtime). Emission points test ``if core.hooks:`` first, so
         no event is built when nobody listens."""
         self._broken_hooks: set[int] = set()
@@ -359,7 +362,10 @@ class Runtime:
     installed providers when ``opentelemetry`` is installed (no-ops without an SDK).
     ``prometheus`` registers agentrt's metrics: ``True`` in the default registry, or in
     the ``CollectorRegistry`` given. ``capture_content`` records prompt and completion
-    text in events and spans (off by default).
+    text in events and spans (off by default). ``learn_waits`` (on by default) learns
+    each tool's typical wait from the finished ones, to expect a wait whose caller gave
+    no ``expected_s`` and to predict a session's idle from the tools its replies call
+    (docs/concepts.md, "Expected tool waits").
     """
 
     def __init__(
@@ -384,6 +390,7 @@ class Runtime:
         otel: bool = True,
         prometheus: Any = None,
         capture_content: bool = False,
+        learn_waits: bool = True,
     ) -> None:
         if api_key is not None and any(c in api_key for c in "\r\n"):
             raise ValueError("api_key contains CR/LF")
@@ -408,6 +415,10 @@ class Runtime:
         if not isinstance(otel, bool):
             raise TypeError(f"otel must be True or False, got {otel!r}")
         self._core.capture_content = bool(capture_content)
+        if not isinstance(learn_waits, bool):
+            raise TypeError(f"learn_waits must be True or False, got {learn_waits!r}")
+        if not learn_waits:
+            self._core.waits = None
         if otel:
             from .telemetry._otel import otel_hook
 

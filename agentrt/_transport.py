@@ -58,6 +58,43 @@ _FINISH = re.compile(rb'"finish_reason"\s*:\s*"([A-Za-z_]{1,32})"')
 _JSON = json.JSONDecoder()
 
 
+_FINISH_KEY = b'"finish_reason"'
+_TOOL_CALLS_KEY = b'"tool_calls"'
+_NAME_KEY = b'"name"'
+_MAX_TOOL_NAMES = 16
+_MAX_TOOL_NAME = 200
+
+
+def _tool_names_into(names: list[str], choices: Any, key: str) -> None:
+    """Append the function names of ``choices[0][key]["tool_calls"]`` (``key``:
+    ``message`` in a reply, ``delta`` in a stream chunk); anything malformed is skipped."""
+    if not (isinstance(choices, list) and choices and isinstance(choices[0], dict)):
+        return
+    part = choices[0].get(key)
+    calls = part.get("tool_calls") if isinstance(part, dict) else None
+    if not isinstance(calls, list):
+        return
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if isinstance(name, str) and 0 < len(name) <= _MAX_TOOL_NAME:
+            if len(names) >= _MAX_TOOL_NAMES:
+                return
+            names.append(name)
+
+
+def _tool_names_of(raw: bytes) -> tuple[str, ...]:
+    """The tools a (non-streamed) reply calls, in order; parsed only for such replies."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return ()
+    names: list[str] = []
+    if isinstance(data, dict):
+        _tool_names_into(names, data.get("choices"), "message")
+    return tuple(names)
+
+
 def _usage_of(raw: bytes) -> Any:
     """The ``usage`` object of a JSON reply, parsed from the reply's tail only.
 
@@ -368,6 +405,7 @@ class _Call:
         "state",
         "suffix",
         "ticket",
+        "tools",
         "transport",
         "turn",
     )
@@ -395,7 +433,10 @@ class _Call:
         self.output: str | None = None
         """The completion text, collected only with ``capture_content`` and hooks."""
         self.finish_reason: str | None = None
-        """The first choice's finish reason, looked up only when there are hooks."""
+        """The first choice's finish reason, looked up only when there are hooks or the
+        runtime learns tool waits."""
+        self.tools: tuple[str, ...] = ()
+        """The tools the reply calls, looked up only when the runtime learns tool waits."""
         job = session.job
         body: dict[str, Any] | None = None
         content = request.content if request.method == "POST" else b""
@@ -714,11 +755,20 @@ class _Call:
             raise EndpointError(message, endpoint=url, attempts=state.attempts)
         else:
             _usage_into(state, _usage_of(raw))
-            if self.core.hooks:
+            core = self.core
+            if core.hooks:
                 found = _FINISH.search(raw)  # the first choice's: keys are not escaped
                 self.finish_reason = found.group(1).decode() if found else None
-                if self.core.capture_content:
-                    self.output = _output_of(raw)
+            elif core.waits is not None:
+                # Only to spot tool calls: the last choice's, found from the tail (where
+                # it is, before ``usage``), so the cost does not grow with the reply.
+                i = raw.rfind(_FINISH_KEY)
+                found = _FINISH.match(raw, i) if i >= 0 else None
+                self.finish_reason = found.group(1).decode() if found else None
+            if self.finish_reason == "tool_calls" and core.waits is not None:
+                self.tools = _tool_names_of(raw)
+            if core.hooks and core.capture_content:
+                self.output = _output_of(raw)
             self._end("ok", None)
         return transport._rebuild(response, raw)
 
@@ -763,6 +813,8 @@ class _Call:
                 e.admission.policy.on_call_end(self.ticket, service, tokens)
             if status == "ok":
                 self.session._replied(now)
+                if self.tools:
+                    self.session._tool_calls(self.tools)
             if self.core.hooks:
                 self.core.emit(
                     CallEnded(
@@ -796,6 +848,8 @@ class _ObservedStream:
         self._parse = "content-encoding" not in response.headers
         self._hooks = bool(call.core.hooks)
         self._capture = call.core.capture_content and self._hooks
+        self._learn = call.core.waits is not None
+        self._tools: list[str] = []
         self._parts: list[str] = []
         self._tail = b""
         self._complete = False
@@ -877,6 +931,21 @@ class _ObservedStream:
                     continue
                 if isinstance(obj, dict):
                     _usage_into(self._state, obj.get("usage"))
+            # A tool call's name comes in the first delta of that call: only such lines
+            # are parsed (again, when captured above: rare enough).
+            if (
+                self._learn
+                and _NAME_KEY in line
+                and _TOOL_CALLS_KEY in line
+                and line[:5] == b"data:"
+            ):
+                try:
+                    obj = json.loads(line[5:])
+                except ValueError:
+                    continue
+                if isinstance(obj, dict):
+                    _tool_names_into(self._tools, obj.get("choices"), "delta")
+                    self._call.tools = tuple(self._tools)
 
     async def aclose(self) -> None:
         try:

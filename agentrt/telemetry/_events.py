@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Literal, Protocol
 
 from ._report import CallReport, CallStatus, JobReport
 
@@ -184,6 +184,8 @@ class ToolStarted(Event):
     """Numbers the job's tool waits from 0; the matching ``ToolEnded`` has the same."""
     name: str
     expected_s: float | None
+    expected_source: Literal["declared", "learned"] | None = None
+    """Where ``expected_s`` came from: the caller, or the runtime's learned estimate."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -60,6 +60,13 @@ class ToolReport(BaseModel):
     start_s: float
     duration_s: float
     expected_s: float | None = None
+    """The wait's expected duration: the caller's ``expected_s``, else the runtime's
+    learned estimate for the tool (see ``expected_source``)."""
+    expected_source: Literal["declared", "learned"] | None = None
+    """Where ``expected_s`` came from; None when there was no expectation."""
+    error_s: float | None = None
+    """Prediction error, ``duration_s - expected_s`` (positive: the wait ran longer than
+    expected); None without an expectation."""
     status: Literal["ok", "error", "cancelled"] = "ok"
 
 
