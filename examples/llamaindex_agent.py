@@ -17,12 +17,7 @@ instructions.
 
 from __future__ import annotations
 
-import argparse
-import ast
-import json
-import operator
 import sys
-from collections.abc import Callable
 
 import anyio
 from llama_index.core.agent.workflow import FunctionAgent
@@ -30,48 +25,20 @@ from llama_index.core.agent.workflow import FunctionAgent
 import agentrt
 from agentrt.integrations import llamaindex
 
-HELPER_TASK = 'Count the words of README.md.\nCALL word_count {"path": "README.md"}'
-QUESTION = (
-    "What is 17 * 23, and how many words are in README.md? Ask the researcher for the "
-    "count.\n"
-    'CALL calculator {"expression": "17 * 23"}\n'
-    f"CALL ask_researcher {json.dumps({'question': HELPER_TASK})}\n"
-    "ANSWER 391; the researcher counted the words."
-)
+# The tools' logic, the command line and the report, shared by the examples
+from _shared import arg_parser, calculate, count_words, print_report, scripted_question
 
-_BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-}
-
-
-def _evaluate(node: ast.AST) -> float:
-    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
-        return node.value
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        return _BINARY[type(node.op)](_evaluate(node.left), _evaluate(node.right))
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return -_evaluate(node.operand)
-    raise ValueError("only arithmetic is allowed")
+QUESTION = scripted_question(helper_arg="question")
 
 
 def calculator(expression: str) -> str:
     """Evaluate an arithmetic expression (+ - * /), e.g. "17 * 23"."""
-    try:
-        return str(_evaluate(ast.parse(expression.strip(), mode="eval").body))
-    except (ValueError, SyntaxError, ZeroDivisionError) as exc:
-        return f"error: {exc}"
+    return calculate(expression)
 
 
 async def word_count(path: str) -> str:
     """Count the words of a local text file."""
-    try:
-        text = await anyio.Path(path.strip()).read_text(errors="replace")
-    except OSError as exc:
-        return f"error: {exc}"
-    return str(len(text.split()))
+    return await count_words(path)
 
 
 async def run_agent(
@@ -101,13 +68,7 @@ async def run_agent(
 
 
 async def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("question", nargs="?", default=QUESTION)
-    parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
-    parser.add_argument("--model", default="agent-model", help="any name for the sim")
-    parser.add_argument("--api-key", default=None, help="or set no key for local servers")
-    parser.add_argument("--dialect", default="generic", help="vllm, sglang, dynamo, ...")
-    args = parser.parse_args()
+    args = arg_parser(__doc__.splitlines()[0], QUESTION).parse_args()
 
     async with agentrt.Runtime([args.base_url], dialect=args.dialect, api_key=args.api_key) as rt:
         llamaindex.instrument(rt)
@@ -115,16 +76,7 @@ async def main() -> int:
             answer, report = await run_agent(rt, args.model, args.question)
         finally:
             llamaindex.uninstrument(rt)
-    print(f"answer: {answer}")
-    print(
-        f"job {report.name} ({report.job_id}): status={report.status} "
-        f"jct={report.jct_s:.3f}s llm(critical)={report.critical_llm_s:.3f}s "
-        f"tools={report.tool_s:.3f}s calls={report.calls} sessions={report.sessions}"
-    )
-    for call in report.call_reports:
-        print(f"  {call.session_name} turn {call.turn}: latency={call.latency_s or 0:.3f}s")
-    for tool in report.tool_reports:
-        print(f"  tool {tool.name}: {tool.duration_s:.3f}s ({tool.status})")
+    print_report(answer, report)
     return 0 if report.status == "ok" else 1
 
 

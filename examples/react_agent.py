@@ -11,15 +11,15 @@ shows the job completion time beside the per-call latencies.
 
 from __future__ import annotations
 
-import argparse
-import ast
-import operator
 import re
 import sys
 
 import anyio
 
 import agentrt
+
+# The tools' logic and the command line, shared by the examples
+from _shared import arg_parser, calculate, count_words
 
 SYSTEM = """You are a careful assistant. Think step by step. To use a tool, answer with one
 line `Action: <tool>: <input>`. Tools:
@@ -30,41 +30,15 @@ When you know the answer, reply `Final: <answer>`."""
 ACTION = re.compile(r"Action:\s*(calculator|word_count)\s*:\s*(.+)", re.IGNORECASE)
 FINAL = re.compile(r"Final:\s*(.+)", re.IGNORECASE | re.DOTALL)
 
-_OPS = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.Pow: operator.pow,
-    ast.USub: operator.neg,
-}
-
 
 def calculator(expression: str) -> str:
     """Evaluate + - * / ** on numbers, nothing else."""
-
-    def ev(node: ast.AST) -> float:
-        if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            return _OPS[type(node.op)](ev(node.left), ev(node.right))  # type: ignore[no-any-return]
-        if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
-            return _OPS[type(node.op)](ev(node.operand))  # type: ignore[no-any-return]
-        raise ValueError("only arithmetic is allowed")
-
-    try:
-        return str(ev(ast.parse(expression.strip(), mode="eval").body))
-    except (ValueError, SyntaxError, ZeroDivisionError, OverflowError) as exc:
-        return f"error: {exc}"
+    return calculate(expression)
 
 
 async def word_count(path: str) -> str:
     """Count the words of a file, read without blocking the event loop."""
-    try:
-        text = await anyio.Path(path.strip()).read_text(errors="replace")
-    except OSError as exc:
-        return f"error: {exc}"
-    return str(len(text.split()))
+    return await count_words(path)
 
 
 async def run_agent(
@@ -97,12 +71,7 @@ async def run_agent(
 
 
 async def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("question", nargs="?", default="What is 17 * 23?")
-    parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--api-key", default=None, help="or set no key for local servers")
-    parser.add_argument("--dialect", default="generic", help="vllm, sglang, dynamo, ...")
+    parser = arg_parser(__doc__.splitlines()[0], "What is 17 * 23?", model=None)
     parser.add_argument("--max-steps", type=int, default=6)
     args = parser.parse_args()
 

@@ -1,0 +1,103 @@
+"""What the example agents share and is not about agentrt: the two tools' plain logic,
+the scripted question, the command line and the printed report.
+
+Each example wraps :func:`calculate` and :func:`count_words` as tools of its framework
+and imports this module by name: running ``python examples/<name>.py`` puts this folder
+on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+import agentrt
+
+_OPS: dict[type[ast.AST], Callable[..., Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+}
+
+
+def _evaluate(node: ast.AST) -> float:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](_evaluate(node.left), _evaluate(node.right))  # type: ignore[no-any-return]
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](_evaluate(node.operand))  # type: ignore[no-any-return]
+    raise ValueError("only arithmetic is allowed")
+
+
+def calculate(expression: str) -> str:
+    """Evaluate + - * / ** on numbers, nothing else; an error comes back as text."""
+    try:
+        return str(_evaluate(ast.parse(expression.strip(), mode="eval").body))
+    except (ValueError, SyntaxError, ZeroDivisionError, OverflowError) as exc:
+        return f"error: {exc}"
+
+
+async def count_words(path: str) -> str:
+    """Count the words of a local text file, read without blocking the event loop."""
+    try:
+        text = await anyio.Path(path.strip()).read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        return f"error: {exc}"
+    return str(len(text.split()))
+
+
+def scripted_question(helper_arg: str) -> str:
+    """The default question of the agents with a researcher helper. It carries the
+    embedded engine's ``CALL``/``ANSWER`` directives (docs/sim.md), so a run on
+    ``agentrt sim serve --replies agent`` is the same every time: the calculator, then
+    the researcher (its tool takes the task as ``helper_arg``), which counts words."""
+    helper_task = 'Count the words of README.md.\nCALL word_count {"path": "README.md"}'
+    return (
+        "What is 17 * 23, and how many words are in README.md? Ask the researcher for the "
+        "count.\n"
+        'CALL calculator {"expression": "17 * 23"}\n'
+        f"CALL ask_researcher {json.dumps({helper_arg: helper_task})}\n"
+        "ANSWER 391; the researcher counted the words."
+    )
+
+
+def arg_parser(
+    description: str, question: str, model: str | None = "agent-model"
+) -> argparse.ArgumentParser:
+    """The examples' command line: a question, the server and the model (required when
+    ``model`` is None)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("question", nargs="?", default=question)
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
+    if model is None:
+        parser.add_argument("--model", required=True)
+    else:
+        parser.add_argument("--model", default=model, help="any name for the sim")
+    parser.add_argument("--api-key", default=None, help="or set no key for local servers")
+    parser.add_argument("--dialect", default="generic", help="vllm, sglang, dynamo, ...")
+    return parser
+
+
+def print_report(answer: str, report: agentrt.JobReport) -> None:
+    """The answer, then the job's report: its completion time beside the LLM time on
+    its critical path, each call's latency and each tool wait."""
+    print(f"answer: {answer}")
+    print(
+        f"job {report.name} ({report.job_id}): status={report.status} "
+        f"jct={report.jct_s:.3f}s llm(critical)={report.critical_llm_s:.3f}s "
+        f"tools={report.tool_s:.3f}s calls={report.calls} sessions={report.sessions}"
+    )
+    for call in report.call_reports:
+        print(f"  {call.session_name} turn {call.turn}: latency={call.latency_s or 0:.3f}s")
+    for tool in report.tool_reports:
+        print(f"  tool {tool.name}: {tool.duration_s:.3f}s ({tool.status})")
