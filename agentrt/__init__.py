@@ -9,6 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 from ._config import DEFAULT_RETRY, Endpoint, Retry
 from ._context import Job, Session
 from ._errors import AgentrtError, EndpointError, JobClosedError, SessionClosedError
+from ._notice import NoticeStatistics
 from ._protocol import PROTOCOL_VERSION, CallMetadata
 from ._runtime import DEFAULT_TIMEOUT_S, Runtime, SyncJob, SyncRuntime, SyncSession
 from .telemetry import CallReport, JobReport, ToolReport
@@ -30,6 +31,7 @@ __all__ = [
     "Job",
     "JobClosedError",
     "JobReport",
+    "NoticeStatistics",
     "Retry",
     "Runtime",
     "Session",

@@ -185,6 +185,9 @@ class Session:
         """Response headers the dialect asked to echo back on later calls."""
         self.endpoint_index: int | None = None
         """The endpoint this session's KV lives on, as the router last chose it."""
+        self._cacheable: tuple[int, int] | None = None
+        """(endpoint, prompt + completion tokens) of the last successful call: what that
+        replica could still hold for the next turn (feeds its retention estimate)."""
 
     def __repr__(self) -> str:
         return f"<Session id={self.id!r} name={self.name!r} job={self.job.id!r}>"
@@ -285,8 +288,6 @@ class Session:
         self._check_usable()
         now = anyio.current_time()
         core = self.job._core
-        for e in core.endpoints:
-            e.admission.policy.on_tool(self.job.id, self.id)
         source: Literal["declared", "learned"] | None = None
         if expected is not None:
             self._idle_declared = (self._idle_declared or 0.0) + expected
@@ -300,6 +301,7 @@ class Session:
         self._tool_depth += 1
         wait = _ToolWait(self.job._tool_seq, name, now, expected, source)
         self.job._tool_seq += 1
+        core.tool_started(self, name, expected, source)  # policies; the tool-start notice
         if core.hooks:
             core.emit(
                 ToolStarted(
@@ -323,8 +325,11 @@ class Session:
         end = anyio.current_time()
         duration = end - wait.start
         core = self.job._core
-        if core.waits is not None and status != "cancelled":  # a cancelled wait is cut short
-            core.waits.observe(wait.name, duration)
+        if status != "cancelled":  # a cancelled wait is cut short
+            if core.waits is not None:
+                core.waits.observe(wait.name, duration)
+            for e in core.endpoints:
+                e.admission.policy.on_tool_end(self.job.id, self.id, duration)
         expected = wait.expected_s
         self.job._tools.append(
             ToolReport(

@@ -20,8 +20,9 @@ import openai
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from ._config import DEFAULT_RETRY, Endpoint, Retry
-from ._context import Job, Session
+from ._context import Job, Session, _CallState
 from ._errors import AgentrtError
+from ._notice import Notices, NoticeStatistics, accepts_notice
 from ._transport import HttpLib, http_lib
 from ._waits import WaitEstimator
 from .dialects import Dialect, DialectOptions, DialectSpec, resolve_dialect
@@ -29,6 +30,7 @@ from .scheduling._admission import Admission, AdmissionStatistics
 from .scheduling._health import DEFAULT_PROBE_INTERVAL_S, EndpointHealth
 from .scheduling._limiter import make_limit
 from .scheduling._queue import Policy, make_policy
+from .scheduling._retention import RetentionEstimator
 from .scheduling._routing import EndpointLoad, RouteKey, Router, SessionAffinity, make_router
 from .scheduling._signals import parse_vllm_metrics
 from .telemetry._events import Event, Hook, JobEnded, JobStarted
@@ -60,6 +62,19 @@ class _EndpointState:
 
     urls: dict[str, httpx.URL] = field(default_factory=dict)
     """Parsed URLs by path suffix (a handful: chat/completions, completions, models)."""
+    retention: RetentionEstimator = field(default_factory=RetentionEstimator)
+    """How long this replica keeps idle sessions' prefixes, from its cached tokens."""
+    accept: str | None = None
+    """The ``x-agentrt-accept`` value of its last successful reply."""
+    notices: bool = False
+    """It advertised tool-start notices (and has not refused one with 405/501)."""
+    notices_off: bool = False
+    """It refused a notice with 405 or 501: no more are sent, whatever it advertises."""
+
+    def accept_header(self, value: str | None) -> None:
+        """A successful reply's ``x-agentrt-accept`` value (called when it changes)."""
+        self.accept = value
+        self.notices = accepts_notice(value) and not self.notices_off
 
     def url_for(self, suffix: str, original: httpx.URL) -> httpx.URL:
         """This endpoint's URL for a request path suffix, keeping the query."""
@@ -120,6 +135,10 @@ class _Core:
         self._broken_hooks: set[int] = set()
         self.health_changed: anyio.Event | None = None
         """Set when an endpoint is marked down (wakes the runtime's prober)."""
+        self.notices: Notices | None = None
+        """Sends tool-start notices (set by Runtime)."""
+        self.learn_retention = len(endpoints) > 1
+        """Whether replies feed the replicas' retention estimates (only routing uses them)."""
         # Longest base first, so that nested base paths match the most specific one.
         self._prefixes = sorted(
             ((_normalized(e.endpoint.url) + "/", e.endpoint.url) for e in endpoints),
@@ -143,7 +162,13 @@ class _Core:
         home = session.endpoint_index
         index = 0
         if len(endpoints) > 1:
-            key = RouteKey(session.id, home, home is None, prefix, tokens)
+            idle = None
+            if home is not None and session._last_reply_at is not None:
+                idle = anyio.current_time() - session._last_reply_at
+                retention = endpoints[home].retention
+                if retention.dirty:
+                    endpoints[home].load.retention_s = retention.estimate()
+            key = RouteKey(session.id, home, home is None, prefix, tokens, idle)
             index = self.router.choose([e.load for e in endpoints], key, avoid)
             self.router.served(index, key)
         if home == index:
@@ -153,6 +178,54 @@ class _Core:
         endpoints[index].load.sessions += 1
         session.endpoint_index = index
         return index, home is not None
+
+    def replied(self, session: Session, state: _CallState, idle_s: float | None) -> None:
+        """A call of ``session`` succeeded: if it resumed the session on the replica that
+        served its previous turn, record whether that replica still had the prefix."""
+        index = session.endpoint_index
+        if index is None or not self.learn_retention:
+            return
+        previous, session._cacheable = session._cacheable, None
+        if state.prompt_tokens is None:
+            return
+        session._cacheable = (index, state.prompt_tokens + (state.completion_tokens or 0))
+        if (
+            previous is not None
+            and previous[0] == index
+            and idle_s is not None
+            and state.cached_tokens is not None
+            and not state.moved
+        ):
+            hit = RetentionEstimator.hit(previous[1], state.cached_tokens)
+            if hit is not None:
+                self.endpoints[index].retention.observe(idle_s, hit)
+
+    def tool_started(
+        self,
+        session: Session,
+        tool: str,
+        expected_s: float | None,
+        source: Literal["declared", "learned"] | None,
+    ) -> None:
+        """Tell every policy; notify the session's replica if it takes notices."""
+        job_id = session.job.id
+        for e in self.endpoints:
+            e.admission.policy.on_tool(job_id, session.id, expected_s)
+        index = session.endpoint_index
+        if index is None or self.notices is None:
+            return
+        ep = self.endpoints[index]
+        if ep.notices:
+            key = ep.endpoint.api_key if ep.endpoint.api_key is not None else self.api_key
+            self.notices.post(
+                ep,
+                key,
+                session_id=session.id,
+                job_id=job_id,
+                tool=tool,
+                expected_s=expected_s,
+                source=source,
+            )
 
     def emit(self, event: Event) -> None:
         """Hand ``event`` to every hook. A hook that raises is reported once (a warning)
@@ -450,6 +523,8 @@ class Runtime:
         self._opened = False
         self._closed = False
         self._tasks: anyio.abc.TaskGroup | None = None
+        self._notices = Notices(self._lib, self._inner)
+        self._core.notices = self._notices
         self._poll_metrics_s = poll_metrics_s
         self._polled_at = -math.inf
 
@@ -467,11 +542,18 @@ class Runtime:
 
     def endpoint_loads(self) -> list[EndpointLoad]:
         """A snapshot of each endpoint's load as agentrt sees it."""
+        for e in self._core.endpoints:
+            if e.retention.dirty:
+                e.load.retention_s = e.retention.estimate()
         return [replace(e.load) for e in self._core.endpoints]
 
     def admission_statistics(self) -> list[AdmissionStatistics]:
         """A snapshot of each endpoint's admission gate (limit, in flight, waiting)."""
         return [e.admission.statistics() for e in self._core.endpoints]
+
+    def notice_statistics(self) -> NoticeStatistics:
+        """A snapshot of the tool-start notices sent so far (docs/protocol.md)."""
+        return self._notices.statistics()
 
     def _record(self, report: JobReport) -> None:
         self._reports.append(report)
@@ -484,12 +566,14 @@ class Runtime:
         self._opened = True
         self._http = self.http_client()
         self._core.client = self.openai()
+        # Background work runs in the runtime's task group while it is open (structured:
+        # it ends when the runtime's block does): tool-start notices, and with several
+        # endpoints or metrics polling, health probes and polls.
+        self._tasks = anyio.create_task_group()
+        await self._tasks.__aenter__()
+        self._notices.tasks = self._tasks
         if len(self._core.endpoints) > 1 or self._poll_metrics_s is not None:
-            # Health probes and metrics polling run in the background while the runtime
-            # is open (structured: the task ends when the runtime's block does).
             self._core.health_changed = anyio.Event()
-            self._tasks = anyio.create_task_group()
-            await self._tasks.__aenter__()
             self._tasks.start_soon(self._maintain)
         return self
 
@@ -550,6 +634,7 @@ class Runtime:
         tb: TracebackType | None,
     ) -> None:
         self._closed = True
+        self._notices.tasks = None  # nothing is sent after close
         running = list(self._core.active_jobs.values())
         if self._tasks is not None:
             # Its scope encloses the runtime's block: leave it first (it ends at once).

@@ -613,6 +613,10 @@ class _Call:
             raise
         if status < 500:
             ep.health.record_success(self.sent_at)
+        if status < 300:  # the features it accepts (tool-start notices)
+            accept = response.headers.get("x-agentrt-accept")
+            if accept != ep.accept:
+                ep.accept_header(accept)
         for name in ep.dialect.echo_headers:
             value = response.headers.get(name)
             if value is not None and len(value) <= 1024 and "\r" not in value:
@@ -809,10 +813,12 @@ class _Call:
             service = max(0.0, latency - state.queue_s)  # LLM seconds, not queueing
             program.service_s += service
             program.service_tokens += tokens
+            self.ticket.idle_expected_s = self.turn[3]
             for e in self.core.endpoints:
                 e.admission.policy.on_call_end(self.ticket, service, tokens)
             if status == "ok":
                 self.session._replied(now)
+                self.core.replied(self.session, state, self.turn[1])  # cache retention
                 if self.tools:
                     self.session._tool_calls(self.tools)
             if self.core.hooks:

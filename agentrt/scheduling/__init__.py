@@ -11,9 +11,11 @@ from ._health import (
 from ._limiter import AIMDLimit, FixedLimit, GradientLimit, Limit, make_limit
 from ._priority import DEFAULT_LEVELS_S, plas_priority
 from ._queue import ATLAS, EDF, FCFS, MLFQ, PLAS, Policy, Ticket, make_policy
+from ._retention import DEFAULT_RETENTION_SAMPLES, MIN_CACHEABLE_TOKENS, RetentionEstimator
 from ._routing import (
     DEFAULT_CALL_COST_TOKENS,
     DEFAULT_PREFIX_CAPACITY,
+    DEFAULT_RETENTION_MARGIN,
     PREFIX_CUTS,
     EndpointLoad,
     HashAffinity,
@@ -35,9 +37,12 @@ __all__ = [
     "DEFAULT_LEVELS_S",
     "DEFAULT_PREFIX_CAPACITY",
     "DEFAULT_PROBE_INTERVAL_S",
+    "DEFAULT_RETENTION_MARGIN",
+    "DEFAULT_RETENTION_SAMPLES",
     "DEFAULT_WINDOW_S",
     "EDF",
     "FCFS",
+    "MIN_CACHEABLE_TOKENS",
     "MLFQ",
     "PLAS",
     "PREFIX_CUTS",
@@ -54,6 +59,7 @@ __all__ = [
     "LeastLoaded",
     "Limit",
     "Policy",
+    "RetentionEstimator",
     "RoundRobin",
     "RouteKey",
     "Router",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,9 @@ class Ticket:
     priority: int = 0
     """Queue level assigned by the policy's ``classify``; 0 runs first."""
     enqueued_at: float = 0.0
+    idle_expected_s: float | None = None
+    """The idle expected after the call (its ``CallMetadata.idle_expected_s``), set by the
+    transport before ``on_call_end``."""
     _seq: int = field(default=-1, init=False, repr=False)
     """Push sequence number while queued in a policy, -1 otherwise (lazy deletion)."""
     _bucket: int = field(default=0, init=False, repr=False)
@@ -91,8 +95,13 @@ class Policy(Protocol):
         """The call received ``service_s`` LLM seconds and used ``tokens`` tokens."""
         ...
 
-    def on_tool(self, job_id: str, session_id: str) -> None:
-        """The session yielded to a tool."""
+    def on_tool(self, job_id: str, session_id: str, expected_s: float | None) -> None:
+        """The session yielded to a tool, expected to wait ``expected_s`` seconds (declared
+        or learned; None: unknown)."""
+        ...
+
+    def on_tool_end(self, job_id: str, session_id: str, waited_s: float) -> None:
+        """The session's tool wait ended after ``waited_s`` seconds."""
         ...
 
     def on_job_end(self, job_id: str, program_id: str) -> None:
@@ -170,7 +179,10 @@ class _Lazy:
     def on_call_end(self, ticket: Ticket, service_s: float, tokens: int) -> None:
         pass
 
-    def on_tool(self, job_id: str, session_id: str) -> None:
+    def on_tool(self, job_id: str, session_id: str, expected_s: float | None) -> None:
+        pass
+
+    def on_tool_end(self, job_id: str, session_id: str, waited_s: float) -> None:
         pass
 
     def on_job_end(self, job_id: str, program_id: str) -> None:
@@ -392,25 +404,41 @@ class _JobLevel:
     level: int = 0
     used: int = 0
     """Tokens used at the current level."""
-    demoted: bool = False
-    """Demoted since the last tool yield."""
+    service_s: float = 0.0
+    """LLM service of the job's last finished call."""
+    idle_expected_s: float | None = None
+    """The idle its last finished call expected after it."""
+    undecided: bool = False
+    """A call has ended since the job's last yield was classified."""
 
 
 class MLFQ(_Lazy):
     """Multi-level feedback queue over jobs (after Astraea, 2025).
 
     Each job has a level, 0 first. Level ``l`` has a quota of ``base_quota_tokens * 2**l``
-    tokens; a job that uses its quota at a level is demoted one level. A job that yields
-    to a tool without having been demoted since its previous tool yield (it used less
-    than its quota) is I/O-bound and is promoted one level. Inside a level the waiting call with the
-    highest response ratio ``(wait + expected service) / expected service`` goes first,
-    expected service proportional to ``ticket.tokens``: calls are bucketed by
-    ``tokens.bit_length()`` into FIFO classes and the heads of the classes compared
-    (O(classes) per pop). Across levels, a call that has waited ``max_wait_s`` is served
-    next whatever its level (aging; None disables it).
+    tokens; a job that uses its quota at a level is demoted one level. A tool yield whose
+    wait is at least ``io_ratio`` times the LLM service of the job's last call is
+    I/O-bound and promotes the job one level (at most once per call). The wait is the
+    expected one when known at the yield (declared or learned ``expected_s``, else the
+    last call's ``idle_expected_s``), else the observed one when the wait ends. Inside a
+    level the waiting call with the highest response ratio
+    ``(wait + expected service) / expected service`` goes first, expected service
+    proportional to ``ticket.tokens``: calls are bucketed by ``tokens.bit_length()`` into
+    FIFO classes and the heads of the classes compared (O(classes) per pop). Across
+    levels, a call that has waited ``max_wait_s`` is served next whatever its level
+    (aging; None disables it).
     """
 
-    __slots__ = ("_base", "_classes", "_fifo", "_jobs", "_level_len", "_max_wait", "_nlevels")
+    __slots__ = (
+        "_base",
+        "_classes",
+        "_fifo",
+        "_io_ratio",
+        "_jobs",
+        "_level_len",
+        "_max_wait",
+        "_nlevels",
+    )
     name = "mlfq"
 
     _NCLASSES = 33
@@ -421,8 +449,11 @@ class MLFQ(_Lazy):
         levels: int = 8,
         base_quota_tokens: int = 4096,
         max_wait_s: float | None = 60.0,
+        io_ratio: float = 1.0,
     ) -> None:
         super().__init__()
+        if not (io_ratio > 0 and math.isfinite(io_ratio)):
+            raise ValueError(f"io_ratio must be a finite number > 0, got {io_ratio!r}")
         if levels < 1:
             raise ValueError(f"levels must be >= 1, got {levels}")
         if base_quota_tokens < 1:
@@ -432,6 +463,7 @@ class MLFQ(_Lazy):
         self._nlevels = levels
         self._base = base_quota_tokens
         self._max_wait = max_wait_s
+        self._io_ratio = io_ratio
         self._classes: list[list[deque[_Entry]]] = [
             [deque() for _ in range(self._NCLASSES)] for _ in range(levels)
         ]
@@ -514,18 +546,31 @@ class MLFQ(_Lazy):
         while j.level < self._nlevels - 1 and j.used >= self.quota(j.level):
             j.used -= self.quota(j.level)
             j.level += 1
-            j.demoted = True
         if j.level == self._nlevels - 1:
             j.used = min(j.used, self.quota(j.level))
+        j.service_s = service_s
+        j.idle_expected_s = ticket.idle_expected_s
+        j.undecided = True
 
-    def on_tool(self, job_id: str, session_id: str) -> None:
+    def on_tool(self, job_id: str, session_id: str, expected_s: float | None) -> None:
         j = self._jobs.get(job_id)
-        if j is None:
+        if j is None or not j.undecided:
             return
-        if j.level > 0 and not j.demoted:
+        wait = expected_s if expected_s is not None else j.idle_expected_s
+        if wait is not None:  # else judged by the observed wait, at its end
+            self._classify_yield(j, wait)
+
+    def on_tool_end(self, job_id: str, session_id: str, waited_s: float) -> None:
+        j = self._jobs.get(job_id)
+        if j is not None and j.undecided:
+            self._classify_yield(j, waited_s)
+
+    def _classify_yield(self, j: _JobLevel, wait_s: float) -> None:
+        """Promote the job one level if the yield is I/O-bound (once per call)."""
+        j.undecided = False
+        if wait_s >= self._io_ratio * j.service_s and j.level > 0:
             j.level -= 1
             j.used = 0
-        j.demoted = False
 
     def on_job_end(self, job_id: str, program_id: str) -> None:
         self._jobs.pop(job_id, None)

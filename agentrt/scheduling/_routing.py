@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import math
 import zlib
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -24,6 +24,7 @@ from typing import Any, Final, Protocol
 __all__ = [
     "DEFAULT_CALL_COST_TOKENS",
     "DEFAULT_PREFIX_CAPACITY",
+    "DEFAULT_RETENTION_MARGIN",
     "PREFIX_CUTS",
     "EndpointLoad",
     "HashAffinity",
@@ -42,6 +43,9 @@ DEFAULT_CALL_COST_TOKENS: Final = 256
 
 DEFAULT_PREFIX_CAPACITY: Final = 4096
 """Fingerprints a :class:`SessionAffinity` router remembers (least recently used go first)."""
+
+DEFAULT_RETENTION_MARGIN: Final = 1.5
+"""A session idle for more than this times its home's retention estimate is routed by load."""
 
 PREFIX_CUTS: Final = (256, 1024, 4096, 16384, 65536)
 """Byte lengths at which :func:`prefix_fingerprints` fingerprints a request body."""
@@ -71,6 +75,10 @@ class EndpointLoad:
     """Requests waiting in the engine's queue (all clients), when polled."""
     kv_usage: float | None = None
     """Fraction of the engine's KV cache in use, 0..1, when polled."""
+    retention_s: float | None = None
+    """How long the replica likely keeps an idle session's prefix cached, seconds, as
+    estimated from its replies' cached tokens (:class:`RetentionEstimator`); None until
+    there is evidence."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -85,6 +93,8 @@ class RouteKey:
     """Fingerprints of growing prefixes of the prompt (:func:`prefix_fingerprints`)."""
     tokens: int = 0
     """Estimated tokens of this call (0 when unknown)."""
+    idle_s: float | None = None
+    """Seconds since the session's last reply (None before its first)."""
 
 
 class Router(Protocol):
@@ -250,6 +260,12 @@ class SessionAffinity:
       one call's cost; else to the least-loaded allowed endpoint (:class:`LeastLoaded`'s
       order). A session that moves leaves its home
       unless no other endpoint is allowed.
+    * A session returning from a wait longer than its home likely keeps its cache
+      (``key.idle_s > retention_margin * loads[home].retention_s``) has nothing left to
+      lose there: it goes to the least-loaded allowed endpoint, its home included.
+
+    Moves are counted by reason in :attr:`moves`: ``"retention"``, ``"overload"``,
+    ``"unavailable"`` (home unhealthy or avoided).
 
     The prefix index maps fingerprint -> endpoint, holds at most ``prefix_capacity``
     entries and forgets the least recently used first.
@@ -263,9 +279,12 @@ class SessionAffinity:
         overload: float = 2.0,
         call_cost: float = DEFAULT_CALL_COST_TOKENS,
         prefix_capacity: int = DEFAULT_PREFIX_CAPACITY,
+        retention_margin: float = DEFAULT_RETENTION_MARGIN,
     ) -> None:
         if not overload >= 1.0:
             raise ValueError(f"overload factor must be >= 1.0, got {overload!r}")
+        if not (retention_margin >= 1.0 and math.isfinite(retention_margin)):
+            raise ValueError(f"retention_margin must be >= 1.0, got {retention_margin!r}")
         if not call_cost > 0:
             raise ValueError(f"call_cost must be > 0, got {call_cost!r}")
         if prefix_capacity < 0:
@@ -273,7 +292,22 @@ class SessionAffinity:
         self.overload = overload
         self.call_cost = call_cost
         self.prefix_capacity = prefix_capacity
+        self.retention_margin = retention_margin
         self._prefixes: OrderedDict[int, int] = OrderedDict()
+        self._moves: Counter[str] = Counter()
+
+    @property
+    def moves(self) -> dict[str, int]:
+        """Sessions moved off their home so far, by reason."""
+        return dict(self._moves)
+
+    def expired(self, load: EndpointLoad, key: RouteKey) -> bool:
+        """Whether the session has been idle longer than its home likely keeps its cache."""
+        retention = load.retention_s
+        idle = key.idle_s
+        return (
+            retention is not None and idle is not None and idle > self.retention_margin * retention
+        )
 
     @property
     def prefix_entries(self) -> int:
@@ -292,10 +326,24 @@ class SessionAffinity:
         key = _coerce_key(key)
         pool = _candidates(loads, avoid)
         home = key.home
-        if home is not None and home in pool and not self.overloaded(loads, home):
+        if home is None:
+            return self._place(loads, key, pool)
+        if home in pool and self.expired(loads[home], key):
+            reason = "retention"
+            index = _least_loaded(loads, pool, key.tokens)
+        elif home in pool and not self.overloaded(loads, home):
             return home
-        if home is not None:  # the session moves: anywhere but its home, if possible
-            pool = [i for i in pool if i != home] or pool
+        else:
+            reason = "overload" if home in pool else "unavailable"
+            # The session moves: anywhere but its home, if possible.
+            index = self._place(loads, key, [i for i in pool if i != home] or pool)
+        if index != home:
+            self._moves[reason] += 1
+        return index
+
+    def _place(self, loads: Sequence[EndpointLoad], key: RouteKey, pool: list[int]) -> int:
+        """A first turn's or a moving session's endpoint: the prefix holder, if it is not
+        loaded above the mean, else the least loaded."""
         if key.prefix:
             # A replica that holds the prompt's prefix wins only while it carries no more
             # than the pool's mean load: every session of an agent shares its system

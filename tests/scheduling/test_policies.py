@@ -282,19 +282,87 @@ def test_mlfq_demotes_a_job_that_burns_its_quota() -> None:
     assert p.classify(ticket("j"), 0.0) == 7
 
 
-def test_mlfq_promotes_an_io_bound_job_on_tool() -> None:
+def demoted_mlfq(io_ratio: float = 1.0) -> MLFQ:
+    """An MLFQ whose job "j" sits at level 2 after a call of 1 s of service."""
+    p = MLFQ(base_quota_tokens=100, io_ratio=io_ratio)
+    p.on_call_end(ticket("j"), 1.0, tokens=350)
+    assert p.level_of("j") == 2
+    return p
+
+
+def test_mlfq_a_declared_long_wait_promotes() -> None:
+    p = demoted_mlfq()
+    p.on_tool("j", "j/s", 5.0)  # 5 s >= 1 x 1 s of service: I/O-bound
+    assert p.level_of("j") == 1
+    p.on_tool_end("j", "j/s", 5.0)  # already classified: once per call
+    assert p.level_of("j") == 1
+
+
+def test_mlfq_a_declared_tiny_wait_does_not_promote() -> None:
+    p = demoted_mlfq()
+    p.on_tool("j", "j/s", 0.01)  # far shorter than the call's service: CPU-bound
+    p.on_tool_end("j", "j/s", 30.0)  # classified at the start: the observation is not used
+    assert p.level_of("j") == 2
+
+
+def test_mlfq_one_promotion_per_call() -> None:
+    p = demoted_mlfq()
+    for _ in range(3):  # three parallel tools of one reply
+        p.on_tool("j", "j/s", 60.0)
+    assert p.level_of("j") == 1
+    p.on_call_end(ticket("j"), 1.0, tokens=10)
+    p.on_tool("j", "j/s", 60.0)
+    assert p.level_of("j") == 0
+    p.on_call_end(ticket("j"), 1.0, tokens=10)
+    p.on_tool("j", "j/s", 60.0)  # level 0 is the top
+    assert p.level_of("j") == 0
+
+
+def test_mlfq_without_an_expectation_the_observed_wait_decides() -> None:
+    p = demoted_mlfq()
+    p.on_tool("j", "j/s", None)
+    assert p.level_of("j") == 2  # not decided yet
+    p.on_tool_end("j", "j/s", 0.2)  # short: not promoted
+    assert p.level_of("j") == 2
+    p.on_call_end(ticket("j"), 1.0, tokens=10)
+    p.on_tool("j", "j/s", None)
+    p.on_tool_end("j", "j/s", 3.0)
+    assert p.level_of("j") == 1
+
+
+def test_mlfq_the_calls_idle_expected_stands_in_for_an_undeclared_wait() -> None:
     p = MLFQ(base_quota_tokens=100)
     t = ticket("j")
-    p.on_call_end(t, 0.1, tokens=350)  # demoted to level 2
-    p.on_tool("j", "j/s")  # demoted during this burst: not promoted
-    assert p.level_of("j") == 2
-    p.on_call_end(t, 0.1, tokens=10)
-    p.on_tool("j", "j/s")  # a short burst, then a tool: I/O-bound
+    t.idle_expected_s = 8.0  # what the transport sets: the idle expected after the call
+    p.on_call_end(t, 2.0, tokens=350)
+    p.on_tool("j", "j/s", None)
     assert p.level_of("j") == 1
-    p.on_tool("j", "j/s")
-    p.on_tool("j", "j/s")
-    assert p.level_of("j") == 0
-    p.on_tool("unknown", "s")  # no state is created
+    t2 = ticket("j")
+    t2.idle_expected_s = 0.5
+    p.on_call_end(t2, 2.0, tokens=10)
+    p.on_tool("j", "j/s", None)
+    assert p.level_of("j") == 1
+    p.on_tool("j", "j/s", 9.0)  # already classified by the call's expectation
+    assert p.level_of("j") == 1
+
+
+def test_mlfq_io_ratio_scales_the_rule() -> None:
+    p = demoted_mlfq(io_ratio=10.0)
+    p.on_tool("j", "j/s", 5.0)  # 5 s < 10 x 1 s
+    assert p.level_of("j") == 2
+    p.on_call_end(ticket("j"), 1.0, tokens=10)
+    p.on_tool("j", "j/s", 10.0)
+    assert p.level_of("j") == 1
+    with pytest.raises(ValueError, match="io_ratio"):
+        MLFQ(io_ratio=0.0)
+
+
+def test_mlfq_tool_feedback_for_unknown_jobs_creates_no_state() -> None:
+    p = MLFQ()
+    p.on_tool("unknown", "s", 5.0)
+    p.on_tool_end("unknown", "s", 5.0)
+    assert p.level_of("unknown") == 0
+    assert not p._jobs
 
 
 def test_mlfq_levels_first_then_highest_response_ratio() -> None:

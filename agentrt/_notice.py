@@ -1,0 +1,151 @@
+"""The tool-start notice: tell the replica holding a session's KV that it is idle now.
+
+An endpoint that accepts notices says so in its replies (``x-agentrt-accept: idle-notice``).
+When a session starts a tool wait, the runtime posts ``{endpoint}/agentrt/idle`` to the
+endpoint that served the session's last call, fire-and-forget on its task group: never
+awaited by the agent, never retried, 1 s timeout, failures counted. docs/protocol.md,
+"Tool-start notice", is the specification.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+import anyio
+import anyio.abc
+
+if TYPE_CHECKING:
+    import httpx
+
+    from ._runtime import _EndpointState
+    from ._transport import HttpLib
+
+__all__ = ["NoticeStatistics"]
+
+ACCEPT_HEADER: Final = "x-agentrt-accept"
+NOTICE_FEATURE: Final = "idle-notice"
+NOTICE_PATH: Final = "/agentrt/idle"
+NOTICE_TIMEOUT_S: Final = 1.0
+_DISABLING_STATUS: Final = frozenset({405, 501})
+_MAX_ERROR: Final = 200
+
+
+def accepts_notice(value: str | None) -> bool:
+    """Whether an ``x-agentrt-accept`` value lists ``idle-notice`` (case-insensitive)."""
+    if not value:
+        return False
+    return any(part.strip().lower() == NOTICE_FEATURE for part in value.split(","))
+
+
+@dataclass(frozen=True, slots=True)
+class NoticeStatistics:
+    """A snapshot of the tool-start notices a runtime sent (``rt.notice_statistics()``)."""
+
+    sent: int
+    """Notices posted (each once: never retried)."""
+    accepted: int
+    """Answered 2xx."""
+    unknown: int
+    """Answered 404: the server does not know the session (harmless)."""
+    failed: int
+    """Anything else: another status, a connection error, no answer within 1 s."""
+    disabled: tuple[str, ...]
+    """Endpoints that answered 405 or 501 and get no more notices."""
+    last_error: str | None
+    """The last failure, for diagnosis (the API key is never in it)."""
+
+
+class Notices:
+    """Sends a runtime's notices on its task group and counts them."""
+
+    def __init__(self, lib: HttpLib, inner: httpx.AsyncBaseTransport) -> None:
+        self._lib = lib
+        self._inner = inner
+        self.tasks: anyio.abc.TaskGroup | None = None
+        """The runtime's task group while it is open; None before and after."""
+        self.sent = 0
+        self.accepted = 0
+        self.unknown = 0
+        self.failed = 0
+        self.last_error: str | None = None
+        self._disabled: list[str] = []
+
+    def statistics(self) -> NoticeStatistics:
+        return NoticeStatistics(
+            self.sent,
+            self.accepted,
+            self.unknown,
+            self.failed,
+            tuple(self._disabled),
+            self.last_error,
+        )
+
+    def post(
+        self,
+        ep: _EndpointState,
+        key: str | None,
+        *,
+        session_id: str,
+        job_id: str,
+        tool: str,
+        expected_s: float | None,
+        source: Literal["declared", "learned"] | None,
+    ) -> None:
+        """Start posting a notice to ``ep`` (returns at once; nothing once closed)."""
+        tasks = self.tasks
+        if tasks is None:
+            return
+        body = {
+            "v": 2,
+            "session_id": session_id,
+            "job_id": job_id,
+            "tool": tool,
+            "expected_s": expected_s,
+            "source": source,
+        }
+        self.sent += 1
+        tasks.start_soon(self._send, ep, key, json.dumps(body, separators=(",", ":")).encode())
+
+    async def _send(self, ep: _EndpointState, key: str | None, content: bytes) -> None:
+        mod: Any = self._lib.mod
+        url = ep.endpoint.url + NOTICE_PATH
+        headers = [("content-type", "application/json")]
+        if key is not None:
+            headers.append(("authorization", f"Bearer {key}"))
+        timeout = dict.fromkeys(("connect", "read", "write", "pool"), NOTICE_TIMEOUT_S)
+        status: int | None = None
+        error: str | None = None
+        with anyio.move_on_after(NOTICE_TIMEOUT_S) as scope:
+            try:
+                request = mod.Request(
+                    "POST", url, headers=headers, content=content, extensions={"timeout": timeout}
+                )
+                response = await self._inner.handle_async_request(request)
+                try:
+                    await response.aread()
+                finally:
+                    await response.aclose()
+                status = response.status_code
+            except Exception as exc:  # counted, never raised: the agent must not notice
+                error = f"{type(exc).__name__}: {exc}"
+        if scope.cancelled_caught:
+            error = f"no answer within {NOTICE_TIMEOUT_S:g} s"
+        if status is not None and 200 <= status < 300:
+            self.accepted += 1
+            return
+        if status == 404:
+            self.unknown += 1
+            return
+        self.failed += 1
+        if status is not None:
+            error = f"HTTP {status}"
+            if status in _DISABLING_STATUS and ep.notices:
+                ep.notices = False
+                ep.notices_off = True
+                self._disabled.append(ep.endpoint.url)
+        message = f"POST {url}: {error}"
+        if key:
+            message = message.replace(key, "***")
+        self.last_error = message[:_MAX_ERROR]

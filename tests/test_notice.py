@@ -1,0 +1,221 @@
+"""The tool-start notice (docs/protocol.md): sent on a tool wait's start to the endpoint
+that served the session's last call, only if it advertised ``idle-notice``; never blocks,
+never retried, 405/501 disable it, failures are counted without leaking the API key."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from agentrt import NoticeStatistics, Retry, Runtime
+from tests._fake import MSG, FakeEngine
+
+pytestmark = pytest.mark.anyio
+
+URL = "http://engine.test/v1"
+FAST = Retry(attempts=3, wait_initial=0.0, wait_jitter=0.0)
+KEY = "sk-secret-0123456789"
+
+
+@dataclass
+class Server:
+    """A fake engine whose replies may advertise notices; records the notices it gets."""
+
+    accept: str | None = "idle-notice"
+    status: int = 204
+    block: bool = False
+    fail: bool = False
+    notices: list[tuple[str, httpx.Headers, dict[str, Any]]] = field(default_factory=list)
+    fake: FakeEngine = field(default_factory=FakeEngine)
+    released: anyio.Event = field(default_factory=anyio.Event)
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/agentrt/idle"):
+            self.notices.append((str(request.url), request.headers, json.loads(request.content)))
+            if self.fail:
+                raise httpx.ConnectError(f"refused; sent {request.headers['authorization']}")
+            if self.block:
+                await self.released.wait()
+            return httpx.Response(self.status)
+        response = await self.fake.handle(request)
+        if self.accept is not None:
+            response.headers["x-agentrt-accept"] = self.accept
+        return response
+
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self.handle)
+
+
+async def settle() -> None:
+    """Let the background notice run (MockTransport answers without real I/O)."""
+    for _ in range(5):
+        await anyio.wait_all_tasks_blocked()
+
+
+async def calls_and_tools(
+    server: Server, *, tools: int = 1, api_key: str | None = None
+) -> NoticeStatistics:
+    """A call, then ``tools`` tool waits, each after a call; the notice statistics."""
+    async with Runtime([URL], transport=server.transport(), retry=FAST, api_key=api_key) as rt:
+        async with rt.job("j") as job, job.session() as s:
+            for _ in range(tools):
+                await s.chat(model="m", messages=MSG)
+                async with s.tool("search", expected_s=1.0):
+                    await settle()
+                await settle()
+        assert job.report.status == "ok"
+        return rt.notice_statistics()
+
+
+async def test_sent_to_an_advertising_endpoint_with_the_exact_body() -> None:
+    server = Server(accept="gzip, Idle-Notice")  # a feature list; matched case-insensitively
+    async with Runtime([URL], transport=server.transport(), retry=FAST, api_key=KEY) as rt:
+        async with rt.job("j", job_id="job-1") as job, job.session(session_id="ses-1") as s:
+            async with s.tool("search", expected_s=2.5):
+                pass  # before any call: no endpoint served the session yet
+            await settle()
+            assert server.notices == []
+            await s.chat(model="m", messages=MSG)
+            async with s.tool("search", expected_s=2.5):
+                await settle()
+            async with s.tool("fetch"):  # learned from the wait above
+                await settle()
+        stats = rt.notice_statistics()
+    assert [n[0] for n in server.notices] == [f"{URL}/agentrt/idle"] * 2
+    _, headers, body = server.notices[0]
+    assert body == {
+        "v": 2,
+        "session_id": "ses-1",
+        "job_id": "job-1",
+        "tool": "search",
+        "expected_s": 2.5,
+        "source": "declared",
+    }
+    assert headers["content-type"] == "application/json"
+    assert headers["authorization"] == f"Bearer {KEY}"
+    assert server.notices[1][2]["expected_s"] is None  # "fetch" was never seen
+    assert server.notices[1][2]["source"] is None
+    assert (stats.sent, stats.accepted, stats.failed, stats.unknown) == (2, 2, 0, 0)
+
+
+async def test_learned_expectations_say_so() -> None:
+    server = Server()
+    async with Runtime([URL], transport=server.transport(), retry=FAST) as rt:
+        async with rt.job("j") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+            async with s.tool("search", expected_s=1.0):
+                pass
+            async with s.tool("search"):
+                await settle()
+    bodies = sorted((n[2] for n in server.notices), key=lambda b: str(b["source"]))
+    assert [b["source"] for b in bodies] == ["declared", "learned"]  # any order (trio)
+    assert bodies[1]["expected_s"] is not None
+    assert all("authorization" not in n[1] for n in server.notices)  # the runtime has no key
+
+
+async def test_not_sent_when_not_advertised() -> None:
+    server = Server(accept=None)
+    assert (await calls_and_tools(server)).sent == 0
+    assert server.notices == []
+
+
+async def test_an_endpoint_that_stops_advertising_gets_no_more() -> None:
+    server = Server()
+    async with Runtime([URL], transport=server.transport(), retry=FAST) as rt:
+        async with rt.job("j") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+            server.accept = "something-else"
+            await s.chat(model="m", messages=MSG)
+            async with s.tool("search", expected_s=1.0):
+                await settle()
+    assert server.notices == []
+
+
+async def test_only_the_endpoint_that_served_the_last_call() -> None:
+    seen: list[str] = []
+    server = Server()
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/agentrt/idle"):
+            seen.append(request.url.host)
+        return await server.handle(request)
+
+    eps = ["http://a.test/v1", "http://b.test/v1"]
+    async with Runtime(eps, transport=httpx.MockTransport(handle), retry=FAST) as rt:
+        async with rt.job("j") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+            home = s.endpoint_index
+            assert home is not None
+            async with s.tool("search", expected_s=1.0):
+                await settle()
+    assert seen == [("a.test", "b.test")[home]]
+
+
+async def test_a_slow_endpoint_never_delays_the_tool_and_times_out_as_a_failure() -> None:
+    server = Server(block=True)
+    async with Runtime([URL], transport=server.transport(), retry=FAST) as rt:
+        async with rt.job("j") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+            start = anyio.current_time()
+            async with s.tool("search", expected_s=1.0):
+                entered = anyio.current_time() - start
+            assert entered < 0.2
+            await anyio.sleep(1.3)  # past the notice's 1 s timeout
+        stats = rt.notice_statistics()
+    assert (stats.sent, stats.failed) == (1, 1)
+    assert stats.last_error is not None and "no answer within 1 s" in stats.last_error
+
+
+@pytest.mark.parametrize("status", [500, 503, 429])
+async def test_never_retried(status: int) -> None:
+    server = Server(status=status)
+    stats = await calls_and_tools(server)
+    assert len(server.notices) == 1
+    assert (stats.sent, stats.failed, stats.disabled) == (1, 1, ())
+    assert stats.last_error == f"POST {URL}/agentrt/idle: HTTP {status}"
+
+
+async def test_404_is_harmless() -> None:
+    server = Server(status=404)
+    stats = await calls_and_tools(server, tools=2)
+    assert len(server.notices) == 2  # still sent
+    assert (stats.sent, stats.unknown, stats.failed) == (2, 2, 0)
+
+
+@pytest.mark.parametrize("status", [405, 501])
+async def test_405_or_501_disables_the_endpoint(status: int) -> None:
+    server = Server(status=status)
+    stats = await calls_and_tools(server, tools=2)  # its replies still advertise
+    assert len(server.notices) == 1
+    assert stats.disabled == (URL,) and stats.failed == 1
+
+
+async def test_a_failure_is_counted_not_raised_and_never_shows_the_key() -> None:
+    server = Server(fail=True)
+    stats = await calls_and_tools(server, api_key=KEY)
+    assert server.notices[0][1]["authorization"] == f"Bearer {KEY}"  # it was sent
+    assert stats.failed == 1
+    assert stats.last_error is not None and "ConnectError" in stats.last_error
+    assert KEY not in stats.last_error and "***" in stats.last_error
+
+
+async def test_nothing_is_sent_after_close_and_close_does_not_wait() -> None:
+    server = Server(block=True)
+    rt = Runtime([URL], transport=server.transport(), retry=FAST)
+    async with rt:
+        async with rt.job("j") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+            async with s.tool("search", expected_s=1.0):
+                await settle()
+        start = anyio.current_time()
+    assert anyio.current_time() - start < 0.5  # the blocked notice was cancelled
+    core = rt._core
+    core.tool_started(s, "late", 1.0, "declared")  # what a late tool start would do
+    await anyio.sleep(0.01)
+    assert len(server.notices) == 1
+    assert rt.notice_statistics().sent == 1
