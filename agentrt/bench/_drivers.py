@@ -25,6 +25,7 @@ __all__ = [
     "CLIENT_SPEC_HELP",
     "CallResult",
     "ClientSpec",
+    "Declare",
     "Driver",
     "JobResult",
     "Prompts",
@@ -35,6 +36,8 @@ __all__ = [
 
 PromptMode = Literal["sim", "text"]
 Api = Literal["openai", "http"]
+Declare = Literal["none", "learned", "oracle"]
+_DECLARES: Final = ("none", "learned", "oracle")
 
 _WORDS = (
     "alpha beta gamma delta table index value query error test parse build cache agent "
@@ -102,6 +105,8 @@ class CallResult:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    after_tool: bool = False
+    """The call resumes its session after a tool wait (agentrt drivers)."""
 
 
 @dataclass(slots=True)
@@ -111,6 +116,8 @@ class ToolResult:
     start_s: float
     """From the job's start."""
     duration_s: float
+    expected_s: float | None = None
+    """What the runtime expected when the wait began (declared or learned)."""
 
 
 @dataclass(slots=True)
@@ -146,7 +153,9 @@ CLIENT_SPEC_HELP: Final = (
     "fcfs, plas, atlas, mlfq, edf), then optionally '@LIMIT' (per-endpoint concurrency: an "
     "int >= 1, auto or none), then ',key=value' options: routing=, policy=, concurrency=, "
     "token_budget= (int), priority= (on/off: send each call's queue level as the engine "
-    "priority; embedded replicas then schedule by priority), dialect= (default vllm). "
+    "priority; embedded replicas then schedule by priority), dialect= (default vllm), "
+    "declare= (tool waits the sessions declare: learned, the default: each tool's wait "
+    "learned online; oracle: the exact next wait; none: nothing). "
     "Examples: agentrt:session, agentrt:plas+round_robin@auto, agentrt:mlfq@16, "
     "agentrt:plas+round_robin,priority=on, agentrt:routing=hash,policy=plas,concurrency=8. "
     "Defaults: round_robin, fcfs, no limit."
@@ -202,6 +211,10 @@ class ClientSpec:
     concurrency: int | Literal["auto"] | None = None
     token_budget: int | None = None
     send_priority: bool = False
+    declare: Declare = "learned"
+    """Tool-wait declarations: ``learned`` (the runtime learns each tool's wait, as by
+    default), ``oracle`` (the exact next tool wait, declared before the call it follows;
+    nothing learned), ``none`` (``learn_waits=False``, nothing declared)."""
 
     @staticmethod
     def parse(text: str) -> ClientSpec:
@@ -255,6 +268,12 @@ class ClientSpec:
                 if low not in _TRUE + _FALSE:
                     raise _spec_error(text, f"priority must be on or off, not {value!r}")
                 put("send_priority", low in _TRUE)
+            elif key == "declare":
+                if low not in _DECLARES:
+                    raise _spec_error(
+                        text, f"declare must be one of {', '.join(_DECLARES)}, not {value!r}"
+                    )
+                put("declare", low)
             elif key == "dialect":
                 from ..dialects import get_dialect
 
@@ -533,7 +552,10 @@ class AgentrtDriver:
         self._api = api
         self._url = urls[0]
         self._name = spec.name
+        self._declare = spec.declare
         self._http: httpx.AsyncClient | None = None
+        self._resumed: dict[str, set[tuple[str, int]]] = {}
+        """Per job id: the (session id, turn) of calls that follow a tool wait."""
         self._rt = Runtime(
             urls,
             routing=spec.routing,
@@ -546,6 +568,7 @@ class AgentrtDriver:
             timeout_s=3600.0,
             keep_reports=0,
             journal=journal,
+            learn_waits=spec.declare == "learned",
         )
         self._model = model
         self._prompts = prompts
@@ -562,8 +585,11 @@ class AgentrtDriver:
         await self._rt.__aexit__(None, None, None)
 
     async def _session(self, job: Any, plan: SessionPlan, parent: Any) -> None:
+        oracle = self._declare == "oracle"
+        resumed = self._resumed.setdefault(job.id, set())
         async with job.session(plan.name, parent=parent) as s:
-            for step in plan.steps:
+            steps = plan.steps
+            for i, step in enumerate(steps):
                 if isinstance(step, Fanout):
                     async with anyio.create_task_group() as tg:
                         for sub in step.sessions:
@@ -571,14 +597,24 @@ class AgentrtDriver:
                     continue
                 if step.wait_s:
                     if step.tool:
-                        async with s.tool(step.tool):
+                        expected = step.wait_s if oracle else None
+                        async with s.tool(step.tool, expected_s=expected):
                             await anyio.sleep(step.wait_s)
+                        resumed.add((s.id, s.turns))
                     else:
                         await anyio.sleep(step.wait_s)
+                if oracle:
+                    # The exact tool wait that follows this call (none: a think time, a
+                    # fan-out or the end; an undeclared session keeps today's LRU).
+                    after = steps[i + 1] if i + 1 < len(steps) else None
+                    if isinstance(after, Call) and after.tool and after.wait_s:
+                        s.expect_idle(after.wait_s)
                 if self._api == "http":
                     # rt.http_client() requests inside a session are that session's turns.
                     assert self._http is not None
                     body = _body(self._model, self._prompts, step, self._extra)
+                    if step.stream:  # the usage chunk gives the report its cached tokens
+                        body["stream_options"] = {"include_usage": True}
                     await _http_chat(self._http, self._url, body, step.stream)
                     continue
                 messages = [{"role": "user", "content": self._prompts.render(step)}]
@@ -588,6 +624,7 @@ class AgentrtDriver:
                         messages=messages,
                         max_tokens=step.output_tokens,
                         stream=True,
+                        stream_options={"include_usage": True},
                         extra_body=self._extra,
                     )
                     async for _ in stream:
@@ -611,8 +648,31 @@ class AgentrtDriver:
         except Exception as exc:
             status = f"error: {type(exc).__name__}"
         rep = job.report
-        calls = [CallResult(c.latency_s or 0.0, c.ttft_s) for c in rep.call_reports]
-        return JobResult(plan.name, plan.kind, plan.arrival_s, start - t0, rep.jct_s, status, calls)
+        resumed = self._resumed.pop(job.id, set())
+        calls = [
+            CallResult(
+                c.latency_s or 0.0,
+                c.ttft_s,
+                start_s=c.start_s,
+                session_id=c.session_id,
+                session_name=c.session_name,
+                turn=c.turn,
+                endpoint=c.endpoint,
+                stream=c.stream,
+                prompt_tokens=c.prompt_tokens,
+                completion_tokens=c.completion_tokens,
+                cached_tokens=c.cached_tokens,
+                after_tool=(c.session_id, c.turn) in resumed,
+            )
+            for c in rep.call_reports
+        ]
+        tools = [
+            ToolResult(w.session_id, w.name, w.start_s, w.duration_s, w.expected_s)
+            for w in rep.tool_reports
+        ]
+        return JobResult(
+            plan.name, plan.kind, plan.arrival_s, start - t0, rep.jct_s, status, calls, tools
+        )
 
 
 def make_driver(

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import anyio
 import httpx
 
-from ..sim import PRESETS, Cluster
+from ..sim import PRESETS, Cluster, EngineConfig
 from ._clock import VirtualTimeLoop
 from ._drivers import ClientSpec, JobResult, Prompts, make_driver
 from ._plan import JobPlan
@@ -64,6 +64,28 @@ class BenchConfig:
     """Write one journal per client there (``journal-<client>.jsonl``: a JobReport per
     line, as ``Runtime(journal=...)`` writes them), replacing the previous run's;
     None: no journals."""
+    tool_wait_policy: str | None = None
+    """The embedded replicas' tool-wait KV policy (``EngineConfig.tool_wait_policy``:
+    lru, keep, pin, offload, drop, ...); None: the preset's."""
+    gpu_blocks: int | None = None
+    """KV blocks on each embedded replica's accelerator; None: the preset's."""
+    host_blocks: int | None = None
+    """KV blocks in each embedded replica's host tier; None: the preset's."""
+    kv_sample_s: float = 1.0
+    """Embedded runs: seconds between samples of the replicas' KV occupancy."""
+
+    def engine_config(self) -> EngineConfig:
+        """The embedded replicas' configuration: the preset with this run's changes."""
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}; known: {', '.join(PRESETS)}")
+        changes: dict[str, object] = {"stream_interval": self.stream_interval}
+        if self.tool_wait_policy is not None:
+            changes["tool_wait_policy"] = self.tool_wait_policy
+        if self.gpu_blocks is not None:
+            changes["num_gpu_blocks"] = self.gpu_blocks
+        if self.host_blocks is not None:
+            changes["num_host_blocks"] = self.host_blocks
+        return PRESETS[self.preset].replace(**changes)
 
 
 @dataclass(slots=True)
@@ -84,6 +106,18 @@ class ClientResult:
     job_rows: list[dict[str, Any]] = field(default_factory=list)
     journal: str | None = None
     """The client's journal (one JobReport per job), when the run wrote journals."""
+    resumed_hit_rate: float | None = None
+    """Prefix-cache hit rate (cached / prompt tokens) of the calls that resume a session
+    after a tool wait (agentrt clients; None where unknown)."""
+    kv: dict[str, float] | None = None
+    """Embedded runs: KV occupancy (``occupancy_mean``/``occupancy_peak``: the used
+    fraction of accelerator blocks, referenced or pinned, time-weighted over the makespan
+    and the highest sample, averaged over the replicas; ``cached_mean``: the fraction
+    holding prefix-cache blocks, used or not), host-tier traffic (blocks offloaded and
+    loaded back, tokens hit in the host tier) and the engines' other counters, summed."""
+    waits: dict[str, float | None] | None = None
+    """Tool waits: ``count``, ``expected_share`` (the share whose expected duration was
+    known when they began) and ``abs_error_median`` / ``rel_error_median`` of those."""
 
 
 @dataclass(slots=True)
@@ -192,6 +226,7 @@ def _summarize(
     alone: dict[str, float] | None,
     engine: dict[str, float | None],
     journal: Path | None = None,
+    kv: dict[str, float] | None = None,
 ) -> ClientResult:
     ok = [r for r in results if r.status == "ok"]
     jcts = [r.jct_s for r in ok]
@@ -231,7 +266,76 @@ def _summarize(
         utilization=engine.get("utilization"),
         job_rows=rows,
         journal=str(journal) if journal is not None else None,
+        resumed_hit_rate=_resumed_hit_rate(ok),
+        kv=kv,
+        waits=_wait_stats(ok),
     )
+
+
+def _resumed_hit_rate(results: list[JobResult]) -> float | None:
+    prompt = cached = 0
+    for r in results:
+        for c in r.calls:
+            if c.after_tool and c.prompt_tokens and c.cached_tokens is not None:
+                prompt += c.prompt_tokens
+                cached += c.cached_tokens
+    return cached / prompt if prompt else None
+
+
+def _wait_stats(results: list[JobResult]) -> dict[str, float | None] | None:
+    tools = [w for r in results for w in r.tools]
+    if not tools:
+        return None
+    known = [w for w in tools if w.expected_s is not None]
+    abs_err = [abs(w.duration_s - w.expected_s) for w in known if w.expected_s is not None]
+    rel_err = [e / w.duration_s for e, w in zip(abs_err, known, strict=True) if w.duration_s > 0]
+    return {
+        "count": len(tools),
+        "expected_share": len(known) / len(tools),
+        "abs_error_median": statistics.median(abs_err) if abs_err else None,
+        "rel_error_median": statistics.median(rel_err) if rel_err else None,
+    }
+
+
+class _KVSampler:
+    """Samples the replicas' KV occupancy every ``interval_s`` (time-weighted by
+    construction) and reads their KV counters at the end."""
+
+    def __init__(self, cluster: Cluster, interval_s: float) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"kv_sample_s must be > 0, got {interval_s!r}")
+        self._cluster = cluster
+        self._interval = interval_s
+        self._used: list[float] = []
+        self._cached: list[float] = []
+
+    def _sample(self) -> None:
+        stats = self._cluster.stats()
+        self._used.append(statistics.fmean(s.kv_usage for s in stats))
+        self._cached.append(statistics.fmean(s.gpu_blocks_cached / s.gpu_blocks for s in stats))
+
+    async def run(self) -> None:
+        while True:
+            self._sample()
+            await anyio.sleep(self._interval)
+
+    def result(self) -> dict[str, float]:
+        self._sample()
+        stats = self._cluster.stats()
+        out = {
+            "occupancy_mean": statistics.fmean(self._used),
+            "occupancy_peak": max(self._used),
+            "cached_mean": statistics.fmean(self._cached),
+            "gpu_blocks": float(sum(s.gpu_blocks for s in stats)),
+            "host_blocks": float(sum(s.host_blocks for s in stats)),
+        }
+        # Every integer counter the engines expose (evictions, host-tier traffic,
+        # prefetches where the engine counts them), summed over the replicas.
+        for name in type(stats[0]).__dataclass_fields__:
+            values = [getattr(s, name) for s in stats]
+            if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+                out.setdefault(name, float(sum(values)))
+        return out
 
 
 def _sim_engine_stats(
@@ -260,7 +364,7 @@ def _sim_engine_stats(
 async def _run_sim(
     cfg: BenchConfig, plans: list[JobPlan], progress: Progress
 ) -> list[ClientResult]:
-    preset = PRESETS[cfg.preset].replace(stream_interval=cfg.stream_interval)
+    preset = cfg.engine_config()
     model = cfg.model or preset.model_name
     alone: dict[str, float] | None = None
     if cfg.stretch:
@@ -312,15 +416,19 @@ async def _run_sim(
                 busy = statistics.fmean(s.busy_s for s in cluster.stats())
                 window.append((elapsed, busy))
 
-            async with driver:
+            sampler = _KVSampler(cluster, cfg.kv_sample_s)
+            async with driver, anyio.create_task_group() as tg:
+                tg.start_soon(sampler.run)
                 results, makespan = await _replay(
                     plans, driver.run_job, progress, spec.name, snapshot, cfg.users
                 )
+                tg.cancel_scope.cancel()
             span = None
             if len(window) == 2:
                 span = (window[1][0] - window[0][0], window[1][1] - window[0][1])
             stats = _sim_engine_stats(cluster, makespan, span)
-        out.append(_summarize(spec.name, results, makespan, alone, stats, journal))
+            kv = sampler.result()
+        out.append(_summarize(spec.name, results, makespan, alone, stats, journal, kv))
     return out
 
 
@@ -399,8 +507,8 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchResult
         raise ValueError("users must be >= 1")
     if cfg.rate is not None and not cfg.rate > 0:
         raise ValueError("rate must be > 0 jobs per second")
-    if not cfg.endpoints and cfg.preset not in PRESETS:
-        raise ValueError(f"unknown preset {cfg.preset!r}; known: {', '.join(PRESETS)}")
+    if not cfg.endpoints:
+        cfg.engine_config()  # fails on an unknown preset or a bad engine option
     plans = make_workload(
         cfg.workload,
         cfg.jobs,

@@ -25,6 +25,7 @@ __all__ = [
     "fanout_job",
     "make_workload",
     "react_job",
+    "react_longtail_job",
 ]
 
 SYSTEM_BLOCKS: Final = 24
@@ -75,6 +76,40 @@ def react_job(rng: random.Random, name: str, *, tool_wait_s: float = 2.0) -> Ses
                 rng.randint(40, 300),
             )
         )
+    return SessionPlan("agent", tuple(steps))
+
+
+LONGTAIL_TOOLS: Final = (
+    # name, share of calls, median wait (s), sigma of log(wait), result tokens (low, high)
+    ("read_file", 0.35, 0.5, 0.5, (600, 4000)),
+    ("grep", 0.25, 1.5, 0.6, (200, 1500)),
+    ("bash", 0.25, 6.0, 1.0, (200, 2000)),
+    ("run_tests", 0.10, 45.0, 0.8, (500, 3000)),
+    ("web_research", 0.05, 150.0, 0.7, (1000, 4000)),
+)
+"""``react-longtail``'s tools: each with its own lognormal wait (most take seconds, a
+few minutes) and result size."""
+
+LONGTAIL_REPEAT: Final = 0.5
+"""Chance that a ``react-longtail`` turn calls the same tool as the last turn."""
+
+
+def react_longtail_job(rng: random.Random, name: str, *, tool_wait_s: float = 2.0) -> SessionPlan:
+    """A long tool loop (6-20 turns) over :data:`LONGTAIL_TOOLS`: heavy-tailed waits that
+    depend on the tool, large tool results (a session's prompt reaches ~10-40k tokens).
+    A turn repeats the last tool with probability :data:`LONGTAIL_REPEAT`, else draws
+    one by share. ``tool_wait_s`` scales every median (2.0: the table's values)."""
+    scale = tool_wait_s / 2.0
+    conv = _Conversation(name, SYSTEM_BLOCKS)
+    steps: list[Step] = [conv.call(0.0, None, rng.randint(300, 1500), rng.randint(60, 300))]
+    shares = [t[1] for t in LONGTAIL_TOOLS]
+    tool = rng.choices(LONGTAIL_TOOLS, shares)[0]
+    for _ in range(rng.randint(5, 19)):
+        if rng.random() >= LONGTAIL_REPEAT:
+            tool = rng.choices(LONGTAIL_TOOLS, shares)[0]
+        tool_name, _, median, sigma, (low, high) = tool
+        wait = _lognormal(rng, median * scale, sigma)
+        steps.append(conv.call(wait, tool_name, rng.randint(low, high), rng.randint(50, 400)))
     return SessionPlan("agent", tuple(steps))
 
 
@@ -235,6 +270,7 @@ class Arrivals:
 Generator = Callable[[random.Random, str], SessionPlan]
 WORKLOADS: Final[dict[str, Generator | None]] = {
     "react": react_job,
+    "react-longtail": react_longtail_job,
     "fanout": fanout_job,
     "chat": chat_job,
     "mixed": None,
@@ -253,8 +289,8 @@ def make_workload(
     tool_wait_s: float = 2.0,
     long_share: float = 0.2,
 ) -> list[JobPlan]:
-    """``jobs`` job plans of workload ``name`` (``react``, ``fanout``, ``chat``, ``mixed``,
-    ``claude-code``, ``mixed-cc``) with their arrival times.
+    """``jobs`` job plans of workload ``name`` (``react``, ``react-longtail``, ``fanout``,
+    ``chat``, ``mixed``, ``claude-code``, ``mixed-cc``) with their arrival times.
 
     ``mixed-cc`` mixes short ReAct jobs with long Claude Code replays: each job is a
     Claude Code trace (``round(jobs * long_share)`` of them at seeded random positions,

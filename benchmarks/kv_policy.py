@@ -1,0 +1,202 @@
+"""KV policies for tool waits: what the engine does with a waiting session's KV.
+
+Two workloads on an embedded cluster of 2 simulated H100-class replicas (``h100-8b`` cost
+model) whose KV capacity is cut so that memory is the bottleneck, in virtual time:
+
+- ``react-longtail``: ReAct loops of 6-20 turns over five tools with their own lognormal
+  waits (read_file 0.5 s ... web_research 150 s median), large tool results;
+- ``claude-code``: the first N Claude Code traces (one tool name: the traces carry none),
+  tokens scaled by ``--token-scale``, waits capped at ``--max-wait``.
+
+Each engine policy (``EngineConfig.tool_wait_policy``) replays the identical seeded jobs
+and arrivals through agentrt with session routing:
+
+- ``lru``, no declarations (``declare=none``): the baseline (today's engines), with the
+  same host tier, plus ``lru`` without a host tier for reference;
+- ``pin``, ``offload``, ``drop`` (and ``adaptive`` where the engine has it), each with
+  ``declare=learned`` (the runtime's per-tool learned waits) and ``declare=oracle`` (the
+  exact next tool wait, declared before the call it follows).
+
+Per configuration: JCT mean/p50/p99 and their ratio to the baseline, the hit rate of calls
+that resume a session after a tool wait, host-tier traffic, KV occupancy, and the gap
+between learned and oracle declarations.
+
+    .venv/bin/python benchmarks/kv_policy.py              # ~5 min; results/kv_policy.json
+    .venv/bin/python benchmarks/kv_policy.py --workloads react-longtail --loads base
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agentrt.bench import BenchConfig, ClientResult, TraceOptions, run_bench
+from agentrt.sim import EngineConfig
+
+# Arrival rates (jobs/s) per workload: "base" keeps the lru baseline memory-bound without
+# collapsing, "heavy" is the load where pinning loses (see docs/benchmarks.md).
+RATES = {
+    "react-longtail": {"base": 0.4, "heavy": 1.6},
+    "claude-code": {"base": 0.05, "heavy": 0.2},
+}
+JOBS = {"react-longtail": 200, "claude-code": 100}
+GPU_BLOCKS = 8192
+"""KV blocks per replica (16 tokens each: 131k tokens, about a third of what an 80 GB
+H100 holds for Llama-3.1-8B)."""
+HOST_BLOCKS = 4 * GPU_BLOCKS
+POLICIES = ("pin", "offload", "drop", "adaptive")
+BASELINE = "agentrt:session,declare=none"
+
+
+def has_policy(name: str) -> bool:
+    try:
+        EngineConfig(tool_wait_policy=name, num_host_blocks=1)  # type: ignore[arg-type]
+    except ValueError:
+        return False
+    return True
+
+
+def configs() -> list[tuple[str, str, int, list[str]]]:
+    """(label, engine policy, host blocks, clients) per run."""
+    both = [f"agentrt:session,declare={d}" for d in ("learned", "oracle")]
+    out = [("lru", "lru", HOST_BLOCKS, [BASELINE]), ("lru, no host tier", "lru", 0, [BASELINE])]
+    out += [(p, p, HOST_BLOCKS, both) for p in POLICIES if has_policy(p)]
+    return out
+
+
+def bench(
+    workload: str, rate: float, args: argparse.Namespace, policy: str, host: int, clients: list[str]
+) -> tuple[list[ClientResult], int, float]:
+    cfg = BenchConfig(
+        workload=workload,
+        jobs=args.jobs or JOBS[workload],
+        rate=rate,
+        seed=args.seed,
+        replicas=2,
+        clients=clients,
+        stretch=False,
+        api="http",
+        traces=TraceOptions(token_scale=args.token_scale, max_wait_s=args.max_wait),
+        tool_wait_policy=policy,
+        gpu_blocks=GPU_BLOCKS,
+        host_blocks=host,
+    )
+    result = run_bench(cfg)
+    return result.clients, result.calls, result.wall_s
+
+
+def row(workload: str, load: str, rate: float, label: str, c: ClientResult) -> dict[str, Any]:
+    kv = c.kv or {}
+    waits = c.waits or {}
+    return {
+        "workload": workload,
+        "load": load,
+        "rate": rate,
+        "policy": label,
+        "declare": c.client.rpartition("declare=")[2],
+        "failed": c.failed,
+        "busy": c.utilization,
+        "jct_mean": c.jct["mean"],
+        "jct_p50": c.jct["p50"],
+        "jct_p99": c.jct["p99"],
+        "hit_rate": c.prefix_cache_hit_rate,
+        "resumed_hit_rate": c.resumed_hit_rate,
+        "kv_used_mean": kv.get("occupancy_mean"),
+        "kv_used_peak": kv.get("occupancy_peak"),
+        "kv_cached_mean": kv.get("cached_mean"),
+        "preemptions": kv.get("preemptions"),
+        "evicted_blocks": kv.get("evicted_blocks"),
+        "host_out_blocks": kv.get("offloaded_blocks"),
+        "host_in_blocks": kv.get("loaded_blocks"),
+        "host_hit_tokens": kv.get("host_cache_hits"),
+        "kv_counters": kv,
+        "wait_expected_share": waits.get("expected_share"),
+        "wait_rel_error_median": waits.get("rel_error_median"),
+    }
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    base = next(r for r in rows if r["policy"] == "lru" and r["declare"] == "none")
+    oracle = {r["policy"]: r for r in rows if r["declare"] == "oracle"}
+    for r in rows:
+        r["mean_vs_base"] = r["jct_mean"] / base["jct_mean"]
+        r["p99_vs_base"] = r["jct_p99"] / base["jct_p99"]
+        r["goal_met"] = r["mean_vs_base"] <= 0.75 and r["p99_vs_base"] <= 1.0
+        o = oracle.get(r["policy"])
+        r["learned_vs_oracle"] = (
+            r["jct_mean"] / o["jct_mean"] if r["declare"] == "learned" and o else None
+        )
+
+
+def _f(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    print(
+        f"  {'policy':18} {'declare':8} {'JCT mean':>8} {'x base':>6} {'p50':>7} {'p99':>7} "
+        f"{'x base':>6} {'hit':>5} {'resumed':>7} {'KV used':>7} {'peak':>5} {'host out':>9} "
+        f"{'host in':>8} {'cached':>6} {'preempt':>7} {'l/o':>5}"
+    )
+    for r in rows:
+        print(
+            f"  {r['policy']:18} {r['declare']:8} {r['jct_mean']:8.1f} {r['mean_vs_base']:6.2f} "
+            f"{r['jct_p50']:7.1f} {r['jct_p99']:7.1f} {r['p99_vs_base']:6.2f} "
+            f"{_f(r['hit_rate'], '5.0%')} {_f(r['resumed_hit_rate'], '7.0%')} "
+            f"{_f(r['kv_used_mean'], '7.0%')} {_f(r['kv_used_peak'], '5.0%')} "
+            f"{_f(r['host_out_blocks'], '9.0f')} {_f(r['host_in_blocks'], '8.0f')} "
+            f"{_f(r['kv_cached_mean'], '6.0%')} "
+            f"{_f(r['preemptions'], '7.0f')} {_f(r['learned_vs_oracle'], '5.2f')}"
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--workloads", nargs="*", default=list(RATES), choices=list(RATES))
+    parser.add_argument("--loads", nargs="*", default=["base", "heavy"])
+    parser.add_argument("--rate", type=float, default=None, help="one rate instead of --loads")
+    parser.add_argument("--jobs", type=int, default=None, help="default: 200 react, 100 traces")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--token-scale", type=float, default=0.25, help="claude-code tokens")
+    parser.add_argument("--max-wait", type=float, default=300.0, help="cap one wait, seconds")
+    parser.add_argument("--out", type=Path, default=Path("results/kv_policy.json"))
+    args = parser.parse_args()
+    rows: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    for workload in args.workloads:
+        loads = {"custom": args.rate} if args.rate else {k: RATES[workload][k] for k in args.loads}
+        for load, rate in loads.items():
+            these: list[dict[str, Any]] = []
+            calls, wall = 0, 0.0
+            for label, policy, host, clients in configs():
+                results, calls, w = bench(workload, rate, args, policy, host, clients)
+                wall += w
+                these += [row(workload, load, rate, label, c) for c in results]
+            add_ratios(these)
+            rows += these
+            print(
+                f"{workload}, {load} load ({rate} jobs/s), {args.jobs or JOBS[workload]} jobs, "
+                f"{calls} calls per configuration, {wall:.0f} s wall"
+            )
+            print_rows(these)
+    setup = {
+        "replicas": 2,
+        "preset": "h100-8b",
+        "gpu_blocks": GPU_BLOCKS,
+        "host_blocks": HOST_BLOCKS,
+        "token_scale": args.token_scale,
+        "max_wait_s": args.max_wait,
+        "seed": args.seed,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"setup": setup, "rows": rows}, indent=1))
+    print(f"wrote {args.out} in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
