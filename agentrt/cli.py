@@ -40,9 +40,10 @@ def _bench_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument(
         "--workload",
         default="mixed",
-        choices=("react", "fanout", "chat", "mixed", "claude-code", "mixed-cc"),
+        choices=("react", "react-longtail", "fanout", "chat", "mixed", "claude-code", "mixed-cc"),
         help="mixed: ReAct, fan-out and chat jobs; mixed-cc: short ReAct jobs and long Claude "
-        "Code replays (--long-share of them); default: %(default)s",
+        "Code replays (--long-share of them); react-longtail: long ReAct loops over tools "
+        "with heavy-tailed waits; default: %(default)s",
     )
     p.add_argument(
         "--long-share",
@@ -110,6 +111,24 @@ def _bench_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
         type=float,
         default=2.0,
         help="median tool wait of the synthetic workloads, seconds",
+    )
+    p.add_argument(
+        "--tool-wait-policy",
+        default=None,
+        help="embedded replicas: what the engine does with a session's KV during a declared "
+        "tool wait (lru, keep, pin, offload, drop, ...; default: the preset's, lru)",
+    )
+    p.add_argument(
+        "--gpu-blocks",
+        type=int,
+        default=None,
+        help="embedded replicas: KV blocks on the accelerator (default: the preset's)",
+    )
+    p.add_argument(
+        "--host-blocks",
+        type=int,
+        default=None,
+        help="embedded replicas: KV blocks in the host tier (default: the preset's, none)",
     )
 
 
@@ -262,6 +281,9 @@ def _bench(args: argparse.Namespace) -> int:
         tool_wait_s=args.tool_wait,
         api=args.api,
         long_share=args.long_share,
+        tool_wait_policy=args.tool_wait_policy,
+        gpu_blocks=args.gpu_blocks,
+        host_blocks=args.host_blocks,
     )
     title = f"agentrt bench: {args.workload}"
     return _run_bench(cfg, args.out, not args.no_plots, title, not args.no_journal)

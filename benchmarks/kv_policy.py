@@ -113,6 +113,8 @@ def row(workload: str, load: str, rate: float, label: str, c: ClientResult) -> d
         "host_out_blocks": kv.get("offloaded_blocks"),
         "host_in_blocks": kv.get("loaded_blocks"),
         "host_hit_tokens": kv.get("host_cache_hits"),
+        "prefetches": kv.get("prefetches"),
+        "prefetched_blocks": kv.get("prefetched_blocks"),
         "kv_counters": kv,
         "wait_expected_share": waits.get("expected_share"),
         "wait_rel_error_median": waits.get("rel_error_median"),

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -140,3 +142,36 @@ def test_declare_option_and_engine_config() -> None:
     )
     with pytest.raises(ValueError, match="tool_wait_policy"):
         BenchConfig(tool_wait_policy="hoard").engine_config()
+
+
+def test_cli_passes_the_engine_options(tmp_path: Path) -> None:
+    from agentrt.cli import main
+
+    rc = main(
+        [
+            "bench",
+            "--workload",
+            "react-longtail",
+            "--jobs",
+            "2",
+            "--replicas",
+            "1",
+            "--client",
+            "agentrt:session,declare=oracle",
+            "--tool-wait-policy",
+            "offload",
+            "--gpu-blocks",
+            "4096",
+            "--host-blocks",
+            "8192",
+            "--no-stretch",
+            "--no-plots",
+            "--no-journal",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert rc == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["config"]["tool_wait_policy"] == "offload"
+    assert data["clients"][0]["kv"]["gpu_blocks"] == 4096
