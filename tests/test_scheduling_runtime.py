@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from agentrt import Endpoint, Retry, Runtime
-from agentrt.scheduling import PLAS
+from agentrt.scheduling import PLAS, SessionAffinity
 from tests._fake import MSG, FakeEngine
 
 pytestmark = pytest.mark.anyio
@@ -265,3 +265,70 @@ async def test_time_in_the_queue_is_not_attained_service() -> None:
     assert first.queue_s >= 0.05
     service = float(gate.fake.seen[-1].headers["x-agentrt-service-s"])
     assert service < first.queue_s / 2  # the engine answered at once; the wait is not service
+
+
+class Retaining:
+    """Two replicas that keep a session's prefix ``keep_s`` seconds after its last reply:
+    a call within that reports its prompt as cached, later ones nothing. Sessions are told
+    apart by their user message; calls whose message starts with "wait" block."""
+
+    def __init__(self, keep_s: float) -> None:
+        self.keep_s = keep_s
+        self.last: dict[tuple[str, str], float] = {}
+        self.release = anyio.Event()
+        self.in_flight: list[str] = []
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        text = json.loads(request.content)["messages"][-1]["content"]
+        if text.startswith("wait"):
+            self.in_flight.append(request.url.host)
+            await self.release.wait()
+        key = (request.url.host, text)
+        now = anyio.current_time()
+        last = self.last.get(key)
+        fake = FakeEngine(prompt_tokens=100, completion_tokens=20)
+        fake.cached_tokens = 100 if last is not None and now - last <= self.keep_s else 0
+        response = await fake.handle(request)
+        self.last[key] = anyio.current_time()
+        return response
+
+
+async def test_a_session_back_after_its_replica_likely_evicted_it_is_routed_by_load() -> None:
+    server = Retaining(keep_s=0.12)
+    eps = ["http://a.test/v1", "http://b.test/v1"]
+    router = SessionAffinity()
+    transport = httpx.MockTransport(server.handle)
+    async with Runtime(eps, transport=transport, retry=FAST, routing=router) as rt:
+        async with rt.job("learn") as job:
+            sessions = [job._open_session(None, None, None) for _ in range(4)]
+            for s in sessions:
+                s.endpoint_index = 0  # all at home on replica a
+                await s.chat(model="m", messages=ask(s.id))
+            for _ in range(2):  # resumes: late (misses), then soon (hits)
+                await anyio.sleep(0.4)
+                for s in sessions:
+                    await s.chat(model="m", messages=ask(s.id))
+                for s in sessions:
+                    await s.chat(model="m", messages=ask(s.id))
+            loads = rt.endpoint_loads()
+            retention = loads[0].retention_s
+            assert retention is not None and 0.02 < retention < 0.4, loads
+            assert loads[1].retention_s is None
+            # Late resumes after the estimate formed went by load: a tie, so home won.
+            assert router.moves == {}
+            assert all(s.endpoint_index == 0 for s in sessions)
+            x, blocker = sessions[:2]
+            async with anyio.create_task_group() as tg:
+                # Load the home replica with one call in flight, then resume x late.
+                tg.start_soon(lambda: blocker.chat(model="m", messages=ask("wait")))
+                await until(lambda: server.in_flight)
+                await anyio.sleep(2.0 * retention)
+                await x.chat(model="m", messages=ask("x"))
+                server.release.set()
+            for s in sessions:
+                s._close()
+    assert router.moves == {"retention": 1}
+    assert x.endpoint_index == 1
+    moved = [c for c in job.report.call_reports if c.moved]
+    assert len(moved) == 1 and moved[0].session_id == x.id
+    assert job.report.session_moves == 1

@@ -196,3 +196,22 @@ def test_old_tool_reports_stay_readable() -> None:
     old = {"session_id": "s", "name": "t", "start_s": 0.0, "duration_s": 1.0, "expected_s": 2.0}
     t = ToolReport.model_validate(old)
     assert (t.expected_source, t.error_s) == (None, None)
+
+
+async def test_mlfq_promotes_on_a_declared_long_wait_not_a_tiny_one() -> None:
+    from agentrt.scheduling import MLFQ
+
+    fake = FakeEngine(prompt_tokens=60, completion_tokens=40)  # 100 tokens a call
+    policy = MLFQ(base_quota_tokens=100)
+    async with rt_for(fake, policy=policy) as rt:
+        async with rt.job("j") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+            assert policy.level_of(job.id) == 1  # demoted: 100 >= quota(0)
+            async with s.tool("think", expected_s=0.0):  # far below the call's service
+                pass
+            assert policy.level_of(job.id) == 1
+            await s.chat(model="m", messages=MSG)
+            assert policy.level_of(job.id) == 1  # 100 < quota(1) = 200
+            async with s.tool("crawl", expected_s=60.0):  # I/O-bound: promoted at once
+                assert policy.level_of(job.id) == 0
+        assert rt.reports()[-1].status == "ok"
