@@ -20,7 +20,7 @@ from typing import Any, Final
 import anyio
 
 from .._protocol import H_IDLE_EXPECTED, H_PRIORITY, H_SESSION
-from ._engine import ABORTED, Engine, RequestRejected, SimRequest
+from ._engine import ABORTED, Engine, ReplicaStats, RequestRejected, SimRequest
 from ._replies import ScriptedReply, agent_reply
 from ._tokenize import Prompt, PromptError, output_text
 
@@ -44,6 +44,11 @@ _SSE_HEADERS: Final = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
 ]
+_ACCEPT_HEADER: Final = (b"x-agentrt-accept", b"idle-notice")
+"""Advertised on generation replies: this endpoint takes tool-start notices."""
+_NOTICE_PATH: Final = "/v1/agentrt/idle"
+"""Tool-start notices: ``POST {base URL}/agentrt/idle`` (protocol v2)."""
+_NOTICE_SOURCES: Final = (None, "declared", "learned")
 
 
 class _HTTPError(Exception):
@@ -218,6 +223,10 @@ class ReplicaApp:
                 if method != "POST":
                     raise _HTTPError(405, f"{method} is not allowed on {path}")
                 return await self._generate(path, headers, body)
+            if path == _NOTICE_PATH:
+                if method != "POST":
+                    raise _HTTPError(405, f"{method} is not allowed on {path}")
+                return self._idle_notice(body)
             if method != "GET":
                 raise _HTTPError(405, f"{method} is not allowed on {path}")
             if path == "/health":
@@ -239,6 +248,44 @@ class ReplicaApp:
             raise _HTTPError(404, f"no route {path}")
         except _HTTPError as e:
             return _json_reply(e.status, _error_body(e.status, e.message, e.param))
+
+    def _idle_notice(self, raw: bytes) -> Reply:
+        """A tool-start notice: 204, 400 (bad body), 404 (unknown session), 503."""
+        engine = self.engine
+        body = _json_object(engine, raw, "the notice")
+        v = body.get("v")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 2:
+            raise _HTTPError(400, f"'v' must be the protocol version 2, got {v!r}", param="v")
+        session = body.get("session_id")
+        if not isinstance(session, str) or not session:
+            raise _HTTPError(
+                400, f"'session_id' must be a non-empty string, got {session!r}", param="session_id"
+            )
+        for name in ("job_id", "tool"):
+            value = body.get(name)
+            if value is not None and not isinstance(value, str):
+                raise _HTTPError(400, f"{name!r} must be a string, got {value!r}", param=name)
+        expected = body.get("expected_s")
+        if expected is not None and (
+            isinstance(expected, bool)
+            or not isinstance(expected, int | float)
+            or not 0 <= expected < float("inf")  # also rejects NaN
+        ):
+            raise _HTTPError(
+                400,
+                f"'expected_s' must be a number of seconds >= 0 or null, got {expected!r}",
+                param="expected_s",
+            )
+        source = body.get("source")
+        if source not in _NOTICE_SOURCES:
+            raise _HTTPError(
+                400,
+                f"'source' must be 'declared', 'learned' or null, got {source!r}",
+                param="source",
+            )
+        if not engine.notice_tool_wait(session, None if expected is None else float(expected)):
+            raise _HTTPError(404, f"no session {session!r} on {engine.name}", param="session_id")
+        return Reply(204, [])
 
     def _models(self) -> bytes:
         cfg = self.engine.config
@@ -263,14 +310,7 @@ class ReplicaApp:
         engine = self.engine
         cfg = engine.config
         chat = path == "/v1/chat/completions"
-        if not engine.started:
-            raise _HTTPError(503, f"the engine of {engine.name} is not running")
-        try:
-            body = json.loads(raw)
-        except ValueError as e:
-            raise _HTTPError(400, f"invalid JSON body: {e}") from None
-        if not isinstance(body, dict):
-            raise _HTTPError(400, "the body must be a JSON object")
+        body = _json_object(engine, raw, "the body")
         try:
             if chat:
                 prompt = engine.tokenizer.chat(body.get("messages"))
@@ -326,7 +366,7 @@ class ReplicaApp:
             include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
             return Reply(
                 200,
-                [*_SSE_HEADERS, rid_header],
+                [*_SSE_HEADERS, rid_header, _ACCEPT_HEADER],
                 stream=SSEStream(engine, req, prompt, rid, model, chat, include_usage, script),
             )
         try:
@@ -338,7 +378,20 @@ class ReplicaApp:
         if req.status == ABORTED:  # pragma: no cover - only when the engine shuts down
             raise _HTTPError(500, "the request was aborted")
         body_out = _completion_body(req, prompt, rid, model, chat, script)
-        return _json_reply(200, body_out, [rid_header])
+        return _json_reply(200, body_out, [rid_header, _ACCEPT_HEADER])
+
+
+def _json_object(engine: Engine, raw: bytes, what: str) -> dict[str, Any]:
+    """A request's JSON object body (503 while the engine is not running, 400 if bad)."""
+    if not engine.started:
+        raise _HTTPError(503, f"the engine of {engine.name} is not running")
+    try:
+        body = json.loads(raw)
+    except ValueError as e:
+        raise _HTTPError(400, f"invalid JSON body: {e}") from None
+    if not isinstance(body, dict):
+        raise _HTTPError(400, f"{what} must be a JSON object")
+    return body
 
 
 def _completion_body(
@@ -587,6 +640,7 @@ def render_metrics(engine: Engine) -> str:
         "Prefix cache hits in the host-memory tier, in tokens.",
         s.host_cache_hits,
     )
+    _host_tier_metrics(metric, out, labels, s)
     metric(
         "vllm:num_preemptions_total", "counter", "Cumulative number of preemptions.", s.preemptions
     )
@@ -615,6 +669,51 @@ def render_metrics(engine: Engine) -> str:
     )
     metric("agentrt_sim:clock_seconds", "gauge", "The engine clock.", s.time_s)
     return "".join(out)
+
+
+def _host_tier_metrics(
+    metric: Callable[..., None], out: list[str], labels: str, s: ReplicaStats
+) -> None:
+    """Host-tier traffic, prefetches and tool-wait decisions (``agentrt_sim:`` counters)."""
+    for name, help_text, value in (
+        ("host_blocks_out_total", "KV blocks written to the host tier.", s.offloaded_blocks),
+        ("host_blocks_in_total", "KV blocks loaded back at admission.", s.loaded_blocks),
+        ("host_blocks_prefetched_total", "KV blocks prefetched back.", s.prefetched_blocks),
+        ("host_bytes_out_total", "Bytes written to the host tier.", s.host_bytes_out),
+        ("host_bytes_in_total", "Bytes read back from the host tier.", s.host_bytes_in),
+        ("idle_notices_total", "Tool-start notices accepted.", s.idle_notices),
+    ):
+        metric(f"agentrt_sim:{name}", "counter", help_text, value)
+    pending = s.prefetches - s.prefetches_useful - s.prefetches_wasted
+    families = (
+        (
+            "agentrt_sim:prefetches_total",
+            "Prefetches by outcome (skipped: not started).",
+            "outcome",
+            (
+                ("useful", s.prefetches_useful),
+                ("wasted", s.prefetches_wasted),
+                ("pending", pending),
+                ("skipped", s.prefetches_skipped),
+            ),
+        ),
+        (
+            "agentrt_sim:tool_wait_decisions_total",
+            "Tool-wait KV decisions by action.",
+            "action",
+            (
+                ("pin", s.tool_waits_pinned),
+                ("offload", s.tool_waits_offloaded),
+                ("drop", s.tool_waits_dropped),
+                ("lru", s.tool_waits_lru),
+                ("fallback", s.tool_wait_fallbacks),
+            ),
+        ),
+    )
+    for name, help_text, key, values in families:
+        out.append(f"# HELP {name} {help_text}\n# TYPE {name} counter\n")
+        for label, value in values:
+            out.append(f'{name}{labels[:-1]},{key}="{label}"}} {float(value)!r}\n')
 
 
 # ---------------------------------------------------------------- several replicas on one port

@@ -15,9 +15,9 @@ __all__ = ["PRESETS", "EngineConfig", "KVPolicy", "Replies", "SchedulingPolicy",
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 Replies = Literal["filler", "agent"]
-KVPolicy = Literal["lru", "keep", "pin", "offload", "drop"]
+KVPolicy = Literal["lru", "keep", "pin", "offload", "drop", "adaptive"]
 
-_KV_POLICIES: Final = ("lru", "keep", "pin", "offload", "drop")
+_KV_POLICIES: Final = ("lru", "keep", "pin", "offload", "drop", "adaptive")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,12 +54,22 @@ class EngineConfig:
     scheduling: SchedulingPolicy = "fcfs"
     """``fcfs`` or ``priority`` (lower ``priority`` first, then arrival), as in vLLM."""
     tool_wait_policy: KVPolicy = "lru"
-    """What happens to a session's KV when its call declares a tool wait
-    (``x-agentrt-idle-expected-s``): ``lru`` nothing (today's engines), ``keep``/``pin``
-    pin it for the wait plus ``pin_margin_s``, ``offload`` move it to the host tier,
-    ``drop`` free it at once."""
+    """What happens to a session's KV while it waits on a tool (the wait its call declared
+    in ``x-agentrt-idle-expected-s``, or a tool-start notice's ``expected_s``): ``lru``
+    nothing (today's engines); ``keep``/``pin`` pin it for the wait plus ``pin_margin_s``;
+    ``offload`` move it to the host tier when the wait exceeds the transfer break-even and
+    prefetch it back for the expected resume (else pin); ``drop`` free it at once;
+    ``adaptive`` choose among these by KV memory pressure (docs/sim.md)."""
     pin_margin_s: float = 2.0
-    """Extra seconds a ``keep`` pin lasts beyond the declared wait."""
+    """Extra seconds a pin lasts beyond the expected wait (also for prefetched blocks)."""
+    offload_margin_s: float = 1.0
+    """Seconds a wait must exceed the write-out plus read-back time of the session's blocks
+    (at ``host_bandwidth``) before ``offload`` and ``adaptive`` move them to the host."""
+    adaptive_pressure: float = 0.6
+    """``adaptive``: the KV pressure (blocks referenced or pinned plus the blocks queued
+    requests need, over ``num_gpu_blocks``) from which a long wait is offloaded, not pinned."""
+    adaptive_max_wait_s: float = 300.0
+    """``adaptive``: a longer wait is never pinned; under pressure its KV is dropped."""
     request_overhead_s: float = 0.0
     """Seconds the API server spends on a request before the engine sees it (HTTP,
     parsing, tokenizing); fitted for ``cpu-tiny``, negligible for ``h100-8b``."""
@@ -96,6 +106,14 @@ class EngineConfig:
             raise ValueError("request_overhead_s must be a finite number >= 0")
         if self.host_bandwidth <= 0 or self.pin_margin_s < 0:
             raise ValueError("host_bandwidth must be > 0 and pin_margin_s >= 0")
+        for name in ("pin_margin_s", "offload_margin_s", "adaptive_max_wait_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"EngineConfig.{name} must be a finite number >= 0, got {value!r}")
+        if not 0.0 <= self.adaptive_pressure <= 1.0:
+            raise ValueError(
+                f"EngineConfig.adaptive_pressure must be in [0, 1], got {self.adaptive_pressure!r}"
+            )
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ValueError("max_model_len must be > 0 or None")
         if self.replies not in ("filler", "agent"):

@@ -19,7 +19,7 @@ import bisect
 import heapq
 import itertools
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -27,7 +27,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from ._config import EngineConfig
-from ._kv import KVCache, Node
+from ._kv import GPU, KVCache, Node
 from ._tokenize import Prompt, Tokenizer, slice_runs
 
 __all__ = ["Engine", "ReplicaStats", "RequestRejected", "SimRequest"]
@@ -38,6 +38,8 @@ _RUN_AHEAD_STEPS: Final = 256
 """Most prefill steps computed ahead in one go."""
 FINISHED: Final = 2
 ABORTED: Final = 3
+_MAX_SESSIONS: Final = 1 << 16
+"""Sessions whose last path the engine remembers for tool-start notices (LRU)."""
 
 
 class RequestRejected(ValueError):
@@ -49,6 +51,7 @@ class SimRequest:
 
     __slots__ = (
         "_event",
+        "anonymous",
         "arrival",
         "cached_tokens",
         "deepest",
@@ -67,6 +70,7 @@ class SimRequest:
         "prompt",
         "prompt_blocks",
         "prompt_len",
+        "queued_blocks",
         "request_id",
         "scheduled",
         "seq",
@@ -97,6 +101,10 @@ class SimRequest:
         self.max_tokens = max_tokens
         self.priority = priority
         self.session = session
+        self.anonymous = False
+        """No session was given: the request is its own session, never remembered."""
+        self.queued_blocks = 0
+        """Blocks this request counts for in the queued demand while it waits."""
         self.idle_expected = idle_expected
         self.stream = stream
         self.notify_every = stream_interval if stream else max_tokens
@@ -139,6 +147,19 @@ class SimRequest:
             ev.set()
 
 
+class _PendingPrefetch:
+    """A prefetch scheduled for a session's offloaded tail."""
+
+    __slots__ = ("cancelled", "deepest", "session", "start", "until")
+
+    def __init__(self, session: Any, deepest: Node, start: float, until: float) -> None:
+        self.session = session
+        self.deepest = deepest
+        self.start = start
+        self.until = until
+        self.cancelled = False
+
+
 @dataclass(frozen=True, slots=True)
 class ReplicaStats:
     """A snapshot of one replica's engine (:meth:`Replica.stats`)."""
@@ -171,7 +192,36 @@ class ReplicaStats:
     """Tokens found in the host tier (loaded back, not recomputed)."""
     evicted_blocks: int
     offloaded_blocks: int
+    """Blocks written to the host tier (by eviction or by a tool-wait offload)."""
     loaded_blocks: int
+    """Blocks read back from the host tier when a request was admitted (the step waits)."""
+    prefetched_blocks: int = 0
+    """Blocks read back from the host tier by prefetches (overlapping the steps)."""
+    host_bytes_out: int = 0
+    """Bytes written to the host tier (``offloaded_blocks`` in bytes)."""
+    host_bytes_in: int = 0
+    """Bytes read back from the host tier (loaded and prefetched blocks)."""
+    prefetches: int = 0
+    """Prefetches started."""
+    prefetches_useful: int = 0
+    """Prefetches whose blocks a request used."""
+    prefetches_wasted: int = 0
+    """Prefetches whose blocks were evicted before any request used them."""
+    prefetches_skipped: int = 0
+    """Prefetches not started (no room on the accelerator, nothing left on the host)."""
+    tool_waits_pinned: int = 0
+    """Tool waits whose KV was pinned (``keep``/``pin``, short waits, low pressure)."""
+    tool_waits_offloaded: int = 0
+    """Tool waits whose KV went to the host tier with a prefetch scheduled."""
+    tool_waits_dropped: int = 0
+    """Tool waits whose KV was freed at once."""
+    tool_waits_lru: int = 0
+    """Tool waits left to LRU by the policy (``adaptive`` with a very long wait at low
+    pressure, or no host tier) or by a fallback."""
+    tool_wait_fallbacks: int = 0
+    """Offloads not done because the host tier had no room (left to LRU)."""
+    idle_notices: int = 0
+    """Tool-start notices accepted (``POST /v1/agentrt/idle``)."""
 
 
 class Engine:
@@ -181,8 +231,15 @@ class Engine:
         self.config = config
         self.name = name
         self.tokenizer = Tokenizer(config.block_size)
-        track = config.tool_wait_policy in ("drop", "offload")
+        track = config.tool_wait_policy in ("drop", "offload", "adaptive")
         self.kv = KVCache(config.num_gpu_blocks, config.num_host_blocks, track)
+        self._paths: OrderedDict[Any, Node] = OrderedDict()
+        """Each named session's last finished path (its deepest node), for notices."""
+        self._notices: list[tuple[Any, float]] = []
+        self._prefetch_q: list[tuple[float, int, _PendingPrefetch]] = []
+        self._prefetch_of: dict[Any, _PendingPrefetch] = {}
+        self._waiting_blocks = 0
+        """Blocks the queued requests need (their whole context): the queued demand."""
         self.running: list[SimRequest] = []
         self._fcfs: deque[SimRequest] = deque()
         self._heap: list[tuple[int, float, int, SimRequest]] = []
@@ -210,6 +267,8 @@ class Engine:
         self.prefix_queries = 0
         self.prefix_hits = 0
         self.host_hits = 0
+        self.tool_waits = dict.fromkeys(("pin", "offload", "drop", "lru", "fallback"), 0)
+        self.idle_notices = 0
 
     # ------------------------------------------------------------ requests
 
@@ -254,6 +313,7 @@ class Engine:
             arrival=anyio.current_time(),
             seq=next(self._seq),
         )
+        req.anonymous = session is None
         self.received += 1
         self._push_waiting(req, front=False)
         self._poke()
@@ -266,6 +326,7 @@ class Engine:
         if req.status == WAITING:
             req.status = ABORTED
             self._num_waiting -= 1
+            self._waiting_blocks -= req.queued_blocks
             self.aborted += 1
             req._notify()
             return
@@ -278,9 +339,23 @@ class Engine:
         if self._interrupt is not None:
             self._interrupt.cancel()
 
+    def notice_tool_wait(self, session: Any, expected_s: float | None) -> bool:
+        """A tool-start notice: ``session`` waits on a tool from now for about
+        ``expected_s`` seconds (None: unknown). The loop applies the tool-wait policy to the
+        session's last path at its next iteration. False if the session is unknown here."""
+        if session not in self._paths:
+            return False
+        self.idle_notices += 1
+        if expected_s is not None and expected_s > 0 and self.config.tool_wait_policy != "lru":
+            self._notices.append((session, expected_s))
+            self._poke()
+        return True
+
     def _push_waiting(self, req: SimRequest, *, front: bool) -> None:
         req.status = WAITING
         self._num_waiting += 1
+        req.queued_blocks = -(-(req.prompt_len + req.num_output) // self.config.block_size)
+        self._waiting_blocks += req.queued_blocks
         if self.config.scheduling == "priority":
             heapq.heappush(self._heap, (req.priority, req.arrival, req.seq, req))
         elif front:
@@ -301,10 +376,11 @@ class Engine:
 
     def _pop_waiting(self) -> None:
         if self.config.scheduling == "priority":
-            heapq.heappop(self._heap)
+            req = heapq.heappop(self._heap)[3]
         else:
-            self._fcfs.popleft()
+            req = self._fcfs.popleft()
         self._num_waiting -= 1
+        self._waiting_blocks -= req.queued_blocks
 
     # ------------------------------------------------------------ stats
 
@@ -316,6 +392,8 @@ class Engine:
         """A frozen snapshot of the counters."""
         kv = self.kv
         cap = kv.capacity
+        block_bytes = self.config.block_size * self.config.kv_bytes_per_token
+        tw = self.tool_waits
         return ReplicaStats(
             name=self.name,
             time_s=anyio.current_time(),
@@ -340,6 +418,19 @@ class Engine:
             evicted_blocks=kv.evicted_blocks,
             offloaded_blocks=kv.offloaded_blocks,
             loaded_blocks=kv.loaded_blocks,
+            prefetched_blocks=kv.prefetched_blocks,
+            host_bytes_out=kv.offloaded_blocks * block_bytes,
+            host_bytes_in=(kv.loaded_blocks + kv.prefetched_blocks) * block_bytes,
+            prefetches=kv.prefetches,
+            prefetches_useful=kv.prefetches_useful,
+            prefetches_wasted=kv.prefetches_wasted,
+            prefetches_skipped=kv.prefetches_skipped,
+            tool_waits_pinned=tw["pin"],
+            tool_waits_offloaded=tw["offload"],
+            tool_waits_dropped=tw["drop"],
+            tool_waits_lru=tw["lru"],
+            tool_wait_fallbacks=tw["fallback"],
+            idle_notices=self.idle_notices,
         )
 
     # ------------------------------------------------------------ the loop
@@ -352,6 +443,11 @@ class Engine:
         try:
             while True:
                 now = anyio.current_time()
+                if self._notices:
+                    self._process_notices(now)
+                q = self._prefetch_q
+                if q and q[0][0] <= now:
+                    self._run_prefetches(now)
                 next_pin = self.kv.expire_pins(now)
                 if self._aborts:
                     self._process_aborts(now)
@@ -468,6 +564,10 @@ class Engine:
                     blocked = True
                     break
                 self._pop_waiting()
+                if self._prefetch_of:
+                    self._cancel_prefetch(req.session)
+                if match.ready_at > now:  # a prefetch still in flight: wait for its end
+                    transfer_s = max(transfer_s, match.ready_at - now)
                 deepest, loaded = kv.admit(match, new_blocks, req.session, now)
                 req.deepest = deepest
                 req.tree_blocks = match.blocks
@@ -809,19 +909,92 @@ class Engine:
                 if node is not None:
                     deepest = node
                     req.private -= count
-        idle = req.idle_expected
-        policy = cfg.tool_wait_policy if idle is not None and idle > 0 else "lru"
-        if policy in ("keep", "pin"):
-            assert idle is not None
-            kv.pin_path(deepest, now + idle + cfg.pin_margin_s)
         kv.release(deepest, req.private, now)
         req.deepest = None
         req.private = 0
-        if policy == "drop":
-            kv.drop_session(req.session)
-        elif policy == "offload":
-            kv.offload_session(req.session)
+        if deepest is None:
+            deepest = kv.root  # nothing cached (a prompt shorter than a block)
+        if not req.anonymous:
+            paths = self._paths
+            paths[req.session] = deepest
+            paths.move_to_end(req.session)
+            if len(paths) > _MAX_SESSIONS:
+                paths.popitem(last=False)
+        idle = req.idle_expected
+        if idle is not None and idle > 0 and cfg.tool_wait_policy != "lru":
+            self._tool_wait(req.session, deepest, idle, now)
         req._notify()
+
+    # ------------------------------------------------------------ tool waits
+
+    def _tool_wait(self, session: Any, deepest: Node, idle: float, now: float) -> None:
+        """Apply the tool-wait policy to ``session``'s KV (its path to ``deepest``) for a
+        wait of ``idle`` seconds from ``now``. A new decision replaces a pending prefetch."""
+        cfg = self.config
+        kv = self.kv
+        if self._prefetch_of:
+            self._cancel_prefetch(session)
+        if deepest is kv.root or not deepest.alive:
+            return
+        policy = cfg.tool_wait_policy
+        until = now + idle + cfg.pin_margin_s
+        if policy == "adaptive":
+            pressure = (kv.used + self._waiting_blocks) / kv.capacity
+            if pressure < cfg.adaptive_pressure:
+                policy = "pin" if idle <= cfg.adaptive_max_wait_s else "lru"
+            else:
+                policy = "drop" if idle > cfg.adaptive_max_wait_s else "offload"
+        if policy == "offload":
+            top, blocks = kv.own_tail(deepest, session)
+            breakeven = 2 * blocks * cfg.block_transfer_s + cfg.offload_margin_s
+            if top is None or idle <= breakeven:
+                policy = "pin"
+            elif top.tier == GPU and not kv.host_room_for(blocks):
+                self.tool_waits["fallback"] += 1
+                policy = "lru"
+            else:
+                kv.offload_tail(deepest, top, until)
+                transfer = blocks * cfg.block_transfer_s
+                p = _PendingPrefetch(session, deepest, now + idle - transfer, until)
+                heapq.heappush(self._prefetch_q, (p.start, next(self._seq), p))
+                self._prefetch_of[session] = p
+                self.tool_waits["offload"] += 1
+                return
+        if policy in ("keep", "pin"):
+            kv.pin_path(deepest, until)
+            self.tool_waits["pin"] += 1
+        elif policy == "drop":
+            top, _ = kv.own_tail(deepest, session)
+            if top is not None:
+                kv.drop_tail(top)
+            self.tool_waits["drop"] += 1
+        else:
+            self.tool_waits["lru"] += 1
+
+    def _process_notices(self, now: float) -> None:
+        notices, self._notices = self._notices, []
+        for session, expected in notices:
+            deepest = self._paths.get(session)
+            if deepest is not None:
+                self._tool_wait(session, deepest, expected, now)
+
+    def _run_prefetches(self, now: float) -> None:
+        """Start the prefetches due by ``now``, each as if started at its planned time."""
+        q = self._prefetch_q
+        kv = self.kv
+        block_s = self.config.block_transfer_s
+        while q and q[0][0] <= now:
+            p = heapq.heappop(q)[2]
+            if p.cancelled:
+                continue
+            if self._prefetch_of.get(p.session) is p:
+                del self._prefetch_of[p.session]
+            kv.prefetch(p.deepest, p.start, block_s, p.until)
+
+    def _cancel_prefetch(self, session: Any) -> None:
+        p = self._prefetch_of.pop(session, None)
+        if p is not None:
+            p.cancelled = True
 
     def _process_aborts(self, now: float) -> None:
         aborts, self._aborts = self._aborts, []

@@ -10,6 +10,12 @@ Eviction is LRU over unreferenced, unpinned leaves of the accelerator (GPU) part
 tail-first: a leaf is trimmed from its end. With a host tier, evicted blocks move there (their
 own LRU); a prefix hit on host blocks loads them back. Along any root path the tiers are
 GPU* then host*, so a GPU node never hangs below a host node.
+
+Pins protect blocks on either tier: a pinned GPU block is not evicted, a pinned host block is
+not dropped to make room on the host. The tool-wait policies work on a session's *own tail*
+(the unshared, unreferenced end of its last request's path): pin it, drop it, or offload it
+to the host and later :meth:`KVCache.prefetch` it back, a transfer that completes at the
+blocks' ``ready_at``.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from typing import Any, Final
 
 from ._tokenize import Run, runs_length, slice_runs
 
-__all__ = ["GPU", "HOST", "KVCache", "Match", "Node"]
+__all__ = ["GPU", "HOST", "KVCache", "Match", "Node", "Prefetch"]
 
 GPU: Final = 0
 HOST: Final = 1
@@ -39,6 +45,8 @@ class Node:
         "parent",
         "pin_until",
         "pinned",
+        "prefetch",
+        "ready_at",
         "refcount",
         "runs",
         "session",
@@ -66,10 +74,25 @@ class Node:
         self.session = session
         self.shared = False
         self.alive = True
+        self.ready_at = 0.0
+        """When a prefetch of this node to the accelerator completes (0: no prefetch)."""
+        self.prefetch: Prefetch | None = None
+        """The prefetch that loaded this node, until a request uses it or it is evicted."""
 
     def key(self) -> tuple[Any, int]:
         tag, start, _ = self.runs[0]
         return (tag, start)
+
+
+class Prefetch:
+    """One prefetch: ``useful`` once a request used its blocks, ``wasted`` if they were
+    evicted first."""
+
+    __slots__ = ("blocks", "resolved")
+
+    def __init__(self, blocks: int) -> None:
+        self.blocks = blocks
+        self.resolved = False
 
 
 class Match:
@@ -82,6 +105,7 @@ class Match:
         "node",
         "partial",
         "partial_blocks",
+        "ready_at",
         "reclaim",
     )
 
@@ -94,6 +118,8 @@ class Match:
         self.host_blocks = 0
         self.reclaim = 0
         """Evictable GPU blocks the match would reference (no longer evictable then)."""
+        self.ready_at = 0.0
+        """When the last prefetch of a matched GPU block completes."""
 
 
 class KVCache:
@@ -111,6 +137,10 @@ class KVCache:
         self.evictable = 0
         """GPU tree blocks with no reference and no pin."""
         self.host_used = 0
+        self.host_pinned = 0
+        """Host blocks that are pinned (offloaded by a policy, awaiting their prefetch)."""
+        self.link_free = 0.0
+        """When the host-to-accelerator link finishes the prefetches already started."""
         self._lru: list[tuple[float, int, int, Node]] = []
         self._host_lru: list[tuple[float, int, int, Node]] = []
         self._pins: list[tuple[float, int, Node]] = []
@@ -119,7 +149,16 @@ class KVCache:
         self.sessions: dict[Any, set[Node]] = {}
         self.evicted_blocks = 0
         self.offloaded_blocks = 0
+        """Blocks written to the host tier (evictions and offloads)."""
         self.loaded_blocks = 0
+        """Blocks read back from the host tier by admissions (charged to the step)."""
+        self.prefetched_blocks = 0
+        """Blocks read back from the host tier by prefetches (overlapping the steps)."""
+        self.prefetches = 0
+        self.prefetches_useful = 0
+        self.prefetches_wasted = 0
+        self.prefetches_skipped = 0
+        """Prefetches not started: no room on the accelerator, or nothing left to load."""
 
     # ------------------------------------------------------------ accounting
 
@@ -177,6 +216,8 @@ class KVCache:
                 res.gpu_blocks += m
                 if child.refcount == 0 and not child.pinned:
                     res.reclaim += m
+                if child.ready_at > res.ready_at:
+                    res.ready_at = child.ready_at
             else:
                 res.host_blocks += m
             if m < child.length:
@@ -217,6 +258,8 @@ class KVCache:
             node.last_access = now
             if node.session != session:
                 node.shared = True
+            if node.prefetch is not None:
+                self._resolve(node, useful=True)
         need = match.host_blocks + new_blocks
         if need:
             self._make_room(need)
@@ -225,6 +268,8 @@ class KVCache:
             for node in reversed(path):
                 if node.tier == HOST:
                     self.host_used -= node.length
+                    if node.pinned:
+                        self.host_pinned -= node.length
                     self.gpu_tree += node.length
                     node.tier = GPU
                     assert node.parent is not None
@@ -292,14 +337,18 @@ class KVCache:
 
     # ------------------------------------------------------------ pins and policies
 
-    def pin_path(self, deepest: Node | None, until: float) -> None:
-        """Pin every node from ``deepest`` to the root until ``until``."""
+    def pin_path(self, deepest: Node | None, until: float, stop: Node | None = None) -> None:
+        """Pin every node from ``deepest`` up to the root (or up to ``stop``, excluded)
+        until ``until``; a pin is extended, never shortened."""
         n = deepest
         root = self.root
-        while n is not None and n is not root:
+        while n is not None and n is not root and n is not stop:
             if not n.pinned:
-                if n.refcount == 0 and n.tier == GPU:
-                    self.evictable -= n.length
+                if n.tier == GPU:
+                    if n.refcount == 0:
+                        self.evictable -= n.length
+                else:
+                    self.host_pinned += n.length
                 n.pinned = True
             if until > n.pin_until:
                 n.pin_until = until
@@ -313,11 +362,106 @@ class KVCache:
             _, _, n = heapq.heappop(pins)
             if n.alive and n.pinned and n.pin_until <= now:
                 n.pinned = False
-                if n.refcount == 0 and n.tier == GPU:
-                    self.evictable += n.length
-                    if n.gpu_children == 0:
-                        self._push(n)
+                if n.tier == GPU:
+                    if n.refcount == 0:
+                        self.evictable += n.length
+                        if n.gpu_children == 0:
+                            self._push(n)
+                else:
+                    self.host_pinned -= n.length
+                    if not n.children:
+                        self._push_host(n)
         return pins[0][0] if pins else None
+
+    def own_tail(self, deepest: Node | None, session: Any) -> tuple[Node | None, int]:
+        """The highest node of ``session``'s own tail on the path to ``deepest``: the nodes
+        only this session used and no request references. Returns it (None: no such node)
+        and the tail's blocks on either tier."""
+        top = None
+        blocks = 0
+        n = deepest
+        root = self.root
+        while (
+            n is not None
+            and n is not root
+            and n.alive
+            and n.refcount == 0
+            and not n.shared
+            and n.session == session
+        ):
+            top = n
+            blocks += n.length
+            n = n.parent
+        return top, blocks
+
+    def host_room_for(self, blocks: int) -> bool:
+        """Whether the host tier can take ``blocks`` without dropping pinned host blocks."""
+        return blocks <= self.host_capacity - self.host_pinned
+
+    def offload_tail(self, deepest: Node, top: Node, until: float) -> int:
+        """Pin the own tail ``top``..``deepest`` until ``until`` and move it, with what hangs
+        below it on the accelerator, to the host tier. Returns the blocks moved."""
+        self.pin_path(deepest, until, top.parent)
+        if top.tier != GPU:
+            return 0
+        return self._offload_subtree(top)
+
+    def drop_tail(self, top: Node) -> int:
+        """Free the own tail from ``top`` down (both tiers). Returns the blocks freed."""
+        return self._drop_subtree(top) if top.alive else 0
+
+    def prefetch(self, deepest: Node, start: float, block_s: float, until: float) -> int:
+        """Load the host blocks on the path to ``deepest`` back to the accelerator and pin
+        the path below its nearest accelerator ancestor until ``until``.
+
+        The transfer starts at ``start`` or when the link is free, whichever is later, and
+        takes ``block_s`` per block; the blocks are usable from its end (``ready_at``). Only
+        when the accelerator has room without evicting referenced or pinned blocks. Returns
+        the blocks loaded (0: skipped).
+        """
+        root = self.root
+        if not deepest.alive or deepest.tier != HOST:
+            self.prefetches_skipped += 1
+            return 0
+        nodes: list[Node] = []
+        n = deepest
+        need = 0
+        while n is not root and n.tier == HOST:
+            nodes.append(n)
+            need += n.length
+            assert n.parent is not None
+            n = n.parent
+        anchor = n
+        guard = anchor is not root and anchor.refcount == 0 and not anchor.pinned
+        if self.available() - (anchor.length if guard else 0) < need:
+            self.prefetches_skipped += 1
+            return 0
+        if guard:  # keep the anchor (a leaf until the load) from being evicted for room
+            anchor.refcount += 1
+            self.evictable -= anchor.length
+        self._make_room(need)
+        ready = max(start, self.link_free) + need * block_s
+        self.link_free = ready
+        p = Prefetch(need)
+        for node in reversed(nodes):  # parents before children
+            self.host_used -= node.length
+            self.gpu_tree += node.length
+            if node.pinned:
+                self.host_pinned -= node.length
+            else:
+                self.evictable += node.length
+            node.tier = GPU
+            assert node.parent is not None
+            node.parent.gpu_children += 1
+            node.ready_at = ready
+            node.prefetch = p
+        if guard:
+            anchor.refcount -= 1
+            self.evictable += anchor.length  # not a leaf now: no LRU entry needed
+        self.pin_path(deepest, until, anchor)
+        self.prefetches += 1
+        self.prefetched_blocks += need
+        return need
 
     def _session_candidates(self, session: Any) -> list[Node]:
         return [
@@ -370,6 +514,8 @@ class KVCache:
         top.pin_until = node.pin_until
         top.last_access = node.last_access
         top.shared = node.shared
+        top.ready_at = node.ready_at
+        top.prefetch = node.prefetch
         if top.pinned:
             heapq.heappush(self._pins, (top.pin_until, next(self._seq), top))
         if self._track:
@@ -402,9 +548,27 @@ class KVCache:
             return True
         return False
 
+    def _resolve(self, n: Node, *, useful: bool) -> None:
+        """The prefetch that loaded ``n`` is useful (a request uses ``n``) or wasted (``n``
+        leaves the accelerator first), unless a sibling node already decided it."""
+        p = n.prefetch
+        if p is not None:
+            n.prefetch = None
+            if not p.resolved:
+                p.resolved = True
+                if useful:
+                    self.prefetches_useful += 1
+                else:
+                    self.prefetches_wasted += 1
+
+    def _wasted(self, n: Node) -> None:
+        if n.prefetch is not None:
+            self._resolve(n, useful=False)
+
     def _evict_tail(self, n: Node, k: int) -> None:
         """Evict the last ``k`` blocks of an unreferenced GPU leaf (``k < n.length``)."""
         self.evicted_blocks += k
+        self._wasted(n)
         keep = n.length - k
         tail_runs = slice_runs(n.runs, keep, n.length)
         n.runs = slice_runs(n.runs, 0, keep)
@@ -448,14 +612,24 @@ class KVCache:
             if not lru:
                 return False
             _, _, seq, n = heapq.heappop(lru)
-            if seq != n.heap_seq or not n.alive or n.tier != HOST or n.refcount or n.children:
+            if (
+                seq != n.heap_seq
+                or not n.alive
+                or n.tier != HOST
+                or n.refcount
+                or n.children
+                or n.pinned  # pushed again when unpinned
+            ):
                 continue
             self._drop_node(n)
         return True
 
     def _to_host(self, n: Node) -> None:
+        self._wasted(n)
         self.gpu_tree -= n.length
-        if n.refcount == 0 and not n.pinned:
+        if n.pinned:
+            self.host_pinned += n.length
+        elif n.refcount == 0:
             self.evictable -= n.length
         n.tier = HOST
         self.host_used += n.length
@@ -506,6 +680,7 @@ class KVCache:
         assert parent is not None
         del parent.children[n.key()]
         if n.tier == GPU:
+            self._wasted(n)
             self.gpu_tree -= n.length
             if n.refcount == 0 and not n.pinned:
                 self.evictable -= n.length
@@ -520,6 +695,8 @@ class KVCache:
                 self._push(parent)
         else:
             self.host_used -= n.length
+            if n.pinned:
+                self.host_pinned -= n.length
             if parent is not self.root and parent.tier == HOST and not parent.children:
                 self._push_host(parent)
         n.alive = False
@@ -534,7 +711,7 @@ class KVCache:
 
     def check(self, now: float | None = None) -> None:
         """Recompute every counter from the tree and compare (for tests)."""
-        gpu = host = evictable = 0
+        gpu = host = evictable = host_pinned = 0
         stack = [self.root]
         while stack:
             n = stack.pop()
@@ -556,8 +733,11 @@ class KVCache:
                     evictable += n.length
             else:
                 host += n.length
-                assert n.refcount >= 0
+                assert n.refcount == 0, "a host block is referenced"
+                if n.pinned:
+                    host_pinned += n.length
         assert gpu == self.gpu_tree, (gpu, self.gpu_tree)
+        assert host_pinned == self.host_pinned, (host_pinned, self.host_pinned)
         assert host == self.host_used, (host, self.host_used)
         assert evictable == self.evictable, (evictable, self.evictable)
         assert 0 <= self.free <= self.capacity, self.free

@@ -150,11 +150,80 @@ def test_extending_a_session_node_keeps_one_node_per_conversation() -> None:
     kv.check()
 
 
+def test_offload_tail_pins_on_the_host_and_prefetch_brings_it_back() -> None:
+    kv = KVCache(30, 20, True)
+    shared = seq("sys", 0, 5)
+    s1 = cache_sequence(kv, shared + seq("s1", 0, 10), "s1", 0.0)
+    s2 = cache_sequence(kv, shared + seq("s2", 0, 5), "s2", 0.0)
+    kv.release(s1, 0, 1.0)
+    kv.release(s2, 0, 1.0)
+    top, blocks = kv.own_tail(s1, "s1")
+    assert top is s1 and blocks == 10  # the shared system prompt is not s1's own
+    assert kv.host_room_for(10) and not kv.host_room_for(21)
+    assert kv.offload_tail(s1, top, until=50.0) == 10
+    assert (kv.host_used, kv.host_pinned) == (10, 10) and not kv.host_room_for(11)
+    kv.check()
+    # filling the accelerator spills s2 to the host, never the pinned s1 blocks
+    assert kv.allocate(25)
+    assert kv.host_pinned == 10 and kv.match(shared + seq("s1", 0, 10), 100).host_blocks == 10
+    kv.private -= 25
+    kv.check()
+    # the prefetch is a transfer of 10 blocks at 0.5 s each, after the link is free
+    kv.link_free = 12.0
+    assert kv.prefetch(s1, start=10.0, block_s=0.5, until=50.0) == 10
+    m = kv.match(shared + seq("s1", 0, 10), 100)
+    assert (m.gpu_blocks, m.host_blocks, m.ready_at) == (15, 0, 17.0)
+    assert kv.prefetches == 1 and kv.prefetched_blocks == 10 and kv.host_pinned == 0
+    assert kv.prefetch(s1, start=20.0, block_s=0.5, until=50.0) == 0  # nothing left on the host
+    kv.check()
+    # pinned until 50 on the accelerator; a request using it makes the prefetch useful
+    assert kv.expire_pins(49.0) == 50.0
+    deepest, loaded = kv.admit(kv.match(shared + seq("s1", 0, 10), 100), 0, "s1", 49.0)
+    assert loaded == 0 and kv.prefetches_useful == 1
+    kv.release(deepest, 0, 49.0)
+    kv.expire_pins(50.0)
+    kv.check()
+
+
+def offloaded(kv: KVCache) -> tuple[Node, Node]:
+    """Session s1's 10 blocks, offloaded (pinned on the host until 5.0): (deepest, top)."""
+    s1 = cache_sequence(kv, seq("s1", 0, 10), "s1", 0.0)
+    kv.release(s1, 0, 0.0)
+    top, _ = kv.own_tail(s1, "s1")
+    assert top is not None
+    assert kv.offload_tail(s1, top, until=5.0) == 10
+    return s1, top
+
+
+def test_an_unused_prefetch_evicted_again_is_wasted_and_no_room_skips() -> None:
+    kv = KVCache(20, 20, True)
+    s1, _ = offloaded(kv)
+    held = cache_sequence(kv, seq("x", 0, 15), "x", 1.0)  # 15 of 20 blocks referenced
+    assert kv.prefetch(s1, 2.0, 0.1, 5.0) == 0 and kv.prefetches_skipped == 1  # no room
+    kv.release(held, 0, 2.0)
+    assert kv.prefetch(s1, 2.0, 0.1, 5.0) == 10
+    kv.expire_pins(6.0)
+    assert kv.allocate(20)  # evicts the prefetched blocks before any request used them
+    assert kv.prefetches_wasted == 1 and kv.prefetches_useful == 0
+    kv.private -= 20
+    kv.check()
+
+
+def test_drop_tail_frees_both_tiers() -> None:
+    kv = KVCache(20, 20, True)
+    _, top = offloaded(kv)
+    assert kv.drop_tail(top) == 10 and kv.host_used == kv.host_pinned == 0
+    assert kv.drop_tail(top) == 0
+    kv.check()
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     ops=st.lists(
         st.tuples(
-            st.sampled_from(["req", "req", "alloc", "pin", "drop", "offload", "tick"]),
+            st.sampled_from(
+                ["req", "req", "alloc", "pin", "drop", "offload", "tail", "fetch", "tick"]
+            ),
             st.integers(0, 4),
             st.integers(1, 12),
         ),
@@ -167,9 +236,12 @@ def test_counters_stay_consistent(ops: list[tuple[str, int, int]], host: int) ->
     kv = KVCache(24, host, True)
     now = 0.0
     held: list[tuple[Node, int]] = []
+    tails: list[Node] = []
     for op, who, n in ops:
         now += 1.0
         kv.expire_pins(now)
+        if op == "fetch" and tails:
+            kv.prefetch(tails.pop(who % len(tails)), now, 0.25, now + n)
         if op == "req":
             runs = seq("sys", 0, 2) + seq(f"s{who}", 0, n)
             total = 2 + n
@@ -191,6 +263,15 @@ def test_counters_stay_consistent(ops: list[tuple[str, int, int]], host: int) ->
             node, private = held.pop(who % len(held))
             kv.pin_path(node, now + n)
             kv.release(node, private, now)
+        elif op == "tail" and held:
+            node, private = held.pop(who % len(held))
+            kv.release(node, private, now)
+            top, blocks = kv.own_tail(node, node.session)
+            if top is not None and n % 2:
+                kv.drop_tail(top)
+            elif top is not None and host and kv.host_room_for(blocks):
+                kv.offload_tail(node, top, now + n)
+                tails.append(node)
         elif op in ("drop", "offload") and held:
             node, private = held.pop(who % len(held))
             kv.release(node, private, now)
