@@ -32,6 +32,23 @@ _DISABLING_STATUS: Final = frozenset({405, 501})
 _MAX_ERROR: Final = 200
 
 
+_ACCEPT_KEY: Final = ACCEPT_HEADER.encode()
+
+
+def accept_header(headers: Any) -> str | None:
+    """A reply's ``x-agentrt-accept`` value. Scans the headers' raw list where the library
+    keeps one (httpx and httpx2 do): ``Headers.get`` raises and catches a ``KeyError``
+    when the header is absent, 0.7 µs against 0.1 µs, on every reply."""
+    raw = getattr(headers, "_list", None)
+    if not isinstance(raw, list):
+        value: str | None = headers.get(ACCEPT_HEADER)
+        return value
+    for item in raw:
+        if item[1] == _ACCEPT_KEY:
+            return bytes(item[2]).decode("latin-1")
+    return None
+
+
 def accepts_notice(value: str | None) -> bool:
     """Whether an ``x-agentrt-accept`` value lists ``idle-notice`` (case-insensitive)."""
     if not value:

@@ -30,6 +30,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 
 from ._context import Job, Session, _CallState, current_session, new_id
 from ._errors import EndpointError
+from ._notice import accept_header
 from ._protocol import CallMetadata
 from .dialects._generic import check_header_name, check_header_value
 from .scheduling._queue import Ticket
@@ -614,7 +615,7 @@ class _Call:
         if status < 500:
             ep.health.record_success(self.sent_at)
         if status < 300:  # the features it accepts (tool-start notices)
-            accept = response.headers.get("x-agentrt-accept")
+            accept = accept_header(response.headers)
             if accept != ep.accept:
                 ep.accept_header(accept)
         for name in ep.dialect.echo_headers:

@@ -219,3 +219,20 @@ async def test_nothing_is_sent_after_close_and_close_does_not_wait() -> None:
     await anyio.sleep(0.01)
     assert len(server.notices) == 1
     assert rt.notice_statistics().sent == 1
+
+
+def test_the_advertisement_is_read_from_any_headers() -> None:
+    import httpx2
+
+    from agentrt._notice import accept_header, accepts_notice
+
+    for headers in (
+        httpx.Headers({"X-Agentrt-Accept": "gzip, IDLE-NOTICE"}),
+        httpx2.Headers({"X-Agentrt-Accept": "gzip, IDLE-NOTICE"}),
+        {"x-agentrt-accept": "gzip, IDLE-NOTICE"},  # no raw list: Mapping.get
+    ):
+        value = accept_header(headers)
+        assert value == "gzip, IDLE-NOTICE"
+        assert accepts_notice(value)
+    assert accept_header(httpx.Headers({"content-type": "a"})) is None
+    assert not accepts_notice(None) and not accepts_notice("idle-notices, notice")

@@ -57,6 +57,19 @@ def test_the_estimate_is_recomputed_only_after_an_observation() -> None:
     assert est.estimate() == 6.0
 
 
+def test_a_full_window_recomputes_every_eighth_observation() -> None:
+    est = RetentionEstimator()
+    for i in range(64):
+        est.observe(float(i), i < 20)
+    assert est.estimate() == 19.5
+    for _ in range(7):
+        est.observe(1000.0, True)
+        assert not est.dirty
+    assert est.estimate() == 19.5  # stale by at most len // 8 observations
+    est.observe(1000.0, True)
+    assert est.dirty
+
+
 def test_noise_picks_the_split_with_fewest_errors_and_ties_keep_the_cache_longer() -> None:
     est = RetentionEstimator(min_samples=4, min_each=1)
     # hits at 1, 2, 4; misses at 3, 10: splits after 2 (1 error) or after 4 (1 error).
@@ -98,6 +111,7 @@ def test_memory_is_bounded(samples: int, obs: list[tuple[float, bool]]) -> None:
     for idle, hit in obs:
         est.observe(idle, hit)
         assert len(est) <= samples
+        assert est._hits == sum(h for _, h in est._obs)  # kept incrementally
     value = est.estimate()
     if value is not None:
         assert 0.0 <= value <= max(i for i, _ in obs)
