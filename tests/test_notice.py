@@ -236,3 +236,31 @@ def test_the_advertisement_is_read_from_any_headers() -> None:
         assert accepts_notice(value)
     assert accept_header(httpx.Headers({"content-type": "a"})) is None
     assert not accepts_notice(None) and not accepts_notice("idle-notices, notice")
+
+
+async def test_end_to_end_on_the_embedded_engine() -> None:
+    """The embedded engine advertises notices and counts the ones it accepts; one for a
+    session it never served is a 404, counted as unknown."""
+    from agentrt.sim import PRESETS, Cluster
+
+    config = PRESETS["h100-8b"].replace(tool_wait_policy="pin")
+    async with Cluster(2, config) as cluster:
+        async with Runtime(cluster.base_urls, transport=cluster.transport(), retry=FAST) as rt:
+            async with rt.job("j") as job, job.session() as s:
+                await s.chat(model="m", messages=MSG, max_tokens=4)
+                home = s.endpoint_index
+                assert home is not None
+                async with s.tool("search", expected_s=5.0):
+                    await anyio.sleep(0.05)
+                async with s.tool("fetch"):
+                    await anyio.sleep(0.05)
+                await s.chat(model="m", messages=MSG, max_tokens=4)
+                s.endpoint_index = 1 - home  # as if it had moved: the other never saw it
+                rt._core.endpoints[1 - home].notices = True
+                async with s.tool("search", expected_s=5.0):
+                    await anyio.sleep(0.05)
+            stats = rt.notice_statistics()
+        replicas = cluster.stats()
+    assert (stats.sent, stats.accepted, stats.unknown, stats.failed) == (3, 2, 1, 0)
+    assert replicas[home].idle_notices == 2
+    assert replicas[1 - home].idle_notices == 0
