@@ -420,7 +420,9 @@ class Runtime:
     the background and readmitted when they answer; their sessions fail over (the move is
     counted in the report). ``poll_metrics_s`` polls each engine's ``/metrics`` (vLLM's
     running and waiting requests, KV usage) at that interval, so routing sees load from
-    other clients too.
+    other clients too. An endpoint whose replies advertise ``x-agentrt-accept:
+    idle-notice`` is told in the background when one of its sessions starts a tool wait
+    (docs/protocol.md; ``notice_statistics()``).
 
     ``transport`` replaces
     the HTTP transport underneath (tests, the embedded engine); the clients agentrt builds
