@@ -62,19 +62,22 @@ BASELINE = "agentrt:session,declare=none"
 NO_HOST = "lru, no host tier"
 
 
-def has_policy(name: str) -> bool:
+def has_policy(name: str, host: int) -> bool:
+    """The engine knows policy ``name`` and accepts it with ``host`` host-tier blocks."""
     try:
-        EngineConfig(tool_wait_policy=name, num_host_blocks=1)  # type: ignore[arg-type]
+        EngineConfig(tool_wait_policy=name, num_host_blocks=host)  # type: ignore[arg-type]
     except ValueError:
         return False
     return True
 
 
-def configs() -> list[tuple[str, str, int, list[str]]]:
+def configs(host: int) -> list[tuple[str, str, int, list[str]]]:
     """(label, engine policy, host blocks, clients) per run."""
     both = [f"agentrt:session,declare={d}" for d in ("learned", "oracle")]
-    out = [("lru", "lru", HOST_BLOCKS, [BASELINE]), (NO_HOST, "lru", 0, [BASELINE])]
-    out += [(p, p, HOST_BLOCKS, both) for p in POLICIES if has_policy(p)]
+    out = [("lru", "lru", host, [BASELINE])]
+    if host:
+        out.append((NO_HOST, "lru", 0, [BASELINE]))
+    out += [(p, p, host, both) for p in POLICIES if has_policy(p, host)]
     return out
 
 
@@ -112,7 +115,7 @@ def bench(
         api="http",
         traces=TraceOptions(token_scale=args.token_scale, max_wait_s=args.max_wait),
         tool_wait_policy=policy,
-        gpu_blocks=GPU_BLOCKS,
+        gpu_blocks=args.gpu_blocks,
         host_blocks=host,
     )
     result = run_bench(cfg)
@@ -153,7 +156,7 @@ def row(workload: str, load: str, rate: float, label: str, c: ClientResult) -> d
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
     base = next(r for r in rows if r["policy"] == "lru" and r["declare"] == "none")
-    nohost = next(r for r in rows if r["policy"] == NO_HOST)
+    nohost = next((r for r in rows if r["policy"] == NO_HOST), base)
     oracle = {r["policy"]: r for r in rows if r["declare"] == "oracle"}
     for r in rows:
         r["mean_vs_base"] = r["jct_mean"] / base["jct_mean"]
@@ -199,17 +202,32 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--token-scale", type=float, default=0.25, help="claude-code tokens")
     parser.add_argument("--max-wait", type=float, default=300.0, help="cap one wait, seconds")
+    parser.add_argument("--gpu-blocks", type=int, default=GPU_BLOCKS, help="per replica")
+    parser.add_argument(
+        "--host-blocks", type=int, default=HOST_BLOCKS, help="per replica (0: no host tier)"
+    )
     parser.add_argument("--out", type=Path, default=Path("results/kv_policy.json"))
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
+    failures: list[dict[str, str]] = []
     started = time.perf_counter()
     for workload in args.workloads:
         loads = {"custom": args.rate} if args.rate else {k: RATES[workload][k] for k in args.loads}
         for load, rate in loads.items():
             these: list[dict[str, Any]] = []
             calls, wall = 0, 0.0
-            for label, policy, host, clients in configs():
-                results, calls, w = bench(workload, rate, args, policy, host, clients)
+            for label, policy, host, clients in configs(args.host_blocks):
+                try:
+                    results, calls, w = bench(workload, rate, args, policy, host, clients)
+                except Exception as exc:  # an engine error: say so, run the others
+                    while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+                        exc = exc.exceptions[0]
+                    error = f"{type(exc).__name__}: {exc}"
+                    failures.append(
+                        {"workload": workload, "load": load, "policy": label, "error": error}
+                    )
+                    print(f"  {label}: FAILED ({error})")
+                    continue
                 wall += w
                 these += [row(workload, load, rate, label, c) for c in results]
             add_ratios(these)
@@ -228,14 +246,14 @@ def main() -> int:
     setup = {
         "replicas": 2,
         "preset": "h100-8b",
-        "gpu_blocks": GPU_BLOCKS,
-        "host_blocks": HOST_BLOCKS,
+        "gpu_blocks": args.gpu_blocks,
+        "host_blocks": args.host_blocks,
         "token_scale": args.token_scale,
         "max_wait_s": args.max_wait,
         "seed": args.seed,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"setup": setup, "rows": rows}, indent=1))
+    args.out.write_text(json.dumps({"setup": setup, "rows": rows, "failures": failures}, indent=1))
     print(f"wrote {args.out} in {time.perf_counter() - started:.0f} s")
     return 0
 
