@@ -38,6 +38,8 @@ _RUN_AHEAD_STEPS: Final = 256
 """Most prefill steps computed ahead in one go."""
 FINISHED: Final = 2
 ABORTED: Final = 3
+_PREFETCH_RETRY_S: Final = 0.1
+"""How often a prefetch that found no room on the accelerator tries again."""
 _MAX_SESSIONS: Final = 1 << 16
 """Sessions whose last path the engine remembers for tool-start notices (LRU)."""
 
@@ -72,6 +74,7 @@ class SimRequest:
         "prompt_len",
         "queued_blocks",
         "request_id",
+        "resumed",
         "scheduled",
         "seq",
         "session",
@@ -105,6 +108,8 @@ class SimRequest:
         """No session was given: the request is its own session, never remembered."""
         self.queued_blocks = 0
         """Blocks this request counts for in the queued demand while it waits."""
+        self.resumed = False
+        """Its session's KV was kept (pinned) for it: FCFS admits it ahead of the queue."""
         self.idle_expected = idle_expected
         self.stream = stream
         self.notify_every = stream_interval if stream else max_tokens
@@ -208,7 +213,13 @@ class ReplicaStats:
     prefetches_wasted: int = 0
     """Prefetches whose blocks were evicted before any request used them."""
     prefetches_skipped: int = 0
-    """Prefetches not started (no room on the accelerator, nothing left on the host)."""
+    """Prefetches not started (no room on the accelerator before the pin deadline, or
+    nothing left on the host)."""
+    pins_yielded_blocks: int = 0
+    """Pinned blocks unpinned early so that a running request could grow (not preempted)."""
+    resumed_first: int = 0
+    """Requests queued ahead of the FCFS queue (the resumed lane) because their session's
+    KV was kept for them."""
     tool_waits_pinned: int = 0
     """Tool waits whose KV was pinned (``keep``/``pin``, short waits, low pressure)."""
     tool_waits_offloaded: int = 0
@@ -242,6 +253,9 @@ class Engine:
         """Blocks the queued requests need (their whole context): the queued demand."""
         self.running: list[SimRequest] = []
         self._fcfs: deque[SimRequest] = deque()
+        self._resumed: deque[SimRequest] = deque()
+        """FCFS lane ahead of ``_fcfs``: turns whose session's KV was kept for them."""
+        self._lane = self._fcfs
         self._heap: list[tuple[int, float, int, SimRequest]] = []
         self._num_waiting = 0
         self._seq = itertools.count()
@@ -269,6 +283,7 @@ class Engine:
         self.host_hits = 0
         self.tool_waits = dict.fromkeys(("pin", "offload", "drop", "lru", "fallback"), 0)
         self.idle_notices = 0
+        self.resumed_first = 0
 
     # ------------------------------------------------------------ requests
 
@@ -314,6 +329,10 @@ class Engine:
             seq=next(self._seq),
         )
         req.anonymous = session is None
+        if cfg.tool_wait_policy != "lru" and cfg.scheduling == "fcfs" and session is not None:
+            path = self._paths.get(session)
+            req.resumed = path is not None and path.alive and path.pinned
+            self.resumed_first += req.resumed
         self.received += 1
         self._push_waiting(req, front=False)
         self._poke()
@@ -358,10 +377,12 @@ class Engine:
         self._waiting_blocks += req.queued_blocks
         if self.config.scheduling == "priority":
             heapq.heappush(self._heap, (req.priority, req.arrival, req.seq, req))
-        elif front:
-            self._fcfs.appendleft(req)
+            return
+        q = self._resumed if req.resumed else self._fcfs
+        if front:
+            q.appendleft(req)
         else:
-            self._fcfs.append(req)
+            q.append(req)
 
     def _peek_waiting(self) -> SimRequest | None:
         if self.config.scheduling == "priority":
@@ -369,16 +390,19 @@ class Engine:
             while heap and heap[0][3].status != WAITING:
                 heapq.heappop(heap)
             return heap[0][3] if heap else None
-        q = self._fcfs
-        while q and q[0].status != WAITING:
-            q.popleft()
-        return q[0] if q else None
+        for q in (self._resumed, self._fcfs):
+            while q and q[0].status != WAITING:
+                q.popleft()
+            if q:
+                self._lane = q
+                return q[0]
+        return None
 
     def _pop_waiting(self) -> None:
         if self.config.scheduling == "priority":
             req = heapq.heappop(self._heap)[3]
         else:
-            req = self._fcfs.popleft()
+            req = self._lane.popleft()
         self._num_waiting -= 1
         self._waiting_blocks -= req.queued_blocks
 
@@ -425,6 +449,8 @@ class Engine:
             prefetches_useful=kv.prefetches_useful,
             prefetches_wasted=kv.prefetches_wasted,
             prefetches_skipped=kv.prefetches_skipped,
+            pins_yielded_blocks=kv.yielded_blocks,
+            resumed_first=self.resumed_first,
             tool_waits_pinned=tw["pin"],
             tool_waits_offloaded=tw["offload"],
             tool_waits_dropped=tw["drop"],
@@ -524,6 +550,8 @@ class Engine:
             need = -(-(req.num_computed + n) // bs) - req.tree_blocks - req.private
             if need > 0:
                 while not kv.allocate(need):
+                    if kv.yield_pins(need):
+                        continue
                     victim = self._victim()
                     if victim in sched:
                         budget += sched.pop(victim)
@@ -979,7 +1007,9 @@ class Engine:
                 self._tool_wait(session, deepest, expected, now)
 
     def _run_prefetches(self, now: float) -> None:
-        """Start the prefetches due by ``now``, each as if started at its planned time."""
+        """Start the prefetches due by ``now``, each as if started at its planned time. One
+        that finds no room on the accelerator is retried every ``_PREFETCH_RETRY_S`` until
+        its pin deadline."""
         q = self._prefetch_q
         kv = self.kv
         block_s = self.config.block_transfer_s
@@ -987,9 +1017,15 @@ class Engine:
             p = heapq.heappop(q)[2]
             if p.cancelled:
                 continue
+            if kv.prefetch(p.deepest, p.start, block_s, p.until) < 0:
+                retry = max(p.start, now) + _PREFETCH_RETRY_S
+                if retry < p.until:
+                    p.start = retry
+                    heapq.heappush(q, (retry, next(self._seq), p))
+                    continue
+                kv.prefetches_skipped += 1
             if self._prefetch_of.get(p.session) is p:
                 del self._prefetch_of[p.session]
-            kv.prefetch(p.deepest, p.start, block_s, p.until)
 
     def _cancel_prefetch(self, session: Any) -> None:
         p = self._prefetch_of.pop(session, None)

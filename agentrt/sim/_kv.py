@@ -159,6 +159,8 @@ class KVCache:
         self.prefetches_wasted = 0
         self.prefetches_skipped = 0
         """Prefetches not started: no room on the accelerator, or nothing left to load."""
+        self.yielded_blocks = 0
+        """Pinned blocks unpinned early because a running request needed the room."""
 
     # ------------------------------------------------------------ accounting
 
@@ -268,8 +270,10 @@ class KVCache:
             for node in reversed(path):
                 if node.tier == HOST:
                     self.host_used -= node.length
-                    if node.pinned:
+                    if node.pinned:  # its wait is over (its ancestors may not be pinned)
                         self.host_pinned -= node.length
+                        node.pinned = False
+                        node.pin_until = 0.0
                     self.gpu_tree += node.length
                     node.tier = GPU
                     assert node.parent is not None
@@ -373,6 +377,33 @@ class KVCache:
                         self._push_host(n)
         return pins[0][0] if pins else None
 
+    def yield_pins(self, need: int) -> bool:
+        """Unpin accelerator blocks, those whose pins end first, until ``need`` blocks are
+        available (a running request needs them: better than preempting it). Whether they
+        are. Host pins stay."""
+        pins = self._pins
+        kept: list[tuple[float, int, Node]] = []
+        while pins and self.available() < need:
+            entry = heapq.heappop(pins)
+            until, _, n = entry
+            if not (n.alive and n.pinned and n.pin_until == until):
+                continue  # stale: expired, or superseded by a later pin
+            if n.tier != GPU or any(
+                c.pinned and c.tier == GPU for c in n.children.values()
+            ):  # a pinned block's ancestors stay pinned
+                kept.append(entry)
+                continue
+            n.pinned = False
+            n.pin_until = 0.0
+            self.yielded_blocks += n.length
+            if n.refcount == 0:
+                self.evictable += n.length
+                if n.gpu_children == 0:
+                    self._push(n)
+        for entry in kept:
+            heapq.heappush(pins, entry)
+        return self.available() >= need
+
     def own_tail(self, deepest: Node | None, session: Any) -> tuple[Node | None, int]:
         """The highest node of ``session``'s own tail on the path to ``deepest``: the nodes
         only this session used and no request references. Returns it (None: no such node)
@@ -412,12 +443,14 @@ class KVCache:
 
     def prefetch(self, deepest: Node, start: float, block_s: float, until: float) -> int:
         """Load the host blocks on the path to ``deepest`` back to the accelerator and pin
-        the path below its nearest accelerator ancestor until ``until``.
+        the whole path until ``until`` (a pinned block's ancestors are pinned too, so that
+        every evictable block can become an LRU leaf).
 
         The transfer starts at ``start`` or when the link is free, whichever is later, and
         takes ``block_s`` per block; the blocks are usable from its end (``ready_at``). Only
         when the accelerator has room without evicting referenced or pinned blocks. Returns
-        the blocks loaded (0: skipped).
+        the blocks loaded: 0 when nothing is left to load (counted as skipped), -1 when the
+        accelerator has no room now (not counted: the caller may retry).
         """
         root = self.root
         if not deepest.alive or deepest.tier != HOST:
@@ -431,14 +464,17 @@ class KVCache:
             need += n.length
             assert n.parent is not None
             n = n.parent
-        anchor = n
-        guard = anchor is not root and anchor.refcount == 0 and not anchor.pinned
-        if self.available() - (anchor.length if guard else 0) < need:
-            self.prefetches_skipped += 1
-            return 0
-        if guard:  # keep the anchor (a leaf until the load) from being evicted for room
-            anchor.refcount += 1
-            self.evictable -= anchor.length
+        reclaim = 0  # evictable accelerator blocks the pin takes
+        while n is not root:
+            if n.refcount == 0 and not n.pinned:
+                reclaim += n.length
+            assert n.parent is not None
+            n = n.parent
+        if self.available() - reclaim < need:
+            return -1
+        # Pin first (making room must not evict the path), in one call so that each
+        # child's pin entry precedes its parent's (see yield_pins).
+        self.pin_path(deepest, until)
         self._make_room(need)
         ready = max(start, self.link_free) + need * block_s
         self.link_free = ready
@@ -446,19 +482,12 @@ class KVCache:
         for node in reversed(nodes):  # parents before children
             self.host_used -= node.length
             self.gpu_tree += node.length
-            if node.pinned:
-                self.host_pinned -= node.length
-            else:
-                self.evictable += node.length
+            self.host_pinned -= node.length  # pinned above
             node.tier = GPU
             assert node.parent is not None
             node.parent.gpu_children += 1
             node.ready_at = ready
             node.prefetch = p
-        if guard:
-            anchor.refcount -= 1
-            self.evictable += anchor.length  # not a leaf now: no LRU entry needed
-        self.pin_path(deepest, until, anchor)
         self.prefetches += 1
         self.prefetched_blocks += need
         return need
@@ -731,6 +760,9 @@ class KVCache:
                 gpu += n.length
                 if n.refcount == 0 and not n.pinned:
                     evictable += n.length
+                    for c in n.children.values():
+                        held = c.tier == GPU and (c.refcount or c.pinned)
+                        assert not held, "a held block below an evictable one"
             else:
                 host += n.length
                 assert n.refcount == 0, "a host block is referenced"

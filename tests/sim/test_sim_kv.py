@@ -195,11 +195,11 @@ def offloaded(kv: KVCache) -> tuple[Node, Node]:
     return s1, top
 
 
-def test_an_unused_prefetch_evicted_again_is_wasted_and_no_room_skips() -> None:
+def test_an_unused_prefetch_evicted_again_is_wasted_and_no_room_says_so() -> None:
     kv = KVCache(20, 20, True)
     s1, _ = offloaded(kv)
     held = cache_sequence(kv, seq("x", 0, 15), "x", 1.0)  # 15 of 20 blocks referenced
-    assert kv.prefetch(s1, 2.0, 0.1, 5.0) == 0 and kv.prefetches_skipped == 1  # no room
+    assert kv.prefetch(s1, 2.0, 0.1, 5.0) == -1 and kv.prefetches_skipped == 0  # no room
     kv.release(held, 0, 2.0)
     assert kv.prefetch(s1, 2.0, 0.1, 5.0) == 10
     kv.expire_pins(6.0)
@@ -217,12 +217,45 @@ def test_drop_tail_frees_both_tiers() -> None:
     kv.check()
 
 
+def test_yield_pins_unpins_the_earliest_ending_pins_and_parents_last() -> None:
+    kv = KVCache(30, 0, True)
+    shared = seq("sys", 0, 5)
+    a = cache_sequence(kv, shared + seq("a", 0, 5), "a", 0.0)
+    b = cache_sequence(kv, shared + seq("b", 0, 5), "b", 0.0)
+    kv.pin_path(a, 5.0)
+    kv.pin_path(b, 9.0)
+    kv.release(a, 0, 0.0)
+    kv.release(b, 0, 0.0)
+    assert kv.available() == 15
+    assert kv.yield_pins(20) and kv.yielded_blocks == 5  # a's pin ends first
+    assert not a.pinned and b.pinned and kv.available() == 20
+    kv.check()
+    assert kv.yield_pins(30) and kv.available() == 30  # b, then the shared node
+    kv.check()
+
+
+def test_yield_pins_never_unpins_a_parent_before_its_child() -> None:
+    kv = KVCache(30, 0, True)
+    a = cache_sequence(kv, seq("sys", 0, 5) + seq("a", 0, 5), "a", 0.0)
+    b = cache_sequence(kv, seq("sys", 0, 5) + seq("b", 0, 5), "b", 0.0)  # sys: a node
+    kv.release(b, 0, 0.0)
+    kv.pin_path(a, 5.0)
+    kv.release(a, 0, 0.0)
+    assert kv.yield_pins(25) and not a.pinned  # only a
+    kv.pin_path(a, 5.0)  # a's new entry now follows the shared node's (same end)
+    assert not kv.yield_pins(30)  # a unpinned; the shared node, met first, stays this time
+    assert a.parent is not None and a.parent.pinned and not a.pinned
+    kv.check()
+    assert kv.yield_pins(30) and kv.available() == 30
+    kv.check()
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     ops=st.lists(
         st.tuples(
             st.sampled_from(
-                ["req", "req", "alloc", "pin", "drop", "offload", "tail", "fetch", "tick"]
+                ["req", "req", "alloc", "pin", "drop", "offload", "tail", "fetch", "yield", "tick"]
             ),
             st.integers(0, 4),
             st.integers(1, 12),
@@ -259,6 +292,8 @@ def test_counters_stay_consistent(ops: list[tuple[str, int, int]], host: int) ->
                     held.append((deepest, 0))
         elif op == "alloc" and kv.allocate(n % 4):
             kv.private -= n % 4
+        elif op == "yield":
+            kv.yield_pins(n)
         elif op == "pin" and held:
             node, private = held.pop(who % len(held))
             kv.pin_path(node, now + n)

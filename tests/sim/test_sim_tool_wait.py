@@ -230,3 +230,57 @@ def test_config_checks_the_policy_fields() -> None:
         with pytest.raises(ValueError, match=next(iter(bad))):
             small_config(**bad)
     assert small_config(tool_wait_policy="adaptive").tool_wait_policy == "adaptive"
+
+
+async def test_a_running_request_unpins_blocks_rather_than_being_preempted() -> None:
+    cfg = config(tool_wait_policy="pin", num_gpu_blocks=100, num_host_blocks=0)
+    async with Cluster(1, cfg) as cluster:
+        engine = cluster.replicas[0].engine
+        await turn(engine, "s", 15, idle=30.0)  # 60 of 100 blocks pinned
+        assert engine.kv.used == 60
+        # 40 prompt blocks growing to 78: only by taking the pinned ones
+        req = await turn(engine, "r", 10, max_tokens=600)
+        st = engine.stats()
+        assert req.num_output == 600 and st.preemptions == 0
+        assert st.pins_yielded_blocks >= 38
+        engine.kv.check()
+
+
+async def test_a_resumed_turn_is_admitted_ahead_of_the_queue() -> None:
+    cfg = config(tool_wait_policy="pin", max_num_seqs=1, num_gpu_blocks=300)
+    async with Cluster(1, cfg) as cluster, anyio.create_task_group() as tg:
+        engine = cluster.replicas[0].engine
+        await turn(engine, "s", 15, idle=2.0)
+        done: list[str] = []
+
+        async def one(name: str, delay: float, max_tokens: int) -> None:
+            await anyio.sleep(delay)
+            await turn(engine, name, 2, max_tokens=max_tokens)
+            done.append(name)
+
+        tg.start_soon(one, "long", 0.0, 2500)  # runs ~2.5 s; max_num_seqs=1 queues the rest
+        tg.start_soon(one, "new", 1.0, 8)
+        tg.start_soon(one, "s", 2.0, 8)  # resumes on time: its KV was kept
+    assert done == ["long", "s", "new"]
+    assert engine.stats().resumed_first == 1
+    engine.kv.check()
+
+
+async def test_a_prefetch_without_room_is_retried_until_its_deadline() -> None:
+    cost = small_config().cost.__class__(5e-3, 30e-6, 100e-6, 50e-9, 0.0)
+    cfg = config(tool_wait_policy="offload", num_gpu_blocks=250, cost=cost)
+    async with Cluster(1, cfg) as cluster:
+        engine = cluster.replicas[0].engine
+        first = await turn(engine, "s", 15, idle=30.0)  # offloaded; prefetch due at ~29.9 s
+        assert first.finish_time is not None
+        await anyio.sleep_until(first.finish_time + 25.0)
+        # 203 blocks held from ~25 s to ~30.4 s: no room for the 60 blocks at 29.9 s
+        long = await turn(engine, "long", 35, max_tokens=1000)
+        assert long.finish_time is not None
+        assert first.finish_time + 29.9 < long.finish_time < first.finish_time + 31.0
+        await anyio.sleep_until(first.finish_time + 31.0)
+        req = await turn(engine, "s", 18)
+        st = engine.stats()
+        assert req.cached_tokens == 960 and req.host_cached_tokens == 0
+        assert (st.prefetches, st.prefetches_useful, st.prefetches_skipped) == (1, 1, 0)
+        engine.kv.check()
