@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 
 from ._errors import EndpointError, JobClosedError, SessionClosedError
-from ._protocol import validate_id, validate_nonneg
+from ._protocol import IdleSource, validate_id, validate_nonneg
 from .telemetry._events import SessionClosed, SessionOpened, ToolEnded, ToolStarted
 from .telemetry._report import (
     CallReport,
@@ -368,13 +368,17 @@ class Session:
 
     # -- used by the transport -----------------------------------------------------------
 
-    def _begin_turn(self, now: float) -> tuple[int, float | None, float | None, float | None]:
-        """Claim the next turn: (turn, idle_s, idle_declared_s, idle_expected_s)."""
+    def _begin_turn(
+        self, now: float
+    ) -> tuple[int, float | None, float | None, float | None, IdleSource | None]:
+        """Claim the next turn: (turn, idle_s, idle_declared_s, idle_expected_s, and where
+        that came from: declared by ``expect_idle``, or predicted from learned waits)."""
         turn = self._turns
         self._turns += 1
         idle = None if self._last_reply_at is None else max(0.0, now - self._last_reply_at)
         declared, self._idle_declared = self._idle_declared, None
         expected, self._expect_idle = self._expect_idle, None
+        source: IdleSource | None = None if expected is None else "declared"
         if self._period_tools:
             self._last_tools = tuple(self._period_tools)
             self._period_tools.clear()
@@ -382,8 +386,10 @@ class Session:
             waits = self.job._core.waits
             if expected is None and waits is not None:
                 expected = waits.estimate_many(self._last_tools)
+                if expected is not None:
+                    source = "predicted"
             self._last_tools = ()
-        return turn, idle, declared, expected
+        return turn, idle, declared, expected, source
 
     def _tool_calls(self, names: tuple[str, ...]) -> None:
         """A reply called these tools: the session's next waits are expected to be them."""

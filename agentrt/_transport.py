@@ -463,8 +463,8 @@ class _Call:
                     max_out = None
 
         now = anyio.current_time()
-        turn, idle_s, declared, expected = session._begin_turn(now)
-        self.turn = (turn, idle_s, declared, expected, max_out)
+        turn, idle_s, declared, expected, source = session._begin_turn(now)
+        self.turn = (turn, idle_s, declared, expected, source, max_out)
         call_id = new_id("call")
         self.state = _CallState(
             call_id,
@@ -507,7 +507,7 @@ class _Call:
     def _metadata(self, priority: int | None) -> CallMetadata:
         session, job = self.session, self.session.job
         program = self.core.program(job.program_id)
-        turn, idle_s, declared, expected, max_out = self.turn
+        turn, idle_s, declared, expected, source, max_out = self.turn
         return CallMetadata(
             call_id=self.state.call_id,
             job_id=job.id,
@@ -519,6 +519,7 @@ class _Call:
             service_s=program.service_s,
             service_tokens=program.service_tokens,
             idle_expected_s=expected,
+            idle_expected_source=source,
             idle_s=idle_s,
             idle_declared_s=declared,
             priority=priority,

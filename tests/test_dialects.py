@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentrt._protocol import CallMetadata, agentrt_headers, validate_id
+from agentrt._protocol import CallMetadata, agentrt_headers, parse_agentrt_header, validate_id
 from agentrt.dialects import (
     DIALECTS,
     DYNAMO,
@@ -61,31 +61,26 @@ def make_meta(**overrides: Any) -> CallMetadata:
 FULL = make_meta(
     parent_session_id="sess-0",
     idle_expected_s=2.0,
+    idle_expected_source="declared",
     idle_s=0.25,
     priority=3,
     expected_output_tokens=256,
 )
 
 AGENTRT_FULL = {
-    "x-agentrt-version": "1",
-    "x-agentrt-call-id": "call-1",
-    "x-agentrt-job-id": "job-1",
-    "x-agentrt-session-id": "sess-1",
-    "x-agentrt-program-id": "job-1",
-    "x-agentrt-turn": "2",
-    "x-agentrt-first-turn": "0",
-    "x-agentrt-service-s": "1.500",
-    "x-agentrt-service-tokens": "1234",
-    "x-agentrt-parent-session-id": "sess-0",
-    "x-agentrt-idle-expected-s": "2.000",
-    "x-agentrt-idle-s": "0.250",
-    "x-agentrt-priority": "3",
+    "x-agentrt": 'v=2, job="job-1", session="sess-1", parent="sess-0", call="call-1", turn=2, '
+    "svc-s=1.5, svc-tok=1234, idle=0.25, idle-exp=2.0, idle-src=declared, prio=3"
 }
 
 
 def extra_headers(enc: Encoding) -> dict[str, str]:
     """The headers a dialect adds on top of agentrt's own."""
-    return {k: v for k, v in enc.headers.items() if not k.startswith("x-agentrt-")}
+    return {k: v for k, v in enc.headers.items() if not k.startswith("x-agentrt")}
+
+
+def agentrt_only(enc: Encoding) -> dict[str, str]:
+    """agentrt's own header(s) of an encoding."""
+    return {k: v for k, v in enc.headers.items() if k.startswith("x-agentrt")}
 
 
 # --------------------------------------------------------------------------- registry
@@ -188,7 +183,9 @@ def test_dialects_are_frozen() -> None:
 @pytest.mark.parametrize("options", [NO_PRIO, PRIO])
 def test_every_dialect_sends_agentrt_headers(name: str, options: DialectOptions) -> None:
     enc = get_dialect(name).encode(FULL, options)
-    assert {k: v for k, v in enc.headers.items() if k.startswith("x-agentrt-")} == AGENTRT_FULL
+    assert agentrt_only(enc) == AGENTRT_FULL
+    read = parse_agentrt_header(enc.headers["x-agentrt"])
+    assert read == FULL.model_copy(update={"expected_output_tokens": None})
 
 
 @pytest.mark.parametrize("name", sorted(DIALECTS))
@@ -256,10 +253,15 @@ def test_generic_first_turn_minimal() -> None:
     meta = make_meta(turn=0, first_turn=True, service_s=0.0, service_tokens=0)
     enc = GENERIC.encode(meta, PRIO)
     assert enc.headers == agentrt_headers(meta)
-    assert enc.headers["x-agentrt-first-turn"] == "1"
-    assert enc.headers["x-agentrt-turn"] == "0"
-    for optional in ("parent-session-id", "idle-expected-s", "idle-s", "priority"):
-        assert f"x-agentrt-{optional}" not in enc.headers
+    # No program (it is the job), parent, idle, idle-decl, idle-exp, idle-src or prio key.
+    assert enc.headers == {
+        "x-agentrt": 'v=2, job="job-1", session="sess-1", call="call-1", turn=0, '
+        "svc-s=0.0, svc-tok=0"
+    }
+    read = parse_agentrt_header(enc.headers["x-agentrt"])
+    assert (read.turn, read.first_turn) == (0, True)
+    assert read.parent_session_id is None and read.priority is None
+    assert read.idle_s is None and read.idle_expected_s is None
 
 
 # --------------------------------------------------------------------------- vllm
@@ -384,6 +386,8 @@ def test_vllm_router_custom_header() -> None:
         "Content-Type",
         "Host",
         "x-agentrt-session-id",
+        "x-agentrt",
+        "X-Agentrt",
         "x-séssion",
     ],
 )
@@ -562,7 +566,7 @@ def test_combine_merges_headers_and_body() -> None:
         "priority": 3,
         "nvext": {"agent_hints": {"priority": -3, "osl": 256}},
     }
-    assert {k: v for k, v in enc.headers.items() if k.startswith("x-agentrt-")} == AGENTRT_FULL
+    assert agentrt_only(enc) == AGENTRT_FULL
 
 
 def test_combine_merges_nested_body_key_by_key() -> None:

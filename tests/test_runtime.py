@@ -9,12 +9,18 @@ import pytest
 
 import agentrt
 from agentrt import Endpoint, Retry, Runtime
-from tests._fake import MSG, FakeEngine
+from agentrt._protocol import CallMetadata, parse_agentrt_header
+from tests._fake import MSG, FakeEngine, Seen
 
 pytestmark = pytest.mark.anyio
 
 URL = "http://engine.test/v1"
 FAST = Retry(attempts=3, wait_initial=0.0, wait_jitter=0.0)
+
+
+def meta(seen: Seen) -> CallMetadata:
+    """The agentrt metadata a request carried, read as a server reads it."""
+    return parse_agentrt_header(seen.headers["x-agentrt"])
 
 
 def rt_for(fake: FakeEngine, **kwargs: object) -> Runtime:
@@ -30,18 +36,19 @@ async def test_chat_tags_turns_and_reports() -> None:
                 reply = await s.chat(model="m", messages=MSG, max_tokens=7)
                 assert reply.choices[0].message.content == "hello"
                 await s.chat(model="m", messages=MSG)
-    h0, h1 = fake.seen[0].headers, fake.seen[1].headers
+    h0, m0, m1 = fake.seen[0].headers, meta(fake.seen[0]), meta(fake.seen[1])
     assert fake.seen[0].url == f"{URL}/chat/completions"
-    assert h0["x-agentrt-version"] == "1"
-    assert h0["x-agentrt-job-id"] == "job-1"
-    assert h0["x-agentrt-session-id"] == "ses-1"
-    assert h0["x-agentrt-program-id"] == "job-1"
-    assert (h0["x-agentrt-turn"], h0["x-agentrt-first-turn"]) == ("0", "1")
-    assert (h1["x-agentrt-turn"], h1["x-agentrt-first-turn"]) == ("1", "0")
-    assert h0["x-agentrt-call-id"] != h1["x-agentrt-call-id"]
-    assert "x-agentrt-idle-s" not in h0 and "x-agentrt-idle-s" in h1
-    assert "x-agentrt-parent-session-id" not in h0
-    assert "x-agentrt-priority" not in h0
+    assert [k for k in h0 if k.startswith("x-agentrt")] == ["x-agentrt"]
+    assert h0["x-agentrt"].startswith("v=2, ")
+    assert m0.job_id == "job-1"
+    assert m0.session_id == "ses-1"
+    assert m0.program_id == "job-1"
+    assert (m0.turn, m0.first_turn) == (0, True)
+    assert (m1.turn, m1.first_turn) == (1, False)
+    assert m0.call_id != m1.call_id
+    assert m0.idle_s is None and m1.idle_s is not None
+    assert m0.parent_session_id is None
+    assert m0.priority is None
     # The generic dialect adds nothing to the body.
     assert set(fake.seen[0].body) == {"model", "messages", "max_tokens"}
 
@@ -64,14 +71,14 @@ async def test_attained_service_accumulates_per_program() -> None:
             await s.chat(model="m", messages=MSG)
         async with rt.job("b", program_id="other") as job2, job2.session() as s2:
             await s2.chat(model="m", messages=MSG)
-    h = [x.headers for x in fake.seen]
-    assert h[0]["x-agentrt-service-tokens"] == "0"
-    assert float(h[0]["x-agentrt-service-s"]) == 0.0
-    assert h[1]["x-agentrt-service-tokens"] == "15"
-    assert float(h[1]["x-agentrt-service-s"]) >= 0.009
-    assert h[1]["x-agentrt-program-id"] == "prog"
+    h = [meta(x) for x in fake.seen]
+    assert h[0].service_tokens == 0
+    assert h[0].service_s == 0.0
+    assert h[1].service_tokens == 15
+    assert h[1].service_s >= 0.009
+    assert h[1].program_id == "prog"
     # Another program starts from zero.
-    assert h[2]["x-agentrt-service-tokens"] == "0"
+    assert h[2].service_tokens == 0
 
 
 async def test_tool_wait_idle_declared_and_measured() -> None:
@@ -86,12 +93,13 @@ async def test_tool_wait_idle_declared_and_measured() -> None:
             s.expect_idle(4.0)
             await s.chat(model="m", messages=MSG)
             await s.chat(model="m", messages=MSG)
-    h1, h2 = fake.seen[1].headers, fake.seen[2].headers
-    assert float(h1["x-agentrt-idle-s"]) >= 0.05
-    assert float(h1["x-agentrt-idle-declared-s"]) == 2.5
-    assert float(h1["x-agentrt-idle-expected-s"]) == 4.0
+    h1, h2 = meta(fake.seen[1]), meta(fake.seen[2])
+    assert h1.idle_s is not None and h1.idle_s >= 0.05
+    assert h1.idle_declared_s == 2.5
+    assert (h1.idle_expected_s, h1.idle_expected_source) == (4.0, "declared")
     # Declarations are consumed by the next call.
-    assert "x-agentrt-idle-declared-s" not in h2 and "x-agentrt-idle-expected-s" not in h2
+    assert h2.idle_declared_s is None and h2.idle_expected_s is None
+    assert h2.idle_expected_source is None
     rep = job.report
     assert rep.tool_waits == 1
     (t,) = rep.tool_reports
@@ -113,9 +121,9 @@ async def test_parent_session_and_concurrent_sessions() -> None:
             async with anyio.create_task_group() as tg:
                 for i in range(4):
                     tg.start_soon(sub, i)
-    subs = [x for x in fake.seen if x.headers.get("x-agentrt-parent-session-id")]
+    subs = [meta(x) for x in fake.seen if meta(x).parent_session_id]
     assert len(subs) == 4
-    assert {x.headers["x-agentrt-parent-session-id"] for x in subs} == {planner.id}
+    assert {x.parent_session_id for x in subs} == {planner.id}
     rep = job.report
     assert rep.sessions == 5 and rep.calls == 5
     # Four concurrent 20 ms calls: their sum exceeds the time on the critical path.
@@ -145,10 +153,10 @@ async def test_two_hundred_concurrent_sessions_keep_metadata_apart() -> None:
     assert len(fake.seen) == 200 * turns
     by_session: dict[str, list[int]] = {}
     for seen in fake.seen:
-        sid = seen.headers["x-agentrt-session-id"]
+        m = meta(seen)
         # The prompt says which session sent it: the header must agree.
-        assert seen.body["messages"][0]["content"] == sid
-        by_session.setdefault(sid, []).append(int(seen.headers["x-agentrt-turn"]))
+        assert seen.body["messages"][0]["content"] == m.session_id
+        by_session.setdefault(m.session_id, []).append(m.turn)
     assert len(by_session) == 200
     assert all(sorted(t) == list(range(turns)) for t in by_session.values())
     assert job.report.calls == 600 and job.report.sessions == 200
@@ -161,7 +169,7 @@ async def test_openai_client_outside_a_session_gets_an_implicit_job() -> None:
         await client.chat.completions.create(model="m", messages=MSG)
         (rep,) = rt.reports()
         assert rep.name == "call" and rep.calls == 1 and rep.status == "ok"
-        assert fake.seen[0].headers["x-agentrt-job-id"] == rep.job_id
+        assert meta(fake.seen[0]).job_id == rep.job_id
 
 
 async def test_streaming_records_ttft_and_usage() -> None:
@@ -205,7 +213,7 @@ async def test_retries_5xx_and_429_then_succeeds() -> None:
     assert c.attempts == 3 and c.status == "ok" and c.http_status == 200
     assert job.report.retries == 2
     # One idempotent call: every attempt carries the same call id.
-    assert len({x.headers["x-agentrt-call-id"] for x in fake.seen}) == 1
+    assert len({meta(x).call_id for x in fake.seen}) == 1
 
 
 async def test_retry_after_is_honoured_and_capped() -> None:
@@ -444,7 +452,7 @@ async def test_session_affinity_and_round_robin() -> None:
                     await s2.chat(model="m", messages=MSG)
     hosts = {}
     for seen in fake.seen:
-        hosts.setdefault(seen.headers["x-agentrt-session-id"], set()).add(httpx.URL(seen.url).host)
+        hosts.setdefault(meta(seen).session_id, set()).add(httpx.URL(seen.url).host)
     assert all(len(h) == 1 for h in hosts.values())  # each session stays on one replica
 
     fake2 = FakeEngine()
@@ -469,7 +477,7 @@ async def test_http_client_for_frameworks_is_tagged() -> None:
         # Closing a framework's client leaves the runtime usable.
         async with rt.job("j2") as job2, job2.session() as s:
             await s.chat(model="m", messages=MSG)
-    assert fake.seen[0].headers["x-agentrt-session-id"] == "fw"
+    assert meta(fake.seen[0]).session_id == "fw"
     assert job.report.calls == 1
 
 
@@ -511,7 +519,7 @@ async def test_dialects_on_the_wire_through_the_runtime() -> None:
     assert first.body["priority"] == 7  # the caller's own value wins
     assert second.body["priority"] == 0  # PLAS level of a program with little service
     assert first.headers["x-session-id"] == "s-1"
-    assert first.headers["x-request-id"] == first.headers["x-agentrt-call-id"]
+    assert first.headers["x-request-id"] == meta(first).call_id
     assert "x-session-token" not in first.headers
     assert second.headers["x-session-token"] == "cG9kLTE="  # llm-d: echoed back
     assert job.report.call_reports[1].priority == 0
@@ -523,7 +531,7 @@ async def test_priority_is_not_sent_unless_enabled() -> None:
         async with rt.job("j") as job, job.session() as s:
             await s.chat(model="m", messages=MSG)
     assert "priority" not in fake.seen[0].body
-    assert "x-agentrt-priority" not in fake.seen[0].headers
+    assert meta(fake.seen[0]).priority is None
 
 
 async def test_refused_connection_on_loopback_names_the_endpoint() -> None:
@@ -558,7 +566,7 @@ async def test_endpoint_with_explicit_default_port_and_query_is_matched() -> Non
         async with rt.job("j") as job, job.session():
             await client.chat.completions.create(model="m", messages=MSG)
     assert job.report.calls == 1
-    assert fake.seen[0].headers["x-agentrt-turn"] == "0"
+    assert meta(fake.seen[0]).turn == 0
     assert "api-version=1" in fake.seen[0].url
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import agentrt
+from agentrt._protocol import parse_agentrt_header
 from tests._fake import MSG, FakeEngine
 
 URL = "http://engine.test/v1"
@@ -27,9 +28,10 @@ def test_sync_runtime_jobs_sessions_tools(backend: str) -> None:
                 rt.openai().chat.completions.create(model="m", messages=MSG)  # type: ignore[arg-type]
     rep = job.report
     assert rep.status == "ok" and rep.calls == 3 and rep.tool_waits == 1
-    assert fake.seen[1].headers["x-agentrt-turn"] == "1"
-    assert fake.seen[1].headers["x-agentrt-idle-declared-s"] == "1.000"
-    assert fake.seen[2].headers["x-agentrt-session-id"] == "sync-ses"
+    m1, m2 = (parse_agentrt_header(x.headers["x-agentrt"]) for x in fake.seen[1:3])
+    assert m1.turn == 1
+    assert m1.idle_declared_s == 1.0
+    assert m2.session_id == "sync-ses"
     assert rep.call_reports[1].ttft_s is not None
 
 

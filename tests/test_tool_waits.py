@@ -12,14 +12,20 @@ import httpx
 import pytest
 
 from agentrt import Retry, Runtime, ToolReport
+from agentrt._protocol import parse_agentrt_header
 from agentrt.telemetry import Event, ToolStarted
-from tests._fake import MSG, FakeEngine
+from tests._fake import MSG, FakeEngine, Seen
 
 pytestmark = pytest.mark.anyio
 
 URL = "http://engine.test/v1"
 FAST = Retry(attempts=3, wait_initial=0.0, wait_jitter=0.0)
-H_EXPECTED = "x-agentrt-idle-expected-s"
+
+
+def expected(seen: Seen) -> tuple[float | None, str | None]:
+    """The expected idle a request carried, and its source, read as a server reads them."""
+    m = parse_agentrt_header(seen.headers["x-agentrt"])
+    return m.idle_expected_s, m.idle_expected_source
 
 
 def rt_for(fake: FakeEngine, **kwargs: Any) -> Runtime:
@@ -114,7 +120,7 @@ async def test_learning_is_per_runtime_and_can_be_off() -> None:
                 pass
             await s.chat(model="m", messages=MSG)
     assert [t.expected_source for t in job.report.tool_reports] == [None, None]
-    assert H_EXPECTED not in fake.seen[-1].headers
+    assert expected(fake.seen[-1]) == (None, None)
     with pytest.raises(TypeError, match="learn_waits"):
         Runtime([URL], learn_waits=1)  # type: ignore[arg-type]
 
@@ -152,11 +158,11 @@ async def test_call_after_tool_waits_expects_them_again() -> None:
                 pass
             s.expect_idle(9.0)
             await s.chat(model="m", messages=MSG)  # the declaration wins
-    h = [x.headers for x in fake.seen]
-    assert H_EXPECTED not in h[0]
-    assert float(h[1][H_EXPECTED]) == 4.5
-    assert H_EXPECTED not in h[2]
-    assert float(h[3][H_EXPECTED]) == 9.0
+    h = [expected(x) for x in fake.seen]
+    assert h[0] == (None, None)
+    assert h[1] == (4.5, "predicted")
+    assert h[2] == (None, None)
+    assert h[3] == (9.0, "declared")
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -175,8 +181,8 @@ async def test_reply_tool_calls_predict_the_next_idle(stream: bool) -> None:
                     pass
             # No tool waits marked: the reply's tool calls are the session's next tools.
             await s.chat(model="m", messages=MSG)
-    assert H_EXPECTED not in fake.seen[0].headers
-    assert float(fake.seen[1].headers[H_EXPECTED]) == 4.0  # unknown adds nothing
+    assert expected(fake.seen[0]) == (None, None)
+    assert expected(fake.seen[1]) == (4.0, "predicted")  # unknown adds nothing
     assert job.report.calls == 2
 
 
@@ -188,7 +194,7 @@ async def test_reply_without_tool_calls_predicts_nothing() -> None:
         async with rt.job("j") as job, job.session() as s:
             await s.chat(model="m", messages=MSG)
             await s.chat(model="m", messages=MSG)
-    assert H_EXPECTED not in fake.seen[1].headers
+    assert expected(fake.seen[1]) == (None, None)
     assert job.report.calls == 2
 
 

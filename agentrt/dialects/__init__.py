@@ -2,7 +2,7 @@
 
 A dialect is a small pure function from :class:`~agentrt._protocol.CallMetadata` to
 headers and JSON body fields (see :mod:`agentrt.dialects._base`). Every dialect sends
-agentrt's own ``x-agentrt-*`` headers and adds its own fields. The spec, with the
+agentrt's own ``x-agentrt`` header and adds its own fields. The spec, with the
 citation behind every field, is docs/protocol.md.
 
 >>> from agentrt.dialects import get_dialect, combine

@@ -1,7 +1,7 @@
 """The ``generic`` dialect (agentrt's own headers only) and the helpers every dialect uses.
 
-Every dialect starts from :func:`base_encoding`, so agentrt's ``x-agentrt-*`` headers
-always travel, and adds its own fields on top. Header names are emitted in lower case
+Every dialect starts from :func:`base_encoding`, so agentrt's ``x-agentrt`` header
+always travels, and adds its own fields on top. Header names are emitted in lower case
 so that two dialects naming the same header in different cases merge into one entry.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from .._protocol import CallMetadata, agentrt_headers
+from .._protocol import HEADER, CallMetadata, agentrt_headers
 from ._base import Dialect, DialectOptions, Encoding
 
 __all__ = [
@@ -39,7 +39,9 @@ _TOKEN_RE: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 # Visible ASCII and inner spaces; no CR, LF, TAB or other control characters.
 _VALUE_RE: Final = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
 
-# Headers a dialect must never set: transport framing, auth and agentrt's own namespace.
+# Headers a dialect must never set: transport framing, auth and agentrt's own namespace
+# (``x-agentrt`` and ``x-agentrt-*``).
+_AGENTRT_PREFIX: Final = HEADER + "-"
 _RESERVED_NAMES: Final = frozenset(
     {
         "authorization",
@@ -68,7 +70,7 @@ def check_header_name(name: str, what: str = "header name") -> str:
             f"{MAX_HEADER_NAME_BYTES} token characters, no spaces, CR/LF or ':')"
         )
     lowered = name.lower()
-    if lowered in _RESERVED_NAMES or lowered.startswith("x-agentrt-"):
+    if lowered in _RESERVED_NAMES or lowered == HEADER or lowered.startswith(_AGENTRT_PREFIX):
         raise ValueError(f"{what} {name!r} is reserved and cannot carry agentrt metadata")
     return lowered
 
@@ -118,7 +120,7 @@ def echo_into(headers: dict[str, str], meta: CallMetadata, names: tuple[str, ...
 
 
 def base_encoding(meta: CallMetadata) -> Encoding:
-    """agentrt's own headers for one call, as a fresh :class:`Encoding` to add to."""
+    """agentrt's own header for one call, as a fresh :class:`Encoding` to add to."""
     return Encoding(headers=agentrt_headers(meta))
 
 
@@ -129,5 +131,5 @@ def _encode(meta: CallMetadata, options: DialectOptions) -> Encoding:
 GENERIC: Final = Dialect(
     name="generic",
     encode=_encode,
-    doc="agentrt's own x-agentrt-* headers only; no engine-specific fields.",
+    doc="agentrt's own x-agentrt header only; no engine-specific fields.",
 )

@@ -4,22 +4,21 @@ Routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (both with ``
 ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text, vLLM metric names).
 Requests are read like vLLM reads them: body ``priority`` (lower first; an error unless the
 replica schedules by priority) and ``session_id``, header ``X-Request-Id`` as the request id;
-plus agentrt's headers ``x-agentrt-session-id``, ``x-agentrt-priority`` (used when the body
-has no ``priority``) and ``x-agentrt-idle-expected-s`` (the tool wait that follows the
-reply, which drives the KV tool-wait policy).
+plus agentrt's ``x-agentrt`` header (read with ``parse_agentrt_header``): its session, its
+priority (used when the body has no ``priority``) and its expected idle (the tool wait that
+follows the reply, which drives the KV tool-wait policy).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import math
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
 import anyio
 
-from .._protocol import H_IDLE_EXPECTED, H_PRIORITY, H_SESSION
+from .._protocol import HEADER, CallMetadata, parse_agentrt_header
 from ._engine import ABORTED, Engine, ReplicaStats, RequestRejected, SimRequest
 from ._replies import ScriptedReply, agent_reply
 from ._tokenize import Prompt, PromptError, output_text
@@ -120,8 +119,7 @@ async def _lifespan(receive: Receive, send: Send) -> None:
             return
 
 
-_H_SESSION: Final = H_SESSION
-_WANTED: Final = frozenset({H_SESSION, H_PRIORITY, H_IDLE_EXPECTED, "x-session-id", "x-request-id"})
+_WANTED: Final = frozenset({HEADER, "x-session-id", "x-request-id"})
 
 
 def _headers_dict(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
@@ -334,11 +332,12 @@ class ReplicaApp:
         if n not in (1, None):
             raise _HTTPError(400, "the simulator only supports n=1", param="n")
         hdr = _headers_dict(headers)
-        priority = _priority(body, hdr, cfg.scheduling == "priority")
+        meta = _agentrt_meta(hdr)
+        priority = _priority(body, meta, cfg.scheduling == "priority")
         session = body.get("session_id")
         if not isinstance(session, str) or not session:
-            session = hdr.get(_H_SESSION) or hdr.get("x-session-id")
-        idle = _idle_expected(hdr)
+            session = meta.session_id if meta is not None else hdr.get("x-session-id")
+        idle = None if meta is None else meta.idle_expected_s
         rid = hdr.get("x-request-id") or f"sim-{engine.name}-{next(self._ids)}"
         stream = bool(body.get("stream", False))
         model = body.get("model")
@@ -555,7 +554,17 @@ def _usage(req: SimRequest, prompt: Prompt) -> dict[str, Any]:
     }
 
 
-def _priority(body: dict[str, Any], headers: dict[str, str], enabled: bool) -> int:
+def _agentrt_meta(headers: dict[str, str]) -> CallMetadata | None:
+    raw = headers.get(HEADER)
+    if raw is None:
+        return None
+    try:
+        return parse_agentrt_header(raw)
+    except ValueError as exc:
+        raise _HTTPError(400, str(exc)) from None
+
+
+def _priority(body: dict[str, Any], meta: CallMetadata | None, enabled: bool) -> int:
     value = body.get("priority")
     if value is not None:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -568,26 +577,7 @@ def _priority(body: dict[str, Any], headers: dict[str, str], enabled: bool) -> i
                 param="priority",
             )
         return value
-    raw = headers.get(H_PRIORITY)
-    if raw is None:
-        return 0
-    try:
-        return int(raw)
-    except ValueError:
-        raise _HTTPError(400, f"{H_PRIORITY} must be an integer, got {raw!r}") from None
-
-
-def _idle_expected(headers: dict[str, str]) -> float | None:
-    raw = headers.get(H_IDLE_EXPECTED)
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise _HTTPError(400, f"{H_IDLE_EXPECTED} must be a number of seconds >= 0, got {raw!r}")
-    return value
+    return 0 if meta is None or meta.priority is None else meta.priority
 
 
 # ---------------------------------------------------------------- metrics

@@ -7,6 +7,7 @@ import anyio
 import pytest
 
 from agentrt import Runtime
+from agentrt._protocol import parse_agentrt_header
 from agentrt.integrations._bridge import Bridge, bind, unbind
 from agentrt.telemetry import Event, JobEnded, SessionClosed, SessionOpened, ToolEnded
 from tests._fake import MSG, FakeEngine
@@ -50,10 +51,10 @@ async def test_callbacks_make_a_job_with_sessions_and_tool_waits() -> None:
         ("fetch", "cancelled"),
     ]
     assert report.tool_reports[0].duration_s == pytest.approx(0.05, abs=0.04)
-    seen = [s.headers["x-agentrt-session-id"] for s in fake.seen]
-    assert seen == [main.id, sub.id, main.id]
-    assert {s.headers["x-agentrt-job-id"] for s in fake.seen} == {job.id}
-    assert fake.seen[1].headers["x-agentrt-parent-session-id"] == main.id
+    metas = [parse_agentrt_header(s.headers["x-agentrt"]) for s in fake.seen]
+    assert [m.session_id for m in metas] == [main.id, sub.id, main.id]
+    assert {m.job_id for m in metas} == {job.id}
+    assert metas[1].parent_session_id == main.id
     kinds = [type(e) for e in events if isinstance(e, SessionOpened | SessionClosed | JobEnded)]
     assert kinds.count(SessionOpened) == 2 and kinds.count(SessionClosed) == 2
     assert kinds[-1] is JobEnded

@@ -23,6 +23,7 @@ pytest.importorskip("langchain_openai")
 from langchain_core.tools import BaseTool, tool
 
 import agentrt
+from agentrt._protocol import CallMetadata, parse_agentrt_header
 from agentrt.integrations import langchain as lc
 from agentrt.sim import PRESETS, Cluster
 from agentrt.telemetry import JobReport
@@ -76,15 +77,16 @@ def add_sync(a: int, b: int) -> int:
 
 
 class Recorder(httpx.AsyncBaseTransport):
-    """The engine's side of the wire: the headers of every chat request it receives."""
+    """The engine's side of the wire: the agentrt metadata of every chat request it
+    receives (its x-agentrt header, read with the protocol's reader)."""
 
     def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
         self.inner = inner
-        self.requests: list[httpx.Headers] = []
+        self.requests: list[CallMetadata] = []
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if request.url.path.endswith("/chat/completions"):
-            self.requests.append(request.headers)
+            self.requests.append(parse_agentrt_header(request.headers["x-agentrt"]))
         return await self.inner.handle_async_request(request)
 
 
@@ -133,12 +135,12 @@ async def test_react_agent_is_one_job_one_session(
     assert [c.turn for c in report.call_reports] == [0, 1, 2]
     # The engine saw agentrt's tags on every call.
     assert len(recorder.requests) == 3
-    assert [h["x-agentrt-job-id"] for h in recorder.requests] == [report.job_id] * 3
-    assert [h["x-agentrt-session-id"] for h in recorder.requests] == [session_id] * 3
-    assert [h["x-agentrt-turn"] for h in recorder.requests] == ["0", "1", "2"]
-    assert "x-agentrt-parent-session-id" not in recorder.requests[0]
+    assert [h.job_id for h in recorder.requests] == [report.job_id] * 3
+    assert [h.session_id for h in recorder.requests] == [session_id] * 3
+    assert [h.turn for h in recorder.requests] == [0, 1, 2]
+    assert recorder.requests[0].parent_session_id is None
     # The second and third calls carry the tool time the session was idle for.
-    assert float(recorder.requests[2]["x-agentrt-idle-s"]) >= SLEEP["lookup"]
+    assert (recorder.requests[2].idle_s or 0.0) >= SLEEP["lookup"]
     assert handler._runs == {}
 
 
@@ -169,9 +171,9 @@ async def test_a_sub_agent_has_its_own_session_linked_to_its_parent(
     (boss_id,) = by_name["boss/agent"]
     (helper_id,) = by_name["helper/agent"]
     # The helper's calls name the boss's session as their parent, on the wire.
-    helper_calls = [h for h in recorder.requests if h["x-agentrt-session-id"] == helper_id]
+    helper_calls = [h for h in recorder.requests if h.session_id == helper_id]
     assert len(helper_calls) == 2
-    assert {h["x-agentrt-parent-session-id"] for h in helper_calls} == {boss_id}
+    assert {h.parent_session_id for h in helper_calls} == {boss_id}
     # The boss waited on 'delegate' while the helper worked (its 'add' inside).
     tools = {t.name: t for t in report.tool_reports}
     assert tools["delegate"].session_id == boss_id and tools["add"].session_id == helper_id
@@ -199,8 +201,8 @@ async def test_concurrent_agents_keep_their_jobs_apart(
     sessions = [{c.session_id for c in r.call_reports} for r in reports]
     assert all(len(s) == 1 for s in sessions) and not sessions[0] & sessions[1]
     for r, (sid,) in zip(reports, sessions, strict=True):
-        mine = [h for h in recorder.requests if h["x-agentrt-job-id"] == r.job_id]
-        assert len(mine) == r.calls and {h["x-agentrt-session-id"] for h in mine} == {sid}
+        mine = [h for h in recorder.requests if h.job_id == r.job_id]
+        assert len(mine) == r.calls and {h.session_id for h in mine} == {sid}
 
 
 async def test_a_tool_that_raises_ends_the_job_with_an_error(
@@ -262,7 +264,7 @@ async def test_streaming_calls_are_the_sessions_turns(
     assert report.status == "ok" and report.calls == 2 and report.tool_waits == 1
     assert all(c.stream for c in report.call_reports)
     assert len({c.session_id for c in report.call_reports}) == 1
-    assert {h["x-agentrt-job-id"] for h in recorder.requests} == {report.job_id}
+    assert {h.job_id for h in recorder.requests} == {report.job_id}
 
 
 async def test_a_lone_model_call_is_a_job(served: tuple[agentrt.Runtime, Recorder]) -> None:
@@ -272,7 +274,7 @@ async def test_a_lone_model_call_is_a_job(served: tuple[agentrt.Runtime, Recorde
     assert reply.content
     (report,) = rt.reports()
     assert report.status == "ok" and report.calls == 1 and report.name == "ChatOpenAI"
-    assert recorder.requests[0]["x-agentrt-job-id"] == report.job_id
+    assert recorder.requests[0].job_id == report.job_id
 
 
 async def test_without_the_handler_calls_join_the_enclosing_session(
@@ -327,7 +329,7 @@ def test_sync_invoke_through_a_sync_runtime(
     assert report.calls == 2 and report.tool_waits == 2 and report.sessions == 1
     assert all(SLEEP["add"] <= d < SLEEP["add"] + 0.1 for d in tool_seconds(report, "add_sync"))
     (sid,) = {c.session_id for c in report.call_reports}
-    assert [h["x-agentrt-session-id"] for h in recorder.requests] == [sid, sid]
+    assert [h.session_id for h in recorder.requests] == [sid, sid]
     with pytest.raises(agentrt.AgentrtError, match="invoke"):
         asyncio.run(lc.chat_model(srt, model="m").ainvoke("hi"))
     assert handler._runs == {}

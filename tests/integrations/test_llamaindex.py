@@ -18,6 +18,7 @@ from llama_index.core.agent.workflow import AgentWorkflow, FunctionAgent
 from llama_index.core.workflow.errors import WorkflowCancelledByUser
 
 from agentrt import JobReport, Runtime
+from agentrt._protocol import CallMetadata, parse_agentrt_header
 from agentrt.integrations import llamaindex
 from agentrt.sim import PRESETS, Cluster
 
@@ -38,17 +39,15 @@ def anyio_backend() -> str:
 
 
 class Recorder:
-    """The cluster's transport, recording each request's agentrt headers (the server's
-    view)."""
+    """The cluster's transport, recording each request's agentrt metadata (the server's
+    view: its x-agentrt header, read with the protocol's reader)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.headers: list[dict[str, str]] = []
+        self.headers: list[CallMetadata] = []
 
     async def handle_async_request(self, request: Any) -> Any:
-        self.headers.append(
-            {k: v for k, v in request.headers.items() if k.lower().startswith("x-agentrt-")}
-        )
+        self.headers.append(parse_agentrt_header(request.headers["x-agentrt"]))
         return await self.inner.handle_async_request(request)
 
     async def aclose(self) -> None:
@@ -150,12 +149,12 @@ async def test_a_function_agent_run_is_a_job() -> None:
     assert {t.session_id for t in report.tool_reports} == {session_id}
     # The server saw the same job and session on every call.
     assert len(recorder.headers) == 4
-    assert {h["x-agentrt-job-id"] for h in recorder.headers} == {report.job_id}
-    assert {h["x-agentrt-session-id"] for h in recorder.headers} == {session_id}
-    assert [h["x-agentrt-turn"] for h in recorder.headers] == ["0", "1", "2", "3"]
-    assert all("x-agentrt-parent-session-id" not in h for h in recorder.headers)
+    assert {h.job_id for h in recorder.headers} == {report.job_id}
+    assert {h.session_id for h in recorder.headers} == {session_id}
+    assert [h.turn for h in recorder.headers] == [0, 1, 2, 3]
+    assert all(h.parent_session_id is None for h in recorder.headers)
     # The idle time of each tool wait reached the server with the next turn.
-    assert all(float(h["x-agentrt-idle-s"]) >= SLEEP_S for h in recorder.headers[1:])
+    assert all((h.idle_s or 0.0) >= SLEEP_S for h in recorder.headers[1:])
 
 
 async def test_parallel_tool_calls_are_overlapping_tool_waits() -> None:
@@ -189,19 +188,17 @@ async def test_a_sub_agent_called_from_a_tool_is_a_session_of_the_same_job() -> 
     report = only(rt)
     assert report.status == "ok" and report.name == "lead"
     assert report.sessions == 2 and report.calls == 4
-    by_session: dict[str, list[str]] = {}
+    by_session: dict[str, list[int]] = {}
     for h in recorder.headers:
-        by_session.setdefault(h["x-agentrt-session-id"], []).append(h["x-agentrt-turn"])
+        by_session.setdefault(h.session_id, []).append(h.turn)
     names = {c.session_id: c.session_name for c in report.call_reports}
     lead_id = next(s for s, n in names.items() if n == "lead")
     sub_id = next(s for s, n in names.items() if n == "researcher")
-    assert by_session == {lead_id: ["0", "1"], sub_id: ["0", "1"]}
-    sub_headers = [h for h in recorder.headers if h["x-agentrt-session-id"] == sub_id]
-    assert {h["x-agentrt-parent-session-id"] for h in sub_headers} == {lead_id}
-    assert all(
-        "x-agentrt-parent-session-id" not in h for h in recorder.headers if h not in sub_headers
-    )
-    assert {h["x-agentrt-job-id"] for h in recorder.headers} == {report.job_id}
+    assert by_session == {lead_id: [0, 1], sub_id: [0, 1]}
+    sub_headers = [h for h in recorder.headers if h.session_id == sub_id]
+    assert {h.parent_session_id for h in sub_headers} == {lead_id}
+    assert all(h.parent_session_id is None for h in recorder.headers if h not in sub_headers)
+    assert {h.job_id for h in recorder.headers} == {report.job_id}
     # The lead's tool wait spans the sub-agent's run; the sub-agent's own tool is its own.
     tools = {(t.name, names[t.session_id]) for t in report.tool_reports}
     assert tools == {("research", "lead"), ("get_weather", "researcher")}
@@ -232,12 +229,12 @@ async def test_a_handoff_gives_the_next_agent_its_own_session() -> None:
     names = [c.session_name for c in report.call_reports]
     assert names == ["planner", "worker", "worker"]
     planner_id, worker_id = report.call_reports[0].session_id, report.call_reports[1].session_id
-    assert [h["x-agentrt-session-id"] for h in recorder.headers] == [
+    assert [h.session_id for h in recorder.headers] == [
         planner_id,
         worker_id,
         worker_id,
     ]
-    assert recorder.headers[1]["x-agentrt-parent-session-id"] == planner_id
+    assert recorder.headers[1].parent_session_id == planner_id
     assert [(t.name, t.session_id) for t in report.tool_reports] == [
         ("handoff", planner_id),
         ("add", worker_id),
@@ -262,8 +259,8 @@ async def test_concurrent_runs_keep_their_jobs_apart() -> None:
         assert {c.session_name for c in report.call_reports} == {report.name}
         sessions = {c.session_id for c in report.call_reports}
         assert len(sessions) == 1
-        seen = [h for h in recorder.headers if h["x-agentrt-job-id"] == report.job_id]
-        assert len(seen) == 4 and {h["x-agentrt-session-id"] for h in seen} == sessions
+        seen = [h for h in recorder.headers if h.job_id == report.job_id]
+        assert len(seen) == 4 and {h.session_id for h in seen} == sessions
     assert reports["first"].job_id != reports["second"].job_id
     assert len(recorder.headers) == 8
     # They did run at the same time.

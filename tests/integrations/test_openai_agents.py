@@ -30,6 +30,7 @@ from agents import (  # noqa: E402
 )
 
 from agentrt import JobReport, Runtime  # noqa: E402
+from agentrt._protocol import CallMetadata, parse_agentrt_header  # noqa: E402
 from agentrt.integrations import openai_agents  # noqa: E402
 from agentrt.sim import PRESETS, Cluster  # noqa: E402
 
@@ -49,21 +50,26 @@ class Seen:
     headers: httpx.Headers
     body: dict[str, Any]
 
+    @property
+    def meta(self) -> CallMetadata:
+        """The agentrt metadata of the request, read as a server reads it."""
+        return parse_agentrt_header(self.headers["x-agentrt"])
+
 
 @dataclass
 class Recorder(httpx.AsyncBaseTransport):
-    """The cluster's transport, recording each request as the server receives it."""
+    """The cluster's transport, recording each chat request as the server receives it."""
 
     inner: httpx.AsyncBaseTransport
     seen: list[Seen] = field(default_factory=list)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        body = json.loads(await request.aread()) if request.method == "POST" else {}
-        self.seen.append(Seen(request.headers, body))
+        if request.url.path.endswith("/chat/completions"):  # not tool-start notices
+            self.seen.append(Seen(request.headers, json.loads(await request.aread())))
         return await self.inner.handle_async_request(request)
 
     def sessions(self) -> list[str]:
-        return [s.headers["x-agentrt-session-id"] for s in self.seen]
+        return [s.meta.session_id for s in self.seen]
 
 
 @dataclass
@@ -150,13 +156,14 @@ async def test_a_run_is_a_job_whose_agent_is_one_session(env: Env) -> None:
     # What the server received: every call tagged with the job, the session and its turn.
     assert len(env.server.seen) == 3
     for turn, seen in enumerate(env.server.seen):
-        assert seen.headers["x-agentrt-job-id"] == report.job_id
-        assert seen.headers["x-agentrt-session-id"] == session_id
-        assert seen.headers["x-agentrt-turn"] == str(turn)
-        assert "x-agentrt-parent-session-id" not in seen.headers
+        assert seen.meta.job_id == report.job_id
+        assert seen.meta.session_id == session_id
+        assert seen.meta.turn == turn
+        assert seen.meta.parent_session_id is None
         assert seen.body["model"] == "agent-model"
     # The idle time before turns 1 and 2 is the tool waits the session declared.
-    assert float(env.server.seen[1].headers["x-agentrt-idle-s"]) >= ADD_S
+    idle = env.server.seen[1].meta.idle_s
+    assert idle is not None and idle >= ADD_S
 
 
 async def test_an_agent_as_tool_gets_a_session_under_its_caller(env: Env) -> None:
@@ -180,8 +187,8 @@ async def test_an_agent_as_tool_gets_a_session_under_its_caller(env: Env) -> Non
     (helper_id,) = by_name["helper"]
     assert env.server.sessions() == [main_id, main_id, helper_id, helper_id, main_id]
     for seen in env.server.seen:
-        parent = seen.headers.get("x-agentrt-parent-session-id")
-        assert parent == (main_id if seen.headers["x-agentrt-session-id"] == helper_id else None)
+        parent = seen.meta.parent_session_id
+        assert parent == (main_id if seen.meta.session_id == helper_id else None)
     tools = {(t.name, t.session_id) for t in report.tool_reports}
     assert tools == {("lookup", main_id), ("ask_helper", main_id), ("add", helper_id)}
     # The caller's tool wait spans the helper's whole run (its two calls and its tool).
@@ -199,8 +206,8 @@ async def test_a_handoff_target_gets_a_session_under_the_source(env: Env) -> Non
     assert report.status == "ok" and report.sessions == 2 and report.calls == 3
     triage_id, billing_id, again = env.server.sessions()
     assert again == billing_id != triage_id
-    assert "x-agentrt-parent-session-id" not in env.server.seen[0].headers
-    assert env.server.seen[1].headers["x-agentrt-parent-session-id"] == triage_id
+    assert env.server.seen[0].meta.parent_session_id is None
+    assert env.server.seen[1].meta.parent_session_id == triage_id
     assert [t.name for t in report.tool_reports] == ["add"]
 
 
@@ -219,11 +226,9 @@ async def test_concurrent_runs_keep_their_jobs_apart(env: Env) -> None:
     for name, report in reports.items():
         assert report.status == "ok" and report.sessions == 1
         assert {c.session_name for c in report.call_reports} == {name}
-        mine = [s for s in env.server.seen if s.headers["x-agentrt-job-id"] == report.job_id]
+        mine = [s for s in env.server.seen if s.meta.job_id == report.job_id]
         assert len(mine) == report.calls
-        assert {s.headers["x-agentrt-session-id"] for s in mine} == {
-            report.call_reports[0].session_id
-        }
+        assert {s.meta.session_id for s in mine} == {report.call_reports[0].session_id}
     assert reports["first"].job_id != reports["second"].job_id
 
 

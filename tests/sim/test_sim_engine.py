@@ -14,6 +14,7 @@ import anyio
 import httpx
 import pytest
 
+from agentrt._protocol import CallMetadata, agentrt_headers
 from agentrt.sim import Cluster, CostModel, EngineConfig, prompt_for_blocks
 from tests.sim._helpers import cached, chat, small_config, virtual_backend
 
@@ -24,6 +25,26 @@ COST = CostModel(
     decode_context_token_s=50e-9,
     prefill_pair_s=1e-9,
 )
+
+
+def agentrt_hdr(
+    session: str = "s", *, priority: int | None = None, idle_expected: float | None = None
+) -> dict[str, str]:
+    """The x-agentrt header of a call in ``session``, as agentrt writes it."""
+    meta = CallMetadata(
+        call_id="c",
+        job_id="j",
+        session_id=session,
+        program_id="j",
+        turn=0,
+        first_turn=True,
+        service_s=0.0,
+        service_tokens=0,
+        idle_expected_s=idle_expected,
+        idle_expected_source=None if idle_expected is None else "declared",
+        priority=priority,
+    )
+    return agentrt_headers(meta)
 
 
 @pytest.fixture
@@ -214,7 +235,7 @@ async def test_priority_header_and_preemption_victim() -> None:
                 url,
                 blocks(range(2), ns=name),
                 max_tokens=250,
-                headers={"x-agentrt-priority": str(priority)},
+                headers=agentrt_hdr(name, priority=priority),
             )
             done.append(name)
 
@@ -284,7 +305,7 @@ async def _resume_after_tool_wait(cfg: EngineConfig, pressure: bool) -> tuple[in
     the session resumes with a longer prompt. Returns the resumed turn's cached tokens."""
     async with Cluster(1, cfg) as cluster, httpx.AsyncClient(transport=cluster.transport()) as http:
         url = cluster.base_urls[0]
-        hdr = {"x-agentrt-session-id": "s", "x-agentrt-idle-expected-s": "30"}
+        hdr = agentrt_hdr("s", idle_expected=30)
         await chat(http, url, blocks(range(15), ns="s"), max_tokens=8, headers=hdr)
         if pressure:
             for i in range(4):
@@ -293,7 +314,7 @@ async def _resume_after_tool_wait(cfg: EngineConfig, pressure: bool) -> tuple[in
                     url,
                     blocks(range(15), ns=f"o{i}"),
                     max_tokens=8,
-                    headers={"x-agentrt-session-id": f"o{i}"},
+                    headers=agentrt_hdr(f"o{i}"),
                 )
         await anyio.sleep(30)
         doc = await chat(
@@ -301,7 +322,7 @@ async def _resume_after_tool_wait(cfg: EngineConfig, pressure: bool) -> tuple[in
             url,
             blocks(range(18), ns="s"),
             max_tokens=8,
-            headers={"x-agentrt-session-id": "s"},
+            headers=agentrt_hdr("s"),
         )
         return cached(doc), cluster.replicas[0].stats()
 
@@ -336,7 +357,7 @@ async def test_keep_pins_expire() -> None:
     cfg = small_config(num_gpu_blocks=200, tool_wait_policy="keep", pin_margin_s=1.0)
     async with Cluster(1, cfg) as cluster, httpx.AsyncClient(transport=cluster.transport()) as http:
         url = cluster.base_urls[0]
-        hdr = {"x-agentrt-session-id": "s", "x-agentrt-idle-expected-s": "5"}
+        hdr = agentrt_hdr("s", idle_expected=5)
         await chat(http, url, blocks(range(15), ns="s"), max_tokens=8, headers=hdr)
         assert cluster.replicas[0].stats().kv_usage > 0  # pinned blocks count as used
         await anyio.sleep(6.5)
@@ -460,3 +481,30 @@ async def test_leaps_change_nothing_on_a_random_workload(seed: int, scheduling: 
     assert fast_stats == exact_stats
     assert [(n, c) for n, _, c in fast] == [(n, c) for n, _, c in exact]
     assert [t for _, t, _ in fast] == pytest.approx([t for _, t, _ in exact], rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ('v=2, job="j", session="s", call="c", turn=0, svc-s=0, svc-tok=0, prio=1.5', "'prio'"),
+        (
+            'v=2, job="j", session="s", call="c", turn=0, svc-s=0, svc-tok=0, idle-exp=-1',
+            "'idle-exp'",
+        ),
+        ('v=1, job="j"', "'v' is 1"),
+        ("session-id=s", "'v' is missing"),
+    ],
+)
+async def test_a_bad_agentrt_header_is_a_400_naming_the_key(value: str, message: str) -> None:
+    async with (
+        Cluster(1, small_config()) as cluster,
+        httpx.AsyncClient(transport=cluster.transport()) as http,
+    ):
+        r = await http.post(
+            cluster.base_urls[0] + "/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1},
+            headers={"x-agentrt": value},
+        )
+        assert r.status_code == 400
+        assert message in r.json()["error"]["message"]
