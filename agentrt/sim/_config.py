@@ -55,7 +55,7 @@ class EngineConfig:
     """``fcfs`` or ``priority`` (lower ``priority`` first, then arrival), as in vLLM."""
     tool_wait_policy: KVPolicy = "lru"
     """What happens to a session's KV while it waits on a tool (the wait its call declared
-    in ``x-agentrt-idle-expected-s``, or a tool-start notice's ``expected_s``): ``lru``
+    as ``idle-exp`` in ``x-agentrt``, or a tool-start notice's ``expected_s``): ``lru``
     nothing (today's engines); ``keep``/``pin`` pin it for the wait plus ``pin_margin_s``;
     ``offload`` move it to the host tier when the wait exceeds the transfer break-even and
     prefetch it back for the expected resume (else pin); ``drop`` free it at once;
