@@ -43,6 +43,7 @@ class Node:
         "last_access",
         "length",
         "parent",
+        "pin_seq",
         "pin_until",
         "pinned",
         "prefetch",
@@ -69,6 +70,8 @@ class Node:
         self.tier = GPU
         self.pinned = False
         self.pin_until = 0.0
+        self.pin_seq = -1
+        """The sequence number of this node's current entry in the pin heap."""
         self.last_access = 0.0
         self.heap_seq = -1
         self.session = session
@@ -341,22 +344,39 @@ class KVCache:
 
     # ------------------------------------------------------------ pins and policies
 
-    def pin_path(self, deepest: Node | None, until: float, stop: Node | None = None) -> None:
-        """Pin every node from ``deepest`` up to the root (or up to ``stop``, excluded)
-        until ``until``; a pin is extended, never shortened."""
+    def pin_path(
+        self, deepest: Node | None, until: float, stop: Node | None = None, *, renew: bool = False
+    ) -> None:
+        """Pin every node from ``deepest`` up to the root (or up to ``stop``, excluded: only
+        for a tail about to leave the accelerator) until ``until``; a pin is extended, never
+        shortened. ``renew`` pushes fresh heap entries for the whole path (a tail pinned with
+        ``stop`` that comes back to the accelerator).
+
+        A parent's pin lasts at least as long as its children's, and above a node whose
+        heap entry is pushed its ancestors' are pushed too, so a parent's current entry
+        always comes after its pinned children's: expiry and :meth:`yield_pins` never
+        leave a pinned block below an unpinned one.
+        """
         n = deepest
         root = self.root
+        pushed = renew
         while n is not None and n is not root and n is not stop:
-            if not n.pinned:
+            fresh = not n.pinned
+            if fresh:
                 if n.tier == GPU:
                     if n.refcount == 0:
                         self.evictable -= n.length
                 else:
                     self.host_pinned += n.length
                 n.pinned = True
-            if until > n.pin_until:
-                n.pin_until = until
-                heapq.heappush(self._pins, (until, next(self._seq), n))
+            if fresh or pushed or until > n.pin_until:
+                if until > n.pin_until:
+                    n.pin_until = until
+                n.pin_seq = seq = next(self._seq)
+                heapq.heappush(self._pins, (n.pin_until, seq, n))
+                pushed = True
+            if n.pin_until > until:
+                until = n.pin_until
             n = n.parent
 
     def expire_pins(self, now: float) -> float | None:
@@ -385,14 +405,14 @@ class KVCache:
         kept: list[tuple[float, int, Node]] = []
         while pins and self.available() < need:
             entry = heapq.heappop(pins)
-            until, _, n = entry
-            if not (n.alive and n.pinned and n.pin_until == until):
-                continue  # stale: expired, or superseded by a later pin
-            if n.tier != GPU or any(
-                c.pinned and c.tier == GPU for c in n.children.values()
-            ):  # a pinned block's ancestors stay pinned
+            _, seq, n = entry
+            if not (n.alive and n.pinned and seq == n.pin_seq):
+                continue  # stale: expired, unpinned, or superseded by a later entry
+            if n.tier != GPU:
                 kept.append(entry)
                 continue
+            # Pinned children's entries came first (pin_path), so no pinned block is left
+            # below an unpinned one.
             n.pinned = False
             n.pin_until = 0.0
             self.yielded_blocks += n.length
@@ -472,9 +492,9 @@ class KVCache:
             n = n.parent
         if self.available() - reclaim < need:
             return -1
-        # Pin first (making room must not evict the path), in one call so that each
-        # child's pin entry precedes its parent's (see yield_pins).
-        self.pin_path(deepest, until)
+        # Pin first (making room must not evict the path), renewing every entry: the tail
+        # was pinned alone when it left (see pin_path).
+        self.pin_path(deepest, until, renew=True)
         self._make_room(need)
         ready = max(start, self.link_free) + need * block_s
         self.link_free = ready
@@ -545,8 +565,13 @@ class KVCache:
         top.shared = node.shared
         top.ready_at = node.ready_at
         top.prefetch = node.prefetch
-        if top.pinned:
-            heapq.heappush(self._pins, (top.pin_until, next(self._seq), top))
+        # ``top`` is pinned as ``node`` is: its entry must come after node's and before its
+        # pinned ancestors', so theirs are renewed too (see pin_path).
+        n: Node | None = top
+        while n is not None and n is not self.root and n.pinned:
+            n.pin_seq = seq = next(self._seq)
+            heapq.heappush(self._pins, (n.pin_until, seq, n))
+            n = n.parent
         if self._track:
             self.sessions.setdefault(node.session, set()).add(top)
         return top

@@ -242,9 +242,9 @@ def test_yield_pins_never_unpins_a_parent_before_its_child() -> None:
     kv.pin_path(a, 5.0)
     kv.release(a, 0, 0.0)
     assert kv.yield_pins(25) and not a.pinned  # only a
-    kv.pin_path(a, 5.0)  # a's new entry now follows the shared node's (same end)
-    assert not kv.yield_pins(30)  # a unpinned; the shared node, met first, stays this time
-    assert a.parent is not None and a.parent.pinned and not a.pinned
+    kv.pin_path(a, 5.0)  # re-pinned: the shared node's entry is pushed again, after a's
+    assert a.parent is not None and a.parent.pin_seq > a.pin_seq
+    assert kv.yield_pins(25) and not a.pinned and a.parent.pinned  # a first
     kv.check()
     assert kv.yield_pins(30) and kv.available() == 30
     kv.check()
