@@ -192,11 +192,17 @@ def _identity(job: str, session: str, program: str, parent: str | None) -> str:
 
 def agentrt_header_value(meta: CallMetadata) -> str:
     """The ``x-agentrt`` value of one call: an RFC 9651 dictionary (docs/protocol.md)."""
+    # On every call's path: the common cases are inlined (plain ids, in-range integers).
+    call = meta.call_id
+    if '"' in call or "\\" in call:
+        call = _sf_string(call)[1:-1]
+    turn, tokens = meta.turn, meta.service_tokens
     text = (
         f"{_identity(meta.job_id, meta.session_id, meta.program_id, meta.parent_session_id)}"
-        f", {K_CALL}={_sf_string(meta.call_id)}, {K_TURN}={_sf_integer(meta.turn)}"
+        f', {K_CALL}="{call}"'
+        f", {K_TURN}={turn if 0 <= turn <= MAX_SF_INTEGER else _sf_integer(turn)}"
         f", {K_SERVICE_S}={_sf_seconds(meta.service_s)}"
-        f", {K_SERVICE_TOKENS}={_sf_integer(meta.service_tokens)}"
+        f", {K_SERVICE_TOKENS}={tokens if 0 <= tokens <= MAX_SF_INTEGER else _sf_integer(tokens)}"
     )
     if meta.idle_s is not None:
         text += f", {K_IDLE}={_sf_seconds(meta.idle_s)}"

@@ -97,10 +97,11 @@ class _Program:
     jobs: int = 0
 
 
-def _normalized(url: str) -> str:
-    """A base URL as httpx writes a request's URL (default ports dropped, host lower)."""
+def _origin_and_path(url: str) -> tuple[tuple[str, str, int | None], str]:
+    """A base URL's (scheme, host, port) and path with a trailing ``/``, as httpx reads a
+    request's URL (default ports dropped, host lower case)."""
     u = httpx.URL(url)
-    return f"{u.scheme}://{u.netloc.decode('ascii')}{u.path}".rstrip("/")
+    return (u.scheme, u.host, u.port), u.path.rstrip("/") + "/"
 
 
 class _Core:
@@ -139,18 +140,24 @@ class _Core:
         """Sends tool-start notices (set by Runtime)."""
         self.learn_retention = len(endpoints) > 1
         """Whether replies feed the replicas' retention estimates (only routing uses them)."""
-        # Longest base first, so that nested base paths match the most specific one.
-        self._prefixes = sorted(
-            ((_normalized(e.endpoint.url) + "/", e.endpoint.url) for e in endpoints),
-            key=lambda p: -len(p[0]),
-        )
+        # Base paths by origin, longest first so that nested ones match the most specific.
+        self._paths: dict[tuple[str, str, int | None], list[tuple[str, str]]] = {}
+        for e in endpoints:
+            origin, path = _origin_and_path(e.endpoint.url)
+            self._paths.setdefault(origin, []).append((path, e.endpoint.url))
+        for paths in self._paths.values():
+            paths.sort(key=lambda p: -len(p[0]))
 
     def match(self, url: httpx.URL) -> tuple[str, str] | None:
-        """(base URL, path suffix) of a request addressed to an endpoint, else None."""
-        text = f"{url.scheme}://{url.netloc.decode('ascii')}{url.path}"
-        for prefix, base in self._prefixes:
-            if text.startswith(prefix):
-                return base, text[len(prefix) - 1 :]
+        """(base URL, path suffix) of a request addressed to an endpoint, else None.
+
+        Reads the URL's parts without rendering it again (half the cost)."""
+        paths = self._paths.get((url.scheme, url.host, url.port))
+        if paths is not None:
+            path = url.path
+            for prefix, base in paths:
+                if path.startswith(prefix):
+                    return base, path[len(prefix) - 1 :]
         return None
 
     def route(

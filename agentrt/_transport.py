@@ -280,6 +280,8 @@ class AgentTransport:
         self._core = core
         self._inner = inner
         self._placeholder = f"Bearer {core.placeholder_key}".encode()
+        self._auth: dict[str, bytes] = {}
+        """``Authorization`` values by endpoint key, encoded once."""
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -321,7 +323,10 @@ class AgentTransport:
         lib = self._lib
         new = [(k.encode(), v.encode()) for k, v in add.items()]  # dialects emit lower case
         if key is not None:
-            new.append((b"authorization", f"Bearer {key}".encode()))
+            auth = self._auth.get(key)
+            if auth is None:  # one per endpoint key
+                auth = self._auth[key] = f"Bearer {key}".encode()
+            new.append((b"authorization", auth))
         if content is not None:
             new.append((b"content-length", str(len(content)).encode()))
         if url is not request.url:
@@ -346,20 +351,20 @@ class AgentTransport:
             )
         # A shallow copy of the caller's request with its own header list: no URL parse,
         # no header normalisation, and the caller's request stays as it was.
+        # (Headers() itself costs 0.6 µs: an ABC isinstance check on its argument.)
         out = object.__new__(type(request))
         out.__dict__.update(request.__dict__)
-        headers_obj = lib.mod.Headers(request.headers)  # copies the raw list
-        raw: list[tuple[bytes, bytes, bytes]] = headers_obj._list
-        keys = [h[1] for h in raw]
-        if not names.isdisjoint(keys) or (
-            b"authorization" in keys and raw[keys.index(b"authorization")][2] == placeholder
-        ):
-            raw[:] = [
-                h
-                for h in raw
-                if h[1] not in names and not (h[1] == b"authorization" and h[2] == placeholder)
-            ]
+        src = request.headers
+        headers_obj = object.__new__(type(src))
+        headers_obj.__dict__.update(src.__dict__)
+        # One pass over the caller's (raw, lower, value) list; it stays as it was.
+        raw: list[tuple[bytes, bytes, bytes]] = [
+            h
+            for h in src._list
+            if h[1] not in names and (h[2] != placeholder or h[1] != b"authorization")
+        ]
         raw.extend([(k, k, v) for k, v in new])
+        headers_obj._list = raw
         out.headers = headers_obj
         out.url = url
         if content is not None:

@@ -1,0 +1,95 @@
+"""The transport's per-call shortcuts keep their meaning: endpoint matching on the URL's
+parts, and the shallow request copy with its own header list."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from agentrt import Endpoint, Runtime
+from agentrt._protocol import parse_agentrt_header
+from agentrt._transport import http_lib
+from tests._fake import MSG, FakeEngine
+
+URL = "http://engine.test/v1"
+
+BASES = ["http://Engine.test:80/v1", "http://engine.test/v1/sub/", "https://other.test:8443/api"]
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://engine.test/v1/chat/completions", (BASES[0], "/chat/completions")),
+        ("http://engine.test/v1/chat/completions?x=1", (BASES[0], "/chat/completions")),
+        (
+            "http://engine.test/v1/sub/chat/completions",
+            ("http://engine.test/v1/sub", "/chat/completions"),
+        ),
+        ("http://engine.test/v1/sub", (BASES[0], "/sub")),
+        ("https://other.test:8443/api/models", (BASES[2], "/models")),
+        ("http://engine.test/v1x/chat/completions", None),
+        ("http://engine.test:8080/v1/chat/completions", None),
+        ("https://engine.test/v1/chat/completions", None),
+        ("http://elsewhere.test/v1/chat/completions", None),
+        ("https://other.test/api/models", None),
+    ],
+)
+def test_match_reads_origin_and_path(url: str, expected: tuple[str, str] | None) -> None:
+    core = Runtime([Endpoint(b) for b in BASES])._core
+    lib = http_lib().mod
+    assert core.match(lib.URL(url)) == expected
+    assert core.match(httpx.URL(url)) == expected
+
+
+def only(headers: httpx.Headers, name: str) -> str:
+    (value,) = headers.get_list(name)
+    return value
+
+
+@pytest.mark.anyio
+async def test_prepared_request_headers() -> None:
+    fake = FakeEngine()
+    async with Runtime([URL], transport=fake.transport()) as rt:
+        own = openai.AsyncOpenAI(
+            base_url=URL, api_key="user-key", http_client=rt.http_client(), max_retries=0
+        )
+        async with rt.job("j") as job, job.session(session_id="s1"):
+            # agentrt's own client: its placeholder key is not sent.
+            await rt.openai().chat.completions.create(model="m", messages=MSG)
+            # A caller's x-agentrt is replaced, its own key kept.
+            await own.chat.completions.create(
+                model="m", messages=MSG, extra_headers={"X-Agentrt": "v=1", "x-mine": "1"}
+            )
+    plain, mine = (x.headers for x in fake.seen)
+    assert "authorization" not in plain
+    assert only(mine, "authorization") == "Bearer user-key"
+    assert parse_agentrt_header(only(mine, "x-agentrt")).session_id == "s1"
+    assert parse_agentrt_header(only(plain, "x-agentrt")).turn == 0
+    assert only(mine, "x-mine") == "1"
+    assert only(mine, "host") == "engine.test"
+
+
+@pytest.mark.anyio
+async def test_endpoint_key_replaces_the_callers_and_the_request_is_left_alone() -> None:
+    fake = FakeEngine()
+    eps = [Endpoint("http://a.test/v1", api_key="key-a")]
+    async with Runtime(eps, transport=fake.transport(), api_key="rt-key") as rt:
+        client: Any = rt.http_client()
+        request = client.build_request(
+            "POST",
+            "http://a.test/v1/chat/completions",
+            json={"model": "m", "messages": MSG},
+            headers={"authorization": "Bearer user-key"},
+        )
+        before = list(request.headers.raw)
+        async with rt.job("j") as job, job.session():
+            await client.send(request)
+            await client.send(request)  # the same request again: nothing of the first stays
+    assert list(request.headers.raw) == before
+    for seen in fake.seen:
+        assert only(seen.headers, "authorization") == "Bearer key-a"
+        assert only(seen.headers, "host") == "a.test"
+    assert [parse_agentrt_header(only(x.headers, "x-agentrt")).turn for x in fake.seen] == [0, 1]
