@@ -188,6 +188,25 @@ def _output_of(raw: bytes) -> str | None:
     return _text_of(choices[0]) if isinstance(choices, list) and choices else None
 
 
+def _request_body(content: bytes) -> dict[str, Any] | None:
+    """The JSON object a request sends, else None.
+
+    ``raw_decode`` of the UTF-8 text costs a third of ``json.loads`` on bytes (no encoding
+    detection, no whitespace regex); anything it does not take (leading whitespace, another
+    encoding) goes through ``json.loads``."""
+    try:
+        text = content.decode()
+        parsed, end = _JSON.raw_decode(text)
+        if end != len(text) and text[end:].strip(" \t\n\r"):
+            raise ValueError("extra data")
+    except ValueError:
+        try:
+            parsed = json.loads(content)
+        except ValueError:
+            return None
+    return parsed if isinstance(parsed, dict) else None
+
+
 def _merge_body(body: dict[str, Any], extra: dict[str, Any]) -> None:
     """Merge dialect fields into the body; never overwrite what the caller set."""
     for key, value in extra.items():
@@ -444,16 +463,8 @@ class _Call:
         self.tools: tuple[str, ...] = ()
         """The tools the reply calls, looked up only when the runtime learns tool waits."""
         job = session.job
-        body: dict[str, Any] | None = None
         content = request.content if request.method == "POST" else b""
-        if content:
-            try:
-                parsed = json.loads(content)
-            except ValueError:
-                parsed = None
-            if isinstance(parsed, dict):
-                body = parsed
-        self.body = body
+        self.body = body = _request_body(content) if content else None
         stream = False
         max_out = model = None
         if body:

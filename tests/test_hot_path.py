@@ -3,15 +3,18 @@ parts, and the shallow request copy with its own header list."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentrt import Endpoint, Runtime
 from agentrt._protocol import parse_agentrt_header
-from agentrt._transport import http_lib
+from agentrt._transport import _request_body, http_lib
 from tests._fake import MSG, FakeEngine
 
 URL = "http://engine.test/v1"
@@ -93,3 +96,34 @@ async def test_endpoint_key_replaces_the_callers_and_the_request_is_left_alone()
         assert only(seen.headers, "authorization") == "Bearer key-a"
         assert only(seen.headers, "host") == "a.test"
     assert [parse_agentrt_header(only(x.headers, "x-agentrt")).turn for x in fake.seen] == [0, 1]
+
+
+def _reference(content: bytes) -> Any:
+    try:
+        parsed = json.loads(content)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=10,
+)
+space = st.text(alphabet=" \t\n\r\u00a0x", max_size=3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values, space, space, st.sampled_from(["utf-8", "utf-16", "utf-32"]))
+def test_request_body_reads_what_json_loads_reads(
+    value: Any, before: str, after: str, encoding: str
+) -> None:
+    content = (before + json.dumps(value, ensure_ascii=False) + after).encode(encoding)
+    assert _request_body(content) == _reference(content)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=40))
+def test_request_body_of_any_bytes(content: bytes) -> None:
+    assert _request_body(content) == _reference(content)
