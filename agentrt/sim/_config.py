@@ -67,9 +67,13 @@ class EngineConfig:
     (at ``host_bandwidth``) before ``offload`` and ``adaptive`` move them to the host."""
     adaptive_pressure: float = 0.6
     """``adaptive``: the KV pressure (blocks referenced or pinned plus the blocks queued
-    requests need, over ``num_gpu_blocks``) from which a long wait is offloaded, not pinned."""
+    requests need, over ``num_gpu_blocks``) from which no wait is pinned past the
+    break-even: it is offloaded instead."""
+    adaptive_pin_max_s: float = 10.0
+    """``adaptive``: below ``adaptive_pressure``, a wait up to this long is pinned; a longer
+    one is offloaded (past the break-even, with room on the host) or left to LRU."""
     adaptive_max_wait_s: float = 300.0
-    """``adaptive``: a longer wait is never pinned; under pressure its KV is dropped."""
+    """``adaptive``: a longer wait is left to LRU, or dropped under pressure."""
     request_overhead_s: float = 0.0
     """Seconds the API server spends on a request before the engine sees it (HTTP,
     parsing, tokenizing); fitted for ``cpu-tiny``, negligible for ``h100-8b``."""
@@ -106,7 +110,12 @@ class EngineConfig:
             raise ValueError("request_overhead_s must be a finite number >= 0")
         if self.host_bandwidth <= 0 or self.pin_margin_s < 0:
             raise ValueError("host_bandwidth must be > 0 and pin_margin_s >= 0")
-        for name in ("pin_margin_s", "offload_margin_s", "adaptive_max_wait_s"):
+        for name in (
+            "pin_margin_s",
+            "offload_margin_s",
+            "adaptive_pin_max_s",
+            "adaptive_max_wait_s",
+        ):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"EngineConfig.{name} must be a finite number >= 0, got {value!r}")

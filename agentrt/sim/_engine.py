@@ -968,10 +968,12 @@ class Engine:
         until = now + idle + cfg.pin_margin_s
         if policy == "adaptive":
             pressure = (kv.used + self._waiting_blocks) / kv.capacity
-            if pressure < cfg.adaptive_pressure:
-                policy = "pin" if idle <= cfg.adaptive_max_wait_s else "lru"
-            else:
-                policy = "drop" if idle > cfg.adaptive_max_wait_s else "offload"
+            if idle > cfg.adaptive_max_wait_s:
+                policy = "lru" if pressure < cfg.adaptive_pressure else "drop"
+            elif pressure < cfg.adaptive_pressure and idle <= cfg.adaptive_pin_max_s:
+                policy = "pin"
+            else:  # offload past the break-even (pin below it; lru if the host is full)
+                policy = "offload"
         if policy == "offload":
             top, blocks = kv.own_tail(deepest, session)
             breakeven = 2 * blocks * cfg.block_transfer_s + cfg.offload_margin_s

@@ -182,10 +182,10 @@ async def test_adaptive_pins_at_low_pressure_and_offloads_at_high_pressure() -> 
         engine = cluster.replicas[0].engine
         # each pinned session holds 60 of 400 blocks: pressure 0, 0.15, 0.3, 0.45 -> pin
         for i in range(4):
-            await turn(engine, f"p{i}", 15, idle=100.0)
+            await turn(engine, f"p{i}", 15, idle=8.0)
         assert engine.stats().tool_waits_pinned == 4 and engine.kv.used == 240
-        # pressure 0.6: a long wait goes to the host, a short one is pinned
-        await turn(engine, "long", 15, idle=100.0)
+        # pressure 0.6: the same wait goes to the host; one below the break-even is pinned
+        long = await turn(engine, "long", 15, idle=8.0)
         await turn(engine, "short", 1, idle=1.0)
         # a wait longer than adaptive_max_wait_s is dropped under pressure
         await turn(engine, "forever", 15, idle=1000.0)
@@ -195,18 +195,22 @@ async def test_adaptive_pins_at_low_pressure_and_offloads_at_high_pressure() -> 
         assert st.tool_waits_offloaded == 1 and st.tool_waits_pinned == 5
         assert st.tool_waits_dropped == 1 and st.offloaded_blocks == 60
         engine.kv.check()
-        await anyio.sleep(100)
+        assert long.finish_time is not None
+        await anyio.sleep_until(long.finish_time + 8.0)
         assert (await turn(engine, "long", 18)).cached_tokens == 960
         assert engine.stats().prefetches_useful == 1
         engine.kv.check()
 
 
-async def test_adaptive_very_long_wait_at_low_pressure_is_left_to_lru() -> None:
+async def test_adaptive_at_low_pressure_offloads_long_waits_and_leaves_very_long_ones() -> None:
     async with Cluster(1, config(tool_wait_policy="adaptive")) as cluster:
         engine = cluster.replicas[0].engine
-        await turn(engine, "s", 15, idle=1000.0)
+        await turn(engine, "s", 15, idle=1000.0)  # > adaptive_max_wait_s: lru
         st = engine.stats()
         assert st.tool_waits_lru == 1 and st.tool_waits_pinned == 0 and engine.kv.used == 0
+        await turn(engine, "t", 15, idle=60.0)  # > adaptive_pin_max_s: offloaded
+        assert engine.stats().tool_waits_offloaded == 1 and engine.kv.used == 0
+        engine.kv.check()
 
 
 async def test_adaptive_counts_queued_demand_as_pressure() -> None:
@@ -214,7 +218,7 @@ async def test_adaptive_counts_queued_demand_as_pressure() -> None:
     async with Cluster(1, cfg) as cluster, anyio.create_task_group() as tg:
         engine = cluster.replicas[0].engine
         # s runs first; four 60-block requests queue behind it (max_num_seqs=1): 240 blocks
-        tg.start_soon(turn, engine, "s", 15, 100.0)
+        tg.start_soon(turn, engine, "s", 15, 5.0)  # 5 s: a pin at low pressure, not at 0.6
         await anyio.lowlevel.checkpoint()
         for i in range(4):
             tg.start_soon(turn, engine, f"q{i}", 15)
@@ -226,7 +230,7 @@ async def test_adaptive_counts_queued_demand_as_pressure() -> None:
 
 
 def test_config_checks_the_policy_fields() -> None:
-    for bad in ({"adaptive_pressure": 1.5}, {"offload_margin_s": -1.0}):
+    for bad in ({"adaptive_pressure": 1.5}, {"offload_margin_s": -1.0}, {"adaptive_pin_max_s": -1}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             small_config(**bad)
     assert small_config(tool_wait_policy="adaptive").tool_wait_policy == "adaptive"
