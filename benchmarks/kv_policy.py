@@ -21,7 +21,7 @@ Per configuration: JCT mean/p50/p99 and their ratio to the baseline, the hit rat
 that resume a session after a tool wait, host-tier traffic, KV occupancy, and the gap
 between learned and oracle declarations.
 
-    .venv/bin/python benchmarks/kv_policy.py              # ~5 min; results/kv_policy.json
+    .venv/bin/python benchmarks/kv_policy.py              # ~4 min; results/kv_policy.json
     .venv/bin/python benchmarks/kv_policy.py --workloads react-longtail --loads base
 """
 
