@@ -466,15 +466,16 @@ class Engine:
         self.started = True
         task_status.started()
         cost = self.config.cost
+        kv = self.kv
         try:
             while True:
                 now = anyio.current_time()
+                kv.expire_pins(now)
                 if self._notices:
                     self._process_notices(now)
                 q = self._prefetch_q
                 if q and q[0][0] <= now:
                     self._run_prefetches(now)
-                next_pin = self.kv.expire_pins(now)
                 if self._aborts:
                     self._process_aborts(now)
                 if not self.running and not self._num_waiting:
@@ -482,9 +483,14 @@ class Engine:
                     continue
                 self._preempted = False
                 plan = self._schedule(now)
+                # The next timed event that changes what the coming steps can do: a pin
+                # expiry (it matters to waiting requests only) or a prefetch.
+                next_event = kv.next_pin() if self._num_waiting else None
+                if q and (next_event is None or q[0][0] < next_event):
+                    next_event = q[0][0]
                 if plan is None:
                     if not self._preempted:  # else retry admission at once
-                        await self._idle(next_pin)
+                        await self._idle(next_event)
                     continue
                 sched, n_prefill, n_decode, ctx, pairs, transfer_s, leap, quiet = plan
                 first = (
@@ -498,7 +504,7 @@ class Engine:
                 )
                 self.iterations += 1
                 if leap and not self.exact_steps:
-                    k = self._macro_steps(now, n_decode, first, next_pin)
+                    k = self._macro_steps(now, n_decode, first, next_event)
                     if k > 1:
                         steps, total = await self._macro_sleep(now, first, n_decode, k)
                         self.steps += steps
@@ -506,7 +512,7 @@ class Engine:
                         self._finish_decodes(steps, anyio.current_time())
                         continue
                 elif quiet and n_prefill and not self.exact_steps:
-                    ahead = self._run_ahead(sched, first, now, next_pin)
+                    ahead = self._run_ahead(sched, first, now, next_event)
                     if len(ahead) > 1:
                         await self._run_steps(now, ahead)
                         continue
@@ -694,7 +700,7 @@ class Engine:
         sched: list[tuple[SimRequest, int]],
         first: float,
         now: float,
-        next_pin: float | None,
+        next_event: float | None,
     ) -> list[tuple[list[tuple[SimRequest, int]], float]]:
         """The steps that follow ``sched`` while prefills run and nothing can change: each
         step's batch and duration, computed as :meth:`_schedule` would, up to the first step
@@ -711,7 +717,7 @@ class Engine:
         if self._visible(sched, comp, out):
             return steps
         avail = self.kv.available()
-        limit = next_pin - now if next_pin is not None and self._num_waiting else math.inf
+        limit = next_event - now if next_event is not None else math.inf
         total = first
         budget0 = cfg.max_num_batched_tokens
         thr = cfg.long_prefill_token_threshold
@@ -823,7 +829,9 @@ class Engine:
             self._interrupt = None
         return scope.cancelled_caught
 
-    def _macro_steps(self, now: float, n_decode: int, first: float, next_pin: float | None) -> int:
+    def _macro_steps(
+        self, now: float, n_decode: int, first: float, next_event: float | None
+    ) -> int:
         """How many decode steps can run before anything can change."""
         k = min(r.max_tokens - r.num_output for r in self.running)
         if k <= 1:
@@ -853,9 +861,9 @@ class Engine:
                 else:
                     hi = mid - 1
             k = lo
-        if k > 1 and next_pin is not None and self._num_waiting:
+        if k > 1 and next_event is not None:
             b = self.config.cost.decode_context_token_s * n_decode
-            limit = next_pin - now
+            limit = next_event - now
             while k > 1 and k * first + b * k * (k - 1) / 2 > limit:
                 k = max(1, min(k - 1, int(limit / first) if first > 0 else 1))
         return k
@@ -967,6 +975,7 @@ class Engine:
         policy = cfg.tool_wait_policy
         until = now + idle + cfg.pin_margin_s
         if policy == "adaptive":
+            kv.expire_pins(now)  # as of now, whether or not a leap is under way
             pressure = (kv.used + self._waiting_blocks) / kv.capacity
             if idle > cfg.adaptive_max_wait_s:
                 policy = "lru" if pressure < cfg.adaptive_pressure else "drop"

@@ -424,6 +424,10 @@ class KVCache:
             heapq.heappush(pins, entry)
         return self.available() >= need
 
+    def next_pin(self) -> float | None:
+        """When the next pin may expire (a stale heap entry gives an early answer)."""
+        return self._pins[0][0] if self._pins else None
+
     def own_tail(self, deepest: Node | None, session: Any) -> tuple[Node | None, int]:
         """The highest node of ``session``'s own tail on the path to ``deepest``: the nodes
         only this session used and no request references. Returns it (None: no such node)

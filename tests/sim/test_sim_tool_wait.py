@@ -15,7 +15,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from agentrt.sim import Cluster, EngineConfig, prompt_for_blocks
+from agentrt.sim import Cluster, CostModel, EngineConfig, prompt_for_blocks
 from agentrt.sim._engine import Engine, SimRequest
 from tests.sim._helpers import small_config, virtual_backend
 
@@ -271,7 +271,7 @@ async def test_a_resumed_turn_is_admitted_ahead_of_the_queue() -> None:
 
 
 async def test_a_prefetch_without_room_is_retried_until_its_deadline() -> None:
-    cost = small_config().cost.__class__(5e-3, 30e-6, 100e-6, 50e-9, 0.0)
+    cost = CostModel(5e-3, 30e-6, 100e-6, 50e-9, 0.0)
     cfg = config(tool_wait_policy="offload", num_gpu_blocks=250, cost=cost)
     async with Cluster(1, cfg) as cluster:
         engine = cluster.replicas[0].engine
@@ -288,3 +288,62 @@ async def test_a_prefetch_without_room_is_retried_until_its_deadline() -> None:
         assert req.cached_tokens == 960 and req.host_cached_tokens == 0
         assert (st.prefetches, st.prefetches_useful, st.prefetches_skipped) == (1, 1, 0)
         engine.kv.check()
+
+
+@pytest.mark.parametrize(("policy", "host"), [("pin", 0), ("adaptive", 0), ("offload", 600)])
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_leaps_change_nothing_under_the_policies(policy: str, host: int, seed: int) -> None:
+    """Sessions with tool waits on a small cache: the engine's leaps give the same times,
+    hits and decisions as stepping one step at a time (timers bound the leaps)."""
+    import random
+
+    async def run(exact: bool) -> tuple[list[tuple[str, float, int, int]], tuple[int, ...]]:
+        rng = random.Random(seed)
+        cfg = small_config(
+            num_gpu_blocks=450,
+            num_host_blocks=host,
+            max_num_batched_tokens=2048,
+            tool_wait_policy=policy,
+            host_bandwidth=2e9,
+            cost=CostModel(5e-3, 30e-6, 100e-6, 50e-9, 1e-9),
+        )
+        log: list[tuple[str, float, int, int]] = []
+        async with Cluster(1, cfg) as cluster:
+            engine = cluster.replicas[0].engine
+            engine.exact_steps = exact
+            t0 = anyio.current_time()
+
+            async def session(i: int, srng: random.Random) -> None:
+                await anyio.sleep(srng.uniform(0, 1))
+                n = srng.randint(2, 20)
+                for k in range(srng.randint(1, 5)):
+                    n += srng.randint(0, 12)
+                    wait = srng.uniform(0, 3)
+                    text = prompt_for_blocks(range(n), 64, srng.randint(0, 63), namespace=f"s{i}")
+                    prompt = engine.tokenizer.chat([{"role": "user", "content": text}])
+                    req = engine.submit(
+                        prompt,
+                        srng.randint(1, 400),
+                        request_id=f"{i}.{k}",
+                        session=f"s{i}",
+                        idle_expected=wait * srng.uniform(0.5, 1.5),
+                    )
+                    while not req.done:
+                        await req.wait_output(req.num_output)
+                    t = round(anyio.current_time() - t0, 9)
+                    log.append((req.request_id, t, req.cached_tokens, req.host_cached_tokens))
+                    await anyio.sleep(wait)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(12):
+                    tg.start_soon(session, i, random.Random(rng.random()))
+            engine.kv.check()
+            st = engine.stats()
+        decisions = (st.tool_waits_pinned, st.tool_waits_offloaded, st.prefetches, st.preemptions)
+        return sorted(log), decisions
+
+    fast, fast_decisions = await run(False)
+    exact, exact_decisions = await run(True)
+    assert fast_decisions == exact_decisions
+    assert [(r, c, h) for r, _, c, h in fast] == [(r, c, h) for r, _, c, h in exact]
+    assert [t for _, t, _, _ in fast] == pytest.approx([t for _, t, _, _ in exact], abs=1e-9)
