@@ -142,6 +142,8 @@ class KVCache:
         self.host_used = 0
         self.host_pinned = 0
         """Host blocks that are pinned (offloaded by a policy, awaiting their prefetch)."""
+        self.gpu_pins = 0
+        """Pinned accelerator nodes (what :meth:`yield_pins` could unpin)."""
         self.link_free = 0.0
         """When the host-to-accelerator link finishes the prefetches already started."""
         self._lru: list[tuple[float, int, int, Node]] = []
@@ -364,6 +366,7 @@ class KVCache:
             fresh = not n.pinned
             if fresh:
                 if n.tier == GPU:
+                    self.gpu_pins += 1
                     if n.refcount == 0:
                         self.evictable -= n.length
                 else:
@@ -387,6 +390,7 @@ class KVCache:
             if n.alive and n.pinned and n.pin_until <= now:
                 n.pinned = False
                 if n.tier == GPU:
+                    self.gpu_pins -= 1
                     if n.refcount == 0:
                         self.evictable += n.length
                         if n.gpu_children == 0:
@@ -403,7 +407,7 @@ class KVCache:
         are. Host pins stay."""
         pins = self._pins
         kept: list[tuple[float, int, Node]] = []
-        while pins and self.available() < need:
+        while pins and self.gpu_pins and self.available() < need:
             entry = heapq.heappop(pins)
             _, seq, n = entry
             if not (n.alive and n.pinned and seq == n.pin_seq):
@@ -415,6 +419,7 @@ class KVCache:
             # below an unpinned one.
             n.pinned = False
             n.pin_until = 0.0
+            self.gpu_pins -= 1
             self.yielded_blocks += n.length
             if n.refcount == 0:
                 self.evictable += n.length
@@ -507,6 +512,7 @@ class KVCache:
             self.host_used -= node.length
             self.gpu_tree += node.length
             self.host_pinned -= node.length  # pinned above
+            self.gpu_pins += 1
             node.tier = GPU
             assert node.parent is not None
             node.parent.gpu_children += 1
@@ -564,6 +570,8 @@ class KVCache:
         top.gpu_children = 1 if node.tier == GPU else 0
         top.refcount = node.refcount
         top.pinned = node.pinned
+        if top.pinned and top.tier == GPU:
+            self.gpu_pins += 1
         top.pin_until = node.pin_until
         top.last_access = node.last_access
         top.shared = node.shared
@@ -687,6 +695,7 @@ class KVCache:
         self.gpu_tree -= n.length
         if n.pinned:
             self.host_pinned += n.length
+            self.gpu_pins -= 1
         elif n.refcount == 0:
             self.evictable -= n.length
         n.tier = HOST
@@ -740,7 +749,9 @@ class KVCache:
         if n.tier == GPU:
             self._wasted(n)
             self.gpu_tree -= n.length
-            if n.refcount == 0 and not n.pinned:
+            if n.pinned:
+                self.gpu_pins -= 1
+            elif n.refcount == 0:
                 self.evictable -= n.length
             parent.gpu_children -= 1
             if (
@@ -769,7 +780,7 @@ class KVCache:
 
     def check(self, now: float | None = None) -> None:
         """Recompute every counter from the tree and compare (for tests)."""
-        gpu = host = evictable = host_pinned = 0
+        gpu = host = evictable = host_pinned = gpu_pins = 0
         stack = [self.root]
         while stack:
             n = stack.pop()
@@ -787,6 +798,7 @@ class KVCache:
             assert n.refcount >= 0
             if n.tier == GPU:
                 gpu += n.length
+                gpu_pins += n.pinned
                 if n.refcount == 0 and not n.pinned:
                     evictable += n.length
                     for c in n.children.values():
@@ -799,6 +811,7 @@ class KVCache:
                     host_pinned += n.length
         assert gpu == self.gpu_tree, (gpu, self.gpu_tree)
         assert host_pinned == self.host_pinned, (host_pinned, self.host_pinned)
+        assert gpu_pins == self.gpu_pins, (gpu_pins, self.gpu_pins)
         assert host == self.host_used, (host, self.host_used)
         assert evictable == self.evictable, (evictable, self.evictable)
         assert 0 <= self.free <= self.capacity, self.free
