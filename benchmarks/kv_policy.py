@@ -13,9 +13,11 @@ and arrivals through agentrt with session routing:
 
 - ``lru``, no declarations (``declare=none``): the baseline (today's engines), with the
   same host tier, plus ``lru`` without a host tier for reference;
-- ``pin``, ``offload``, ``drop`` (and ``adaptive`` where the engine has it), each with
-  ``declare=learned`` (the runtime's per-tool learned waits) and ``declare=oracle`` (the
-  exact next tool wait, declared before the call it follows).
+- ``pin``, ``offload``, ``drop``, ``adaptive`` and ``resume`` (where the engine has them),
+  each with ``declare=learned`` (the runtime's per-tool learned waits) and
+  ``declare=oracle`` (the exact next tool wait, declared before the call it follows);
+  ``resume`` also with ``declare=none`` (what it does without declarations: LRU, with the
+  prefixes of queued requests evicted last).
 
 Per configuration: JCT mean/p50/p99 and their ratio to the baseline, the hit rate of calls
 that resume a session after a tool wait, host-tier traffic, KV occupancy, and the gap
@@ -57,7 +59,7 @@ GPU_BLOCKS = 8192
 """KV blocks per replica (16 tokens each: 131k tokens, about a third of what an 80 GB
 H100 holds for Llama-3.1-8B)."""
 HOST_BLOCKS = 4 * GPU_BLOCKS
-POLICIES = ("pin", "offload", "drop", "adaptive")
+POLICIES = ("pin", "offload", "drop", "adaptive", "resume")
 BASELINE = "agentrt:session,declare=none"
 NO_HOST = "lru, no host tier"
 
@@ -78,6 +80,8 @@ def configs(host: int) -> list[tuple[str, str, int, list[str]]]:
     if host:
         out.append((NO_HOST, "lru", 0, [BASELINE]))
     out += [(p, p, host, both) for p in POLICIES if has_policy(p, host)]
+    if has_policy("resume", host):  # without declarations: LRU, queued prefixes last
+        out[-1] = ("resume", "resume", host, [BASELINE, *both])
     return out
 
 

@@ -15,9 +15,9 @@ __all__ = ["PRESETS", "EngineConfig", "KVPolicy", "Replies", "SchedulingPolicy",
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 Replies = Literal["filler", "agent"]
-KVPolicy = Literal["lru", "keep", "pin", "offload", "drop", "adaptive"]
+KVPolicy = Literal["lru", "keep", "pin", "offload", "drop", "adaptive", "resume"]
 
-_KV_POLICIES: Final = ("lru", "keep", "pin", "offload", "drop", "adaptive")
+_KV_POLICIES: Final = ("lru", "keep", "pin", "offload", "drop", "adaptive", "resume")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +59,9 @@ class EngineConfig:
     nothing (today's engines); ``keep``/``pin`` pin it for the wait plus ``pin_margin_s``;
     ``offload`` move it to the host tier when the wait exceeds the transfer break-even and
     prefetch it back for the expected resume (else pin); ``drop`` free it at once;
-    ``adaptive`` choose among these by KV memory pressure (docs/sim.md)."""
+    ``adaptive`` choose among these by KV memory pressure; ``resume`` leave the KV in place
+    but evict by declared resume time (the leaf expected back last first, Belady-like) and
+    prefetch what was spilled to the host tier for the expected resume (docs/sim.md)."""
     pin_margin_s: float = 2.0
     """Extra seconds a pin lasts beyond the expected wait (also for prefetched blocks)."""
     offload_margin_s: float = 1.0

@@ -27,7 +27,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from ._config import EngineConfig
-from ._kv import GPU, KVCache, Node
+from ._kv import GPU, QUEUED, KVCache, Node
 from ._tokenize import Prompt, Tokenizer, slice_runs
 
 __all__ = ["Engine", "ReplicaStats", "RequestRejected", "SimRequest"]
@@ -229,6 +229,8 @@ class ReplicaStats:
     tool_waits_lru: int = 0
     """Tool waits left to LRU by the policy (``adaptive`` with a very long wait at low
     pressure, or no host tier) or by a fallback."""
+    tool_waits_resume: int = 0
+    """Tool waits whose expected resume was declared to eviction (``resume``)."""
     tool_wait_fallbacks: int = 0
     """Offloads not done because the host tier had no room (left to LRU)."""
     idle_notices: int = 0
@@ -281,7 +283,7 @@ class Engine:
         self.prefix_queries = 0
         self.prefix_hits = 0
         self.host_hits = 0
-        self.tool_waits = dict.fromkeys(("pin", "offload", "drop", "lru", "fallback"), 0)
+        self.tool_waits = dict.fromkeys(("pin", "offload", "drop", "lru", "fallback", "resume"), 0)
         self.idle_notices = 0
         self.resumed_first = 0
 
@@ -329,6 +331,8 @@ class Engine:
             seq=next(self._seq),
         )
         req.anonymous = session is None
+        if cfg.tool_wait_policy == "resume" and session is not None:
+            self._hint(session, QUEUED)  # its prefix is needed next: evicted last
         if cfg.tool_wait_policy != "lru" and cfg.scheduling == "fcfs" and session is not None:
             path = self._paths.get(session)
             req.resumed = path is not None and path.alive and path.pinned
@@ -343,6 +347,8 @@ class Engine:
         if req.status >= FINISHED:
             return
         if req.status == WAITING:
+            if self.config.tool_wait_policy == "resume" and not req.anonymous:
+                self._hint(req.session, 0.0)
             req.status = ABORTED
             self._num_waiting -= 1
             self._waiting_blocks -= req.queued_blocks
@@ -351,6 +357,14 @@ class Engine:
             return
         self._aborts.append(req)
         self._poke()
+
+    def _hint(self, session: Any, resume_at: float) -> None:
+        """Declare ``session``'s own tail next used at ``resume_at`` (``resume``)."""
+        path = self._paths.get(session)
+        if path is not None and path.alive:
+            top, _ = self.kv.own_tail(path, session)
+            if top is not None:
+                self.kv.hint_resume(path, top, resume_at)
 
     def _poke(self) -> None:
         if self._wake is not None:
@@ -455,6 +469,7 @@ class Engine:
             tool_waits_offloaded=tw["offload"],
             tool_waits_dropped=tw["drop"],
             tool_waits_lru=tw["lru"],
+            tool_waits_resume=tw["resume"],
             tool_wait_fallbacks=tw["fallback"],
             idle_notices=self.idle_notices,
         )
@@ -598,6 +613,8 @@ class Engine:
                     blocked = True
                     break
                 self._pop_waiting()
+                if cfg.tool_wait_policy == "resume" and not req.anonymous:
+                    self._hint(req.session, 0.0)  # what the request does not match ages
                 if self._prefetch_of:
                     self._cancel_prefetch(req.session)
                 if match.ready_at > now:  # a prefetch still in flight: wait for its end
@@ -999,6 +1016,17 @@ class Engine:
                 self._prefetch_of[session] = p
                 self.tool_waits["offload"] += 1
                 return
+        if policy == "resume":
+            top, blocks = kv.own_tail(deepest, session)
+            if top is not None:
+                kv.hint_resume(deepest, top, now + idle)
+                if kv.host_capacity:  # bring back what eviction spilled by then
+                    start = now + idle - blocks * cfg.block_transfer_s
+                    p = _PendingPrefetch(session, deepest, start, until)
+                    heapq.heappush(self._prefetch_q, (p.start, next(self._seq), p))
+                    self._prefetch_of[session] = p
+            self.tool_waits["resume"] += 1
+            return
         if policy in ("keep", "pin"):
             kv.pin_path(deepest, until)
             self.tool_waits["pin"] += 1

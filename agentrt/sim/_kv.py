@@ -11,6 +11,14 @@ tail-first: a leaf is trimmed from its end. With a host tier, evicted blocks mov
 own LRU); a prefix hit on host blocks loads them back. Along any root path the tiers are
 GPU* then host*, so a GPU node never hangs below a host node.
 
+With declared resume times (:meth:`KVCache.hint_resume`, the ``resume`` policy), eviction
+approximates Belady's MIN instead: a leaf's expected next use is its declared resume time
+while that is ahead, else it is estimated by its age (the time since its last use, or since
+its resume time once that is past: a long idle is likely to stay long). The victim is the
+leaf whose next use is furthest: the hinted leaf resuming last (a max-heap on resume time)
+or the least recently used one (the LRU heap, where a hinted leaf is keyed by its resume
+time), whichever is further. The host tier keeps the LRU heap with the same keys.
+
 Pins protect blocks on either tier: a pinned GPU block is not evicted, a pinned host block is
 not dropped to make room on the host. The tool-wait policies work on a session's *own tail*
 (the unshared, unreferenced end of its last request's path): pin it, drop it, or offload it
@@ -26,10 +34,12 @@ from typing import Any, Final
 
 from ._tokenize import Run, runs_length, slice_runs
 
-__all__ = ["GPU", "HOST", "KVCache", "Match", "Node", "Prefetch"]
+__all__ = ["GPU", "HOST", "QUEUED", "KVCache", "Match", "Node", "Prefetch"]
 
 GPU: Final = 0
 HOST: Final = 1
+QUEUED: Final = float("inf")
+"""A resume time meaning a request of the session is queued: evicted last."""
 
 
 class Node:
@@ -38,6 +48,7 @@ class Node:
     __slots__ = (
         "alive",
         "children",
+        "far_seq",
         "gpu_children",
         "heap_seq",
         "last_access",
@@ -49,6 +60,7 @@ class Node:
         "prefetch",
         "ready_at",
         "refcount",
+        "resume_at",
         "runs",
         "session",
         "shared",
@@ -74,6 +86,10 @@ class Node:
         """The sequence number of this node's current entry in the pin heap."""
         self.last_access = 0.0
         self.heap_seq = -1
+        self.resume_at = 0.0
+        """When this node's session declared it resumes (0: no declaration pending)."""
+        self.far_seq = -1
+        """The sequence number of this node's current entry in the resume heap."""
         self.session = session
         self.shared = False
         self.alive = True
@@ -147,6 +163,10 @@ class KVCache:
         self.link_free = 0.0
         """When the host-to-accelerator link finishes the prefetches already started."""
         self._lru: list[tuple[float, int, int, Node]] = []
+        self._far: list[tuple[float, int, int, Node]] = []
+        """Hinted evictable leaves, the latest resume first (negated resume times)."""
+        self.now = 0.0
+        """The clock as of the last call that gave one (hinted eviction compares with it)."""
         self._host_lru: list[tuple[float, int, int, Node]] = []
         self._pins: list[tuple[float, int, Node]] = []
         self._seq = itertools.count()
@@ -246,6 +266,7 @@ class KVCache:
         Returns the deepest referenced node and the number of blocks loaded from the host
         tier. The caller checked :meth:`can_admit`.
         """
+        self.now = now
         if match.partial is not None:
             deepest = self._split(match.partial, match.partial_blocks)
         else:
@@ -263,6 +284,7 @@ class KVCache:
                 self.evictable -= node.length
             node.refcount += 1
             node.last_access = now
+            node.resume_at = 0.0
             if node.session != session:
                 node.shared = True
             if node.prefetch is not None:
@@ -332,6 +354,7 @@ class KVCache:
     def release(self, deepest: Node | None, private: int, now: float) -> None:
         """Drop a request's references (its path from ``deepest``) and free its private
         blocks. Unreferenced blocks stay cached (evictable)."""
+        self.now = now
         self.private -= private
         n = deepest
         root = self.root
@@ -384,6 +407,7 @@ class KVCache:
 
     def expire_pins(self, now: float) -> float | None:
         """Unpin what expired by ``now``; the next expiry time, if any."""
+        self.now = now
         pins = self._pins
         while pins and pins[0][0] <= now:
             _, _, n = heapq.heappop(pins)
@@ -453,6 +477,20 @@ class KVCache:
             blocks += n.length
             n = n.parent
         return top, blocks
+
+    def hint_resume(self, deepest: Node, top: Node, resume_at: float) -> None:
+        """Declare that the own tail ``top``..``deepest`` (see :meth:`own_tail`) is next used
+        at ``resume_at``: eviction keeps it ahead of leaves expected back later."""
+        n: Node | None = deepest
+        stop = top.parent
+        while n is not None and n is not stop:
+            n.resume_at = resume_at
+            if n.refcount == 0 and not n.pinned and not n.gpu_children:
+                if n.tier == GPU:
+                    self._push(n)
+                elif not n.children:
+                    self._push_host(n)
+            n = n.parent
 
     def host_room_for(self, blocks: int) -> bool:
         """Whether the host tier can take ``blocks`` without dropping pinned host blocks."""
@@ -548,12 +586,17 @@ class KVCache:
     # ------------------------------------------------------------ internals
 
     def _push(self, n: Node) -> None:
+        """Queue an evictable accelerator leaf (again: older entries go stale)."""
         n.heap_seq = seq = next(self._seq)
-        heapq.heappush(self._lru, (n.last_access, n.uid, seq, n))
+        r = n.resume_at
+        heapq.heappush(self._lru, (max(n.last_access, r), n.uid, seq, n))
+        if self.now < r < QUEUED:
+            n.far_seq = seq
+            heapq.heappush(self._far, (-r, n.uid, seq, n))
 
     def _push_host(self, n: Node) -> None:
         n.heap_seq = seq = next(self._seq)
-        heapq.heappush(self._host_lru, (n.last_access, n.uid, seq, n))
+        heapq.heappush(self._host_lru, (max(n.last_access, n.resume_at), n.uid, seq, n))
 
     def _split(self, node: Node, m: int) -> Node:
         """Split ``node`` after its first ``m`` blocks; returns the new top part (the
@@ -574,6 +617,7 @@ class KVCache:
             self.gpu_pins += 1
         top.pin_until = node.pin_until
         top.last_access = node.last_access
+        top.resume_at = node.resume_at
         top.shared = node.shared
         top.ready_at = node.ready_at
         top.prefetch = node.prefetch
@@ -596,7 +640,7 @@ class KVCache:
     def _evict_one(self, want: int) -> bool:
         lru = self._lru
         while lru:
-            _, _, seq, n = heapq.heappop(lru)
+            _, _, seq, n = lru[0]
             if (
                 seq != n.heap_seq
                 or not n.alive
@@ -605,7 +649,23 @@ class KVCache:
                 or n.pinned
                 or n.gpu_children
             ):
+                heapq.heappop(lru)
                 continue
+            if self._far and n.resume_at:
+                far = self._far_leaf()
+                # A head with no declaration goes first (no resume was declared: the job
+                # ended or waits on a person). A declared head's next use is its resume time
+                # if ahead (then every leaf is declared, and ``far`` resumes last), else
+                # estimated by its age since that resume time.
+                if far is not None and (
+                    lru[0][0] > self.now or far.resume_at - self.now > self.now - lru[0][0]
+                ):
+                    heapq.heappop(self._far)
+                    n = far
+                else:
+                    heapq.heappop(lru)
+            else:
+                heapq.heappop(lru)
             if n.length > want:
                 self._evict_tail(n, want)
                 self._push(n)  # what is left is still an evictable leaf
@@ -613,6 +673,25 @@ class KVCache:
                 self._evict_node(n)
             return True
         return False
+
+    def _far_leaf(self) -> Node | None:
+        """The evictable leaf that resumes last, if one resumes after ``now`` (lazy: stale
+        entries are dropped; a leaf pushed again has a fresh one)."""
+        far = self._far
+        now = self.now
+        while far:
+            neg, _, seq, n = far[0]
+            if (
+                seq == n.far_seq
+                and now < -neg < QUEUED
+                and n.alive
+                and n.tier == GPU
+                and not (n.refcount or n.pinned or n.gpu_children)
+                and n.resume_at == -neg
+            ):
+                return n
+            heapq.heappop(far)
+        return None
 
     def _resolve(self, n: Node, *, useful: bool) -> None:
         """The prefetch that loaded ``n`` is useful (a request uses ``n``) or wasted (``n``
@@ -646,6 +725,7 @@ class KVCache:
             tail = Node(n, tail_runs, k, n.session)
             tail.tier = HOST
             tail.last_access = n.last_access
+            tail.resume_at = n.resume_at
             tail.shared = n.shared
             tail.children = n.children
             for c in tail.children.values():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentrt.sim._kv import GPU, HOST, KVCache, Node
+from agentrt.sim._kv import GPU, HOST, QUEUED, KVCache, Node
 from agentrt.sim._tokenize import Run
 
 
@@ -255,7 +255,10 @@ def test_yield_pins_never_unpins_a_parent_before_its_child() -> None:
     ops=st.lists(
         st.tuples(
             st.sampled_from(
-                ["req", "req", "alloc", "pin", "drop", "offload", "tail", "fetch", "yield", "tick"]
+                [
+                    *("req", "req", "alloc", "pin", "drop", "offload", "tail", "fetch"),
+                    *("yield", "tick", "hint"),
+                ]
             ),
             st.integers(0, 4),
             st.integers(1, 12),
@@ -307,6 +310,12 @@ def test_counters_stay_consistent(ops: list[tuple[str, int, int]], host: int) ->
             elif top is not None and host and kv.host_room_for(blocks):
                 kv.offload_tail(node, top, now + n)
                 tails.append(node)
+        elif op == "hint" and held:
+            node, private = held.pop(who % len(held))
+            kv.release(node, private, now)
+            top, _ = kv.own_tail(node, node.session)
+            if top is not None:
+                kv.hint_resume(node, top, QUEUED if n == 12 else now + n - 3)
         elif op in ("drop", "offload") and held:
             node, private = held.pop(who % len(held))
             kv.release(node, private, now)
@@ -322,3 +331,91 @@ def test_counters_stay_consistent(ops: list[tuple[str, int, int]], host: int) ->
     kv.check()
     assert kv.private == 0
     assert all(n.tier in (GPU, HOST) for n in kv.root.children.values())
+
+
+def three_idle_sessions(kv: KVCache) -> dict[str, Node]:
+    """Sessions a, b, c of 10 blocks each, used at t = 0, 1, 2 and all idle since."""
+    nodes = {}
+    for t, ns in enumerate(["a", "b", "c"]):
+        nodes[ns] = cache_sequence(kv, seq(ns, 0, 10), ns, float(t))
+        kv.release(nodes[ns], 0, float(t))
+    return nodes
+
+
+def test_hinted_eviction_keeps_the_session_resuming_soon() -> None:
+    kv = KVCache(30, 0, False)
+    nodes = three_idle_sessions(kv)
+    kv.expire_pins(3.0)
+    # "a" (least recently used) resumes at 4, "c" at 100, "b" declared nothing (its job
+    # ended): LRU would evict "a" first
+    for ns, resume in (("a", 4.0), ("c", 100.0)):
+        top, _ = kv.own_tail(nodes[ns], ns)
+        assert top is not None
+        kv.hint_resume(nodes[ns], top, resume)
+    assert kv.allocate(12)
+    assert kv.match(seq("b", 0, 10), 100).blocks == 0
+    assert kv.match(seq("c", 0, 10), 100).blocks == 8
+    assert kv.match(seq("a", 0, 10), 100).blocks == 10
+    kv.check()
+    assert kv.allocate(9)
+    assert kv.match(seq("c", 0, 10), 100).blocks == 0
+    assert kv.match(seq("a", 0, 10), 100).blocks == 9
+    kv.check()
+
+
+def test_a_late_declared_session_is_aged_from_its_resume_time() -> None:
+    kv = KVCache(30, 0, False)
+    nodes = three_idle_sessions(kv)
+    for ns, resume in (("a", 40.0), ("b", 10.0), ("c", 100.0)):
+        top, _ = kv.own_tail(nodes[ns], ns)
+        assert top is not None
+        kv.hint_resume(nodes[ns], top, resume)
+    kv.expire_pins(50.0)  # "b" is 40 s late, "a" 10 s late; "c" back in 50 s
+    assert kv.allocate(10)
+    assert kv.match(seq("c", 0, 10), 100).blocks == 0  # 50 s ahead > 40 s late
+    assert kv.allocate(10)
+    assert kv.match(seq("b", 0, 10), 100).blocks == 0  # the older lateness
+    assert kv.match(seq("a", 0, 10), 100).blocks == 10
+    kv.check()
+
+
+def test_hints_past_due_fall_back_to_age_and_queued_sessions_go_last() -> None:
+    kv = KVCache(30, 0, False)
+    nodes = three_idle_sessions(kv)
+    top, _ = kv.own_tail(nodes["c"], "c")
+    assert top is not None
+    kv.hint_resume(nodes["c"], top, 5.0)
+    top, _ = kv.own_tail(nodes["a"], "a")
+    assert top is not None
+    kv.hint_resume(nodes["a"], top, QUEUED)
+    kv.expire_pins(50.0)  # "c" is 45 s late: aged from its resume time, after "b"
+    assert kv.allocate(12)
+    assert kv.match(seq("b", 0, 10), 100).blocks == 0
+    assert kv.match(seq("c", 0, 10), 100).blocks == 8
+    assert kv.match(seq("a", 0, 10), 100).blocks == 10  # queued: last
+    kv.check()
+    assert kv.allocate(9)
+    assert kv.match(seq("a", 0, 10), 100).blocks == 9
+    kv.check()
+    # A request admitted on "a" clears the hint.
+    m = kv.match(seq("a", 0, 9), 100)
+    deepest, _ = kv.admit(m, 0, "a", 60.0)
+    assert deepest.resume_at == 0.0
+    kv.release(deepest, 0, 60.0)
+    kv.check()
+
+
+def test_hinted_eviction_spills_the_latest_resume_to_the_host_first() -> None:
+    kv = KVCache(30, 30, False)
+    nodes = three_idle_sessions(kv)
+    kv.expire_pins(3.0)
+    for ns, resume in (("a", 10.0), ("b", 200.0), ("c", 50.0)):
+        top, _ = kv.own_tail(nodes[ns], ns)
+        assert top is not None
+        kv.hint_resume(nodes[ns], top, resume)
+    assert kv.allocate(15)
+    assert nodes["b"].tier == HOST and nodes["c"].tier == GPU
+    m = kv.match(seq("c", 0, 10), 100)
+    assert (m.gpu_blocks, m.host_blocks) == (5, 5)
+    assert kv.match(seq("a", 0, 10), 100).gpu_blocks == 10
+    kv.check()

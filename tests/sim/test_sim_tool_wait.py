@@ -347,3 +347,61 @@ async def test_leaps_change_nothing_under_the_policies(policy: str, host: int, s
     assert fast_decisions == exact_decisions
     assert [(r, c, h) for r, _, c, h in fast] == [(r, c, h) for r, _, c, h in exact]
     assert [t for _, t, _, _ in fast] == pytest.approx([t for _, t, _, _ in exact], abs=1e-9)
+
+
+async def soon_and_far(policy: str, host: int) -> tuple[SimRequest, SimRequest, Engine]:
+    """Session "soon" (60 blocks, 5 s wait) finishes first, "far" (60 blocks, 100 s wait)
+    next; then 3 other sessions of 60 blocks (50 s waits) fill the 200-block cache and
+    "soon" resumes."""
+    cfg = config(tool_wait_policy=policy, num_host_blocks=host)
+    async with Cluster(1, cfg) as cluster:
+        engine = cluster.replicas[0].engine
+        first = await turn(engine, "soon", 15, idle=5.0)
+        await turn(engine, "far", 15, idle=100.0)
+        for i in range(3):
+            await turn(engine, f"o{i}", 15, idle=50.0)
+        engine.kv.check()
+        assert first.finish_time is not None
+        await anyio.sleep_until(first.finish_time + 5.0)
+        soon = await turn(engine, "soon", 18)
+        far = await turn(engine, "far", 18)
+        engine.kv.check()
+        return soon, far, engine
+
+
+async def test_resume_evicts_the_session_back_last_and_keeps_the_one_back_soon() -> None:
+    soon, far, engine = await soon_and_far("resume", 0)
+    assert soon.cached_tokens == 960 and far.cached_tokens < 960
+    assert engine.stats().tool_waits_resume == 5
+    # LRU evicts "soon", the least recently used (and "far" next, for soon's new turn)
+    soon, _, _ = await soon_and_far("lru", 0)
+    assert soon.cached_tokens == 0
+
+
+async def test_resume_spills_the_far_session_to_the_host_and_prefetches_it() -> None:
+    soon, _, engine = await soon_and_far("resume", 400)
+    st = engine.stats()
+    assert soon.cached_tokens == 960 and soon.host_cached_tokens == 0
+    assert st.offloaded_blocks > 0
+    # "far"'s prefetch is due at ~100 s; it resumed earlier (a host hit), so none ran
+    assert st.prefetches == 0
+
+
+async def test_resume_keeps_a_queued_request_s_prefix_until_it_runs() -> None:
+    cfg = config(tool_wait_policy="resume", num_host_blocks=0)
+    async with Cluster(1, cfg) as cluster:
+        engine = cluster.replicas[0].engine
+        await turn(engine, "q", 15)  # no declaration: LRU order
+        engine.submit(
+            engine.tokenizer.chat([{"role": "user", "content": "x"}]),
+            8,
+            request_id="held",
+            session="q",
+        )
+        # not admitted yet (the loop has not run): its session's tail is evicted last
+        assert engine.num_waiting == 1
+        node = engine._paths["q"]
+        assert node.resume_at == float("inf")
+        await pressure(engine, "o", 3)
+        engine.kv.check()
+        assert node.alive and node.resume_at == 0.0  # cleared at admission
