@@ -13,6 +13,11 @@ process with several clients:
   which library agentrt uses (``agentrt_http_lib``).
 - ``agentrt.chat``: ``await session.chat(...)`` inside ``rt.job(...)``/``job.session()``.
 - ``agentrt.openai``: ``rt.openai().chat.completions.create(...)`` inside a session.
+- ``openai+hdr-v1`` / ``openai+hdr-v2`` (diagnostic, not run by default): the baseline
+  client sending, as fixed default headers, what agentrt's generic dialect sends on a
+  session's later call: protocol version 1's ten ``x-agentrt-*`` headers, or version 2's
+  one ``x-agentrt`` header. Their difference to ``openai`` is what carrying the metadata
+  costs the HTTP stacks on both ends (writing, parsing), with none of agentrt's own work.
 
 Each agentrt client has its own Runtime (its own connection pool, like the plain clients)
 and opens one job with one session per ``--calls-per-job`` calls; the job's setup and
@@ -99,6 +104,26 @@ def make_request(prompt_kb: int) -> dict[str, Any]:
 BASELINE = "openai"
 LEGACY = "openai+httpx"
 ALL_CLIENTS = ("openai", "openai+httpx", "agentrt.chat", "agentrt.openai")
+_IDS = {"job": "job-5f0c2a9e1d7b4c38", "session": "ses-0b9e4d2c7a1f3e56"}
+HEADER_CLIENTS: dict[str, dict[str, str]] = {
+    "openai+hdr-v1": {
+        "x-agentrt-version": "1",
+        "x-agentrt-call-id": "call-9d3b7e1a0c5f2468",
+        "x-agentrt-job-id": _IDS["job"],
+        "x-agentrt-session-id": _IDS["session"],
+        "x-agentrt-program-id": _IDS["job"],
+        "x-agentrt-turn": "7",
+        "x-agentrt-first-turn": "0",
+        "x-agentrt-service-s": "0.008",
+        "x-agentrt-service-tokens": "1505",
+        "x-agentrt-idle-s": "0.001",
+    },
+    "openai+hdr-v2": {
+        "x-agentrt": f'v=2, job="{_IDS["job"]}", session="{_IDS["session"]}", '
+        'call="call-9d3b7e1a0c5f2468", turn=7, svc-s=0.008, svc-tok=1505, idle=0.001'
+    },
+}
+"""Diagnostic clients: the baseline with agentrt's metadata headers (v1 or v2) fixed."""
 WALL_GOAL_PCT = 3.0
 CPU_GOAL_US = 100.0
 
@@ -531,6 +556,15 @@ async def bench(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
                 oc = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
                 await stack.enter_async_context(oc)
                 clients.append(PlainOpenAI(name, oc))
+            elif name in HEADER_CLIENTS:
+                oc = openai.AsyncOpenAI(
+                    base_url=base_url,
+                    api_key="x",
+                    max_retries=0,
+                    default_headers=HEADER_CLIENTS[name],
+                )
+                await stack.enter_async_context(oc)
+                clients.append(PlainOpenAI(name, oc))
             elif name == "openai+httpx":
                 hc = httpx.AsyncClient(
                     limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
@@ -638,7 +672,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--clients",
         nargs="+",
-        choices=ALL_CLIENTS,
+        choices=(*ALL_CLIENTS, *HEADER_CLIENTS),
         default=list(ALL_CLIENTS),
         help="clients to compare (openai, the baseline, is always included)",
     )
