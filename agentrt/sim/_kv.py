@@ -12,12 +12,12 @@ own LRU); a prefix hit on host blocks loads them back. Along any root path the t
 GPU* then host*, so a GPU node never hangs below a host node.
 
 With declared resume times (:meth:`KVCache.hint_resume`, the ``resume`` policy), eviction
-approximates Belady's MIN instead: a leaf's expected next use is its declared resume time
-while that is ahead, else it is estimated by its age (the time since its last use, or since
-its resume time once that is past: a long idle is likely to stay long). The victim is the
-leaf whose next use is furthest: the hinted leaf resuming last (a max-heap on resume time)
-or the least recently used one (the LRU heap, where a hinted leaf is keyed by its resume
-time), whichever is further. The host tier keeps the LRU heap with the same keys.
+approximates Belady's MIN instead (evict what is used again furthest ahead). Leaves with no
+declaration go first, in LRU order. Then a declared leaf's next use is its resume time while
+that is ahead, else it is estimated by its age since that resume time; the victim is the
+leaf resuming last (a max-heap on resume time) or the LRU head (where a declared leaf is
+keyed by its resume time), whichever is further. Leaves marked :data:`QUEUED` (a request
+of the session waits) go last. The host tier drops in LRU order with the same keys.
 
 Pins protect blocks on either tier: a pinned GPU block is not evicted, a pinned host block is
 not dropped to make room on the host. The tool-wait policies work on a session's *own tail*

@@ -378,7 +378,7 @@ async def test_resume_evicts_the_session_back_last_and_keeps_the_one_back_soon()
     assert soon.cached_tokens == 0
 
 
-async def test_resume_spills_the_far_session_to_the_host_and_prefetches_it() -> None:
+async def test_resume_spills_the_far_session_to_the_host_first() -> None:
     soon, _, engine = await soon_and_far("resume", 400)
     st = engine.stats()
     assert soon.cached_tokens == 960 and soon.host_cached_tokens == 0
