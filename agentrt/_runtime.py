@@ -162,9 +162,12 @@ class _Core:
 
     def route(
         self, session: Session, avoid: Collection[int], prefix: tuple[int, ...], tokens: int
-    ) -> tuple[int, bool]:
-        """The endpoint for the session's call, and whether the session moved there from
-        the replica that served its previous turn (its KV cache there is lost)."""
+    ) -> tuple[int, str | None]:
+        """The endpoint for the session's call, and why the session moved there from the
+        replica that served its previous turn (its KV cache there is lost), or None if it
+        did not move: ``"unavailable"`` (its replica failed or is down), the router's own
+        reason where it gives one (``SessionAffinity.move_reason``: ``"retention"``,
+        ``"overload"``), else ``"routing"``."""
         endpoints = self.endpoints
         home = session.endpoint_index
         index = 0
@@ -179,12 +182,16 @@ class _Core:
             index = self.router.choose([e.load for e in endpoints], key, avoid)
             self.router.served(index, key)
         if home == index:
-            return index, False
-        if home is not None:
-            endpoints[home].load.sessions -= 1
+            return index, None
         endpoints[index].load.sessions += 1
         session.endpoint_index = index
-        return index, home is not None
+        if home is None:
+            return index, None
+        endpoints[home].load.sessions -= 1
+        if home in avoid or not endpoints[home].load.healthy:
+            return index, "unavailable"
+        reason: str | None = getattr(self.router, "move_reason", None)
+        return index, reason or "routing"
 
     def replied(self, session: Session, state: _CallState, idle_s: float | None) -> None:
         """A call of ``session`` succeeded: if it resumed the session on the replica that

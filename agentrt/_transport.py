@@ -552,7 +552,7 @@ class _Call:
         )
         index, moved = core.route(session, self.failed, self.prefix, ticket.tokens)
         ep = core.endpoints[index]
-        if moved:
+        if moved is not None:
             state.moved = True
             if core.hooks:
                 core.emit(
@@ -563,6 +563,7 @@ class _Call:
                         call_id=state.call_id,
                         from_endpoint=previous or "",
                         to_endpoint=ep.endpoint.url,
+                        reason=moved,
                     )
                 )
         admission = ep.admission

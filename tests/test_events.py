@@ -131,6 +131,7 @@ async def test_session_moves_are_events() -> None:
     moves = [e for e in events if isinstance(e, SessionMoved)]
     assert len(moves) == 1
     assert moves[0].from_endpoint == home and moves[0].to_endpoint != home
+    assert moves[0].reason == "unavailable"
     assert job.report.session_moves == 1
 
 

@@ -13,6 +13,7 @@ import pytest
 from agentrt import Endpoint, Retry, Runtime
 from agentrt._protocol import parse_agentrt_header
 from agentrt.scheduling import PLAS, SessionAffinity
+from agentrt.telemetry import Event, SessionMoved
 from tests._fake import MSG, FakeEngine
 
 pytestmark = pytest.mark.anyio
@@ -299,7 +300,10 @@ async def test_a_session_back_after_its_replica_likely_evicted_it_is_routed_by_l
     eps = ["http://a.test/v1", "http://b.test/v1"]
     router = SessionAffinity()
     transport = httpx.MockTransport(server.handle)
-    async with Runtime(eps, transport=transport, retry=FAST, routing=router) as rt:
+    events: list[Event] = []
+    async with Runtime(
+        eps, transport=transport, retry=FAST, routing=router, hooks=[events.append]
+    ) as rt:
         async with rt.job("learn") as job:
             sessions = [job._open_session(None, None, None) for _ in range(4)]
             for s in sessions:
@@ -333,3 +337,5 @@ async def test_a_session_back_after_its_replica_likely_evicted_it_is_routed_by_l
     moved = [c for c in job.report.call_reports if c.moved]
     assert len(moved) == 1 and moved[0].session_id == x.id
     assert job.report.session_moves == 1
+    moves = [e for e in events if isinstance(e, SessionMoved)]
+    assert [(e.session_id, e.reason) for e in moves] == [(x.id, "retention")]

@@ -295,6 +295,9 @@ class SessionAffinity:
         self.retention_margin = retention_margin
         self._prefixes: OrderedDict[int, int] = OrderedDict()
         self._moves: Counter[str] = Counter()
+        self.move_reason: str | None = None
+        """Why the last :meth:`choose` moved a session off its home (a key of
+        :attr:`moves`), or None when it did not; the runtime puts it in ``SessionMoved``."""
 
     @property
     def moves(self) -> dict[str, int]:
@@ -326,6 +329,7 @@ class SessionAffinity:
         key = _coerce_key(key)
         pool = _candidates(loads, avoid)
         home = key.home
+        self.move_reason = None
         if home is None:
             return self._place(loads, key, pool)
         if home in pool and self.expired(loads[home], key):
@@ -339,6 +343,7 @@ class SessionAffinity:
             index = self._place(loads, key, [i for i in pool if i != home] or pool)
         if index != home:
             self._moves[reason] += 1
+            self.move_reason = reason
         return index
 
     def _place(self, loads: Sequence[EndpointLoad], key: RouteKey, pool: list[int]) -> int:

@@ -172,6 +172,10 @@ class SessionMoved(Event):
     call_id: str
     from_endpoint: str
     to_endpoint: str
+    reason: str = "routing"
+    """Why: ``"unavailable"`` (its replica failed or is down), ``"retention"`` (idle
+    longer than its replica likely keeps a cache), ``"overload"``, or ``"routing"`` (the
+    router's choice, with no reason given)."""
 
 
 # -- tool waits -----------------------------------------------------------------------------
