@@ -696,6 +696,7 @@ def _host_tier_metrics(
                 ("offload", s.tool_waits_offloaded),
                 ("drop", s.tool_waits_dropped),
                 ("lru", s.tool_waits_lru),
+                ("resume", s.tool_waits_resume),
                 ("fallback", s.tool_wait_fallbacks),
             ),
         ),

@@ -266,6 +266,9 @@ async def test_metric_counters() -> None:
         assert metric(text, "vllm:num_requests_waiting") == 0
         assert metric(text, "vllm:kv_cache_usage_perc") == 0
         assert "# TYPE vllm:prefix_cache_hits_total counter" in text
+        decisions = [line for line in text.splitlines() if "tool_wait_decisions_total{" in line]
+        actions = {line.split('action="')[1].split('"')[0] for line in decisions}
+        assert actions == {"pin", "offload", "drop", "lru", "resume", "fallback"}
 
         # while requests run, the gauges move
         seen: dict[str, float] = {}
