@@ -13,7 +13,7 @@ import base64
 import binascii
 import math
 import re
-from typing import Final, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -135,6 +135,24 @@ class CallMetadata(BaseModel):
     """``max_tokens`` / ``max_completion_tokens`` of the request, when given."""
     echo: dict[str, str] = Field(default_factory=dict)
     """Response headers the session's dialect asked to echo back (e.g. llm-d's token)."""
+
+
+_METADATA_FIELDS: Final = frozenset(CallMetadata.model_fields)
+_new = object.__new__
+_set = object.__setattr__
+
+
+def trusted_metadata(fields: dict[str, Any]) -> CallMetadata:
+    """A :class:`CallMetadata` of ``fields`` (every field, each of its declared type),
+    not validated again: for the transport, which builds one per call from values that
+    agentrt checked where they entered (ids at job and session creation). Equal to
+    ``CallMetadata(**fields)`` for such values, at a third of the cost."""
+    meta = _new(CallMetadata)
+    _set(meta, "__dict__", fields)
+    _set(meta, "__pydantic_fields_set__", set(_METADATA_FIELDS))
+    _set(meta, "__pydantic_extra__", None)
+    _set(meta, "__pydantic_private__", None)
+    return meta
 
 
 # -- writing ------------------------------------------------------------------------------

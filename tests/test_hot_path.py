@@ -1,20 +1,25 @@
 """The transport's per-call shortcuts keep their meaning: endpoint matching on the URL's
-parts, and the shallow request copy with its own header list."""
+parts, the shallow request copy with its own header list, the metadata built without
+validating it again, and the clock looked up once per call."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
+import anyio
 import httpx
 import openai
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
+import agentrt._transport
 from agentrt import Endpoint, Runtime
-from agentrt._protocol import parse_agentrt_header
-from agentrt._transport import _request_body, http_lib
+from agentrt._protocol import CallMetadata, parse_agentrt_header, trusted_metadata
+from agentrt._transport import _clock, _request_body, http_lib
 from tests._fake import MSG, FakeEngine
 
 URL = "http://engine.test/v1"
@@ -127,3 +132,96 @@ def test_request_body_reads_what_json_loads_reads(
 @given(st.binary(max_size=40))
 def test_request_body_of_any_bytes(content: bytes) -> None:
     assert _request_body(content) == _reference(content)
+
+
+@pytest.mark.anyio
+async def test_trusted_metadata_is_what_validation_would_build(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The transport builds each call's CallMetadata without validating it again: it must
+    equal, field by field and type by type, the one ``CallMetadata(**fields)`` builds."""
+    built: list[CallMetadata] = []
+
+    def record(fields: dict[str, Any]) -> CallMetadata:
+        built.append(trusted_metadata(fields))
+        return built[-1]
+
+    monkeypatch.setattr(agentrt._transport, "trusted_metadata", record)
+    fake = FakeEngine()
+    eps = [Endpoint(URL, send_priority=True)]
+    async with Runtime(eps, transport=fake.transport(), policy="mlfq") as rt:
+        client = rt.openai()
+        async with rt.job("j") as job, job.session() as s:
+            await client.chat.completions.create(model="m", messages=MSG)
+            async with s.tool("search", expected_s=3):  # an int: taken as float
+                pass
+            s.expect_idle(2)
+            await client.chat.completions.create(model="m", messages=MSG, max_tokens=True)  # type: ignore[arg-type]
+            assert rt._core.waits is not None
+            rt._core.waits.observe("search", 2)  # type: ignore[arg-type]
+            s._tool_calls(("search",))  # as if the last reply called it: a learned wait
+            await client.chat.completions.create(model="m", messages=MSG, max_tokens=7)
+            async with job.session(parent=s) as child:
+                await child.chat(model="m", messages=MSG, max_completion_tokens=False)  # type: ignore[arg-type]
+    assert len(built) == 4
+    assert built[1].idle_declared_s == 3.0 and built[1].idle_expected_source == "declared"
+    assert built[2].idle_expected_source == "predicted"
+    for meta in built:
+        checked = CallMetadata(**meta.__dict__)
+        assert meta == checked
+        assert meta.model_dump() == checked.model_dump()
+        assert meta.model_fields_set == checked.model_fields_set
+        assert {k: type(v) for k, v in meta.__dict__.items()} == {
+            k: type(v) for k, v in checked.__dict__.items()
+        }
+        assert meta.model_copy(update={"turn": 9}).turn == 9
+        with pytest.raises(ValidationError):
+            meta.turn = 1  # type: ignore[misc]
+
+
+def _loop_clock_reads() -> tuple[float, float, float]:
+    clock = _clock()
+    return anyio.current_time(), clock(), anyio.current_time()
+
+
+@pytest.mark.anyio
+async def test_call_clock_reads_what_anyio_reads(anyio_backend: str) -> None:
+    """The clock a call looks up once is the one ``anyio.current_time()`` reads."""
+    before, read, after = _loop_clock_reads()
+    assert before <= read <= after
+    if anyio_backend == "asyncio":
+        assert _clock() == asyncio.get_running_loop().time
+    else:
+        assert _clock() is anyio.current_time
+
+
+def test_call_clock_on_virtual_clocks() -> None:
+    """Virtual time (trio's MockClock, an asyncio loop with its own ``time``) reads the
+    same through the call's clock as through anyio."""
+    import trio.testing
+
+    async def reads() -> list[float]:
+        clock = _clock()
+        out = [clock(), anyio.current_time()]
+        await anyio.sleep(5)
+        return [*out, clock(), anyio.current_time()]
+
+    t = anyio.run(
+        reads,
+        backend="trio",
+        backend_options={"clock": trio.testing.MockClock(autojump_threshold=0)},
+    )
+    assert t[0] == t[1] and t[2] == t[3] and t[2] - t[0] == 5.0
+
+    class Frozen(asyncio.SelectorEventLoop):
+        def time(self) -> float:
+            return 1234.5
+
+    async def frozen() -> list[float]:
+        return [_clock()(), anyio.current_time()]
+
+    loop = Frozen()
+    try:
+        assert loop.run_until_complete(frozen()) == [1234.5, 1234.5]
+    finally:
+        loop.close()
