@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 
 from ._errors import EndpointError, JobClosedError, SessionClosedError
-from ._protocol import IdleSource, validate_id, validate_nonneg
+from ._protocol import IdleSource, trusted_model, validate_id, validate_nonneg
 from .telemetry._events import SessionClosed, SessionOpened, ToolEnded, ToolStarted
 from .telemetry._report import (
     CallReport,
@@ -116,28 +116,32 @@ class _CallState:
         return report
 
     def _build(self) -> CallReport:
-        return CallReport(
-            call_id=self.call_id,
-            session_id=self.session_id,
-            session_name=self.session_name,
-            turn=self.turn,
-            endpoint=self.endpoint,
-            path=self.path,
-            model=self.model,
-            stream=self.stream,
-            start_s=self.start_s,
-            queue_s=self.queue_s,
-            ttft_s=self.ttft_s,
-            latency_s=self.latency_s,
-            prompt_tokens=self.prompt_tokens,
-            completion_tokens=self.completion_tokens,
-            cached_tokens=self.cached_tokens,
-            attempts=self.attempts,
-            http_status=self.http_status,
-            status=self.status,
-            error=self.error,
-            priority=self.priority,
-            moved=self.moved,
+        # Not validated again: every value is agentrt's own, of the field's type.
+        return trusted_model(
+            CallReport,
+            {
+                "call_id": self.call_id,
+                "session_id": self.session_id,
+                "session_name": self.session_name,
+                "turn": self.turn,
+                "endpoint": self.endpoint,
+                "path": self.path,
+                "model": self.model,
+                "stream": self.stream,
+                "start_s": self.start_s,
+                "queue_s": self.queue_s,
+                "ttft_s": self.ttft_s,
+                "latency_s": self.latency_s,
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "cached_tokens": self.cached_tokens,
+                "attempts": self.attempts,
+                "http_status": self.http_status,
+                "status": self.status,
+                "error": self.error,
+                "priority": self.priority,
+                "moved": self.moved,
+            },
         )
 
 

@@ -32,7 +32,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 from ._context import Job, Session, _CallState, current_session, new_id
 from ._errors import EndpointError
 from ._notice import accept_header
-from ._protocol import CallMetadata, trusted_metadata
+from ._protocol import CallMetadata, trusted_model
 from .dialects._generic import check_header_name, check_header_value
 from .scheduling._queue import Ticket
 from .scheduling._routing import prefix_fingerprints
@@ -167,14 +167,15 @@ def _retry_after(headers: httpx.Headers) -> float | None:
 def _usage_into(report: _CallState, usage: Any) -> None:
     if not isinstance(usage, dict):
         return
+    # int(): a JSON true counts as 1, as CallReport's validation took it.
     pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
     if isinstance(pt, int):
-        report.prompt_tokens = pt
+        report.prompt_tokens = int(pt)
     if isinstance(ct, int):
-        report.completion_tokens = ct
+        report.completion_tokens = int(ct)
     details = usage.get("prompt_tokens_details")
     if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-        report.cached_tokens = details["cached_tokens"]
+        report.cached_tokens = int(details["cached_tokens"])
 
 
 def _content_of(body: dict[str, Any] | None) -> Any:
@@ -547,7 +548,8 @@ class _Call:
         turn, idle_s, declared, expected, source, max_out = self.turn
         # Not validated again: the ids were checked when the job and session were made,
         # the numbers are agentrt's own (tests/test_hot_path.py compares the two ways).
-        return trusted_metadata(
+        return trusted_model(
+            CallMetadata,
             {
                 "call_id": self.state.call_id,
                 "job_id": job.id,
@@ -565,7 +567,7 @@ class _Call:
                 "priority": priority,
                 "expected_output_tokens": max_out,
                 "echo": dict(session.echo),
-            }
+            },
         )
 
     async def _attempt(self) -> httpx.Response:

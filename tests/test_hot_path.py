@@ -14,12 +14,13 @@ import openai
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 import agentrt._transport
 from agentrt import Endpoint, Runtime
-from agentrt._protocol import CallMetadata, parse_agentrt_header, trusted_metadata
+from agentrt._protocol import CallMetadata, parse_agentrt_header, trusted_model
 from agentrt._transport import _clock, _request_body, http_lib
+from agentrt.telemetry import CallReport
 from tests._fake import MSG, FakeEngine
 
 URL = "http://engine.test/v1"
@@ -134,6 +135,17 @@ def test_request_body_of_any_bytes(content: bytes) -> None:
     assert _request_body(content) == _reference(content)
 
 
+def _assert_validated_alike(model: BaseModel) -> None:
+    """``model`` is what validating its fields again builds, value by value, type by type."""
+    checked = type(model)(**model.__dict__)
+    assert model == checked
+    assert model.model_dump() == checked.model_dump()
+    assert model.model_fields_set == checked.model_fields_set
+    assert {k: type(v) for k, v in model.__dict__.items()} == {
+        k: type(v) for k, v in checked.__dict__.items()
+    }
+
+
 @pytest.mark.anyio
 async def test_trusted_metadata_is_what_validation_would_build(
     monkeypatch: pytest.MonkeyPatch,
@@ -142,11 +154,11 @@ async def test_trusted_metadata_is_what_validation_would_build(
     equal, field by field and type by type, the one ``CallMetadata(**fields)`` builds."""
     built: list[CallMetadata] = []
 
-    def record(fields: dict[str, Any]) -> CallMetadata:
-        built.append(trusted_metadata(fields))
+    def record(cls: type[CallMetadata], fields: dict[str, Any]) -> CallMetadata:
+        built.append(trusted_model(cls, fields))
         return built[-1]
 
-    monkeypatch.setattr(agentrt._transport, "trusted_metadata", record)
+    monkeypatch.setattr(agentrt._transport, "trusted_model", record)
     fake = FakeEngine()
     eps = [Endpoint(URL, send_priority=True)]
     async with Runtime(eps, transport=fake.transport(), policy="mlfq") as rt:
@@ -167,13 +179,7 @@ async def test_trusted_metadata_is_what_validation_would_build(
     assert built[1].idle_declared_s == 3.0 and built[1].idle_expected_source == "declared"
     assert built[2].idle_expected_source == "predicted"
     for meta in built:
-        checked = CallMetadata(**meta.__dict__)
-        assert meta == checked
-        assert meta.model_dump() == checked.model_dump()
-        assert meta.model_fields_set == checked.model_fields_set
-        assert {k: type(v) for k, v in meta.__dict__.items()} == {
-            k: type(v) for k, v in checked.__dict__.items()
-        }
+        _assert_validated_alike(meta)
         assert meta.model_copy(update={"turn": 9}).turn == 9
         with pytest.raises(ValidationError):
             meta.turn = 1  # type: ignore[misc]
@@ -225,3 +231,31 @@ def test_call_clock_on_virtual_clocks() -> None:
         assert loop.run_until_complete(frozen()) == [1234.5, 1234.5]
     finally:
         loop.close()
+
+
+@pytest.mark.anyio
+async def test_trusted_call_reports_are_what_validation_would_build() -> None:
+    """A job's CallReports are built without validating them again: each must equal, type
+    by type, the one ``CallReport(**fields)`` builds (a JSON ``true`` token count is 1)."""
+    fake = FakeEngine(prompt_tokens=True)
+    fake.script.append(lambda _: None)
+    fake.script.append(lambda _: httpx.Response(400, json={"error": {"message": "bad"}}))
+    eps = [Endpoint(URL, send_priority=True)]
+    async with Runtime(eps, transport=fake.transport(), policy="mlfq") as rt:
+        client = rt.openai()
+        async with rt.job("j") as job, job.session("named") as s:
+            await client.chat.completions.create(model="m", messages=MSG)
+            with pytest.raises(openai.BadRequestError):
+                await client.chat.completions.create(model="m", messages=MSG)
+            stream = await s.chat(
+                model="m", messages=MSG, stream=True, stream_options={"include_usage": True}
+            )
+            async for _ in stream:
+                pass
+    reports = job.report.call_reports
+    assert [r.status for r in reports] == ["ok", "error", "ok"]
+    assert all(type(r) is CallReport for r in reports)
+    assert reports[0].prompt_tokens == 1 and reports[0].priority is not None
+    assert reports[2].ttft_s is not None and reports[2].completion_tokens == 5
+    for report in reports:
+        _assert_validated_alike(report)
