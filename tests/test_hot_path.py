@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 import agentrt._transport
 from agentrt import Endpoint, Runtime
 from agentrt._protocol import CallMetadata, parse_agentrt_header, trusted_model
-from agentrt._transport import _clock, _request_body, http_lib
+from agentrt._transport import _clock, _encoded, _request_body, http_lib
 from agentrt.telemetry import CallReport
 from tests._fake import MSG, FakeEngine
 
@@ -259,3 +259,20 @@ async def test_trusted_call_reports_are_what_validation_would_build() -> None:
     assert reports[2].ttft_s is not None and reports[2].completion_tokens == 5
     for report in reports:
         _assert_validated_alike(report)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [],
+        [("content-type", "application/json")],
+        [("Content-Encoding", "gzip")],
+        [("x-a", "1"), ("content-encoding", "br"), ("x-b", "2")],
+        [("x-content-encoding", "gzip"), ("content-encodings", "x")],
+    ],
+)
+def test_encoded_reads_what_in_reads(headers: list[tuple[str, str]]) -> None:
+    for lib in {httpx, http_lib().mod}:
+        h = lib.Headers(headers)
+        assert _encoded(h) is ("content-encoding" in h)
+    assert _encoded(dict(headers)) is ("content-encoding" in dict(headers))  # no raw list
