@@ -229,7 +229,9 @@ def test_the_table_shows_each_job_name_and_its_numbers(
         line = next(x for x in out.splitlines() if f" {name} " in x)
         assert f"{s.jct_p50:.2f}" in line and f"{s.jct_p99:.2f}" in line
         assert f"{s.call_p50:.3f}" in line
-        assert f"{s.queue_share:.0%}" in line
+        share = s.queue_share
+        # a share below 1% but above 0 prints as "<1%" (the fixture's queue time varies)
+        assert (f"{share:.0%}" if share == 0 or share >= 0.01 else "<1%") in line
     assert "8 jobs from" in out
 
 
