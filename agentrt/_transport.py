@@ -119,17 +119,18 @@ def _usage_of(raw: bytes) -> Any:
 
 
 _async_library: Callable[[], str] | None
-try:
+try:  # openai depends on sniffio; anyio no longer does
     from sniffio import current_async_library as _async_library
-except ImportError:  # pragma: no cover - anyio then assumes asyncio, and so does this
+except ImportError:  # pragma: no cover
     _async_library = None
 
 
 def _clock() -> Callable[[], float]:
     """The clock ``anyio.current_time()`` reads, found once per call: the running asyncio
     loop's ``time`` (0.06 µs a read, where anyio's lookup of its backend costs 0.4 µs),
-    else ``anyio.current_time`` itself (trio). A call runs in one event loop."""
-    if _async_library is None or _async_library() == "asyncio":
+    else ``anyio.current_time`` itself (trio, or when the library cannot be told). A call
+    runs in one event loop."""
+    if _async_library is not None and _async_library() == "asyncio":
         return asyncio.get_running_loop().time
     return anyio.current_time
 
