@@ -613,6 +613,11 @@ class _Call:
         admission = ep.admission
         priority = admission.policy.classify(ticket, state.started)
         if core.send_priority:
+            if type(priority) is not int:
+                raise TypeError(
+                    f"scheduling policy {type(admission.policy).__name__}.classify returned "
+                    f"{priority!r}; it must return an int (the queue level, lower first)"
+                )
             state.priority = priority
         ticket.enqueued_at = -1.0
         await admission.admit(ticket)

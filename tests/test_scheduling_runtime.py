@@ -243,6 +243,21 @@ def test_a_policy_instance_serves_one_endpoint_only() -> None:
     Runtime([URL, "http://other.test/v1"], policy=PLAS)  # a factory is fine
 
 
+async def test_a_policy_that_classifies_with_a_non_int_fails_the_call_before_sending() -> None:
+    class Odd(PLAS):
+        def classify(self, ticket: Any, now: float) -> int:
+            return "high"  # type: ignore[return-value]
+
+    fake = FakeEngine()
+    async with Runtime([URL], transport=fake.transport(), policy=Odd(), send_priority=True) as rt:
+        async with rt.job("j") as job, job.session() as s:
+            with pytest.raises(TypeError, match=r"Odd\.classify returned 'high'; it must return"):
+                await s.chat(model="m", messages=MSG)
+    assert fake.seen == []
+    assert job.report.status == "ok"  # the error was handled inside the job
+    assert job.report.call_reports[0].status == "error"
+
+
 async def test_time_in_the_queue_is_not_attained_service() -> None:
     gate = Gate()
     async with Runtime([URL], transport=gate.transport(), concurrency=1) as rt:
