@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from openai.types import Completion
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+    from ._notice import Sender
     from ._runtime import _Core
 
 __all__ = ["Job", "Session"]
@@ -154,6 +155,8 @@ class _ToolWait:
     start: float
     expected_s: float | None
     source: Literal["declared", "learned"] | None
+    notice: Sender | None = None
+    """The tool-start notice to post while the wait lasts (its endpoint takes them)."""
     ended: bool = False
 
 
@@ -260,16 +263,27 @@ class Session:
         wait is expected to last the tool's learned typical wait (when the runtime has
         seen the tool before); the report says which expectation was used.
         """
-        with self._tool_wait(name, expected_s):
-            yield
+        with self._tool_wait(name, expected_s) as wait:
+            if wait.notice is None:
+                yield
+                return
+            # The notice runs beside the tool, in a task group of this block only: it
+            # never delays the tool, and one still in flight when the wait ends is moot
+            # (cancelled, counted as failed).
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait.notice)
+                try:
+                    yield
+                finally:
+                    tg.cancel_scope.cancel()
 
     @contextmanager
-    def _tool_wait(self, name: str, expected_s: float | None) -> Iterator[None]:
+    def _tool_wait(self, name: str, expected_s: float | None) -> Iterator[_ToolWait]:
         wait = self._start_tool(name, expected_s)
         status: CallStatus = "ok"
         error_type: str | None = None
         try:
-            yield
+            yield wait
         except anyio.get_cancelled_exc_class():
             status = "cancelled"
             raise
@@ -305,7 +319,9 @@ class Session:
         self._tool_depth += 1
         wait = _ToolWait(self.job._tool_seq, name, now, expected, source)
         self.job._tool_seq += 1
-        core.tool_started(self, name, expected, source)  # policies; the tool-start notice
+        # Policies hear of it; the notice, if any, is posted by the caller (tool()'s block,
+        # or the runtime's task group for a framework adapter's wait).
+        wait.notice = core.tool_started(self, name, expected, source)
         if core.hooks:
             core.emit(
                 ToolStarted(

@@ -2,14 +2,16 @@
 
 An endpoint that accepts notices says so in its replies (``x-agentrt-accept: idle-notice``).
 When a session starts a tool wait, the runtime posts ``{endpoint}/agentrt/idle`` to the
-endpoint that served the session's last call, fire-and-forget on its task group: never
-awaited by the agent, never retried, 1 s timeout, failures counted. docs/protocol.md,
-"Tool-start notice", is the specification.
+endpoint that served the session's last call, in a task of its own while the wait lasts
+(``session.tool``'s block; a framework adapter's waits use the runtime's task group where it
+has one): never awaited by the agent, never retried, 1 s timeout, cancelled if the wait ends
+first, failures counted. docs/protocol.md, "Tool-start notice", is the specification.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -67,22 +69,33 @@ class NoticeStatistics:
     unknown: int
     """Answered 404: the server does not know the session (harmless)."""
     failed: int
-    """Anything else: another status, a connection error, no answer within 1 s."""
+    """Anything else: another status, a connection error, no answer within 1 s or before
+    the tool wait ended."""
     disabled: tuple[str, ...]
     """Endpoints that answered 405 or 501 and get no more notices."""
     last_error: str | None
     """The last failure, for diagnosis (the API key is never in it)."""
+    skipped: int = 0
+    """Not sent: a framework adapter's tool wait on a runtime with no task group to carry
+    the notice (one endpoint, no metrics polling); ``session.tool`` always can."""
+
+
+Sender = Callable[[], Coroutine[Any, Any, None]]
+"""Posts one notice when awaited (never raises)."""
 
 
 class Notices:
-    """Sends a runtime's notices on its task group and counts them."""
+    """Builds a runtime's notices and counts them; the caller runs each in a task."""
 
     def __init__(self, lib: HttpLib, inner: httpx.AsyncBaseTransport) -> None:
         self._lib = lib
         self._inner = inner
+        self.open = False
+        """True while the runtime is open: nothing is sent before or after."""
         self.tasks: anyio.abc.TaskGroup | None = None
-        """The runtime's task group while it is open; None before and after."""
+        """The runtime's task group while it has one (for waits without a block)."""
         self.sent = 0
+        self.skipped = 0
         self.accepted = 0
         self.unknown = 0
         self.failed = 0
@@ -97,9 +110,19 @@ class Notices:
             self.failed,
             tuple(self._disabled),
             self.last_error,
+            self.skipped,
         )
 
-    def post(
+    def spawn(self, send: Sender) -> None:
+        """Run ``send`` on the runtime's task group, if it has one (else count it as
+        skipped): for tool waits without a block of their own."""
+        if self.tasks is None:
+            self.sent -= 1
+            self.skipped += 1
+            return
+        self.tasks.start_soon(send)
+
+    def prepare(
         self,
         ep: _EndpointState,
         key: str | None,
@@ -109,11 +132,11 @@ class Notices:
         tool: str,
         expected_s: float | None,
         source: Literal["declared", "learned"] | None,
-    ) -> None:
-        """Start posting a notice to ``ep`` (returns at once; nothing once closed)."""
-        tasks = self.tasks
-        if tasks is None:
-            return
+    ) -> Sender | None:
+        """The notice to post to ``ep`` (None once the runtime is closed). The caller runs
+        it in a task that ends no later than the tool wait."""
+        if not self.open:
+            return None
         body = {
             "v": 2,
             "session_id": session_id,
@@ -123,7 +146,12 @@ class Notices:
             "source": source,
         }
         self.sent += 1
-        tasks.start_soon(self._send, ep, key, json.dumps(body, separators=(",", ":")).encode())
+        content = json.dumps(body, separators=(",", ":")).encode()
+
+        async def send() -> None:
+            await self._send(ep, key, content)
+
+        return send
 
     async def _send(self, ep: _EndpointState, key: str | None, content: bytes) -> None:
         mod: Any = self._lib.mod
@@ -145,6 +173,10 @@ class Notices:
                 finally:
                     await response.aclose()
                 status = response.status_code
+            except anyio.get_cancelled_exc_class():
+                if not scope.cancel_called:  # the tool wait ended first (not the timeout)
+                    self._failed(url, key, "the tool wait ended before an answer")
+                raise
             except Exception as exc:  # counted, never raised: the agent must not notice
                 error = f"{type(exc).__name__}: {exc}"
         if scope.cancelled_caught:
@@ -155,13 +187,16 @@ class Notices:
         if status == 404:
             self.unknown += 1
             return
-        self.failed += 1
         if status is not None:
             error = f"HTTP {status}"
             if status in _DISABLING_STATUS and ep.notices:
                 ep.notices = False
                 ep.notices_off = True
                 self._disabled.append(ep.endpoint.url)
+        self._failed(url, key, error)
+
+    def _failed(self, url: str, key: str | None, error: str | None) -> None:
+        self.failed += 1
         message = f"POST {url}: {error}"
         if key:
             message = message.replace(key, "***")

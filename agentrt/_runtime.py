@@ -22,7 +22,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from ._config import DEFAULT_RETRY, Endpoint, Retry
 from ._context import Job, Session, _CallState
 from ._errors import AgentrtError
-from ._notice import Notices, NoticeStatistics, accepts_notice
+from ._notice import Notices, NoticeStatistics, Sender, accepts_notice
 from ._transport import HttpLib, http_lib
 from ._waits import WaitEstimator
 from .dialects import Dialect, DialectOptions, DialectSpec, resolve_dialect
@@ -220,26 +220,28 @@ class _Core:
         tool: str,
         expected_s: float | None,
         source: Literal["declared", "learned"] | None,
-    ) -> None:
-        """Tell every policy; notify the session's replica if it takes notices."""
+    ) -> Sender | None:
+        """Tell every policy; return the tool-start notice to post to the session's
+        replica, if it takes notices (the caller runs it while the wait lasts)."""
         job_id = session.job.id
         for e in self.endpoints:
             e.admission.policy.on_tool(job_id, session.id, expected_s)
         index = session.endpoint_index
         if index is None or self.notices is None:
-            return
+            return None
         ep = self.endpoints[index]
-        if ep.notices:
-            key = ep.endpoint.api_key if ep.endpoint.api_key is not None else self.api_key
-            self.notices.post(
-                ep,
-                key,
-                session_id=session.id,
-                job_id=job_id,
-                tool=tool,
-                expected_s=expected_s,
-                source=source,
-            )
+        if not ep.notices:
+            return None
+        key = ep.endpoint.api_key if ep.endpoint.api_key is not None else self.api_key
+        return self.notices.prepare(
+            ep,
+            key,
+            session_id=session.id,
+            job_id=job_id,
+            tool=tool,
+            expected_s=expected_s,
+            source=source,
+        )
 
     def emit(self, event: Event) -> None:
         """Hand ``event`` to every hook. A hook that raises is reported once (a warning)
@@ -582,13 +584,16 @@ class Runtime:
         self._opened = True
         self._http = self.http_client()
         self._core.client = self.openai()
-        # Background work runs in the runtime's task group while it is open (structured:
-        # it ends when the runtime's block does): tool-start notices, and with several
-        # endpoints or metrics polling, health probes and polls.
-        self._tasks = anyio.create_task_group()
-        await self._tasks.__aenter__()
-        self._notices.tasks = self._tasks
+        self._notices.open = True
+        # Background work (with several endpoints or metrics polling: health probes and
+        # polls) runs in the runtime's task group (structured: it ends when the runtime's
+        # block does). Only then is there one: its cancel scope would enclose all the
+        # agent's code, and every cancel scope and checkpoint of the HTTP stack on every
+        # call would walk one level more (about 1% of a loopback call; docs/benchmarks.md).
         if len(self._core.endpoints) > 1 or self._poll_metrics_s is not None:
+            self._tasks = anyio.create_task_group()
+            await self._tasks.__aenter__()
+            self._notices.tasks = self._tasks
             self._core.health_changed = anyio.Event()
             self._tasks.start_soon(self._maintain)
         return self
@@ -650,7 +655,8 @@ class Runtime:
         tb: TracebackType | None,
     ) -> None:
         self._closed = True
-        self._notices.tasks = None  # nothing is sent after close
+        self._notices.open = False  # nothing is sent after close
+        self._notices.tasks = None
         running = list(self._core.active_jobs.values())
         if self._tasks is not None:
             # Its scope encloses the runtime's block: leave it first (it ends at once).
@@ -704,7 +710,13 @@ class Runtime:
         error: str | None = None
         deadline = math.inf if job.deadline_s is None else job._t0 + job.deadline_s
         try:
-            with anyio.CancelScope(deadline=deadline if enforce_deadline else math.inf) as scope:
+            if deadline == math.inf or not enforce_deadline:
+                # No cancel scope without a deadline: every scope around the job's calls
+                # makes each of the HTTP stack's own scopes and checkpoints on those calls
+                # walk one level more (about 500 bytecodes a call in anyio).
+                yield job
+                return
+            with anyio.CancelScope(deadline=deadline) as scope:
                 yield job
             if scope.cancelled_caught:
                 status, error = "deadline", f"deadline of {job.deadline_s} s exceeded"

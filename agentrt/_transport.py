@@ -620,7 +620,8 @@ class _Call:
                 )
             state.priority = priority
         ticket.enqueued_at = -1.0
-        await admission.admit(ticket)
+        if not admission.try_admit(ticket):
+            await admission.admit(ticket)
         try:
             queued = ticket.enqueued_at >= 0.0
             if queued or state.attempts:  # it waited in the queue, or this is a retry
@@ -751,16 +752,14 @@ class _Call:
         exc = rs.outcome.exception() if rs.outcome else None
         return self._backoff(rs.attempt_number + 1, exc)
 
-    async def _attempts(self) -> httpx.Response:
-        # The first attempt runs outside tenacity: most calls succeed at once, and the
-        # retry machinery costs tens of microseconds per call.
+    async def _retry(self, first: _RetryableStatus | _RetryableError) -> httpx.Response:
+        """The attempts after a first one failed with ``first``. The first attempt runs
+        outside tenacity: most calls succeed at once, and the retry machinery costs tens
+        of microseconds per call."""
         retry = self.core.retry
-        try:
-            return await self._attempt()
-        except (_RetryableStatus, _RetryableError) as first:
-            if retry.attempts == 1:
-                raise
-            await anyio.sleep(self._backoff(1, first))
+        if retry.attempts == 1:
+            raise first
+        await anyio.sleep(self._backoff(1, first))
         out: httpx.Response | None = None
         async for at in AsyncRetrying(
             stop=stop_after_attempt(retry.attempts - 1),
@@ -780,7 +779,10 @@ class _Call:
         transport = self.transport
         try:
             try:
-                response = await self._attempts()
+                try:
+                    response = await self._attempt()
+                except (_RetryableStatus, _RetryableError) as first:
+                    response = await self._retry(first)
             except _RetryableStatus as exc:
                 # Out of attempts: hand the last error reply to the caller (openai raises
                 # its usual typed error from it).
@@ -1039,9 +1041,11 @@ class _SharedTransport:
 
     def __init__(self, transport: AgentTransport) -> None:
         self.transport = transport
+        # The wrapped transport's method itself: no coroutine of its own on every call.
+        self.handle_async_request = transport.handle_async_request  # type: ignore[method-assign]
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return await self.transport.handle_async_request(request)
+        return await self.transport.handle_async_request(request)  # pragma: no cover
 
     async def aclose(self) -> None:
         return None

@@ -177,8 +177,13 @@ class Bridge:
         if key in self._job_of:
             raise ValueError(f"a session or tool wait with key {key!r} is already open")
         session = state.sessions[session_key]
-        state.tools[key] = (session, session._start_tool(name, expected_s))
+        wait = session._start_tool(name, expected_s)
+        state.tools[key] = (session, wait)
         self._job_of[key] = job_key
+        notices = session.job._core.notices
+        if wait.notice is not None and notices is not None:
+            # No block holds this wait: the runtime's task group carries the notice.
+            notices.spawn(wait.notice)
 
     def end_tool(
         self, key: Hashable, status: CallStatus = "ok", error_type: str | None = None

@@ -108,6 +108,21 @@ class Admission:
         self._in_flight += 1
         self._tokens += ticket.tokens
 
+    def try_admit(self, ticket: Ticket) -> bool:
+        """Admit ``ticket`` now if it fits and nobody waits (True); else leave it (False:
+        :meth:`admit` queues it). The transport's fast path: no coroutine, no await."""
+        if ticket._held:
+            raise RuntimeError(f"ticket {ticket.call_id!r} is already admitted")
+        if (self._limit is None and self._budget is None) or (
+            not self._events and self._below_limit() and self._fits(ticket)
+        ):
+            ticket._held = True
+            self._in_flight += 1
+            self._tokens += ticket.tokens
+            self._admitted += 1
+            return True
+        return False
+
     async def admit(self, ticket: Ticket) -> None:
         """Return once ``ticket`` may be sent; the caller must then :meth:`release` it.
 
@@ -116,17 +131,7 @@ class Admission:
         cancellation while waiting takes it out of the queue, and room granted to a ticket
         cancelled before it resumed goes to the next one.
         """
-        if ticket._held:
-            raise RuntimeError(f"ticket {ticket.call_id!r} is already admitted")
-        if self._limit is None and self._budget is None:
-            ticket._held = True
-            self._in_flight += 1
-            self._tokens += ticket.tokens
-            self._admitted += 1
-            return
-        if not self._events and self._below_limit() and self._fits(ticket):
-            self._grant(ticket)
-            self._admitted += 1
+        if self.try_admit(ticket):
             return
         self._policy.push(ticket, anyio.current_time())
         event = self._events[ticket] = anyio.Event()
