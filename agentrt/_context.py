@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
     from ._notice import Sender
-    from ._runtime import _Core
+    from ._runtime import _Core, _Program
 
 __all__ = ["Job", "Session"]
 
@@ -466,6 +466,8 @@ class Job:
         """Tool waits started so far (numbers them for the tool events)."""
         self._sessions = 0
         self._report: JobReport | None = None
+        self._program: _Program = None  # type: ignore[assignment]
+        """Its program's shared state (attained service), set when the job starts."""
 
     def __repr__(self) -> str:
         return f"<Job id={self.id!r} name={self.name!r}>"

@@ -11,6 +11,7 @@ first, failures counted. docs/protocol.md, "Tool-start notice", is the specifica
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -35,6 +36,7 @@ _MAX_ERROR: Final = 200
 
 
 _ACCEPT_KEY: Final = ACCEPT_HEADER.encode()
+_LOWER = operator.itemgetter(1)
 
 
 def accept_header(headers: Any) -> str | None:
@@ -45,9 +47,9 @@ def accept_header(headers: Any) -> str | None:
     if not isinstance(raw, list):
         value: str | None = headers.get(ACCEPT_HEADER)
         return value
-    for item in raw:
-        if item[1] == _ACCEPT_KEY:
-            return bytes(item[2]).decode("latin-1")
+    names = list(map(_LOWER, raw))  # C-level scans: no Python loop on every reply
+    if _ACCEPT_KEY in names:
+        return bytes(raw[names.index(_ACCEPT_KEY)][2]).decode("latin-1")
     return None
 
 

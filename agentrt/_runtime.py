@@ -279,7 +279,8 @@ class _Core:
         return program
 
     def job_started(self, job: Job, *, implicit: bool = False) -> None:
-        self.program(job.program_id).jobs += 1
+        job._program = program = self.program(job.program_id)
+        program.jobs += 1
         self.active_jobs[job.id] = job
         job._start()
         if self.hooks:

@@ -18,6 +18,7 @@ import asyncio
 import importlib
 import importlib.metadata
 import json
+import operator
 import random
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -53,6 +54,9 @@ if TYPE_CHECKING:
 __all__ = ["AgentTransport", "HttpLib", "http_lib"]
 
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+_AUTH = b"authorization"
+_LOWER = operator.itemgetter(1)
+"""A header triple's lower-case name (httpx's ``Headers._list`` items)."""
 _DROP_HEADERS = frozenset({b"content-length", b"host"})
 _DROP_HEADERS_AUTH = _DROP_HEADERS | {b"authorization"}
 _USAGE_KEY = b'"usage"'
@@ -145,10 +149,7 @@ def _encoded(headers: Any) -> bool:
     raw = getattr(headers, "_list", None)
     if not isinstance(raw, list):
         return "content-encoding" in headers
-    for item in raw:
-        if item[1] == _CONTENT_ENCODING:
-            return True
-    return False
+    return _CONTENT_ENCODING in map(_LOWER, raw)
 
 
 class _RetryableStatus(Exception):
@@ -375,27 +376,29 @@ class AgentTransport:
         normalisation pass on every call; a shallow copy with a copied header list costs
         about a microsecond."""
         lib = self._lib
-        new = [(k.encode(), v.encode()) for k, v in add.items()]  # dialects emit lower case
+        # (raw name, lower name, value) triples, as Headers keeps them; dialects emit
+        # lower case.
+        new = [(name := k.encode(), name, v.encode()) for k, v in add.items()]
         if key is not None:
             auth = self._auth.get(key)
             if auth is None:  # one per endpoint key
                 auth = self._auth[key] = f"Bearer {key}".encode()
-            new.append((b"authorization", auth))
+            new.append((_AUTH, _AUTH, auth))
         if content is not None:
-            new.append((b"content-length", str(len(content)).encode()))
+            length = str(len(content)).encode()
+            new.append((b"content-length", b"content-length", length))
         if url is not request.url:
-            new.append((b"host", url.netloc))
-        names = {k for k, _ in new}
+            new.append((b"host", b"host", url.netloc))
+        names = set(map(_LOWER, new))
         placeholder = self._placeholder
         if not lib.raw_headers:
             # A library whose Headers keeps no raw list: build a fresh request.
             headers = [
                 (k, v)
                 for k, v in request.headers.raw
-                if (lk := k.lower()) not in names
-                and not (lk == b"authorization" and v == placeholder)
+                if (lk := k.lower()) not in names and not (lk == _AUTH and v == placeholder)
             ]
-            headers.extend(new)
+            headers.extend((k, v) for k, _, v in new)
             return lib.mod.Request(  # type: ignore[no-any-return]
                 request.method,
                 url,
@@ -411,13 +414,20 @@ class AgentTransport:
         src = request.headers
         headers_obj = object.__new__(type(src))
         headers_obj.__dict__.update(src.__dict__)
-        # One pass over the caller's (raw, lower, value) list; it stays as it was.
-        raw: list[tuple[bytes, bytes, bytes]] = [
-            h
-            for h in src._list
-            if h[1] not in names and (h[2] != placeholder or h[1] != b"authorization")
-        ]
-        raw.extend([(k, k, v) for k, v in new])
+        # The caller's (raw, lower, value) list copied (it stays as it was), without the
+        # names set here and without agentrt's placeholder key; found with C-level scans
+        # (a Python loop over a dozen headers costs more than the rest of this).
+        raw: list[tuple[bytes, bytes, bytes]] = src._list.copy()
+        present = list(map(_LOWER, raw))
+        for name in names:
+            while name in present:
+                i = present.index(name)
+                del present[i], raw[i]
+        if _AUTH in present:  # the caller's own, kept unless it is the placeholder
+            i = present.index(_AUTH)
+            if raw[i][2] == placeholder:
+                del raw[i]
+        raw += new
         headers_obj._list = raw
         out.headers = headers_obj
         out.url = url
@@ -560,8 +570,9 @@ class _Call:
     # -- sending ------------------------------------------------------------------------
 
     def _metadata(self, priority: int | None) -> CallMetadata:
-        session, job = self.session, self.session.job
-        program = self.core.program(job.program_id)
+        session = self.session
+        job = session.job
+        program = job._program
         turn, idle_s, declared, expected, source, max_out = self.turn
         # Not validated again: the ids were checked when the job and session were made,
         # the numbers are agentrt's own (tests/test_hot_path.py compares the two ways).
@@ -589,16 +600,16 @@ class _Call:
 
     async def _attempt(self) -> httpx.Response:
         core, session, state, ticket = self.core, self.session, self.state, self.ticket
-        previous = state.endpoint or (
-            core.endpoints[session.endpoint_index].endpoint.url
-            if session.endpoint_index is not None
-            else None
-        )
+        home = session.endpoint_index
         index, moved = core.route(session, self.failed, self.prefix, ticket.tokens)
         ep = core.endpoints[index]
+        endpoint = ep.endpoint
         if moved is not None:
             state.moved = True
             if core.hooks:
+                previous = state.endpoint or (
+                    core.endpoints[home].endpoint.url if home is not None else None
+                )
                 core.emit(
                     SessionMoved(
                         t=self.clock(),
@@ -606,7 +617,7 @@ class _Call:
                         session_id=session.id,
                         call_id=state.call_id,
                         from_endpoint=previous or "",
-                        to_endpoint=ep.endpoint.url,
+                        to_endpoint=endpoint.url,
                         reason=moved,
                     )
                 )
@@ -629,23 +640,20 @@ class _Call:
                 if queued:
                     state.queue_s += now - ticket.enqueued_at
             state.attempts += 1
-            state.endpoint = ep.endpoint.url
-            meta = self._metadata(state.priority)
-            enc = ep.dialect.encode(meta, ep.options)
+            state.endpoint = base = endpoint.url
+            enc = ep.dialect.encode(self._metadata(state.priority), ep.options)
             if core.hooks:
                 self._sending(ep, queued, enc.headers)
-            key = ep.endpoint.api_key if ep.endpoint.api_key is not None else core.api_key
+            key = endpoint.api_key
+            if key is None:
+                key = core.api_key
             content = None
-            if self.body is not None and enc.body:
+            if enc.body and self.body is not None:
                 send_body = dict(self.body)
                 _merge_body(send_body, enc.body)
                 content = json.dumps(send_body, separators=(",", ":")).encode()
             request = self.request
-            url = (
-                request.url
-                if ep.endpoint.url == self.base
-                else ep.url_for(self.suffix, request.url)
-            )
+            url = request.url if base == self.base else ep.url_for(self.suffix, request.url)
             transport = self.transport
             out = transport._prepare(request, url, enc.headers, key, content)
         except BaseException:
@@ -871,28 +879,33 @@ class _Call:
             return
         self.ended = True
         now = self.clock()  # one read for the release and the accounting
-        self._release(ok=status != "error", now=now)
+        if self.ep is not None:
+            self._release(ok=status != "error", now=now)
         state = self.state
         if not state.done:
             state.done = True
             state.latency_s = latency = now - state.started
             state.status = status
             state.error = error
-            job = self.session.job
-            program = self.core.program(job.program_id)
+            core, session, ticket = self.core, self.session, self.ticket
+            job = session.job
+            program = job._program
             tokens = (state.prompt_tokens or 0) + (state.completion_tokens or 0)
-            service = max(0.0, latency - state.queue_s)  # LLM seconds, not queueing
+            service = latency - state.queue_s  # LLM seconds, not queueing
+            if service < 0.0:
+                service = 0.0
             program.service_s += service
             program.service_tokens += tokens
-            self.ticket.idle_expected_s = self.turn[3]
-            for e in self.core.endpoints:
-                e.admission.policy.on_call_end(self.ticket, service, tokens)
+            ticket.idle_expected_s = self.turn[3]
+            for e in core.endpoints:
+                e.admission.policy.on_call_end(ticket, service, tokens)
             if status == "ok":
-                self.session._replied(now)
-                self.core.replied(self.session, state, self.turn[1])  # cache retention
+                session._last_reply_at = now
+                if core.learn_retention:
+                    core.replied(session, state, self.turn[1])  # cache retention
                 if self.tools:
-                    self.session._tool_calls(self.tools)
-            if self.core.hooks:
+                    session._tool_calls(self.tools)
+            if core.hooks:
                 self.core.emit(
                     CallEnded(
                         t=now,
