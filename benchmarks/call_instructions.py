@@ -1,0 +1,177 @@
+"""CPU instructions per call (valgrind's callgrind: deterministic), the openai baseline
+against agentrt's clients, on the loopback echo server.
+
+Wall and CPU times on a shared 2-core machine move by several microseconds between runs
+(docs/benchmarks.md), more than most single changes to the hot path are worth. An
+instruction count does not: two runs of the same code agree to about 0.05%. It is not a
+time (cache misses and instruction mixes differ), but it tells whether a change made the
+client do less work.
+
+Each client runs twice in its own process under ``valgrind --tool=callgrind``, with
+``--calls`` and with twice as many calls after the same warm-up; the difference divided by
+``--calls`` is the client's instructions per call (start-up and imports cancel out). The
+echo server (``benchmarks/_echo_server.py --impl raw``) runs outside valgrind. Clients:
+
+- ``openai``: ``AsyncOpenAI(base_url=..., api_key="x", max_retries=0)``, the baseline;
+- ``openai+hdr-v2``: the baseline sending agentrt's ``x-agentrt`` header as a fixed
+  default header (what carrying one more header costs openai's stack);
+- ``openai+tg``: the baseline inside an anyio task group (what one enclosing cancel scope
+  costs the HTTP stack's own scopes and checkpoints);
+- ``agentrt.openai``: ``rt.openai()`` inside a session, jobs of 50 calls;
+- ``agentrt.chat``: ``session.chat(...)``, jobs of 50 calls;
+- ``agentrt.nohdr``: ``rt.openai()`` with a dialect that sends nothing (diagnostic: the
+  difference to ``agentrt.openai`` is what the header costs, encoding and wire).
+
+    .venv/bin/python benchmarks/call_instructions.py     # ~6 min; results/call_instructions.json
+    .venv/bin/python benchmarks/call_instructions.py --clients openai agentrt.openai
+
+Needs ``valgrind`` (Debian: ``apt-get install valgrind``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+CLIENTS = (
+    "openai",
+    "openai+hdr-v2",
+    "openai+tg",
+    "agentrt.openai",
+    "agentrt.chat",
+    "agentrt.nohdr",
+)
+WARMUP = 50
+PER_JOB = 50
+
+
+def child(client: str, calls: int, url: str) -> None:
+    """The measured process: a warm-up, then ``calls`` sequential calls."""
+    import anyio
+    import openai
+
+    sys.path.insert(0, str(HERE))
+    from overhead import HEADER_CLIENTS, REQUEST
+
+    import agentrt
+    from agentrt.dialects import Dialect, Encoding
+
+    async def plain(create: Any, n: int) -> None:
+        for _ in range(n):
+            await create(**REQUEST)
+
+    async def main() -> None:
+        if client.startswith("openai"):
+            headers = HEADER_CLIENTS["openai+hdr-v2"] if client == "openai+hdr-v2" else None
+            oc = openai.AsyncOpenAI(
+                base_url=url, api_key="x", max_retries=0, default_headers=headers
+            )
+            await plain(oc.chat.completions.create, WARMUP)
+            if client == "openai+tg":
+                async with anyio.create_task_group():
+                    await plain(oc.chat.completions.create, calls)
+            else:
+                await plain(oc.chat.completions.create, calls)
+            return
+        options: dict[str, Any] = {}
+        if client == "agentrt.nohdr":
+            options["dialect"] = Dialect(name="none", encode=lambda meta, opts: Encoding())
+        async with agentrt.Runtime([url], **options) as rt:
+            create = rt.openai().chat.completions.create
+            for n in (WARMUP, calls):
+                done = 0
+                while done < n:
+                    k = min(PER_JOB, n - done)
+                    async with rt.job("bench") as job, job.session() as session:
+                        call = session.chat if client == "agentrt.chat" else create
+                        for _ in range(k):
+                            await call(**REQUEST)
+                    done += k
+
+    anyio.run(main)
+
+
+def instructions(client: str, calls: int, url: str) -> int:
+    """Instructions the whole process ran (callgrind's 'Collected')."""
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    out = subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            sys.executable,
+            __file__,
+            "--child",
+            client,
+            str(calls),
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    if out.returncode != 0 or found is None:
+        raise RuntimeError(f"{client}: valgrind failed:\n{out.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--calls", type=int, default=200, help="the calls that are counted")
+    p.add_argument("--clients", nargs="+", choices=CLIENTS, default=list(CLIENTS))
+    p.add_argument("--out", type=Path, default=Path("results/call_instructions.json"))
+    p.add_argument("--child", nargs=3, metavar=("CLIENT", "CALLS", "URL"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        child(args.child[0], int(args.child[1]), args.child[2])
+        return
+    if shutil.which("valgrind") is None:
+        p.error("valgrind is not installed (Debian: apt-get install valgrind)")
+    if args.calls < 1:
+        p.error("--calls must be >= 1")
+    sys.path.insert(0, str(HERE))
+    from overhead import echo_server
+
+    names: list[str] = args.clients if "openai" in args.clients else ["openai", *args.clients]
+    per_call: dict[str, float] = {}
+    with echo_server("raw", None) as url, ThreadPoolExecutor(2) as pool:
+        print(f"echo server (raw) at {url}; {args.calls} counted calls per client")
+        for name in names:
+            short, long = pool.map(
+                lambda n, name=name: instructions(name, n, url), (args.calls, 2 * args.calls)
+            )
+            per_call[name] = (long - short) / args.calls
+            print(f"  {name:16s} {per_call[name]:12,.0f} instructions per call", flush=True)
+    base = per_call["openai"]
+    print("\nadded vs openai (instructions per call, and in % of the baseline's):")
+    for name in names[1:]:
+        added = per_call[name] - base
+        print(f"  {name:16s} {added:+12,.0f}  {100 * added / base:+6.2f} %")
+    result = {
+        "meta": {
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "command": " ".join(["benchmarks/call_instructions.py", *sys.argv[1:]]),
+            "calls": args.calls,
+        },
+        "instructions_per_call": per_call,
+        "added_vs_openai": {n: per_call[n] - base for n in names[1:]},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
