@@ -23,7 +23,7 @@ from ._config import DEFAULT_RETRY, Endpoint, Retry
 from ._context import Job, Session, _CallState
 from ._errors import AgentrtError
 from ._notice import Notices, NoticeStatistics, Sender, accepts_notice
-from ._transport import HttpLib, http_lib
+from ._transport import HttpLib, http_lib, loop_clock
 from ._waits import WaitEstimator
 from .dialects import Dialect, DialectOptions, DialectSpec, resolve_dialect
 from .scheduling._admission import Admission, AdmissionStatistics
@@ -138,6 +138,9 @@ class _Core:
         """Set when an endpoint is marked down (wakes the runtime's prober)."""
         self.notices: Notices | None = None
         """Sends tool-start notices (set by Runtime)."""
+        self.clock: Callable[[], float] = anyio.current_time
+        """The clock of calls (``anyio.current_time``'s), set to the runtime's event loop's
+        own when it opens (0.06 µs a read against 0.4 µs): a runtime lives in one loop."""
         self.learn_retention = len(endpoints) > 1
         """Whether replies feed the replicas' retention estimates (only routing uses them)."""
         # Base paths by origin, longest first so that nested ones match the most specific.
@@ -585,6 +588,7 @@ class Runtime:
         self._opened = True
         self._http = self.http_client()
         self._core.client = self.openai()
+        self._core.clock = loop_clock()
         self._notices.open = True
         # Background work (with several endpoints or metrics polling: health probes and
         # polls) runs in the runtime's task group (structured: it ends when the runtime's

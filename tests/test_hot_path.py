@@ -1,6 +1,6 @@
 """The transport's per-call shortcuts keep their meaning: endpoint matching on the URL's
 parts, the shallow request copy with its own header list, the metadata built without
-validating it again, and the clock looked up once per call."""
+validating it again, and the clock looked up once per runtime."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 import agentrt._transport
 from agentrt import Endpoint, Runtime
 from agentrt._protocol import CallMetadata, parse_agentrt_header, trusted_model
-from agentrt._transport import _clock, _encoded, _request_body, http_lib
+from agentrt._transport import _encoded, _request_body, http_lib, loop_clock
 from agentrt.telemetry import CallReport
 from tests._fake import MSG, FakeEngine
 
@@ -186,7 +186,7 @@ async def test_trusted_metadata_is_what_validation_would_build(
 
 
 def _loop_clock_reads() -> tuple[float, float, float]:
-    clock = _clock()
+    clock = loop_clock()
     return anyio.current_time(), clock(), anyio.current_time()
 
 
@@ -196,9 +196,23 @@ async def test_call_clock_reads_what_anyio_reads(anyio_backend: str) -> None:
     before, read, after = _loop_clock_reads()
     assert before <= read <= after
     if anyio_backend == "asyncio":
-        assert _clock() == asyncio.get_running_loop().time
+        assert loop_clock() == asyncio.get_running_loop().time
     else:
-        assert _clock() is anyio.current_time
+        assert loop_clock() is anyio.current_time
+
+
+@pytest.mark.anyio
+async def test_a_runtime_reads_its_loops_clock(anyio_backend: str) -> None:
+    """The clock is looked up once, when the runtime opens, in the loop it lives in."""
+    from agentrt import Runtime
+
+    rt = Runtime(["http://engine.test/v1"])
+    assert rt._core.clock is anyio.current_time  # before it opens: always right
+    async with rt:
+        if anyio_backend == "asyncio":
+            assert rt._core.clock == asyncio.get_running_loop().time
+        else:
+            assert rt._core.clock is anyio.current_time
 
 
 def test_call_clock_on_virtual_clocks() -> None:
@@ -207,7 +221,7 @@ def test_call_clock_on_virtual_clocks() -> None:
     import trio.testing
 
     async def reads() -> list[float]:
-        clock = _clock()
+        clock = loop_clock()
         out = [clock(), anyio.current_time()]
         await anyio.sleep(5)
         return [*out, clock(), anyio.current_time()]
@@ -224,7 +238,7 @@ def test_call_clock_on_virtual_clocks() -> None:
             return 1234.5
 
     async def frozen() -> list[float]:
-        return [_clock()(), anyio.current_time()]
+        return [loop_clock()(), anyio.current_time()]
 
     loop = Frozen()
     try:

@@ -156,7 +156,7 @@ class Admission:
         self._in_flight -= 1
         self._tokens -= ticket.tokens
 
-    def release(self, ticket: Ticket, *, latency_s: float | None, tokens: int, ok: bool) -> None:
+    def release(self, ticket: Ticket, latency_s: float | None, tokens: int, ok: bool) -> None:
         """``ticket``'s call finished (``ok``) or failed: free its room and tokens, feed the
         limit (when ``latency_s`` is known) and admit whoever fits next."""
         if not ticket._held:

@@ -94,7 +94,7 @@ class EndpointHealth:
 
     def record_success(self, now: float) -> None:
         """A call to the endpoint succeeded."""
-        if self._healthy:
+        if self._healthy and self._failures:
             self._failures.clear()
 
     def record_failure(self, now: float, *, connect: bool) -> None:
