@@ -204,8 +204,6 @@ async def test_call_clock_reads_what_anyio_reads(anyio_backend: str) -> None:
 @pytest.mark.anyio
 async def test_a_runtime_reads_its_loops_clock(anyio_backend: str) -> None:
     """The clock is looked up once, when the runtime opens, in the loop it lives in."""
-    from agentrt import Runtime
-
     rt = Runtime(["http://engine.test/v1"])
     assert rt._core.clock is anyio.current_time  # before it opens: always right
     async with rt:
