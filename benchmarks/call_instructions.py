@@ -3,9 +3,10 @@ against agentrt's clients, on the loopback echo server.
 
 Wall and CPU times on a shared 2-core machine move by several microseconds between runs
 (docs/benchmarks.md), more than most single changes to the hot path are worth. An
-instruction count does not: two runs of the same code agree to about 0.05%. It is not a
-time (cache misses and instruction mixes differ), but it tells whether a change made the
-client do less work.
+instruction count moves much less: runs of the same client agree to about 20,000 of its
+8.6 million instructions per call (the event loop's iterations depend on when the reply
+lands). It is not a time (cache misses and instruction mixes differ), but it tells
+whether a change made the client do less work.
 
 Each client runs twice in its own process under ``valgrind --tool=callgrind``, with
 ``--calls`` and with twice as many calls after the same warm-up; the difference divided by
