@@ -425,10 +425,13 @@ class AgentTransport:
             while name in present:
                 i = present.index(name)
                 del present[i], raw[i]
-        if _AUTH in present:  # the caller's own, kept unless it is the placeholder
-            i = present.index(_AUTH)
+        i = 0
+        for _ in range(present.count(_AUTH)):  # the caller's own: kept unless placeholders
+            i = present.index(_AUTH, i)
             if raw[i][2] == placeholder:
-                del raw[i]
+                del present[i], raw[i]
+            else:
+                i += 1
         raw += new
         headers_obj._list = raw
         out.headers = headers_obj

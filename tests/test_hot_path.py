@@ -288,3 +288,46 @@ def test_encoded_reads_what_in_reads(headers: list[tuple[str, str]]) -> None:
         h = lib.Headers(headers)
         assert _encoded(h) is ("content-encoding" in h)
     assert _encoded(dict(headers)) is ("content-encoding" in dict(headers))  # no raw list
+
+
+_NAMES = st.sampled_from(
+    [b"authorization", b"x-agentrt", b"content-length", b"host", b"x-a", b"x-stainless-os"]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(_NAMES, st.sampled_from([b"Bearer agentrt-no-key", b"Bearer user", b"1"])),
+        max_size=12,
+    ),
+    st.booleans(),
+    st.booleans(),
+)
+def test_prepared_headers_are_the_callers_filtered_then_agentrts(
+    caller: list[tuple[bytes, bytes]], with_key: bool, with_body: bool
+) -> None:
+    """The C-level header merge keeps what a plain filter keeps: the caller's headers in
+    order, less the names agentrt sets and less its placeholder key, then agentrt's."""
+    lib = http_lib()
+    rt = Runtime([URL], api_key="rt-key" if with_key else None)
+    transport: Any = lib.AgentTransport(rt._core, lib.mod.AsyncHTTPTransport())
+    request = lib.mod.Request("POST", URL + "/chat/completions", headers=caller, content=b"{}")
+    before = list(request.headers.raw)
+    add = {"x-agentrt": "v=2", "x-b": "2"}
+    content = b'{"a":1}' if with_body else None
+    out = transport._prepare(request, request.url, add, "rt-key" if with_key else None, content)
+    new = [(b"x-agentrt", b"v=2"), (b"x-b", b"2")]
+    if with_key:
+        new.append((b"authorization", b"Bearer rt-key"))
+    if with_body:
+        new.append((b"content-length", b"7"))
+    names = {k for k, _ in new}
+    kept = [
+        (k, v)
+        for k, v in request.headers.raw
+        if k.lower() not in names
+        and not (k.lower() == b"authorization" and v == b"Bearer agentrt-no-key")
+    ]
+    assert list(out.headers.raw) == kept + new
+    assert list(request.headers.raw) == before  # the caller's request is left alone
