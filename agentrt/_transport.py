@@ -57,8 +57,6 @@ RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 _AUTH = b"authorization"
 _LOWER = operator.itemgetter(1)
 """A header triple's lower-case name (httpx's ``Headers._list`` items)."""
-_DROP_HEADERS = frozenset({b"content-length", b"host"})
-_DROP_HEADERS_AUTH = _DROP_HEADERS | {b"authorization"}
 _USAGE_KEY = b'"usage"'
 _FINISH = re.compile(rb'"finish_reason"\s*:\s*"([A-Za-z_]{1,32})"')
 _JSON = json.JSONDecoder()
