@@ -269,13 +269,19 @@ class Session:
                 return
             # The notice runs beside the tool, in a task group of this block only: it
             # never delays the tool, and one still in flight when the wait ends is moot
-            # (cancelled, counted as failed).
+            # (cancelled, counted as failed). The tool's own error leaves the group first
+            # and is raised as it is, not wrapped in an exception group.
+            error: Exception | None = None
             async with anyio.create_task_group() as tg:
                 tg.start_soon(wait.notice)
                 try:
                     yield
+                except Exception as exc:
+                    error = exc
                 finally:
                     tg.cancel_scope.cancel()
+            if error is not None:
+                raise error
 
     @contextmanager
     def _tool_wait(self, name: str, expected_s: float | None) -> Iterator[_ToolWait]:

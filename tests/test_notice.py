@@ -190,6 +190,35 @@ async def test_a_notice_in_flight_when_the_wait_ends_is_cancelled() -> None:
     assert job.report.status == "ok" and job.report.tool_reports[0].status == "ok"
 
 
+async def test_a_tools_error_is_raised_as_it_is_with_a_notice_in_flight() -> None:
+    """The notice's task group never wraps the tool's own exception in a group."""
+    server = Server(block=True)
+    async with Runtime([URL], transport=server.transport(), retry=FAST) as rt:
+        async with rt.job("j") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+            with pytest.raises(ValueError, match="tool failed"):
+                async with s.tool("search", expected_s=1.0):
+                    await settle()
+                    raise ValueError("tool failed")
+            await s.chat(model="m", messages=MSG)
+    assert len(server.notices) == 1
+    assert job.report.status == "ok"
+    assert job.report.tool_reports[0].status == "error"
+
+
+async def test_a_cancelled_tool_wait_with_a_notice_in_flight_is_cancelled() -> None:
+    server = Server(block=True)
+    async with Runtime([URL], transport=server.transport(), retry=FAST) as rt:
+        async with rt.job("j") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+            with anyio.move_on_after(0.05):
+                async with s.tool("search", expected_s=1.0):
+                    await anyio.sleep(5)
+    assert job.report.status == "ok"
+    assert job.report.tool_reports[0].status == "cancelled"
+    assert rt.notice_statistics().failed == 1
+
+
 async def test_a_single_endpoint_runtime_opens_no_task_group() -> None:
     """Without background work the runtime's block is not wrapped in a task group (whose
     cancel scope would make every call's HTTP-level scopes dearer); notices still go."""
