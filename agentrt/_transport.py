@@ -185,9 +185,9 @@ def _usage_into(report: _CallState, usage: Any) -> None:
         return
     # int(): a JSON true counts as 1, as CallReport's validation took it.
     pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if pt.__class__ is int or isinstance(pt, int):
+    if isinstance(pt, int):
         report.prompt_tokens = int(pt)
-    if ct.__class__ is int or isinstance(ct, int):
+    if isinstance(ct, int):
         report.completion_tokens = int(ct)
     details = usage.get("prompt_tokens_details")
     if details.__class__ is dict:
