@@ -346,11 +346,17 @@ def test_session_id_shows_in_kv_events(vllm_engine: Replica, how: str) -> None:
 
 def test_reused_blocks_reported_for_new_session_only_in_full_mode(vllm_engine: Replica) -> None:
     content = long_text(400)
+    # Greedy: both sessions generate the same tokens, so a block their two output tokens
+    # complete (a prompt 126 or 127 tokens past a block boundary) is the same block too;
+    # sampled, it differed now and then and s2 stored it (a flaky failure in CI).
+    greedy = {"temperature": 0.0}
     with KvEventsSubscriber(vllm_engine) as sub:
-        post(vllm_engine, "/chat/completions", chat_body(vllm_engine, content, 2, session_id="s1"))
+        body = chat_body(vllm_engine, content, 2, session_id="s1", **greedy)
+        post(vllm_engine, "/chat/completions", body)
         assert sub.wait_for(lambda e: e.get("session_id") == "s1")
         # Another session reuses the cached blocks: by default no event says so...
-        post(vllm_engine, "/chat/completions", chat_body(vllm_engine, content, 2, session_id="s2"))
+        body = chat_body(vllm_engine, content, 2, session_id="s2", **greedy)
+        post(vllm_engine, "/chat/completions", body)
         assert not sub.wait_for(lambda e: e.get("session_id") == "s2", timeout=2)
         # ...unless the request asks for the full report.
         body = chat_body(
