@@ -119,7 +119,6 @@ class Notices:
         """Run ``send`` on the runtime's task group, if it has one (else count it as
         skipped): for tool waits without a block of their own."""
         if self.tasks is None:
-            self.sent -= 1
             self.skipped += 1
             return
         self.tasks.start_soon(send)
@@ -147,7 +146,6 @@ class Notices:
             "expected_s": expected_s,
             "source": source,
         }
-        self.sent += 1
         content = json.dumps(body, separators=(",", ":")).encode()
 
         async def send() -> None:
@@ -156,6 +154,7 @@ class Notices:
         return send
 
     async def _send(self, ep: _EndpointState, key: str | None, content: bytes) -> None:
+        self.sent += 1  # counted where it starts: a skipped one never does
         mod: Any = self._lib.mod
         url = ep.endpoint.url + NOTICE_PATH
         headers = [("content-type", "application/json")]
