@@ -2,17 +2,32 @@
 
 Jobs, sessions and tool waits become first-class; every call is tagged for the engine it
 goes to, routed by session, and reported by job completion time.
+
+The public names are imported on first use (PEP 562), so that ``import agentrt`` and the
+``agentrt`` command start fast: the runtime pulls in openai and httpx, which take a second
+or more to import on a small machine.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from __future__ import annotations
 
-from ._config import DEFAULT_RETRY, Endpoint, Retry
-from ._context import Job, Session
-from ._errors import AgentrtError, EndpointError, JobClosedError, SessionClosedError
-from ._notice import NoticeStatistics
-from ._protocol import PROTOCOL_VERSION, CallMetadata
-from ._runtime import DEFAULT_TIMEOUT_S, Runtime, SyncJob, SyncRuntime, SyncSession
-from .telemetry import CallReport, JobReport, ToolReport
+from importlib import import_module
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._config import DEFAULT_RETRY, Endpoint, Retry
+    from ._context import Job, Session
+    from ._errors import (
+        AgentrtError,
+        EndpointError,
+        JobClosedError,
+        RuntimeClosedError,
+        SessionClosedError,
+    )
+    from ._notice import NoticeStatistics
+    from ._protocol import PROTOCOL_VERSION, CallMetadata
+    from ._runtime import DEFAULT_TIMEOUT_S, Runtime, SyncJob, SyncRuntime, SyncSession
+    from .telemetry import CallReport, JobReport, ToolReport
 
 try:
     __version__ = version("agentrt")
@@ -34,6 +49,7 @@ __all__ = [
     "NoticeStatistics",
     "Retry",
     "Runtime",
+    "RuntimeClosedError",
     "Session",
     "SessionClosedError",
     "SyncJob",
@@ -42,3 +58,41 @@ __all__ = [
     "ToolReport",
     "__version__",
 ]
+
+_HOMES: dict[str, str] = {
+    "DEFAULT_RETRY": "._config",
+    "Endpoint": "._config",
+    "Retry": "._config",
+    "Job": "._context",
+    "Session": "._context",
+    "AgentrtError": "._errors",
+    "EndpointError": "._errors",
+    "JobClosedError": "._errors",
+    "RuntimeClosedError": "._errors",
+    "SessionClosedError": "._errors",
+    "NoticeStatistics": "._notice",
+    "PROTOCOL_VERSION": "._protocol",
+    "CallMetadata": "._protocol",
+    "DEFAULT_TIMEOUT_S": "._runtime",
+    "Runtime": "._runtime",
+    "SyncJob": "._runtime",
+    "SyncRuntime": "._runtime",
+    "SyncSession": "._runtime",
+    "CallReport": ".telemetry",
+    "JobReport": ".telemetry",
+    "ToolReport": ".telemetry",
+}
+"""Where each public name lives (tests/test_public_api.py checks it against ``__all__``)."""
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'agentrt' has no attribute {name!r}")
+    value = getattr(import_module(home, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

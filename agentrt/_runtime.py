@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager, asynccontextmanager, contextmanag
 from dataclasses import dataclass, field, replace
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeVar, cast, overload
 
 import anyio
 import anyio.abc
@@ -38,9 +38,13 @@ from .telemetry._journal import Journal
 from .telemetry._report import JobReport, JobStatus
 
 if TYPE_CHECKING:
+    from typing import Unpack
+
     from openai import AsyncStream
     from openai.types import Completion
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    from ._context import ChatArgs, CompleteArgs
 
 __all__ = ["DEFAULT_TIMEOUT_S", "Runtime", "SyncJob", "SyncRuntime", "SyncSession"]
 
@@ -991,6 +995,18 @@ class SyncSession:
 
         return self._srt._call(bounded)
 
+    @overload
+    def chat(
+        self, *, stream: Literal[False] | None = ..., **kwargs: Unpack[ChatArgs]
+    ) -> ChatCompletion: ...
+    @overload
+    def chat(
+        self, *, stream: Literal[True], **kwargs: Unpack[ChatArgs]
+    ) -> Iterator[ChatCompletionChunk]: ...
+    @overload
+    def chat(
+        self, *, stream: bool, **kwargs: Unpack[ChatArgs]
+    ) -> ChatCompletion | Iterator[ChatCompletionChunk]: ...
     def chat(self, **kwargs: Any) -> ChatCompletion | Iterator[ChatCompletionChunk]:
         """``chat.completions.create`` through agentrt (see :meth:`Session.chat`)."""
         result = self._run(self.session.chat, **kwargs)
@@ -998,6 +1014,18 @@ class SyncSession:
             return _sync_iter(self._srt, result)
         return result  # type: ignore[no-any-return]
 
+    @overload
+    def complete(
+        self, *, stream: Literal[False] | None = ..., **kwargs: Unpack[CompleteArgs]
+    ) -> Completion: ...
+    @overload
+    def complete(
+        self, *, stream: Literal[True], **kwargs: Unpack[CompleteArgs]
+    ) -> Iterator[Completion]: ...
+    @overload
+    def complete(
+        self, *, stream: bool, **kwargs: Unpack[CompleteArgs]
+    ) -> Completion | Iterator[Completion]: ...
     def complete(self, **kwargs: Any) -> Completion | Iterator[Completion]:
         """``completions.create`` through agentrt (see :meth:`Session.complete`)."""
         result = self._run(self.session.complete, **kwargs)

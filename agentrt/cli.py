@@ -1,31 +1,129 @@
-"""The ``agentrt`` command: ``demo``, ``bench``, ``report`` and ``sim serve``."""
+"""The ``agentrt`` command: ``demo``, ``bench``, ``report`` and ``sim serve``.
+
+Only the standard library is imported up front, so ``agentrt --help`` starts fast; each
+subcommand imports what it needs when it runs. Errors are one line on stderr (exit status
+2), never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
-import time
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from . import __version__
-from .bench._drivers import CLIENT_SPEC_HELP
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 if TYPE_CHECKING:
     from .bench._runner import BenchConfig
 
 __all__ = ["main"]
 
-DEMO_CLIENTS = ("plain", "agentrt:round-robin", "agentrt:session")
+DEMO_CLIENTS: Final = ("plain", "agentrt:round-robin", "agentrt:session")
+"""``agentrt bench``'s clients unless ``--client`` is given."""
+
+WORKLOADS: Final = {
+    "coding": "coding jobs shaped like Claude Code sessions (the demo's)",
+    "mixed": "ReAct loops, fan-outs and chats",
+    "react": "tool loops of 4-12 turns",
+    "react-longtail": "long tool loops, heavy-tailed tool waits",
+    "fanout": "a planner, 3-6 concurrent sub-agents, a reducer",
+    "chat": "people chatting, streamed replies",
+    "claude-code": "replays of the Claude Code traces (--traces)",
+    "mixed-cc": "short ReAct jobs and long Claude Code replays",
+}
+"""The workloads of ``agentrt bench`` (tests check them against the bench package)."""
+
+PRESETS: Final = {
+    "h100-8b": "an 8B model on one H100 (vLLM's defaults)",
+    "cpu-tiny": "the tiny test model on vLLM's CPU engine",
+}
+"""The embedded engine's presets (tests check them against ``agentrt.sim.PRESETS``)."""
+
+KV_POLICIES: Final = ("lru", "keep", "pin", "offload", "drop", "adaptive", "resume")
+SCHEDULING: Final = ("fcfs", "priority")
+
+CLIENT_HELP: Final = (
+    "a client to compare (repeatable; default: plain, agentrt:round-robin, "
+    "agentrt:session). 'plain' is a bare openai client: every call sent at once, "
+    "round-robin over replicas. 'agentrt[:OPTIONS]': OPTIONS are names joined by '+' "
+    "(a routing: round_robin, least_loaded, session_affinity, hash, or the aliases "
+    "round-robin, session; a policy: fcfs, plas, atlas, mlfq, edf), then optionally "
+    "'@LIMIT' (per-endpoint concurrency: an int >= 1, auto or none), then ',key=value' "
+    "options: routing=, policy=, concurrency=, token_budget= (int), priority= (on/off: "
+    "send each call's queue level as the engine priority), dialect= (default vllm), "
+    "declare= (learned, the default; oracle; none). Examples: agentrt:session, "
+    "agentrt:plas+round_robin@auto, agentrt:mlfq@16, agentrt:routing=hash,policy=plas. "
+    "Defaults: round_robin, fcfs, no limit"
+)
+
+_EXTRAS: Final = {
+    "matplotlib": "report",
+    "rich": "report",
+    "uvicorn": "serve",
+    "prometheus_client": "prometheus",
+    "opentelemetry": "otel",
+}
+"""Optional modules and the extra that installs each."""
 
 
-def _bench_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
+class _Formatter(argparse.HelpFormatter):
+    """Wraps prose to the terminal, keeps indented lists and examples as written, and adds
+    each option's default to its help."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = []
+        for paragraph in text.split("\n\n"):
+            if any(line.startswith(" ") for line in paragraph.splitlines()):
+                paragraphs.append(paragraph)
+            else:
+                paragraphs.append(textwrap.fill(" ".join(paragraph.split()), width))
+        return "\n\n".join(paragraphs)
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "%(default)" in text
+            or default is None
+            or default is False
+            or default == argparse.SUPPRESS
+            or not action.option_strings
+            or isinstance(default, list)
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line that says what to do."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}; see '{self.prog} --help'\n")
+
+
+class _CommandError(Exception):
+    """A failure the command reports as one line (exit status 2)."""
+
+
+def _examples(*lines: str) -> str:
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def _listing(items: dict[str, str]) -> str:
+    width = max(map(len, items))
+    return "\n".join(f"  {name.ljust(width)}  {text}" for name, text in items.items())
+
+
+def _output_args(p: argparse.ArgumentParser, default_out: str) -> None:
     p.add_argument(
         "--out",
         type=Path,
-        default=Path("results" if not demo else "results/demo"),
-        help="folder for results.json and the PNGs (default: %(default)s)",
+        default=Path(default_out),
+        metavar="DIR",
+        help="folder for results.json, the journals and the PNGs",
     )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument(
@@ -34,29 +132,73 @@ def _bench_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
         help="skip the journals (journal-<client>.jsonl in --out: one job report per line, "
         "as Runtime(journal=...) writes them)",
     )
-    p.add_argument("--seed", type=int, default=0)
-    if demo:
-        return
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload's generator")
+
+
+def _engine_args(p: argparse.ArgumentParser, *, serve: bool) -> None:
+    """The embedded engine's options, shared by ``bench`` and ``sim serve``."""
+    p.add_argument(
+        "--preset",
+        default="h100-8b",
+        choices=tuple(PRESETS),
+        help="the engine's cost model and limits: "
+        + "; ".join(f"{k}: {v}" for k, v in PRESETS.items()),
+    )
+    p.add_argument(
+        "--gpu-blocks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="KV blocks on each replica's accelerator (default: the preset's)",
+    )
+    p.add_argument(
+        "--host-blocks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="KV blocks in each replica's host tier (default: the preset's, none)",
+    )
+    p.add_argument(
+        "--tool-wait-policy",
+        default=None,
+        choices=KV_POLICIES,
+        metavar="POLICY",
+        help="what a replica does with a session's KV during a declared tool wait: "
+        + ", ".join(KV_POLICIES)
+        + " (default: the preset's, lru; docs/sim.md)",
+    )
+    if serve:
+        p.add_argument(
+            "--scheduling",
+            default="fcfs",
+            choices=SCHEDULING,
+            help="the replicas' queue order: fcfs, or priority (the request's priority "
+            "field, as vLLM's --scheduling-policy priority)",
+        )
+
+
+def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workload",
         default="mixed",
-        choices=("react", "react-longtail", "fanout", "chat", "mixed", "claude-code", "mixed-cc"),
-        help="mixed: ReAct, fan-out and chat jobs; mixed-cc: short ReAct jobs and long Claude "
-        "Code replays (--long-share of them); react-longtail: long ReAct loops over tools "
-        "with heavy-tailed waits; default: %(default)s",
+        choices=tuple(WORKLOADS),
+        metavar="NAME",
+        help="the jobs to run (listed above)",
     )
-    p.add_argument(
-        "--long-share",
-        type=float,
-        default=0.2,
-        help="mixed-cc: share of jobs that are Claude Code replays (default: %(default)s)",
-    )
-    p.add_argument("--jobs", type=int, default=40, help="number of jobs (default: %(default)s)")
+    p.add_argument("--jobs", type=int, default=40, metavar="N", help="number of jobs")
     p.add_argument(
         "--rate",
         type=float,
         default=None,
+        metavar="JOBS_PER_S",
         help="Poisson arrivals, jobs per second (default: all at once)",
+    )
+    p.add_argument(
+        "--users",
+        type=int,
+        default=None,
+        metavar="N",
+        help="closed loop instead: N users, each starting a job when its last ends",
     )
     p.add_argument(
         "--client",
@@ -64,103 +206,147 @@ def _bench_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
         dest="clients",
         default=None,
         metavar="CLIENT",
-        help="a client to compare (repeatable; default: plain, agentrt:round-robin, "
-        "agentrt:session). " + CLIENT_SPEC_HELP.replace("%", "%%"),
+        help=CLIENT_HELP,
     )
-    p.add_argument("--replicas", type=int, default=4)
-    p.add_argument("--preset", default="h100-8b", help="embedded engine cost model")
+    p.add_argument("--replicas", type=int, default=4, metavar="N", help="embedded engine replicas")
+    _engine_args(p, serve=False)
     p.add_argument(
         "--endpoint",
         action="append",
         dest="endpoints",
         default=[],
-        help="a real server's base URL (repeatable); default: the embedded cluster",
+        metavar="URL",
+        help="a real server's base URL (repeatable; default: the embedded cluster)",
     )
-    p.add_argument("--model", default=None)
+    p.add_argument(
+        "--model", default=None, help="model name sent to --endpoint (default: the server's)"
+    )
+    p.add_argument(
+        "--api",
+        choices=("openai", "http"),
+        default="openai",
+        help="call through the openai client, or post raw JSON through agentrt's HTTP "
+        "client (faster, for large replays)",
+    )
     p.add_argument(
         "--no-stretch",
         action="store_true",
         help="skip the solo runs that give each job's JCT stretch",
     )
     p.add_argument(
-        "--traces",
-        type=Path,
-        default=None,
-        help="Claude Code traces folder (default: ../shared/traces/claude-code)",
-    )
-    p.add_argument("--token-scale", type=float, default=1.0)
-    p.add_argument("--time-scale", type=float, default=1.0)
-    p.add_argument(
-        "--max-wait", type=float, default=None, help="cap one think or tool wait, seconds"
-    )
-    p.add_argument(
-        "--users",
-        type=int,
-        default=None,
-        help="closed loop: this many users, each starting a job when its last ends",
-    )
-    p.add_argument(
-        "--api",
-        choices=("openai", "http"),
-        default="openai",
-        help="call through the openai client (default) or post raw JSON through agentrt's "
-        "HTTP client (faster, for large replays)",
-    )
-    p.add_argument(
         "--tool-wait",
         type=float,
         default=2.0,
+        metavar="S",
         help="median tool wait of the synthetic workloads, seconds",
     )
     p.add_argument(
-        "--tool-wait-policy",
-        default=None,
-        help="embedded replicas: what the engine does with a session's KV during a declared "
-        "tool wait (lru, keep, pin, offload, drop, ...; default: the preset's, lru)",
+        "--long-share",
+        type=float,
+        default=0.2,
+        metavar="SHARE",
+        help="mixed-cc: share of jobs that are Claude Code replays",
     )
     p.add_argument(
-        "--gpu-blocks",
-        type=int,
+        "--traces",
+        type=Path,
         default=None,
-        help="embedded replicas: KV blocks on the accelerator (default: the preset's)",
+        metavar="DIR",
+        help="Claude Code traces folder (default: $AGENTRT_TRACES or ../shared/traces/claude-code)",
     )
     p.add_argument(
-        "--host-blocks",
-        type=int,
-        default=None,
-        help="embedded replicas: KV blocks in the host tier (default: the preset's, none)",
+        "--token-scale", type=float, default=1.0, metavar="X", help="traces: scale token counts"
     )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="traces: scale think and tool times",
+    )
+    p.add_argument(
+        "--max-wait",
+        type=float,
+        default=None,
+        metavar="S",
+        help="traces: cap one think or tool wait, seconds (default: no cap)",
+    )
+    _output_args(p, "results")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="agentrt",
-        description="agentrt: jobs, sessions and tool waits for LLM calls.",
+        formatter_class=_Formatter,
+        description="agentrt: jobs, sessions and tool waits for LLM calls. Compare a plain "
+        "client with agentrt on an embedded engine cluster, benchmark workloads, read "
+        "journals, or serve simulated replicas.",
+        epilog=_examples(
+            "agentrt demo                    # the main job: plain client vs agentrt",
+            "agentrt sim serve               # an OpenAI-compatible server on :8000",
+            "agentrt report journal.jsonl    # JCT tables from a Runtime's journal",
+        ),
     )
-    parser.add_argument("--version", action="version", version=f"agentrt {__version__}")
+    parser.add_argument("--version", action="version", version=f"agentrt {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    demo = sub.add_parser(
+    def command(name: str, help_text: str, description: str, epilog: str) -> _Parser:
+        p: _Parser = sub.add_parser(
+            name,
+            help=help_text,
+            description=description,
+            epilog=epilog,
+            formatter_class=_Formatter,
+        )
+        return p
+
+    demo = command(
         "demo",
-        help="compare a plain client and agentrt on an embedded 4-replica cluster",
-        description="Runs a mixed agent workload (ReAct loops, fan-outs, chats) on an "
-        "embedded cluster of 4 simulated H100-class replicas in virtual time, with a "
-        "plain openai client and with agentrt, and prints the comparison.",
+        "compare a plain client and agentrt on an embedded cluster",
+        "Runs agentic coding jobs (shaped like real Claude Code sessions: long shared "
+        "system prompts, growing contexts, sub-agents, tool waits) on an embedded cluster "
+        "of simulated H100-class replicas in virtual time, once through a plain openai "
+        "client and once through agentrt, and prints the comparison, a summary figure "
+        "and where the results are. No server and no GPU are needed.",
+        _examples(
+            "agentrt demo",
+            "agentrt demo --out /tmp/demo --no-plots",
+            "agentrt bench --workload mixed      # the older mixed workload",
+        ),
     )
-    _bench_args(demo, demo=True)
+    _output_args(demo, "results/demo")
 
-    bench = sub.add_parser("bench", help="run a benchmark workload through several clients")
-    _bench_args(bench, demo=False)
+    bench = command(
+        "bench",
+        "run a workload through several clients, side by side",
+        "Runs the same jobs through each client (--client) on a fresh embedded cluster in "
+        "virtual time, or against real servers (--endpoint) in wall-clock time, and "
+        "prints JCT, call latency, TTFT and cache hits per client.\n\nworkloads:\n"
+        + _listing(WORKLOADS),
+        _examples(
+            "agentrt bench --workload coding --jobs 60 --rate 2",
+            "agentrt bench --client plain --client agentrt:plas+session@auto",
+            "agentrt bench --endpoint http://127.0.0.1:8000/v1 --workload react --jobs 8",
+        ),
+    )
+    _bench_args(bench)
 
-    report = sub.add_parser(
+    report = command(
         "report",
-        help="tables and plots from journals (Runtime(journal=...))",
-        description="Per job name: JCT percentiles beside per-call latency, where the time "
-        "went (queue, LLM critical path, tools), cache share, retries, session moves and "
+        "tables and plots from journals (Runtime(journal=...))",
+        "Per job name: JCT percentiles beside per-call latency, where the time went "
+        "(queue, LLM critical path, tools), cache share, retries, session moves and "
         "errors. Several journals are pooled unless --compare. Needs the report extra: "
-        'pip install "agentrt[report]".',
+        "pip install 'agentrt[report]'.",
+        _examples(
+            "agentrt report results/demo/journal-agentrt.jsonl",
+            "agentrt report --compare A.jsonl B.jsonl",
+            "agentrt report journal.jsonl --png plots/ --html report.html",
+        ),
     )
-    report.add_argument("journals", nargs="+", type=Path, metavar="JOURNAL")
+    report.add_argument(
+        "journals", nargs="+", type=Path, metavar="JOURNAL", help="journal files (JSON lines)"
+    )
     report.add_argument(
         "--compare",
         action="store_true",
@@ -178,21 +364,67 @@ def _parser() -> argparse.ArgumentParser:
         help="the job whose timeline and critical path are shown (default: the slowest)",
     )
 
-    sim = sub.add_parser("sim", help="the embedded engine")
+    sim = command(
+        "sim",
+        "the embedded engine",
+        "The embedded engine: simulated vLLM-like replicas (docs/sim.md).",
+        _examples("agentrt sim serve --replicas 2"),
+    )
+    sim.set_defaults(run=lambda _: _print_help(sim))
     sim_sub = sim.add_subparsers(dest="sim_command", metavar="SIM_COMMAND")
-    serve = sim_sub.add_parser("serve", help="serve simulated replicas on loopback")
-    serve.add_argument("--replicas", type=int, default=1)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--preset", default="h100-8b")
+    serve: _Parser = sim_sub.add_parser(
+        "serve",
+        help="serve simulated replicas over HTTP (the OpenAI API)",
+        description="Serves simulated replicas in wall-clock time with the OpenAI API "
+        "(chat and text completions, streaming, /v1/models, /metrics), for agent code and "
+        "frameworks to run against. Prints the URLs it serves. Needs the serve extra: pip "
+        "install 'agentrt[serve]'.",
+        epilog=_examples(
+            "agentrt sim serve",
+            "agentrt sim serve --replicas 2 --port 8100 --replies agent",
+            "agentrt sim serve --gpu-blocks 2048 --host-blocks 8192 --tool-wait-policy pin",
+        ),
+        formatter_class=_Formatter,
+    )
+    serve.add_argument("--replicas", type=int, default=1, metavar="N", help="replicas served")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument(
+        "--port", type=int, default=8000, help="port to listen on; 0 picks a free one"
+    )
     serve.add_argument(
         "--replies",
         choices=("filler", "agent"),
         default="filler",
-        help="'agent': follow CALL/ANSWER directives in the last user message, so agent "
-        "frameworks call real tools (docs/sim.md)",
+        help="filler: random words; agent: follow CALL/ANSWER directives in the last user "
+        "message and answer tools=[...] with tool calls, so agents run real tool loops "
+        "(docs/sim.md)",
     )
+    _engine_args(serve, serve=True)
+    parser.set_defaults(run=lambda _: _print_help(parser))
+    demo.set_defaults(run=_demo)
+    bench.set_defaults(run=_bench)
+    report.set_defaults(run=_report)
+    serve.set_defaults(run=_sim_serve)
     return parser
+
+
+def _print_help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 0
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("agentrt")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "0.0.0"
+
+
+def _positive(value: int | float | None, option: str) -> None:
+    if value is not None and value <= 0:
+        raise _CommandError(f"{option} must be positive, got {value}")
 
 
 def _run_bench(cfg: BenchConfig, out: Path, plots: bool, title: str, journal: bool) -> int:
@@ -222,44 +454,33 @@ def _run_bench(cfg: BenchConfig, out: Path, plots: bool, title: str, journal: bo
 
             paths = [str(p) for p in plot(result, out)]
         except ImportError:
-            print("plots: install the report extra for PNG plots: pip install -e '.[report]'")
+            print("plots: install the report extra for PNG plots: pip install 'agentrt[report]'")
         else:
             print("plots: " + ", ".join(paths))
     return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .bench._runner import BenchConfig
+    from .bench._demo import run_demo
 
-    cfg = BenchConfig(
-        workload="mixed",
-        jobs=60,
-        rate=2.0,
-        seed=args.seed,
-        clients=DEMO_CLIENTS,
-        replicas=4,
-        preset="h100-8b",
-    )
-    started = time.perf_counter()
-    rc = _run_bench(
-        cfg,
-        args.out,
-        not args.no_plots,
-        "agentrt demo: 60 agent jobs on 4 simulated H100-class replicas",
-        not args.no_journal,
-    )
-    print(
-        "JCT is each job's completion time; stretch is JCT over the same job's JCT alone "
-        "on an idle cluster (1.0 is the limit).\n"
-        f"Done in {time.perf_counter() - started:.1f} s. More: agentrt bench --help"
-    )
-    return rc
+    return run_demo(args.out, plots=not args.no_plots, journal=not args.no_journal, seed=args.seed)
 
 
 def _bench(args: argparse.Namespace) -> int:
     from .bench._runner import BenchConfig
     from .bench._workloads import TraceOptions
 
+    for option, value in (
+        ("--jobs", args.jobs),
+        ("--rate", args.rate),
+        ("--users", args.users),
+        ("--replicas", args.replicas),
+        ("--gpu-blocks", args.gpu_blocks),
+        ("--token-scale", args.token_scale),
+        ("--time-scale", args.time_scale),
+        ("--max-wait", args.max_wait),
+    ):
+        _positive(value, option)
     cfg = BenchConfig(
         workload=args.workload,
         jobs=args.jobs,
@@ -307,40 +528,76 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _sim_serve(args: argparse.Namespace) -> int:
+    _positive(args.replicas, "--replicas")
+    _positive(args.gpu_blocks, "--gpu-blocks")
+    if args.host_blocks is not None and args.host_blocks < 0:
+        raise _CommandError(f"--host-blocks must be 0 or more, got {args.host_blocks}")
+    if not 0 <= args.port <= 65535:
+        raise _CommandError(f"--port must be between 0 and 65535, got {args.port}")
+    import uvicorn  # noqa: F401  # the serve extra: a one-line error below when missing
+
     from .sim import serve
     from .sim._config import resolve_config
 
-    preset = resolve_config(args.preset).replace(replies=args.replies)
+    changes: dict[str, Any] = {"replies": args.replies, "scheduling": args.scheduling}
+    if args.gpu_blocks is not None:
+        changes["num_gpu_blocks"] = args.gpu_blocks
+    if args.host_blocks is not None:
+        changes["num_host_blocks"] = args.host_blocks
+    if args.tool_wait_policy is not None:
+        changes["tool_wait_policy"] = args.tool_wait_policy
+    config = resolve_config(args.preset).replace(**changes)
 
-    def ready(urls: tuple[str, ...]) -> None:
-        print("serving (Ctrl-C to stop):")
+    def ready(urls: Sequence[str]) -> None:
+        print("serving the OpenAI API (Ctrl-C to stop):", flush=True)
         for url in urls:
-            print(f"  {url}")
+            print(f"  {url}", flush=True)
 
     try:
-        serve(args.replicas, args.host, args.port, preset, on_ready=ready)
+        serve(args.replicas, args.host, args.port, config, on_ready=ready)
+    except RuntimeError as exc:  # the server did not start (the reason is one line)
+        raise _CommandError(str(exc)) from None
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise _CommandError(
+                f"port {args.port} on {args.host} is in use; pick another with --port"
+            ) from None
+        raise _CommandError(f"cannot serve on {args.host}:{args.port}: {exc}") from None
     except KeyboardInterrupt:
         pass
     return 0
 
 
+def _missing_extra(exc: ModuleNotFoundError) -> str:
+    module = (exc.name or "").split(".")[0]
+    extra = _EXTRAS.get(module)
+    if extra is None:
+        return f"{exc}; reinstall agentrt: pip install --force-reinstall agentrt"
+    return f"this command needs {module}, from the {extra} extra: pip install 'agentrt[{extra}]'"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+    """Run the command; returns its exit status (0 on success, 2 on an error)."""
+    args = _parser().parse_args(argv)
     try:
-        if args.command == "demo":
-            return _demo(args)
-        if args.command == "bench":
-            return _bench(args)
-        if args.command == "report":
-            return _report(args)
-        if args.command == "sim" and args.sim_command == "serve":
-            return _sim_serve(args)
-    except (ValueError, FileNotFoundError, ImportError) as exc:
-        print(f"agentrt: error: {exc}", file=sys.stderr)
-        return 2
-    parser.print_help()
-    return 0
+        status: int = args.run(args)
+    except ModuleNotFoundError as exc:
+        message = _missing_extra(exc)
+    except (_CommandError, ValueError, FileNotFoundError, ImportError) as exc:
+        message = str(exc)
+    except KeyboardInterrupt:
+        message = "interrupted"
+    except Exception as exc:
+        if os.environ.get("AGENTRT_TRACEBACK"):
+            raise
+        message = (
+            f"unexpected {type(exc).__name__}: {exc} (a bug: please report it; "
+            "AGENTRT_TRACEBACK=1 shows where)"
+        )
+    else:
+        return status
+    print(f"agentrt: error: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

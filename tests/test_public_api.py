@@ -32,3 +32,26 @@ def test_public_names_do_not_point_into_tests() -> None:
 
 def test_version() -> None:
     assert agentrt.__version__
+
+
+def test_every_public_name_has_a_home() -> None:
+    assert set(agentrt._HOMES) == set(agentrt.__all__) - {"__version__"}
+    for name, home in agentrt._HOMES.items():
+        module = __import__(f"agentrt{home}", fromlist=[name])
+        assert getattr(agentrt, name) is getattr(module, name)
+
+
+def test_import_is_lazy() -> None:
+    # `import agentrt` (and so the agentrt command) does not import the runtime until a
+    # public name is used.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, agentrt\n"
+        "assert 'agentrt._runtime' not in sys.modules and 'openai' not in sys.modules\n"
+        "from agentrt import Runtime\n"
+        "assert Runtime.__module__ == 'agentrt._runtime'\n"
+        "assert 'Runtime' in dir(agentrt)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,0 +1,199 @@
+"""The ``agentrt`` command: help that explains itself, fast start, one-line errors."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+
+from agentrt import cli
+from agentrt.cli import main
+
+COMMANDS = ([], ["demo"], ["bench"], ["report"], ["sim"], ["sim", "serve"])
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentrt", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _help(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--help"])
+    assert exc.value.code == 0
+    return capsys.readouterr().out
+
+
+def _one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode == 2, result
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("agentrt"), lines
+    assert "Traceback" not in result.stderr + result.stdout
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=lambda a: " ".join(a) or "agentrt")
+def test_help_fits_80_columns_and_ends_with_examples(
+    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    text = _help(args, capsys)
+    assert max(map(len, text.splitlines())) <= 80, text
+    tail = text.rstrip().split("\n\n")[-1]
+    assert tail.startswith("examples:\n"), text
+    examples = [line.strip() for line in tail.splitlines()[1:]]
+    assert examples and all(line.startswith("agentrt") for line in examples)
+
+
+def _options(parser: Any) -> list[Any]:
+    return [a for a in parser._actions if a.option_strings and a.dest != "help"]
+
+
+def test_every_subcommand_and_option_is_described() -> None:
+    parser = cli._parser()
+    stack = [parser]
+    seen = 0
+    while stack:
+        p = stack.pop()
+        assert p.description, p.prog
+        for action in p._actions:
+            if action.option_strings and action.dest not in ("help", "version"):
+                assert action.help, f"{p.prog} {action.option_strings[0]} has no help"
+            choices = getattr(action, "choices", None)
+            if isinstance(choices, dict):  # subparsers
+                stack.extend(choices.values())
+        seen += 1
+    assert seen == len(COMMANDS)
+
+
+def test_defaults_are_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    text = " ".join(_help(["bench"], capsys).split())
+    assert "(default: 40)" in text  # --jobs
+    assert "(default: 0)" in text  # --seed: a falsy default is still shown
+    assert "(default: mixed)" in text
+    for name in cli.WORKLOADS:
+        assert name in text  # the workloads are listed
+    serve = " ".join(_help(["sim", "serve"], capsys).split())
+    for name in (*cli.PRESETS, *cli.KV_POLICIES):
+        assert name in serve
+
+
+def test_the_lists_in_the_help_match_the_code() -> None:
+    from agentrt.bench._workloads import WORKLOADS
+    from agentrt.sim import PRESETS
+    from agentrt.sim._config import KVPolicy, SchedulingPolicy
+
+    assert set(cli.WORKLOADS) == set(WORKLOADS)
+    assert set(cli.PRESETS) == set(PRESETS)
+    assert cli.KV_POLICIES == get_args(KVPolicy)
+    assert cli.SCHEDULING == get_args(SchedulingPolicy)
+
+
+def test_python_dash_m_and_version() -> None:
+    result = _run("--version")
+    assert result.returncode == 0
+    assert re.fullmatch(r"agentrt \S+\n", result.stdout)
+
+
+def test_help_imports_nothing_heavy() -> None:
+    # The command starts fast because --help imports none of the runtime's dependencies.
+    code = (
+        "import sys\n"
+        "from agentrt.cli import main\n"
+        "try:\n    main(['bench', '--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = {'openai', 'httpx', 'httpx2', 'pydantic', 'anyio', 'agentrt._runtime'}\n"
+        "print(sorted(m for m in sys.modules if m in heavy))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_bad_option_is_one_line() -> None:
+    _one_line_error(_run("bench", "--jobs", "x"), "--jobs", "agentrt bench --help")
+    _one_line_error(_run("bench", "--workload", "nope"), "--workload")
+    _one_line_error(_run("demo", "--nope"), "--nope")
+    _one_line_error(_run("bench", "--jobs", "0"), "--jobs must be positive")
+    _one_line_error(_run("sim", "serve", "--port", "70000"), "--port")
+
+
+def test_missing_extra_is_one_line_naming_the_extra() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['uvicorn'] = None  # as if the serve extra were not installed\n"
+        "from agentrt.cli import main\n"
+        "sys.exit(main(['sim', 'serve', '--port', '0']))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    _one_line_error(result, "uvicorn", "pip install 'agentrt[serve]'")
+
+
+def test_port_in_use_is_one_line() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        result = _run("sim", "serve", "--port", str(port))
+    _one_line_error(result, f"port {port}", "in use", "--port")
+
+
+def test_missing_journal_is_one_line(tmp_path: Path) -> None:
+    _one_line_error(_run("report", str(tmp_path / "nope.jsonl")), "nope.jsonl")
+
+
+def test_an_unexpected_error_is_one_line_unless_asked(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(args: Any) -> int:
+        raise KeyError("boom")
+
+    monkeypatch.setattr(cli, "_report", broken)
+    monkeypatch.delenv("AGENTRT_TRACEBACK", raising=False)
+    assert main(["report", "x.jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unexpected KeyError" in err and "AGENTRT_TRACEBACK" in err
+    monkeypatch.setenv("AGENTRT_TRACEBACK", "1")
+    with pytest.raises(KeyError):
+        main(["report", "x.jsonl"])
+
+
+def test_sim_serve_passes_the_engine_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    import agentrt.sim
+
+    seen: dict[str, Any] = {}
+
+    def fake_serve(replicas: int, host: str, port: int, config: Any, **kw: Any) -> None:
+        seen.update(replicas=replicas, host=host, port=port, config=config)
+        kw["on_ready"](("http://127.0.0.1:1/v1",))
+
+    monkeypatch.setattr(agentrt.sim, "serve", fake_serve)
+    args = ["sim", "serve", "--replicas", "2", "--port", "0", "--replies", "agent"]
+    args += ["--gpu-blocks", "512", "--host-blocks", "1024", "--tool-wait-policy", "offload"]
+    args += ["--scheduling", "priority", "--preset", "cpu-tiny"]
+    assert main(args) == 0
+    config = seen["config"]
+    assert (seen["replicas"], seen["port"]) == (2, 0)
+    assert (config.num_gpu_blocks, config.num_host_blocks) == (512, 1024)
+    assert (config.tool_wait_policy, config.scheduling, config.replies) == (
+        "offload",
+        "priority",
+        "agent",
+    )
+    assert config.model_name == "tiny-llama"  # the preset's
