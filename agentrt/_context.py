@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import anyio
 
@@ -30,12 +30,32 @@ from .telemetry._report import (
 )
 
 if TYPE_CHECKING:
-    from openai import AsyncStream
+    from collections.abc import Mapping
+    from typing import TypedDict, Unpack
+
+    from openai import AsyncStream, NotGiven, Omit, Timeout
     from openai.types import Completion
+    from openai.types import completion_create_params as _text_params
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
+    from openai.types.chat import completion_create_params as _chat_params
 
     from ._notice import Sender
     from ._runtime import _Core, _Program
+
+    class _Extras(TypedDict, total=False):
+        # The request options every openai ``create`` takes besides the API's fields.
+        extra_headers: Mapping[str, str | Omit] | None
+        extra_query: Mapping[str, object] | None
+        extra_body: object | None
+        timeout: float | Timeout | NotGiven | None
+
+    class ChatArgs(_chat_params.CompletionCreateParamsBase, _Extras, total=False):
+        """The keyword arguments of ``chat.completions.create`` but ``stream``, typed as
+        the installed openai types them (``Session.chat``'s overloads take ``stream``)."""
+
+    class CompleteArgs(_text_params.CompletionCreateParamsBase, _Extras, total=False):
+        """The keyword arguments of ``completions.create`` but ``stream``."""
+
 
 __all__ = ["Job", "Session"]
 
@@ -226,18 +246,45 @@ class Session:
         """
         self._expect_idle = validate_nonneg(seconds, "expected idle seconds")
 
+    @overload
+    async def chat(
+        self, *, stream: Literal[False] | None = ..., **kwargs: Unpack[ChatArgs]
+    ) -> ChatCompletion: ...
+    @overload
+    async def chat(
+        self, *, stream: Literal[True], **kwargs: Unpack[ChatArgs]
+    ) -> AsyncStream[ChatCompletionChunk]: ...
+    @overload
+    async def chat(
+        self, *, stream: bool, **kwargs: Unpack[ChatArgs]
+    ) -> ChatCompletion | AsyncStream[ChatCompletionChunk]: ...
     async def chat(self, **kwargs: Any) -> ChatCompletion | AsyncStream[ChatCompletionChunk]:
         """``chat.completions.create`` through agentrt, tagged as this session's next turn.
 
-        Takes the keyword arguments of ``openai.AsyncOpenAI().chat.completions.create``.
-        With ``stream=True`` it returns the openai ``AsyncStream`` of chunks.
+        Takes the keyword arguments of ``openai.AsyncOpenAI().chat.completions.create``
+        (typed as the installed openai types them). It returns a ``ChatCompletion``, or
+        with ``stream=True`` the openai ``AsyncStream`` of chunks; the call's tokens are
+        counted in the job's report either way.
         """
         result: ChatCompletion | AsyncStream[ChatCompletionChunk]
         result = await self._call(self.job._core.client.chat.completions.create, kwargs)
         return result
 
+    @overload
+    async def complete(
+        self, *, stream: Literal[False] | None = ..., **kwargs: Unpack[CompleteArgs]
+    ) -> Completion: ...
+    @overload
+    async def complete(
+        self, *, stream: Literal[True], **kwargs: Unpack[CompleteArgs]
+    ) -> AsyncStream[Completion]: ...
+    @overload
+    async def complete(
+        self, *, stream: bool, **kwargs: Unpack[CompleteArgs]
+    ) -> Completion | AsyncStream[Completion]: ...
     async def complete(self, **kwargs: Any) -> Completion | AsyncStream[Completion]:
-        """``completions.create`` (the legacy text API) through agentrt."""
+        """``completions.create`` (the legacy text API) through agentrt; typed and
+        returning as :meth:`chat` does."""
         result: Completion | AsyncStream[Completion]
         result = await self._call(self.job._core.client.completions.create, kwargs)
         return result

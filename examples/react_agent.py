@@ -15,6 +15,7 @@ import re
 import sys
 
 import anyio
+from openai.types.chat import ChatCompletionMessageParam
 
 import agentrt
 
@@ -44,7 +45,7 @@ async def word_count(path: str) -> str:
 async def run_agent(
     rt: agentrt.Runtime, model: str, question: str, max_steps: int
 ) -> agentrt.JobReport:
-    messages: list[dict[str, str]] = [
+    messages: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": question},
     ]
@@ -52,7 +53,7 @@ async def run_agent(
         async with job.session("agent") as session:
             for step in range(max_steps):
                 reply = await session.chat(model=model, messages=messages, max_tokens=256)
-                text = reply.choices[0].message.content or ""  # type: ignore[union-attr]
+                text = reply.choices[0].message.content or ""
                 messages.append({"role": "assistant", "content": text})
                 print(f"[step {step}] {text.strip()[:200]!r}")
                 if final := FINAL.search(text):
