@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 if TYPE_CHECKING:
     from .dialects import DialectSpec
@@ -14,20 +15,51 @@ __all__ = [
     "DEFAULT_RETRY",
     "Endpoint",
     "Retry",
+    "redact_userinfo",
+    "split_userinfo",
 ]
+
+
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s?#]*@")
+"""The userinfo (``user:password@``) of every URL in a text: up to the netloc's last ``@``,
+as ``urlsplit`` and httpx read it."""
+
+
+def redact_userinfo(text: str) -> str:
+    """``text`` with the userinfo (``user:password@``) of every URL in it removed:
+    ``http://user:KEY@host/v1`` reads ``http://host/v1``.
+
+    agentrt renders endpoint URLs through this (or through :class:`Endpoint`, which keeps
+    its credentials apart from its ``url``), so that credentials never reach a repr, an
+    error message, a report, a journal, a span or a metric label."""
+    if "@" not in text:
+        return text
+    return _USERINFO.sub(r"\1", text)
+
+
+def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
+    """A URL without its userinfo, and the credentials it held (percent-decoded, as httpx
+    reads them for HTTP Basic auth), or None."""
+    netloc = urlsplit(url).netloc
+    if "@" not in netloc:
+        return url, None
+    userinfo, _, hostport = netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    start = url.index("//") + 2  # the netloc follows the scheme's "//", verbatim
+    return url[:start] + hostport + url[start + len(netloc) :], (unquote(user), unquote(password))
 
 
 def _check_url(url: str) -> str:
     if not isinstance(url, str):
         raise TypeError(f"endpoint URL must be a str, got {type(url).__name__}")
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(
-            f"endpoint URL {url!r} needs an http:// or https:// scheme and a host, "
-            "e.g. 'http://127.0.0.1:8000/v1'"
+            f"endpoint URL {redact_userinfo(url)!r} needs an http:// or https:// scheme and "
+            "a host, e.g. 'http://127.0.0.1:8000/v1'"
         )
     if any(c in url for c in "\r\n\t "):
-        raise ValueError(f"endpoint URL {url!r} contains whitespace")
+        raise ValueError(f"endpoint URL {redact_userinfo(url)!r} contains whitespace")
     return url.rstrip("/")
 
 
@@ -40,6 +72,12 @@ class Endpoint:
     the endpoint's share of new sessions under load-based routing; ``send_priority``
     overrides the runtime's ``send_priority`` (engine-level priorities, only for servers
     started with priority scheduling).
+
+    ``basic_auth`` is a ``(user, password)`` pair sent as HTTP Basic auth (for a server
+    behind a proxy that asks for it), in place of the runtime's ``api_key``. Credentials
+    written in the URL (``http://user:KEY@host/v1``) are moved there: ``url`` keeps the
+    rest (``http://host/v1``), so they never appear in a repr, an error, a report, a
+    journal, a span or a metric label.
     """
 
     url: str
@@ -47,9 +85,31 @@ class Endpoint:
     api_key: str | None = field(default=None, repr=False)
     weight: float = 1.0
     send_priority: bool | None = None
+    basic_auth: tuple[str, str] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "url", _check_url(self.url))
+        url, credentials = split_userinfo(_check_url(self.url))
+        object.__setattr__(self, "url", url.rstrip("/"))
+        if credentials is not None:
+            if self.basic_auth is not None:
+                raise ValueError(
+                    f"endpoint {url} has credentials in its URL and in basic_auth: give them once"
+                )
+            object.__setattr__(self, "basic_auth", credentials)
+        if self.basic_auth is not None:
+            auth = self.basic_auth
+            if isinstance(auth, list):
+                object.__setattr__(self, "basic_auth", auth := tuple(auth))
+            if not (
+                isinstance(auth, tuple) and len(auth) == 2 and all(isinstance(x, str) for x in auth)
+            ):
+                raise TypeError("endpoint basic_auth must be a (user, password) pair of str")
+            if self.api_key is not None:
+                raise ValueError(
+                    f"endpoint {url} has both an api_key and Basic credentials (basic_auth or "
+                    "user:password@ in its URL): they are both an Authorization header; "
+                    "give one"
+                )
         if isinstance(self.dialect, list):
             object.__setattr__(self, "dialect", tuple(self.dialect))
         if not (isinstance(self.weight, int | float) and math.isfinite(self.weight)) or (

@@ -6,6 +6,7 @@ __all__ = [
     "AgentrtError",
     "EndpointError",
     "JobClosedError",
+    "RuntimeClosedError",
     "SessionClosedError",
 ]
 
@@ -29,6 +30,12 @@ class EndpointError(AgentrtError):
 
 class JobClosedError(AgentrtError):
     """A session or tool wait was used after its job ended."""
+
+
+class RuntimeClosedError(AgentrtError):
+    """A runtime, or a client it built (``rt.openai()``, ``rt.http_client()``, a framework
+    adapter's model), was used after the runtime's block ended. Raised before anything is
+    sent."""
 
 
 class SessionClosedError(AgentrtError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import math
 import os
 import warnings
@@ -21,9 +22,9 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from ._config import DEFAULT_RETRY, Endpoint, Retry
 from ._context import Job, Session, _CallState
-from ._errors import AgentrtError
+from ._errors import AgentrtError, RuntimeClosedError
 from ._notice import Notices, NoticeStatistics, Sender, accepts_notice
-from ._transport import HttpLib, http_lib, loop_clock
+from ._transport import CLOSED_MESSAGE, HttpLib, http_lib, loop_clock
 from ._waits import WaitEstimator
 from .dialects import Dialect, DialectOptions, DialectSpec, resolve_dialect
 from .scheduling._admission import Admission, AdmissionStatistics
@@ -74,6 +75,8 @@ class _EndpointState:
     """It advertised tool-start notices (and has not refused one with 405/501)."""
     notices_off: bool = False
     """It refused a notice with 405 or 501: no more are sent, whatever it advertises."""
+    authorization: bytes | None = None
+    """The ``Authorization`` header its calls carry (see :func:`_authorization`)."""
 
     def accept_header(self, value: str | None) -> None:
         """A successful reply's ``x-agentrt-accept`` value (called when it changes)."""
@@ -129,6 +132,9 @@ class _Core:
         self.programs: dict[str, _Program] = {}
         self.active_jobs: dict[str, Job] = {}
         self.client: openai.AsyncOpenAI = None  # type: ignore[assignment]  # set by Runtime
+        self.closed = False
+        """Set when the runtime's block ends: every client it built then refuses calls
+        (one attribute read per call, in the transport)."""
         self.on_report: Callable[[JobReport], None] = lambda report: None
         self.hooks: tuple[Hook, ...] = ()
         self.capture_content = False
@@ -420,6 +426,21 @@ def _endpoints(
     return out
 
 
+def _authorization(endpoint: Endpoint, api_key: str | None) -> bytes | None:
+    """The ``Authorization`` header of an endpoint's calls: its own ``api_key``, else its
+    Basic credentials (``basic_auth``, or ``user:password@`` in its URL, as httpx would
+    send them), else the runtime's ``api_key``; None: the caller's header goes as it is
+    (less agentrt's placeholder key)."""
+    if endpoint.api_key is not None:
+        return f"Bearer {endpoint.api_key}".encode()
+    if endpoint.basic_auth is not None:
+        user, password = endpoint.basic_auth
+        return b"Basic " + base64.b64encode(f"{user}:{password}".encode())
+    if api_key is not None:
+        return f"Bearer {api_key}".encode()
+    return None
+
+
 class Runtime:
     """agentrt's runtime: the async context manager that agent code runs its calls through.
 
@@ -506,6 +527,8 @@ class Runtime:
         ):
             raise ValueError(f"poll_metrics_s must be a number > 0 or None, got {poll_metrics_s!r}")
         states = _endpoints(endpoints, dialect, policy, concurrency, token_budget, send_priority)
+        for state in states:
+            state.authorization = _authorization(state.endpoint, api_key)
         self._core = _Core(states, make_router(routing), retry, api_key)
         for hook in hooks:
             if not callable(hook):
@@ -555,8 +578,10 @@ class Runtime:
         self._polled_at = -math.inf
 
     def __repr__(self) -> str:
+        # Endpoint URLs carry no credentials (Endpoint keeps them apart).
         urls = [e.endpoint.url for e in self._core.endpoints]
-        return f"<agentrt.Runtime endpoints={urls!r} routing={self._core.router.name!r}>"
+        state = "closed" if self._closed else "open" if self._opened else "not entered"
+        return f"<agentrt.Runtime endpoints={urls!r} routing={self._core.router.name!r} {state}>"
 
     @property
     def endpoints(self) -> list[Endpoint]:
@@ -664,6 +689,7 @@ class Runtime:
         tb: TracebackType | None,
     ) -> None:
         self._closed = True
+        self._core.closed = True  # the clients it built refuse new calls from now on
         self._notices.open = False  # nothing is sent after close
         self._notices.tasks = None
         running = list(self._core.active_jobs.values())
@@ -687,7 +713,7 @@ class Runtime:
         if not self._opened:
             raise AgentrtError("use the Runtime inside 'async with Runtime(...) as rt:'")
         if self._closed:
-            raise AgentrtError("this Runtime is closed")
+            raise RuntimeClosedError(CLOSED_MESSAGE)
 
     @asynccontextmanager
     async def job(
@@ -846,12 +872,24 @@ class SyncRuntime:
     ) -> None:
         self._args = (endpoints, kwargs)
         # Validate now, before a thread starts: the same errors as Runtime.
-        Runtime(endpoints, **kwargs)
+        self._checked = Runtime(endpoints, **kwargs)  # (kept for the repr)
+        if self._checked._journal is not None:
+            self._checked._journal.close()  # the runtime entered opens its own
         self._backend = backend
         self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
         self._portal: BlockingPortal | None = None
         self._rt: Runtime | None = None
         self._rt_cm: AbstractContextManager[Runtime] | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        rt = self._rt or self._checked
+        urls = [e.endpoint.url for e in rt._core.endpoints]
+        state = "closed" if self._closed else "open" if self._rt is not None else "not entered"
+        return (
+            f"<agentrt.SyncRuntime endpoints={urls!r} routing={rt._core.router.name!r} "
+            f"backend={self._backend!r} {state}>"
+        )
 
     def __enter__(self) -> SyncRuntime:
         self._portal_cm = start_blocking_portal(self._backend)
@@ -871,9 +909,11 @@ class SyncRuntime:
         tb: TracebackType | None,
     ) -> None:
         assert self._portal_cm is not None and self._rt_cm is not None
+        self._closed = True  # before the runtime closes: no call reaches its loop after
         try:
             self._rt_cm.__exit__(exc_type, exc, tb)
         finally:
+            self._portal = None
             self._portal_cm.__exit__(None, None, None)
 
     @property
@@ -883,10 +923,17 @@ class SyncRuntime:
             raise AgentrtError("use the SyncRuntime inside 'with SyncRuntime(...) as rt:'")
         return self._rt
 
-    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        if self._portal is None:
+    def _open_portal(self) -> BlockingPortal:
+        """The portal into the runtime's loop, while the runtime's block lasts."""
+        portal = self._portal
+        if portal is None:
+            if self._closed:
+                raise RuntimeClosedError(CLOSED_MESSAGE)
             raise AgentrtError("use the SyncRuntime inside 'with SyncRuntime(...) as rt:'")
-        return self._portal.call(fn, *args)
+        return portal
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return self._open_portal().call(fn, *args)
 
     def reports(self) -> list[JobReport]:
         return self.runtime.reports()
@@ -904,8 +951,8 @@ class SyncRuntime:
         """Run one job (see :meth:`Runtime.job`)."""
         rt = self.runtime
         job = rt._new_job(name, job_id, program_id, deadline_s, metadata)
-        assert self._portal is not None
-        with self._portal.wrap_async_context_manager(rt._run_job(job, enforce_deadline=False)):
+        portal = self._open_portal()
+        with portal.wrap_async_context_manager(rt._run_job(job, enforce_deadline=False)):
             yield SyncJob(self, job)
 
     def http_client(self) -> httpx.Client:
@@ -1036,9 +1083,9 @@ class SyncSession:
     @contextmanager
     def tool(self, name: str, *, expected_s: float | None = None) -> Iterator[None]:
         """Mark a tool's execution (see :meth:`Session.tool`)."""
-        assert self._srt._portal is not None
+        portal = self._srt._open_portal()
         cm = self.session.tool(name, expected_s=expected_s)
-        with self._srt._portal.wrap_async_context_manager(cm):
+        with portal.wrap_async_context_manager(cm):
             yield
 
 

@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx
+import openai
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
 from ._context import Job, Session, _CallState, current_session, new_id
-from ._errors import EndpointError
+from ._errors import EndpointError, RuntimeClosedError
 from ._notice import accept_header
 from ._protocol import CallMetadata, trusted_model
 from .dialects._generic import check_header_name, check_header_value
@@ -51,7 +52,19 @@ from .telemetry._report import CallStatus
 if TYPE_CHECKING:
     from ._runtime import SyncRuntime, _Core, _EndpointState
 
-__all__ = ["AgentTransport", "HttpLib", "http_lib"]
+__all__ = ["CLOSED_MESSAGE", "AgentTransport", "ClientClosedError", "HttpLib", "http_lib"]
+
+CLOSED_MESSAGE = (
+    "this Runtime is closed: its block has ended, and neither it nor the clients it built "
+    "(rt.openai(), rt.http_client(), framework models) take new calls"
+)
+
+
+class ClientClosedError(RuntimeClosedError, openai.OpenAIError):
+    """:class:`RuntimeClosedError` as a client agentrt built raises it. openai-python passes
+    its own errors through as they are and (2.x) wraps any other one from the HTTP client
+    in ``APIConnectionError``: as an ``OpenAIError`` too, the refusal reaches the caller
+    unchanged, from openai's clients and from the frameworks built on them."""
 
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 _AUTH = b"authorization"
@@ -335,14 +348,14 @@ class AgentTransport:
         self._core = core
         self._inner = inner
         self._placeholder = f"Bearer {core.placeholder_key}".encode()
-        self._auth: dict[str, bytes] = {}
-        """``Authorization`` values by endpoint key, encoded once."""
 
     async def aclose(self) -> None:
         await self._inner.aclose()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         core = self._core
+        if core.closed:  # before anything is counted or sent
+            raise ClientClosedError(CLOSED_MESSAGE)
         route = core.match(request.url)
         if route is None:
             # Not addressed to agentrt or one of its endpoints: pass through untouched.
@@ -366,11 +379,12 @@ class AgentTransport:
         request: httpx.Request,
         url: httpx.URL,
         add: dict[str, str],
-        key: str | None,
+        auth: bytes | None,
         content: bytes | None,
     ) -> httpx.Request:
         """The request to send for one attempt: the caller's, with the dialect's headers
-        (replacing any of the same name), the endpoint's key, and the new body if any.
+        (replacing any of the same name), the endpoint's ``Authorization`` (its key or
+        credentials, encoded once per endpoint), and the new body if any.
 
         Building a second request the usual way would cost a URL parse and a header
         normalisation pass on every call; a shallow copy with a copied header list costs
@@ -379,10 +393,7 @@ class AgentTransport:
         # (raw name, lower name, value) triples, as Headers keeps them; dialects emit
         # lower case.
         new = [(name := k.encode(), name, v.encode()) for k, v in add.items()]
-        if key is not None:
-            auth = self._auth.get(key)
-            if auth is None:  # one per endpoint key
-                auth = self._auth[key] = f"Bearer {key}".encode()
+        if auth is not None:
             new.append((_AUTH, _AUTH, auth))
         if content is not None:
             length = str(len(content)).encode()
@@ -647,9 +658,6 @@ class _Call:
             enc = ep.dialect.encode(self._metadata(state.priority), ep.options)
             if core.hooks:
                 self._sending(ep, queued, enc.headers)
-            key = endpoint.api_key
-            if key is None:
-                key = core.api_key
             content = None
             if enc.body and self.body is not None:
                 send_body = dict(self.body)
@@ -658,7 +666,7 @@ class _Call:
             request = self.request
             url = request.url if base == self.base else ep.url_for(self.suffix, request.url)
             transport = self.transport
-            out = transport._prepare(request, url, enc.headers, key, content)
+            out = transport._prepare(request, url, enc.headers, ep.authorization, content)
         except BaseException:
             admission.release(ticket, latency_s=None, tokens=0, ok=True)
             raise
@@ -1077,6 +1085,8 @@ class _SyncTransport:
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         from ._context import _CALL_SESSION
 
+        if self._transport._core.closed or self._srt._closed:
+            raise ClientClosedError(CLOSED_MESSAGE)
         lib = self._lib
         session = current_session()
         content = request.read()

@@ -316,7 +316,9 @@ def test_prepared_headers_are_the_callers_filtered_then_agentrts(
     before = list(request.headers.raw)
     add = {"x-agentrt": "v=2", "x-b": "2"}
     content = b'{"a":1}' if with_body else None
-    out = transport._prepare(request, request.url, add, "rt-key" if with_key else None, content)
+    out = transport._prepare(
+        request, request.url, add, b"Bearer rt-key" if with_key else None, content
+    )
     new = [(b"x-agentrt", b"v=2"), (b"x-b", b"2")]
     if with_key:
         new.append((b"authorization", b"Bearer rt-key"))

@@ -130,6 +130,8 @@ class _OnLoop:
 
     def __call__(self, fn: Callable[..., _T], *args: Any) -> _T:
         if self._srt is not None:
+            if self._srt._closed:  # its loop is gone: nothing runs concurrently any more
+                return fn(*args)  # (the bridge of a closed runtime starts no job)
             return self._srt._call(fn, *args)  # type: ignore[no-any-return]
         if threading.get_ident() == self._thread or (self._thread is None and self._capture()):
             return fn(*args)

@@ -6,7 +6,8 @@
 journal back, validating each line with pydantic; a corrupt line is reported (by number,
 in a :class:`JournalWarning`) and skipped.
 
-The file is opened in append mode; lines are written from the event loop's thread.
+The file is opened in append mode; lines are written from the event loop's thread. It
+is closed when the runtime's block ends; a job that ends later is not journaled.
 Writes are small and buffered by the OS, so they do not block the loop measurably; a
 journal on a slow network filesystem would (put it on local disk).
 """
@@ -48,7 +49,9 @@ class Journal:
         return f"<agentrt Journal {str(self.path)!r} jobs={self.jobs}>"
 
     def __call__(self, event: Event) -> None:
-        if isinstance(event, JobEnded):
+        # A job that ends after its runtime closed (a stream read past the runtime's
+        # block, a framework run ended late) is not journaled: the file is closed.
+        if isinstance(event, JobEnded) and self._file is not None:
             self.write(event.report)
 
     def write(self, report: JobReport) -> None:
