@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .._config import redact_userinfo
+
 __all__ = ["CallReport", "CallStatus", "JobReport", "JobStatus", "ToolReport"]
 
 JobStatus = Literal["ok", "error", "cancelled", "deadline"]
@@ -112,6 +114,58 @@ class JobReport(BaseModel):
         if not self.prompt_tokens:
             return None
         return self.cached_tokens / self.prompt_tokens
+
+    def __str__(self) -> str:
+        """A short summary, a few lines of at most 80 columns (``print(job.report)``);
+        ``repr`` and ``model_dump()`` give every field."""
+        head = f"job {self.name} ({self.job_id}): {self.status}"
+        if self.deadline_s is not None:
+            head += f", deadline {self.deadline_s:g} s"
+        split = (
+            f"LLM {_duration(self.critical_llm_s)}, tools {_duration(self.tool_s)}, "
+            f"queued {_duration(self.queue_s)}"
+        )
+        calls = f"{self.calls} in {_count(self.sessions, 'session')}"
+        extra = [
+            _count(n, what)
+            for n, what in ((self.retries, "retry"), (self.session_moves, "session move"))
+            if n
+        ]
+        if extra:
+            calls += f" ({', '.join(extra)})"
+        calls += f", {_count(self.tool_waits, 'tool wait')}"
+        hit = self.cache_hit_rate
+        cached = (
+            f"cache hit {hit:.0%} ({self.cached_tokens:,} cached)"
+            if hit is not None
+            else "cache hit n/a"
+        )
+        lines = [
+            head,
+            f"  JCT     {_duration(self.jct_s)}: {split}",
+            f"  calls   {calls}",
+            f"  tokens  {self.prompt_tokens:,} prompt, {self.completion_tokens:,} completion; "
+            + cached,
+        ]
+        if self.error:
+            error = " ".join(redact_userinfo(self.error).split())
+            lines.append(f"  error   {error if len(error) <= 70 else error[:69] + '…'}")
+        return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    """``0 s``, ``250 ms``, ``12.35 s``, ``1234 s``."""
+    if seconds == 0:
+        return "0 s"
+    if abs(seconds) < 0.9995:
+        return f"{seconds * 1000:.0f} ms"
+    return f"{seconds:.2f} s" if abs(seconds) < 1000 else f"{seconds:.0f} s"
+
+
+def _count(n: int, what: str) -> str:
+    if n == 1:
+        return f"1 {what}"
+    return f"{n} {what[:-1] + 'ies' if what.endswith('y') else what + 's'}"
 
 
 def union_length(intervals: list[tuple[float, float]]) -> float:
