@@ -668,7 +668,9 @@ class Runtime:
             base = f"{u.scheme}://{u.netloc.decode('ascii')}"
         mod = self._lib.mod
         timeout = {"connect": 2.0, "read": 2.0, "write": 2.0, "pool": 2.0}
-        request = mod.Request("GET", base + path, extensions={"timeout": timeout})
+        # With the endpoint's key or credentials, as its calls carry them.
+        headers = [] if ep.authorization is None else [(b"authorization", ep.authorization)]
+        request = mod.Request("GET", base + path, headers=headers, extensions={"timeout": timeout})
         with anyio.move_on_after(3.0):
             try:
                 response = await self._inner.handle_async_request(request)

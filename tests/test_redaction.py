@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 from opentelemetry import metrics, trace
@@ -298,3 +299,21 @@ def test_agentrt_report_shows_no_endpoint_of_an_old_journal(
     assert "old" in out
     assert SECRET not in out
     assert SECRET not in str(JobReport.model_validate(data))
+
+
+async def test_metrics_polls_carry_the_credentials_too() -> None:
+    polled: list[str | None] = []
+    done = anyio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            polled.append(request.headers.get("authorization"))
+            done.set()
+            return httpx.Response(200, text='vllm:num_requests_running{model_name="m"} 1\n')
+        return await FakeEngine().handle(request)
+
+    url = with_userinfo("http://engine.test/v1")
+    async with Runtime([url], transport=httpx.MockTransport(handler), poll_metrics_s=0.01):
+        with anyio.fail_after(10):
+            await done.wait()
+    assert polled and set(polled) == {basic(USER, SECRET)}
