@@ -317,3 +317,29 @@ async def test_metrics_polls_carry_the_credentials_too() -> None:
         with anyio.fail_after(10):
             await done.wait()
     assert polled and set(polled) == {basic(USER, SECRET)}
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # uvicorn runs on asyncio
+async def test_bench_against_servers_writes_no_credentials(tmp_path: Path) -> None:
+    """``agentrt bench --endpoint http://user:KEY@host/v1``: its results and journals (the
+    plain client's, written by the bench itself, included) show no credentials."""
+    from agentrt.bench import BenchConfig, run_bench
+    from agentrt.sim import serve_async
+
+    async with anyio.create_task_group() as tg:
+        urls = await tg.start(serve_async, 1, "127.0.0.1", 0, small_config())
+        cfg = BenchConfig(
+            workload="react",
+            jobs=2,
+            clients=("plain", "agentrt"),
+            endpoints=[with_userinfo(u) for u in urls],
+            tool_wait_s=0.01,
+            journal_dir=tmp_path,
+        )
+        result = await anyio.to_thread.run_sync(run_bench, cfg)
+        tg.cancel_scope.cancel()
+    journals = [tmp_path / f"journal-{client}.jsonl" for client in cfg.clients]
+    texts = [result.to_json()] + [p.read_text() for p in journals]
+    assert all(urls[0] in text for text in texts)  # the endpoint, without its credentials
+    for text in texts:
+        assert SECRET not in text and f"{USER}:" not in text

@@ -14,6 +14,7 @@ import httpx
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 
+from .._config import redact_userinfo
 from .._context import new_id
 from .._runtime import Runtime
 from ..sim import prompt_for_blocks
@@ -400,7 +401,7 @@ def plain_report(
             session_id=c.session_id,
             session_name=c.session_name,
             turn=c.turn,
-            endpoint=c.endpoint,
+            endpoint=c.endpoint and redact_userinfo(c.endpoint),  # no user:password@
             path="/chat/completions",
             model=model,
             stream=c.stream,
@@ -425,7 +426,7 @@ def plain_report(
         name=job.kind,
         program_id=job_id,
         status="error" if failed else "ok",
-        error=job.error if failed else None,
+        error=job.error and redact_userinfo(job.error) if failed else None,
         started_at=started_at,
         jct_s=job.jct_s,
         llm_s=sum(c.latency_s for c in job.calls),

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import anyio
 import httpx
 
+from .._config import redact_userinfo
 from ..sim import PRESETS, Cluster, EngineConfig
 from ._clock import VirtualTimeLoop
 from ._drivers import ClientSpec, JobResult, Prompts, make_driver
@@ -536,6 +537,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchResult
         k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg.traces).items()
     }
     config["journal_dir"] = str(cfg.journal_dir) if cfg.journal_dir is not None else None
+    config["endpoints"] = [redact_userinfo(u) for u in cfg.endpoints]  # no user:password@
     return BenchResult(
         config=config,
         virtual_time=virtual,
