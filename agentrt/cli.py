@@ -596,7 +596,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     else:
         return status
-    print(f"agentrt: error: {message}", file=sys.stderr)
+    from ._config import redact_userinfo  # (stdlib only: no cost at start-up)
+
+    print(f"agentrt: error: {redact_userinfo(message)}", file=sys.stderr)
     return 2
 
 

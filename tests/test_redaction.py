@@ -343,3 +343,16 @@ async def test_bench_against_servers_writes_no_credentials(tmp_path: Path) -> No
     assert all(urls[0] in text for text in texts)  # the endpoint, without its credentials
     for text in texts:
         assert SECRET not in text and f"{USER}:" not in text
+
+
+def test_cli_errors_show_no_credentials(capsys: pytest.CaptureFixture[str]) -> None:
+    from agentrt.cli import main
+
+    url = with_userinfo("ftp://127.0.0.1:9/v1")
+    assert (
+        main(["bench", "--endpoint", url, "--model", "m", "--jobs", "1", "--client", "agentrt"])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert err.startswith("agentrt: error: ") and len(err.splitlines()) == 1
+    assert "127.0.0.1:9" in err and SECRET not in err and USER not in err
