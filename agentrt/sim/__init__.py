@@ -13,7 +13,7 @@ from ._cluster import Cluster, Replica
 from ._config import PRESETS, EngineConfig
 from ._cost import CostModel, StepSample, calibrate
 from ._engine import ReplicaStats
-from ._serve import serve, serve_async
+from ._serve import ServedURLs, ServeError, serve, serve_async
 from ._tokenize import count_tokens, output_text, prompt_for_blocks
 
 __all__ = [
@@ -23,6 +23,8 @@ __all__ = [
     "EngineConfig",
     "Replica",
     "ReplicaStats",
+    "ServeError",
+    "ServedURLs",
     "StepSample",
     "calibrate",
     "count_tokens",

@@ -711,10 +711,30 @@ def _host_tier_metrics(
 
 
 class ClusterApp:
-    """Serves several replicas under one origin: replica ``i`` under ``/replica-i``."""
+    """Serves several replicas under one origin.
+
+    - ``/replica-i/...``: replica ``i`` itself (its ``/v1`` API, ``/metrics``, ``/health``);
+    - ``/v1/...``: the front door, a plain load balancer over all replicas: each request
+      goes to the next replica in turn (round-robin per request, like nginx's default
+      upstream), with no session affinity; with one replica it is that replica. A
+      tool-start notice (``POST /v1/agentrt/idle``) goes to the replica that holds its
+      session. ``/metrics`` at the root is the replica's with one replica, and a 404
+      naming the per-replica pages with several (their counters are per engine);
+    - ``GET /`` and ``GET /health``: a JSON listing of what is served.
+    """
 
     def __init__(self, apps: dict[str, ASGIApp]) -> None:
         self.apps = apps
+        self._order = tuple(apps.values())
+        self._turn = itertools.cycle(range(len(self._order)))
+
+    def listing(self) -> dict[str, Any]:
+        """What ``GET /`` answers: the front door, its balancing, the replicas' paths."""
+        return {
+            "openai": "/v1",
+            "balancing": "round-robin per request" if len(self._order) > 1 else None,
+            "replicas": [f"/{n}/v1" for n in self.apps],
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -725,20 +745,52 @@ class ClusterApp:
         path: str = scope["path"]
         name, sep, rest = path.lstrip("/").partition("/")
         app = self.apps.get(name)
-        if app is None:
-            if path in ("/", "/health"):
-                body = json.dumps({"replicas": [f"/{n}/v1" for n in self.apps]}).encode()
-                await _send_bytes(send, 200, body, _JSON_HEADERS)
-                return
-            await _send_bytes(
-                send,
-                404,
-                _error_body(404, f"no replica at {path}; replicas: {', '.join(self.apps)}"),
-                _JSON_HEADERS,
-            )
+        if app is not None:
+            child = dict(scope)
+            child["path"] = "/" + rest if sep else "/"
+            child["raw_path"] = child["path"].encode()
+            child["root_path"] = scope.get("root_path", "") + "/" + name
+            await app(child, receive, send)
             return
-        child = dict(scope)
-        child["path"] = "/" + rest if sep else "/"
-        child["raw_path"] = child["path"].encode()
-        child["root_path"] = scope.get("root_path", "") + "/" + name
-        await app(child, receive, send)
+        if name == "v1" or (path == "/metrics" and len(self._order) == 1):
+            if len(self._order) == 1:
+                await self._order[0](scope, receive, send)
+            elif path == _NOTICE_PATH:
+                await self._notice(scope, receive, send)
+            else:
+                await self._order[next(self._turn)](scope, receive, send)
+            return
+        if path in ("/", "/health"):
+            body = json.dumps(self.listing()).encode()
+            await _send_bytes(send, 200, body, _JSON_HEADERS)
+            return
+        where = ", ".join(f"/{n}{path}" for n in self.apps)
+        message = (
+            f"no route {path}; the OpenAI API is at /v1 (round-robin over the replicas) "
+            f"and at /replica-<i>/v1"
+            if path != "/metrics"
+            else f"metrics are per replica: {where}"
+        )
+        await _send_bytes(send, 404, _error_body(404, message), _JSON_HEADERS)
+
+    async def _notice(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A tool-start notice at the front door: to the replica that knows its session
+        (the first answer other than 404), else the last 404."""
+        try:
+            body = await _read_body(receive)
+        except _Disconnected:
+            return
+        headers = scope.get("headers", [])
+        reply = None
+        for app in self._order:
+            if not isinstance(app, ReplicaApp):  # pragma: no cover - replicas only
+                continue
+            reply = await app.respond(scope["method"], scope["path"], headers, body)
+            if reply.status != 404:
+                break
+        if reply is None:  # pragma: no cover - replicas only
+            reply = _json_reply(404, _error_body(404, "no replica takes notices"))
+        await send(
+            {"type": "http.response.start", "status": reply.status, "headers": reply.headers}
+        )
+        await send({"type": "http.response.body", "body": reply.body, "more_body": False})

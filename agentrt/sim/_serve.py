@@ -1,12 +1,15 @@
 """Serving a cluster in wall-clock time on loopback with uvicorn (the ``serve`` extra).
 
-One port serves every replica under a path prefix: replica ``i`` is
+One port serves the OpenAI API at ``http://HOST:PORT/v1`` (the front door: with one
+replica, that replica; with several, round-robin per request, as a plain load balancer
+spreads them) and every replica under a path prefix: replica ``i`` is
 ``http://HOST:PORT/replica-i/v1``. ``GET /`` lists them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +20,13 @@ from anyio.abc import TaskStatus
 from ._cluster import Cluster
 from ._config import EngineConfig
 
-__all__ = ["serve", "serve_async"]
+__all__ = ["ServeError", "ServedURLs", "serve", "serve_async"]
+
+
+class ServeError(RuntimeError):
+    """The simulator's server could not start: uvicorn is missing, the port is in use, the
+    address cannot be bound. The message is one line saying what to do."""
+
 
 _MISSING_UVICORN = (
     "serving the simulator needs uvicorn, which is not installed; "
@@ -29,14 +38,66 @@ def _import_uvicorn() -> Any:
     try:
         import uvicorn
     except ImportError as e:
-        raise RuntimeError(_MISSING_UVICORN) from e
+        raise ServeError(_MISSING_UVICORN) from e
     return uvicorn
 
 
-def served_urls(host: str, port: int, replicas: int) -> tuple[str, ...]:
-    """The base URLs :func:`serve` gives its replicas."""
+class ServedURLs(tuple[str, ...]):
+    """The replicas' base URLs (``http://HOST:PORT/replica-i/v1``, in order), and in
+    :attr:`url` the front door ``http://HOST:PORT/v1`` that serves them all."""
+
+    url: str
+    """The OpenAI base URL of the whole cluster: the replica itself when there is one,
+    round-robin per request over the replicas when there are several."""
+
+    def __new__(cls, url: str, replicas: tuple[str, ...]) -> ServedURLs:
+        self = super().__new__(cls, replicas)
+        self.url = url
+        return self
+
+    def lines(self) -> list[str]:
+        """What ``agentrt sim serve`` prints on start-up: each URL and what it serves."""
+        width = max(len(self.url), *(len(u) for u in self))
+        what = "1 replica" if len(self) == 1 else f"round-robin over {len(self)} replicas"
+        out = [f"{self.url:<{width}}  OpenAI API ({what})"]
+        out += [f"{u:<{width}}  replica {i}" for i, u in enumerate(self)]
+        return out
+
+
+def served_urls(host: str, port: int, replicas: int) -> ServedURLs:
+    """The URLs :func:`serve` serves: the front door and each replica's base URL."""
     shown = f"[{host}]" if ":" in host else host
-    return tuple(f"http://{shown}:{port}/replica-{i}/v1" for i in range(replicas))
+    origin = f"http://{shown}:{port}"
+    return ServedURLs(f"{origin}/v1", tuple(f"{origin}/replica-{i}/v1" for i in range(replicas)))
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket, or a one-line :class:`ServeError` saying what to do."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as e:
+        raise ServeError(f"cannot serve on host {host!r}: {e}; pick another with --host") from None
+    family = infos[0][0] if infos else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(infos[0][4])
+        sock.listen(2048)
+        sock.setblocking(False)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise ServeError(f"port {port} on {host} is in use; pick another with --port") from None
+        if e.errno in (errno.EACCES, errno.EPERM):
+            raise ServeError(
+                f"no permission to listen on port {port} on {host}; "
+                "pick a port above 1023 with --port"
+            ) from None
+        raise ServeError(
+            f"cannot listen on {host}:{port}: {e.strerror or e}; "
+            "pick another address with --host/--port"
+        ) from None
+    return sock
 
 
 async def serve_async(
@@ -46,13 +107,16 @@ async def serve_async(
     preset: EngineConfig | str = "h100-8b",
     *,
     log_level: str = "warning",
-    on_ready: Callable[[tuple[str, ...]], None] | None = None,
-    task_status: TaskStatus[tuple[str, ...]] = anyio.TASK_STATUS_IGNORED,
+    on_ready: Callable[[ServedURLs], None] | None = None,
+    task_status: TaskStatus[ServedURLs] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``replicas`` simulated engines until cancelled (asyncio backend only).
 
     ``port=0`` picks a free port. ``task_status.started`` (for ``TaskGroup.start``) and
-    ``on_ready`` receive the replicas' base URLs once the socket listens.
+    ``on_ready`` receive the :class:`ServedURLs` once the socket listens: the replicas'
+    base URLs, and in ``.url`` the front door ``http://HOST:PORT/v1``. A port in use,
+    an address that cannot be bound or a missing uvicorn raise :class:`ServeError` before
+    anything starts.
     """
     uvicorn = _import_uvicorn()
     try:
@@ -61,13 +125,8 @@ async def serve_async(
         raise RuntimeError(
             "serve_async needs the asyncio backend (uvicorn runs on asyncio)"
         ) from None
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = _bind(host, port)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(2048)
-        sock.setblocking(False)
         bound_port = sock.getsockname()[1]
         async with Cluster(replicas, preset) as cluster:
             config = uvicorn.Config(
@@ -100,7 +159,7 @@ async def serve_async(
                 tg.start_soon(run_server)
                 await ready.wait()
                 if done.is_set():
-                    raise RuntimeError(f"the simulator's server did not start on {host}:{port}")
+                    raise ServeError(f"the simulator's server did not start on {host}:{port}")
                 if on_ready is not None:
                     on_ready(urls)
                 task_status.started(urls)
@@ -121,12 +180,15 @@ def serve(
     preset: EngineConfig | str = "h100-8b",
     *,
     log_level: str = "info",
-    on_ready: Callable[[tuple[str, ...]], None] | None = None,
+    on_ready: Callable[[ServedURLs], None] | None = None,
 ) -> None:
     """Serve ``replicas`` simulated engines in wall-clock time until interrupted (Ctrl-C).
 
-    Blocking; for ``agentrt sim serve``. Replica ``i`` answers at
-    ``http://HOST:PORT/replica-i/v1``; ``on_ready`` receives those URLs once listening.
+    Blocking; for ``agentrt sim serve``. The OpenAI API is at ``http://HOST:PORT/v1``
+    (round-robin per request over several replicas), replica ``i`` at
+    ``http://HOST:PORT/replica-i/v1``; ``on_ready`` receives the :class:`ServedURLs` once
+    listening (``urls.lines()`` is what to print). Raises :class:`ServeError` (one line)
+    when uvicorn is missing or the port is in use or cannot be bound.
     """
     _import_uvicorn()  # fail early with the install hint
     anyio.run(

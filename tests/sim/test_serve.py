@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import socket
+
 import anyio
 import httpx
 import pytest
 
 import agentrt
-from agentrt.sim import serve_async
+from agentrt.sim import ServeError, serve, serve_async
+from tests.sim._helpers import FAST, chat, small_config
 
 pytest.importorskip("uvicorn", reason="the serve extra (uvicorn) is not installed")
 pytestmark = pytest.mark.anyio
@@ -36,3 +39,112 @@ async def test_served_replicas_answer_agentrt_over_loopback() -> None:
     assert job.report.status == "ok" and job.report.calls == 2
     assert (job.report.call_reports[1].cached_tokens or 0) > 0
     assert "vllm:prefix_cache_hits" in metrics
+
+
+async def test_front_door_v1_spreads_requests_round_robin() -> None:
+    """``/v1`` serves the whole cluster: each request goes to the next replica in turn;
+    ``/replica-<i>/v1`` still reaches one replica; ``GET /`` lists both."""
+    async with anyio.create_task_group() as tg:
+        urls = await tg.start(serve_async, 2, "127.0.0.1", 0, small_config(cost=FAST))
+        origin = urls.url.removesuffix("/v1")
+        assert urls.url.startswith("http://127.0.0.1:") and urls.url.endswith("/v1")
+        assert list(urls) == [f"{origin}/replica-0/v1", f"{origin}/replica-1/v1"]
+        lines = urls.lines()
+        assert len(lines) == 3 and lines[0].startswith(urls.url) and "round-robin" in lines[0]
+        async with httpx.AsyncClient(timeout=10) as http:
+            for _ in range(4):
+                await chat(http, urls.url, "hello there", max_tokens=2)
+            await chat(http, urls[1], "hello there", max_tokens=2)
+            models = (await http.get(urls.url + "/models")).json()
+            listing = (await http.get(origin + "/")).json()
+            front_metrics = await http.get(origin + "/metrics")
+            per_replica = [
+                _finished((await http.get(u.removesuffix("/v1") + "/metrics")).text) for u in urls
+            ]
+            missing = await http.get(origin + "/nowhere")
+        tg.cancel_scope.cancel()
+    assert per_replica == [2, 3]  # 4 through /v1, alternating; 1 straight to replica 1
+    assert models["data"][0]["id"] == "sim-test"
+    assert listing == {
+        "openai": "/v1",
+        "balancing": "round-robin per request",
+        "replicas": ["/replica-0/v1", "/replica-1/v1"],
+    }
+    assert front_metrics.status_code == 404 and "/replica-1/metrics" in front_metrics.text
+    assert missing.status_code == 404 and "/v1" in missing.json()["error"]["message"]
+
+
+async def test_front_door_with_one_replica_is_that_replica() -> None:
+    async with anyio.create_task_group() as tg:
+        urls = await tg.start(serve_async, 1, "127.0.0.1", 0, small_config(cost=FAST))
+        origin = urls.url.removesuffix("/v1")
+        async with agentrt.Runtime([urls.url], dialect="vllm") as rt:
+            async with rt.job("front") as job, job.session() as s:
+                for _ in range(2):
+                    await s.chat(
+                        model="sim-test",
+                        messages=[{"role": "user", "content": "x " * 200}],
+                        max_tokens=4,
+                    )
+        async with httpx.AsyncClient(timeout=10) as http:
+            metrics = (await http.get(origin + "/metrics")).text
+            replica = (await http.get(urls[0].removesuffix("/v1") + "/metrics")).text
+        tg.cancel_scope.cancel()
+    assert job.report.status == "ok" and job.report.calls == 2
+    assert (job.report.call_reports[1].cached_tokens or 0) > 0  # one engine, its cache
+    assert _finished(metrics) == _finished(replica) == 2
+
+
+async def test_front_door_sends_a_tool_start_notice_to_the_replica_with_the_session() -> None:
+    async with anyio.create_task_group() as tg:
+        urls = await tg.start(serve_async, 3, "127.0.0.1", 0, small_config(cost=FAST))
+        async with httpx.AsyncClient(timeout=10) as http:
+            await chat(http, urls[2], "a prompt", session_id="s-1")
+            notice = {"v": 2, "session_id": "s-1", "expected_s": 1.0}
+            known = await http.post(urls.url + "/agentrt/idle", json=notice)
+            unknown = await http.post(
+                urls.url + "/agentrt/idle", json={**notice, "session_id": "nobody"}
+            )
+            bad = await http.post(urls.url + "/agentrt/idle", json={"v": 1})
+            counted = [
+                _sample((await http.get(u.removesuffix("/v1") + "/metrics")).text, "idle_notices")
+                for u in urls
+            ]
+        tg.cancel_scope.cancel()
+    assert known.status_code == 204
+    assert unknown.status_code == 404 and "nobody" in unknown.text
+    assert bad.status_code == 400
+    assert counted == [0, 0, 1]
+
+
+async def test_a_port_in_use_is_a_one_line_serve_error() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ServeError) as info:
+            await serve_async(1, "127.0.0.1", port, small_config())
+    message = str(info.value)
+    assert message == f"port {port} on 127.0.0.1 is in use; pick another with --port"
+    assert isinstance(info.value, RuntimeError) and info.value.__cause__ is None
+
+
+def test_serve_raises_the_port_error_before_starting_anything() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ServeError, match=f"port {port} on 127.0.0.1 is in use"):
+            serve(1, "127.0.0.1", port, small_config())
+
+
+def _sample(text: str, name: str) -> float:
+    """The value of the first sample whose name contains ``name``."""
+    for line in text.splitlines():
+        if not line.startswith("#") and name in line.split("{")[0]:
+            return float(line.rpartition(" ")[2])
+    raise AssertionError(f"no {name} in the metrics")
+
+
+def _finished(text: str) -> int:
+    return int(_sample(text, "vllm:request_success_total"))
