@@ -66,6 +66,7 @@ class ClientClosedError(RuntimeClosedError, openai.OpenAIError):
     in ``APIConnectionError``: as an ``OpenAIError`` too, the refusal reaches the caller
     unchanged, from openai's clients and from the frameworks built on them."""
 
+
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 _AUTH = b"authorization"
 _LOWER = operator.itemgetter(1)
@@ -76,6 +77,14 @@ _JSON = json.JSONDecoder()
 
 
 _FINISH_KEY = b'"finish_reason"'
+_USAGE_PATHS = frozenset({"/chat/completions", "/completions"})
+"""The streamed APIs whose ``stream_options.include_usage`` adds a final usage chunk."""
+_NULL_USAGE = (b'"usage":null', b'"usage": null')
+"""How a chunk says it has no usage (OpenAI's, and ``json.dumps``' spacing)."""
+_NULL_USAGE_FIELD = re.compile(rb',\s*"usage"\s*:\s*null|"usage"\s*:\s*null\s*,')
+"""A ``"usage": null`` member of a JSON object, with its comma. Outside a JSON string
+only: inside one a quote is escaped, so ``,"`` and ``"usage":`` cannot occur there."""
+_EVENT_END = re.compile(rb"(\r\n\r\n|\n\n)")
 _TOOL_CALLS_KEY = b'"tool_calls"'
 _NAME_KEY = b'"name"'
 _MAX_TOOL_NAMES = 16
@@ -473,6 +482,7 @@ class _Call:
     """One call through the transport: its metadata, its attempts, its accounting."""
 
     __slots__ = (
+        "added_usage",
         "base",
         "body",
         "clock",
@@ -539,6 +549,16 @@ class _Call:
                     max_out = None
             if max_out.__class__ is bool:  # as CallMetadata would take it
                 max_out = int(max_out)
+        self.added_usage = False
+        """agentrt asked for the stream's usage chunk (the caller did not): the chunk is
+        read for the report and dropped from what the caller receives."""
+        if stream and suffix in _USAGE_PATHS:
+            assert body is not None
+            options = body.get("stream_options")
+            if options.__class__ is not dict or not (
+                options.get("include_usage") or options.get("continuous_usage_stats")
+            ):
+                self.request = self._ask_usage(request, body, options)
 
         self.clock = clock = core.clock
         now = clock()
@@ -580,6 +600,31 @@ class _Call:
                     content=_content_of(body) if core.capture_content else None,
                 )
             )
+
+    def _ask_usage(self, request: httpx.Request, body: dict[str, Any], options: Any) -> Any:
+        """The request of a streamed call whose caller did not ask for usage, asking for
+        it (``stream_options.include_usage``; the caller's other stream options kept), so
+        that its tokens are counted; and without compression, so that the stream can be
+        read and its usage-only chunk dropped. Built once per such call, never for others.
+        """
+        asked = dict(options) if options.__class__ is dict else {}
+        asked["include_usage"] = True
+        body["stream_options"] = asked
+        content = json.dumps(body, separators=(",", ":")).encode()
+        headers = [
+            (k, v)
+            for k, v in request.headers.raw
+            if k.lower() not in (b"content-length", b"accept-encoding")
+        ]
+        headers.append((b"accept-encoding", b"identity"))
+        self.added_usage = True
+        return self.transport._lib.mod.Request(
+            request.method,
+            request.url,
+            headers=headers,
+            content=content,
+            extensions=request.extensions,
+        )
 
     # -- sending ------------------------------------------------------------------------
 
@@ -953,6 +998,8 @@ class _ObservedStream:
         self._tail = b""
         self._complete = False
         self._it: AsyncIterator[bytes] | None = None
+        self._filter = _UsageFilter(self) if call.added_usage and self._parse else None
+        """What the caller reads when agentrt asked for the usage chunk (else this)."""
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         # Clients may iterate more than once (openai drains the rest after [DONE]): every
@@ -960,7 +1007,7 @@ class _ObservedStream:
         # iteration leaves nothing suspended.
         if self._it is None:
             self._it = self._inner.__aiter__()
-        return self
+        return self if self._filter is None else self._filter
 
     async def __anext__(self) -> bytes:
         assert self._it is not None
@@ -1023,7 +1070,12 @@ class _ObservedStream:
                         if text:
                             self._parts.append(text)
                     _usage_into(self._state, obj.get("usage"))
-            elif _USAGE_KEY in line and line.startswith(b"data:"):
+            elif (
+                _USAGE_KEY in line
+                and line.startswith(b"data:")
+                and _NULL_USAGE[0] not in line
+                and _NULL_USAGE[1] not in line
+            ):  # OpenAI's chunks say "usage":null until the usage chunk
                 try:
                     obj = json.loads(line[5:])
                 except ValueError:
@@ -1054,6 +1106,110 @@ class _ObservedStream:
                 self._call._end("ok", None)
             else:
                 self._call._end("error", "the stream was closed before it ended")
+
+
+class _UsageFilter:
+    """The stream a caller reads when agentrt asked for the usage chunk on its behalf
+    (``_Call._ask_usage``): the reply's whole SSE events as the server sends them
+    unasked. Asking adds a usage-only chunk (``"choices": []``), ``"usage": null`` to the
+    other chunks (OpenAI), and may move the ``system_fingerprint`` from the last content
+    chunk onto the usage chunk (vLLM): the first two are removed, the fingerprint is put
+    back. A chunk with a finish reason is held until the usage chunk (which follows it at
+    once) or the end. The usage itself was read by the observed stream."""
+
+    __slots__ = ("_held", "_pending", "_stream")
+
+    def __init__(self, stream: _ObservedStream) -> None:
+        self._stream = stream
+        self._held = b""
+        """The start of an event whose end has not come yet."""
+        self._pending: list[bytes] | None = None
+        """Events from the first with a finish reason on, until the usage chunk."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        stream = self._stream
+        while True:
+            try:
+                chunk = await stream.__anext__()
+            except StopAsyncIteration:
+                held, self._held = self._held, b""
+                out = self._events(held) if held else b""  # a last event without its end
+                pending, self._pending = self._pending, None
+                out += b"".join(pending or ())
+                if out:
+                    return out
+                raise
+            data = self._held + chunk if self._held else chunk
+            end = _events_end(data)
+            self._held = data[end:]
+            out = self._events(data[:end]) if end else b""
+            if out:
+                return out
+
+    def _events(self, events: bytes) -> bytes:
+        """Complete events as the caller is to read them (some may be held back)."""
+        if _USAGE_KEY in events:
+            events = _NULL_USAGE_FIELD.sub(b"", events)
+        elif self._pending is None and _FINISH.search(events) is None:
+            return events  # content chunks: as they are
+        parts = _EVENT_END.split(events)  # event, separator, event, ..., the rest
+        out: list[bytes] = []
+        for k in range(0, len(parts), 2):
+            event = parts[k] + (parts[k + 1] if k + 1 < len(parts) else b"")
+            pending = self._pending
+            if _USAGE_KEY in event and (usage := _usage_chunk(event)) is not None:
+                if pending:
+                    out += _with_fingerprint(pending, usage.get("system_fingerprint"))
+                self._pending = None
+            elif pending is not None:
+                pending.append(event)
+                if event.startswith(b"data:") and event[5:].lstrip().startswith(b"[DONE]"):
+                    out += pending
+                    self._pending = None
+            elif _FINISH.search(event):
+                self._pending = [event]
+            else:
+                out.append(event)
+        return b"".join(out)
+
+
+def _events_end(data: bytes) -> int:
+    """Where the last complete SSE event in ``data`` ends (0: none is complete)."""
+    i = data.rfind(b"\n\n")
+    end = i + 2 if i >= 0 else 0
+    j = data.rfind(b"\r\n\r\n")
+    return j + 4 if j >= 0 and j + 4 > end else end
+
+
+def _usage_chunk(event: bytes) -> dict[str, Any] | None:
+    """An SSE event's chunk if it is a usage chunk (usage, and an empty ``choices``)."""
+    data = b"\n".join(line[5:] for line in event.splitlines() if line.startswith(b"data:"))
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return None
+    if isinstance(obj, dict) and obj.get("choices") == [] and isinstance(obj.get("usage"), dict):
+        return obj
+    return None
+
+
+def _with_fingerprint(events: list[bytes], fingerprint: Any) -> list[bytes]:
+    """``events``, each chunk with a finish reason given ``system_fingerprint`` where it
+    has none (as the last member of its object, where vLLM puts it unasked)."""
+    if not isinstance(fingerprint, str):
+        return events
+    member = b',"system_fingerprint":' + json.dumps(fingerprint).encode()
+    out = []
+    for event in events:
+        if _FINISH.search(event) and b'"system_fingerprint"' not in event:
+            i = event.rfind(b"}")
+            if i > 0:
+                event = event[:i] + member + event[i:]
+        out.append(event)
+    return out
 
 
 class _SharedTransport:
