@@ -536,7 +536,7 @@ def _sim_serve(args: argparse.Namespace) -> int:
         raise _CommandError(f"--port must be between 0 and 65535, got {args.port}")
     import uvicorn  # noqa: F401  # the serve extra: a one-line error below when missing
 
-    from .sim import serve
+    from .sim import ServedURLs, serve
     from .sim._config import resolve_config
 
     changes: dict[str, Any] = {"replies": args.replies, "scheduling": args.scheduling}
@@ -548,13 +548,13 @@ def _sim_serve(args: argparse.Namespace) -> int:
         changes["tool_wait_policy"] = args.tool_wait_policy
     config = resolve_config(args.preset).replace(**changes)
 
-    def ready(urls: Sequence[str]) -> None:
-        print("serving the OpenAI API (Ctrl-C to stop):", flush=True)
-        for url in urls:
-            print(f"  {url}", flush=True)
+    def ready(urls: ServedURLs) -> None:
+        print("serving (Ctrl-C to stop):", flush=True)
+        for line in urls.lines():
+            print(f"  {line}", flush=True)
 
     try:
-        serve(args.replicas, args.host, args.port, config, on_ready=ready)
+        serve(args.replicas, args.host, args.port, config, log_level="warning", on_ready=ready)
     except RuntimeError as exc:  # the server did not start (the reason is one line)
         raise _CommandError(str(exc)) from None
     except OSError as exc:

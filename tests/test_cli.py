@@ -176,12 +176,14 @@ def test_an_unexpected_error_is_one_line_unless_asked(
 
 def test_sim_serve_passes_the_engine_options(monkeypatch: pytest.MonkeyPatch) -> None:
     import agentrt.sim
+    from agentrt.sim import ServedURLs
 
     seen: dict[str, Any] = {}
 
     def fake_serve(replicas: int, host: str, port: int, config: Any, **kw: Any) -> None:
         seen.update(replicas=replicas, host=host, port=port, config=config)
-        kw["on_ready"](("http://127.0.0.1:1/v1",))
+        assert kw["log_level"] == "warning"
+        kw["on_ready"](ServedURLs("http://127.0.0.1:1/v1", ("http://127.0.0.1:1/replica-0/v1",)))
 
     monkeypatch.setattr(agentrt.sim, "serve", fake_serve)
     args = ["sim", "serve", "--replicas", "2", "--port", "0", "--replies", "agent"]
@@ -197,3 +199,20 @@ def test_sim_serve_passes_the_engine_options(monkeypatch: pytest.MonkeyPatch) ->
         "agent",
     )
     assert config.model_name == "tiny-llama"  # the preset's
+
+
+def test_sim_serve_prints_the_urls_it_serves() -> None:
+    args = [sys.executable, "-m", "agentrt", "sim", "serve", "--port", "0", "--replicas", "2"]
+    with subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(4)]
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert lines[0].startswith("serving")
+    urls = [line.split()[0] for line in lines[1:]]
+    assert urls[0].endswith("/v1") and "/replica-" not in urls[0]
+    assert [u.rsplit("/", 2)[-2] for u in urls[1:]] == ["replica-0", "replica-1"]
+    assert max(map(len, lines)) <= 81
+    assert "Traceback" not in err
