@@ -1,19 +1,31 @@
-"""Showing results: a terminal table (rich if installed) and PNG plots (matplotlib)."""
+"""Showing results: terminal tables that fit the terminal (rich if installed, else plain
+text), a progress bar that counts jobs, and the JCT CDF plot (matplotlib)."""
 
 from __future__ import annotations
 
 import math
-import sys
-from collections.abc import Callable, Iterator
+import shutil
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Final
 
+from ..report._tables import TextTable, text_lines
 from ._runner import BenchResult
 
-__all__ = ["plot", "print_table", "progress_bar", "table_rows"]
+__all__ = [
+    "HEADERS",
+    "LINE_STYLES",
+    "bench_table",
+    "plot",
+    "print_table",
+    "progress_bar",
+    "show_tables",
+    "table_rows",
+    "terminal_width",
+]
 
-HEADERS = (
+HEADERS: Final = (
     "client",
     "JCT mean",
     "JCT p50",
@@ -29,6 +41,23 @@ HEADERS = (
     "imbalance",
     "util",
 )
+BENCH_CAPTION: Final = (
+    "Times in seconds. JCT: job completion time; stretch: JCT over the same job's JCT "
+    "alone on an idle cluster (1.0 is the limit); call: per-call latency; TTFT: time to "
+    "first token of streamed calls; cache hit: prompt tokens served from the replicas' "
+    "prefix caches; imbalance: the busiest replica's busy time over the mean; util: the "
+    "replicas' busy share. Lower is better except jobs/s, cache hit (higher) and util."
+)
+
+LINE_STYLES: Final = (
+    ("tab:gray", "--"),
+    ("tab:blue", "-"),
+    ("tab:orange", "-."),
+    ("tab:green", ":"),
+    ("tab:red", (0, (5, 1))),
+    ("tab:purple", (0, (3, 1, 1, 1))),
+)
+"""Colour and line style per client, in order: lines that coincide stay visible."""
 
 
 def _f(value: float | None, fmt: str = "{:.2f}") -> str:
@@ -61,96 +90,102 @@ def table_rows(result: BenchResult) -> list[list[str]]:
     return rows
 
 
-def print_table(result: BenchResult, title: str, echo: Callable[[str], None] = print) -> None:
-    rows = table_rows(result)
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(HEADERS)]
-        echo(title)
-        echo("  ".join(h.rjust(w) for h, w in zip(HEADERS, widths, strict=True)))
-        for r in rows:
-            echo("  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)))
-        return
-    table = Table(title=title, title_justify="left")
-    for h in HEADERS:
-        table.add_column(h, justify="left" if h == "client" else "right")
-    for r in rows:
-        table.add_row(*r)
-    # A full-width table when the output is not a terminal (logs, CI, pipes).
-    Console(width=None if sys.stdout.isatty() else 200).print(table)
+def bench_table(result: BenchResult, title: str) -> TextTable:
+    """The benchmark's table: one row per client (split in two or more tables by
+    :func:`show_tables` where the terminal is too narrow for all the columns)."""
+    rows = tuple(tuple(r) for r in table_rows(result))
+    return TextTable(title, HEADERS, rows, BENCH_CAPTION)
+
+
+def terminal_width() -> int:
+    """The terminal's width (``$COLUMNS`` first; 80 when the output is not a terminal)."""
+    return shutil.get_terminal_size((80, 24)).columns
+
+
+def show_tables(tables: Sequence[TextTable], echo: Callable[[str], None] | None = None) -> None:
+    """Print the tables to fit the terminal, with rich where it is installed and no
+    ``echo`` is given; else as plain text through ``echo`` (default ``print``)."""
+    if echo is None:
+        try:
+            from ..report._tables import print_tables
+
+            print_tables(tables)
+            return
+        except ImportError:
+            pass
+        echo = print
+    width = terminal_width()
+    for i, t in enumerate(tables):
+        if i:
+            echo("")
+        for line in text_lines(t, width):
+            echo(line)
+
+
+def print_table(result: BenchResult, title: str, echo: Callable[[str], None] | None = None) -> None:
+    show_tables([bench_table(result, title)], echo)
 
 
 @contextmanager
-def progress_bar(total: int, enabled: bool = True) -> Iterator[Callable[[str], None]]:
-    """A rich progress bar when rich is installed and ``enabled``; else nothing."""
+def progress_bar(jobs: int, enabled: bool = True) -> Iterator[Callable[[str], None]]:
+    """A rich progress bar (when rich is installed and ``enabled``) that counts jobs: one
+    bar per run (each client, and ``alone`` for the solo runs), each out of ``jobs``.
+    Yields the callback :func:`~agentrt.bench.run_bench` calls with the run's label."""
     try:
         if not enabled:
             raise ImportError
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
     except ImportError:
         yield lambda label: None
         return
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), transient=True
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("jobs"),
+        transient=True,
     ) as bar:
-        task = bar.add_task("jobs", total=total)
+        tasks: dict[str, TaskID] = {}
 
         def advance(label: str) -> None:
-            bar.update(task, advance=1, description=f"jobs ({label})")
+            if label not in tasks:
+                name = "alone (each job on an idle cluster)" if label == "alone" else label
+                tasks[label] = bar.add_task(name, total=jobs)
+            bar.update(tasks[label], advance=1)
 
         yield advance
 
 
+def _cdf(values: Sequence[float]) -> tuple[list[float], list[float]]:
+    xs = sorted(values)
+    return xs, [(i + 1) / len(xs) for i in range(len(xs))]
+
+
 def plot(result: BenchResult, out_dir: Path) -> list[Path]:
-    """Write the JCT CDF and the calls-vs-jobs scatter as PNGs. Needs matplotlib."""
+    """Write the JCT CDF (``jct_cdf.png``: one line per client, each in its own colour and
+    line style, so clients with the same results stay visible). Needs matplotlib."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for c in result.clients:
-        jcts = sorted(r["jct_s"] for r in c.job_rows if r["status"] == "ok")
+    for i, c in enumerate(result.clients):
+        jcts = [r["jct_s"] for r in c.job_rows if r["status"] == "ok"]
         if not jcts:
             continue
-        ys = [(i + 1) / len(jcts) for i in range(len(jcts))]
-        ax.step(jcts, ys, where="post", label=c.client)
+        color, style = LINE_STYLES[i % len(LINE_STYLES)]
+        xs, ys = _cdf(jcts)
+        ax.step(xs, ys, where="post", label=c.client, color=color, linestyle=style, lw=2)
     ax.set_xscale("log")
-    ax.set_xlabel("job completion time (s)")
-    ax.set_ylabel("fraction of jobs")
-    ax.set_title("JCT CDF per client")
+    ax.set_xlabel("job completion time (s, log scale)")
+    ax.set_ylabel("fraction of jobs done")
+    ax.set_title("JCT CDF per client (further left is faster)")
     ax.grid(alpha=0.3)
     ax.legend()
     path = out_dir / "jct_cdf.png"
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    paths.append(path)
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for c in result.clients:
-        pts: list[Any] = [
-            (r["call_latency_p50"], r["jct_s"])
-            for r in c.job_rows
-            if r["status"] == "ok" and not math.isnan(r["call_latency_p50"])
-        ]
-        if pts:
-            ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=12, alpha=0.6, label=c.client)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("median call latency of the job (s)")
-    ax.set_ylabel("job completion time (s)")
-    ax.set_title("Fast calls, slow jobs: per-call latency vs JCT")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    path = out_dir / "calls_vs_jobs.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    paths.append(path)
-    return paths
+    return [path]

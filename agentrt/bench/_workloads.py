@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
+from ._coding import DEMO_SCALE, CodingScale, coding_job
 from ._plan import BLOCK_TOKENS, Call, Fanout, JobPlan, SessionPlan, Step
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "TraceOptions",
     "chat_job",
     "claude_code_jobs",
+    "coding_scale",
     "fanout_job",
     "make_workload",
     "react_job",
@@ -267,8 +269,20 @@ class Arrivals:
                 t += rng.expovariate(self.rate)
 
 
+def coding_scale(opts: TraceOptions) -> CodingScale:
+    """The ``coding`` workload's scale: :data:`DEMO_SCALE` with ``opts``' token and time
+    scales multiplied in, and ``opts.max_wait_s`` (where set) as the cap on one wait."""
+    return replace(
+        DEMO_SCALE,
+        token_scale=DEMO_SCALE.token_scale * opts.token_scale,
+        time_scale=DEMO_SCALE.time_scale * opts.time_scale,
+        max_wait_s=opts.max_wait_s if opts.max_wait_s is not None else DEMO_SCALE.max_wait_s,
+    )
+
+
 Generator = Callable[[random.Random, str], SessionPlan]
 WORKLOADS: Final[dict[str, Generator | None]] = {
+    "coding": coding_job,
     "react": react_job,
     "react-longtail": react_longtail_job,
     "fanout": fanout_job,
@@ -289,8 +303,13 @@ def make_workload(
     tool_wait_s: float = 2.0,
     long_share: float = 0.2,
 ) -> list[JobPlan]:
-    """``jobs`` job plans of workload ``name`` (``react``, ``react-longtail``, ``fanout``,
-    ``chat``, ``mixed``, ``claude-code``, ``mixed-cc``) with their arrival times.
+    """``jobs`` job plans of workload ``name`` (``coding``, ``react``, ``react-longtail``,
+    ``fanout``, ``chat``, ``mixed``, ``claude-code``, ``mixed-cc``) with their arrival
+    times.
+
+    ``coding`` draws coding sessions from the fit to the Claude Code traces at
+    :data:`~agentrt.bench._coding.DEMO_SCALE`; ``traces``' scales multiply it and its
+    ``max_wait_s`` replaces the cap (:func:`coding_scale`).
 
     ``mixed-cc`` mixes short ReAct jobs with long Claude Code replays: each job is a
     Claude Code trace (``round(jobs * long_share)`` of them at seeded random positions,
@@ -315,6 +334,9 @@ def make_workload(
                 roots.append((kind, react_job(rng, f"react-{i}", tool_wait_s=tool_wait_s)))
             else:
                 roots.append((kind, next(long_roots)))
+    elif name == "coding":
+        scale = coding_scale(traces or TraceOptions())
+        roots = [("coding", coding_job(rng, f"coding-{i}", scale=scale)) for i in range(jobs)]
     elif name == "claude-code":
         opts = traces or TraceOptions()
         if opts.limit is None or opts.limit > jobs:

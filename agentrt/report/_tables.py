@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 import math
-import sys
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,9 +15,11 @@ __all__ = [
     "SUMMARY_HEADERS",
     "TextTable",
     "comparison_table",
+    "fit_width",
     "html_table",
     "print_tables",
     "summary_table",
+    "text_lines",
 ]
 
 SUMMARY_HEADERS = (
@@ -119,22 +121,122 @@ def comparison_table(rows: Sequence[ComparisonRow], a: str, b: str) -> TextTable
     )
 
 
-def print_tables(tables: Sequence[TextTable]) -> None:
-    """Print with rich: full width when stdout is not a terminal (logs, CI, pipes)."""
+def _width(cells: Sequence[str]) -> int:
+    return max((len(line) for c in cells for line in c.splitlines() or [""]), default=0)
+
+
+def fit_width(t: TextTable, width: int, *, per_column: int = 3) -> list[TextTable]:
+    """``t`` as one or more tables no wider than ``width`` characters: the label columns
+    repeated in each, the other columns kept in order and spread evenly over as few tables
+    as fit; the title goes on the first, the caption on the last. ``per_column`` is what
+    each column costs beside its cells (rich's borders and padding: 3; plain text's gap:
+    2). A table that fits is returned as it is. When it does not, labels count as at most
+    a quarter of ``width`` (longer ones fold in the renderer, nothing is cut)."""
+    columns = list(zip(t.headers, *t.rows, strict=True))
+    widths = [_width(c) + per_column for c in columns]
+    if sum(widths) + 1 <= width or len(columns) <= t.label_columns + 1:
+        return [t]
+    cap = max(12, width // 4) + per_column
+    label_w = sum(min(widths[i], cap) for i in range(t.label_columns))
+    room = max(width - 1 - label_w, 1)
+    rest = list(range(t.label_columns, len(columns)))
+    parts = 1
+    while True:  # the fewest tables whose greedy packing fits, then even them out
+        target = max(sum(widths[i] for i in rest) / parts, max(widths[i] for i in rest))
+        groups: list[list[int]] = [[]]
+        used = 0
+        for i in rest:
+            if groups[-1] and (used + widths[i] > room or used + widths[i] / 2 > target):
+                groups.append([])
+                used = 0
+            groups[-1].append(i)
+            used += widths[i]
+        if len(groups) <= parts or parts >= len(rest):
+            break
+        parts += 1
+    if len(groups) == 1:
+        return [t]
+    labels = list(range(t.label_columns))
+    out = []
+    for n, group in enumerate(groups):
+        keep = labels + group
+        out.append(
+            TextTable(
+                t.title if n == 0 else "",
+                tuple(t.headers[i] for i in keep),
+                tuple(tuple(row[i] for i in keep) for row in t.rows),
+                t.caption if n == len(groups) - 1 else "",
+                t.label_columns,
+            )
+        )
+    return out
+
+
+def _fold(cell: str, width: int) -> list[str]:
+    lines = []
+    for line in cell.splitlines() or [""]:
+        while len(line) > width:
+            lines.append(line[:width])
+            line = line[width:]
+        lines.append(line)
+    return lines
+
+
+def text_lines(t: TextTable, width: int = 80) -> list[str]:
+    """``t`` as plain text no wider than ``width`` (tables split as :func:`fit_width`
+    does; a label too long for its column folds onto more lines, nothing is cut)."""
+    out: list[str] = []
+    for part in fit_width(t, width, per_column=2):
+        columns = list(zip(part.headers, *part.rows, strict=True))
+        widths = [_width(c) for c in columns]
+        over = sum(widths) + 2 * (len(widths) - 1) - width
+        if over > 0:  # fold the widest label column
+            i = max(range(part.label_columns), key=lambda k: widths[k])
+            widths[i] = max(widths[i] - over, 4)
+        if part.title:
+            out.extend(textwrap.wrap(part.title, width))
+        for row in (part.headers, *part.rows):
+            cells = [_fold(c, w) for c, w in zip(row, widths, strict=True)]
+            for k in range(max(len(c) for c in cells)):
+                line = []
+                for i, (c, w) in enumerate(zip(cells, widths, strict=True)):
+                    text = c[k] if k < len(c) else ""
+                    line.append(text.ljust(w) if i < part.label_columns else text.rjust(w))
+                out.append("  ".join(line).rstrip())
+        if part.caption:
+            out.extend(textwrap.wrap(part.caption, width))
+        out.append("")
+    return out[:-1]
+
+
+def print_tables(tables: Sequence[TextTable], width: int | None = None) -> None:
+    """Print with rich, each table split to fit the console (``width``, else the
+    terminal's or ``$COLUMNS``, else 80 when the output is not a terminal): labels fold
+    rather than being cut with an ellipsis."""
     require("rich")
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    console = Console(width=width)
     for t in tables:
-        table = Table(
-            title=t.title, title_justify="left", caption=t.caption or None, caption_justify="left"
-        )
-        for i, h in enumerate(t.headers):
-            table.add_column(h, justify="left" if i < t.label_columns else "right")
-        for row in t.rows:
-            table.add_row(*row)
-        console.print(table)
+        for part in fit_width(t, console.width):
+            table = Table(
+                title=part.title or None,
+                title_justify="left",
+                caption=part.caption or None,
+                caption_justify="left",
+            )
+            for i, h in enumerate(part.headers):
+                label = i < part.label_columns
+                table.add_column(
+                    h,
+                    justify="left" if label else "right",
+                    overflow="fold",
+                    no_wrap=not label,
+                )
+            for row in part.rows:
+                table.add_row(*row)
+            console.print(table)
 
 
 def html_table(t: TextTable) -> str:
