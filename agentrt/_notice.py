@@ -158,8 +158,8 @@ class Notices:
         mod: Any = self._lib.mod
         url = ep.endpoint.url + NOTICE_PATH
         headers = [("content-type", "application/json")]
-        if key is not None:
-            headers.append(("authorization", f"Bearer {key}"))
+        if ep.authorization is not None:  # the endpoint's key or credentials, as its calls
+            headers.append(("authorization", ep.authorization.decode()))
         timeout = dict.fromkeys(("connect", "read", "write", "pool"), NOTICE_TIMEOUT_S)
         status: int | None = None
         error: str | None = None

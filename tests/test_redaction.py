@@ -356,3 +356,21 @@ def test_cli_errors_show_no_credentials(capsys: pytest.CaptureFixture[str]) -> N
     err = capsys.readouterr().err
     assert err.startswith("agentrt: error: ") and len(err.splitlines()) == 1
     assert "127.0.0.1:9" in err and SECRET not in err and USER not in err
+
+
+async def test_tool_start_notices_carry_the_credentials_and_show_none() -> None:
+    from tests.test_notice import Server, settle
+
+    server = Server()
+    url = with_userinfo("http://engine.test/v1")
+    async with Runtime([url], transport=server.transport(), retry=FAST, api_key="sk-rt") as rt:
+        async with rt.job("j") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+            async with s.tool("search", expected_s=1.0):
+                await settle()
+        stats = rt.notice_statistics()
+    assert stats.sent == 1 and stats.accepted == 1
+    [(notice_url, headers, _)] = server.notices
+    assert notice_url == "http://engine.test/v1/agentrt/idle"
+    assert headers["authorization"] == basic(USER, SECRET)
+    assert SECRET not in repr(stats)
