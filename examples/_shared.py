@@ -71,20 +71,30 @@ def scripted_question(helper_arg: str) -> str:
     )
 
 
+SIM_URL = "http://127.0.0.1:8000/v1"
+"""Where ``agentrt sim serve`` serves the OpenAI API by default."""
+SIM_MODEL = "sim-llama-3.1-8b"
+"""The model ``agentrt sim serve`` serves by default (its ``h100-8b`` preset)."""
+
+
 def arg_parser(
-    description: str, question: str, model: str | None = "agent-model"
+    description: str, question: str, model: str | None = SIM_MODEL
 ) -> argparse.ArgumentParser:
     """The examples' command line: a question, the server and the model (required when
-    ``model`` is None)."""
+    ``model`` is None). The defaults are ``agentrt sim serve``'s."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("question", nargs="?", default=question)
-    parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
+    parser.add_argument(
+        "--base-url", default=SIM_URL, help="the OpenAI base URL (default: %(default)s)"
+    )
     if model is None:
         parser.add_argument("--model", required=True)
     else:
-        parser.add_argument("--model", default=model, help="any name for the sim")
+        parser.add_argument("--model", default=model, help="default: %(default)s")
     parser.add_argument("--api-key", default=None, help="or set no key for local servers")
-    parser.add_argument("--dialect", default="generic", help="vllm, sglang, dynamo, ...")
+    parser.add_argument(
+        "--dialect", default="generic", help="vllm, sglang, dynamo, ... (default: %(default)s)"
+    )
     return parser
 
 

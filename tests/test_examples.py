@@ -1,23 +1,32 @@
-"""The examples run: the ReAct agent against a scripted OpenAI-compatible fake."""
+"""The examples run as advertised: the ReAct agent's tool loop against the embedded engine
+(in process, and as a script against ``agentrt sim serve --replies agent`` on loopback)."""
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import sys
 from pathlib import Path
 from types import ModuleType
 
+import anyio
 import httpx
 import pytest
 
 import agentrt
-from tests._fake import FakeEngine
+from agentrt.sim import PRESETS, Cluster, serve, serve_async
+from agentrt.sim._serve import served_urls
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[1]
+AGENT_REPLIES = PRESETS["h100-8b"].replace(replies="agent")
+"""What ``agentrt sim serve --replies agent`` serves."""
 
 
 def load(name: str) -> ModuleType:
+    examples = str(ROOT / "examples")
+    if examples not in sys.path:  # as running ``python examples/<name>.py`` does
+        sys.path.insert(0, examples)
     spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -26,41 +35,82 @@ def load(name: str) -> ModuleType:
     return module
 
 
-def reply(text: str) -> httpx.Response:
-    return httpx.Response(
-        200,
-        json={
-            "id": "x",
-            "object": "chat.completion",
-            "created": 0,
-            "model": "m",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": "stop",
-                }
-            ],
-            "usage": {"prompt_tokens": 50, "completion_tokens": 8, "total_tokens": 58},
-        },
-    )
-
-
-async def test_react_agent_uses_both_tools_and_reports() -> None:
+async def test_react_agent_runs_a_tool_loop_on_the_embedded_engine() -> None:
     react = load("react_agent")
-    fake = FakeEngine()
-    fake.script = [
-        lambda r: reply("Thought: multiply.\nAction: calculator: 17 * 23"),
-        lambda r: reply(f"Action: word_count: {ROOT / 'pyproject.toml'}"),
-        lambda r: reply("Final: 391"),
+    async with Cluster(1, AGENT_REPLIES) as cluster:
+        seen: list[httpx.Request] = []
+        inner = cluster.transport()
+
+        class Recording(httpx.AsyncBaseTransport):
+            async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+                seen.append(request)
+                return await inner.handle_async_request(request)
+
+        async with agentrt.Runtime(cluster.base_urls, transport=Recording()) as rt:
+            answer, report = await react.run_agent(
+                rt, "sim-llama-3.1-8b", react.QUESTION, max_steps=8
+            )
+    assert report.status == "ok"
+    # three steps that call tools (the third calls two at once), then the answer
+    assert report.calls == 4 and report.tool_waits == 4
+    assert [t.name for t in report.tool_reports] == [
+        "calculator",
+        "word_count",
+        "calculator",
+        "word_count",
     ]
-    async with agentrt.Runtime(["http://x.test/v1"], transport=fake.transport()) as rt:
-        report = await react.run_agent(rt, "m", "17*23?", max_steps=5)
-    assert report.status == "ok" and report.calls == 3 and report.tool_waits == 2
-    assert [t.name for t in report.tool_reports] == ["calculator", "word_count"]
-    # The observation of the first tool went back to the model.
-    assert fake.seen[1].body["messages"][-1]["content"] == "Observation: 391"
+    assert answer == "17 * 23 = 391; the word counts are in the tool results above."
+    bodies = [
+        httpx.Response(200, content=r.content).json()
+        for r in seen
+        if r.url.path.endswith("/chat/completions")
+    ]
+    assert len(bodies) == 4
+    assert all(b["tools"] == react.TOOLS for b in bodies)
+    last = bodies[-1]["messages"]
+    results = [m["content"] for m in last if m["role"] == "tool"]
+    assert results[0] == "391" and results[2] == "782"  # the calculator's real results
+    calls = [m for m in last if m["role"] == "assistant"]
+    assert [len(m["tool_calls"]) for m in calls] == [1, 1, 2]
     assert report.jct_s >= report.critical_llm_s
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # uvicorn runs on asyncio
+async def test_react_agent_script_against_sim_serve(tmp_path: Path) -> None:
+    """The script as a user runs it: its defaults are ``sim serve``'s (only the port
+    differs here), it writes the report only where ``--report`` says."""
+    pytest.importorskip("uvicorn")
+    react = load("react_agent")
+    defaults = react.arg_parser("x", "q").parse_args([])
+    params = inspect.signature(serve).parameters
+    default_urls = served_urls(params["host"].default, params["port"].default, 1)
+    assert defaults.base_url == default_urls.url
+    assert defaults.model == PRESETS[params["preset"].default].model_name
+    async with anyio.create_task_group() as tg:
+        urls = await tg.start(serve_async, 1, "127.0.0.1", 0, AGENT_REPLIES)
+        run = await anyio.run_process(
+            [
+                sys.executable,
+                str(ROOT / "examples" / "react_agent.py"),
+                "--base-url",
+                urls.url,
+                "--report",
+                "out/report.json",
+            ],
+            cwd=tmp_path,
+            check=False,
+        )
+        tg.cancel_scope.cancel()
+    out = run.stdout.decode()
+    assert run.returncode == 0, out + run.stderr.decode()
+    assert '[step 0] calculator({"expression": "17 * 23"}) -> 391' in out
+    assert "[step 2] calculator" in out and "[step 3] answer" in out
+    assert "status=ok" in out and "calls=4 tool_waits=4" in out
+    folder = anyio.Path(tmp_path)
+    written = sorted([p.relative_to(folder).as_posix() async for p in folder.rglob("*")])
+    assert written == ["out", "out/report.json"]
+    report = agentrt.JobReport.model_validate_json(await (folder / "out/report.json").read_text())
+    assert report.calls == 4 and report.tool_waits == 4
 
 
 def test_calculator_is_arithmetic_only() -> None:
