@@ -49,7 +49,8 @@ class Quantiles:
         i = min(max(bisect.bisect_right(QS, u) - 1, 0), len(QS) - 2)
         t = (u - QS[i]) / (QS[i + 1] - QS[i])
         lo, hi = math.log1p(self.values[i]), math.log1p(self.values[i + 1])
-        return math.expm1(lo + t * (hi - lo))
+        value = math.expm1(lo + t * (hi - lo))
+        return min(max(value, self.values[i]), self.values[i + 1])
 
 
 @dataclass(frozen=True, slots=True)

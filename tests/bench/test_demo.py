@@ -1,0 +1,228 @@
+"""`agentrt demo` and the bench's output: tables that fit 80 columns (no cell cut with
+an ellipsis, on a terminal and piped), rows that differ, sentences that name the ratios
+measured, a progress bar that counts jobs, one summary figure.
+
+The demo runs for real (the embedded cluster in virtual time) with fewer jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrt.bench import BenchConfig, run_bench
+from agentrt.bench._demo import DEMO_CLIENTS, demo_config, headline, run_demo, summary, wrap
+from agentrt.bench._output import bench_table, print_table, progress_bar, show_tables
+
+HAVE_RICH = find_spec("rich") is not None
+HAVE_MATPLOTLIB = find_spec("matplotlib") is not None
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+JOBS = 10
+
+
+def _check_width(out: str, width: int) -> list[str]:
+    lines = [ANSI.sub("", line) for line in out.splitlines()]
+    too_long = [line for line in lines if len(line.rstrip()) > width]
+    assert not too_long, too_long
+    assert "…" not in out and "..." not in out
+    return lines
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One small demo run, piped (not a terminal), at 80 columns."""
+    out = tmp_path_factory.mktemp("demo")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COLUMNS", "80")
+        import contextlib
+        import io
+
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            rc = run_demo(out, plots=HAVE_MATPLOTLIB, journal=True, seed=0, _jobs=JOBS)
+    return {"rc": rc, "out": out, "text": buf.getvalue()}
+
+
+def test_the_demo_fits_80_columns_and_cuts_no_cell(demo_run: dict[str, Any]) -> None:
+    assert demo_run["rc"] == 0
+    lines = _check_width(demo_run["text"], 80)
+    for header in ("JCT mean", "JCT p50", "JCT p90", "TTFT p50", "cache hit"):
+        assert any(header in line for line in lines), header
+    assert any("agentrt / plain" in line for line in lines)
+
+
+def _row(lines: list[str], label: str) -> list[str]:
+    """The table row whose first cell is ``label``: its other cells."""
+    for line in lines:
+        cells = [c.strip() for c in re.split(r"│|┃|\s{2,}", line) if c.strip()]
+        if len(cells) == 6 and cells[0] == label:
+            return cells[1:]
+    raise AssertionError(f"no row {label!r}")
+
+
+def test_plain_and_agentrt_rows_differ_and_agentrt_wins(demo_run: dict[str, Any]) -> None:
+    lines = demo_run["text"].splitlines()
+    plain, agentrt = _row(lines, "plain"), _row(lines, "agentrt")
+    assert len(plain) == len(agentrt) == 5
+    assert plain != agentrt
+    result = json.loads((demo_run["out"] / "results.json").read_text())
+    p, a = result["clients"]
+    assert [p["client"], a["client"]] == list(DEMO_CLIENTS)
+    # the same jobs, and agentrt keeps sessions' contexts: more cache hits, sooner tokens
+    assert p["jobs"] == a["jobs"] == JOBS
+    assert a["prefix_cache_hit_rate"] > p["prefix_cache_hit_rate"]
+    assert a["ttft"]["p50"] < p["ttft"]["p50"]
+
+
+def test_the_sentences_name_the_ratios_measured(demo_run: dict[str, Any]) -> None:
+    result = json.loads((demo_run["out"] / "results.json").read_text())
+    p, a = result["clients"]
+    text = " ".join(demo_run["text"].split())
+    ratios = {
+        "JCT p50": a["jct"]["p50"] / p["jct"]["p50"],
+        "TTFT p50": a["ttft"]["p50"] / p["ttft"]["p50"],
+        "cache hit": a["prefix_cache_hit_rate"] / p["prefix_cache_hit_rate"],
+    }
+    assert f"median job completion time is {ratios['JCT p50']:.2f}x plain's" in text
+    assert f"median time to first token {ratios['TTFT p50']:.2f}x" in text
+    assert f"prefix-cache hit rate {ratios['cache hit']:.2f}x" in text
+    assert f"({a['jct']['p50']:.0f} s against {p['jct']['p50']:.0f} s)" in text
+    hit_p, hit_a = p["prefix_cache_hit_rate"], a["prefix_cache_hit_rate"]
+    assert f"({hit_a:.0%} against {hit_p:.0%})" in text
+    assert "plain is a bare openai client" in text and "round-robin" in text
+    assert "session routing" in text
+    # the ratio row shows the same numbers
+    row = " ".join(x for x in demo_run["text"].splitlines() if "agentrt / plain" in x)
+    for value in ratios.values():
+        assert f"{value:.2f}x" in row
+
+
+def test_the_footer_says_wall_and_cpu_once_and_names_the_files(
+    demo_run: dict[str, Any],
+) -> None:
+    text = " ".join(demo_run["text"].split())
+    assert len(re.findall(r"s wall", text)) == 1
+    assert re.search(r"Done in [0-9.]+ s wall \([0-9.]+ s CPU\)", text)
+    out: Path = demo_run["out"]
+    assert f"results: {out / 'results.json'}" in text
+    for name in ("journal-plain.jsonl", "journal-agentrt_session.jsonl"):
+        assert str(out / name) in text
+        assert len((out / name).read_text().splitlines()) == JOBS
+    if HAVE_MATPLOTLIB:
+        figure = out / "demo.png"
+        assert f"figure: {figure}" in text
+        assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_demo_config_is_what_the_docs_say() -> None:
+    cfg = demo_config()
+    assert cfg.workload == "coding" and cfg.clients == DEMO_CLIENTS
+    assert (cfg.jobs, cfg.rate, cfg.replicas, cfg.gpu_blocks) == (32, 0.2, 8, 16_384)
+    assert not cfg.stretch and cfg.preset == "h100-8b"
+
+
+def test_wrap_keeps_numbers_with_their_units() -> None:
+    text = "agentrt took 185 s against 350 s and 15 min, client-side"
+    for width in range(12, 40):
+        lines = wrap(text, width)
+        assert " ".join(lines) == text
+        assert not any(line.endswith(("185", "350", "15")) for line in lines)
+
+
+# --- agentrt bench's table ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bench_result() -> Any:
+    cfg = BenchConfig(
+        workload="coding",
+        jobs=4,
+        clients=("plain", "agentrt:plas+round_robin@auto", "agentrt:session"),
+        replicas=2,
+        stretch=True,
+    )
+    return run_bench(cfg)
+
+
+@pytest.mark.parametrize("width", [80, 100, 120])
+def test_the_bench_table_fits_as_plain_text(
+    bench_result: Any, width: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", str(width))
+    lines: list[str] = []
+    print_table(bench_result, "agentrt bench: coding", echo=lines.append)
+    _check_width("\n".join(lines), width)
+    text = "\n".join(lines)
+    for c in bench_result.clients:  # every client and every number, whole
+        assert c.client in text
+        assert f"{c.jct['p99']:.2f}" in text
+        assert f"{c.prefix_cache_hit_rate:.1%}" in text
+
+
+@pytest.mark.skipif(not HAVE_RICH, reason="the rich table needs rich (the report extra)")
+@pytest.mark.parametrize("terminal", [False, True])
+def test_the_bench_table_fits_with_rich(
+    bench_result: Any,
+    terminal: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    if terminal:  # rich then renders as for a terminal (colours, its own width logic)
+        monkeypatch.setenv("FORCE_COLOR", "1")
+        monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    print_table(bench_result, "agentrt bench: coding")
+    out = capsys.readouterr().out
+    lines = _check_width(out, 80)
+    assert sum("agentrt:plas+round_robin@auto" in line for line in lines) >= 2
+    for c in bench_result.clients:
+        assert f"{c.call_latency['p99']:.3f}" in out
+
+
+def test_show_tables_without_an_echo_uses_rich_or_text(
+    bench_result: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    show_tables([bench_table(bench_result, "t")])
+    _check_width(capsys.readouterr().out, 80)
+
+
+def test_the_progress_bar_counts_jobs_per_run() -> None:
+    seen: list[str] = []
+    with progress_bar(4, enabled=False) as advance:
+        advance("plain")
+        seen.append("ok")
+    assert seen == ["ok"]
+    if not HAVE_RICH:
+        return
+    from rich.progress import Progress
+
+    totals: list[tuple[str, float | None, float]] = []
+    real_stop = Progress.stop
+
+    def stop(self: Progress) -> None:
+        totals.extend((t.description, t.total, t.completed) for t in self.tasks)
+        real_stop(self)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Progress, "stop", stop)
+        with progress_bar(4) as advance:
+            for label in ("plain", "plain", "agentrt:session", "plain", "plain", "alone"):
+                advance(label)
+    assert totals[0] == ("plain", 4, 4)
+    assert totals[1] == ("agentrt:session", 4, 1)
+    assert totals[2][1:] == (4, 1)
+
+
+def test_headline_ratios_and_summary_follow_the_numbers(bench_result: Any) -> None:
+    h = headline(bench_result)
+    p, a = bench_result.clients[0], bench_result.clients[1]
+    assert h.jct_p50 == pytest.approx(a.jct["p50"] / p.jct["p50"])
+    assert math.isfinite(h.cache_hit)
+    assert f"{h.jct_p50:.2f}x" in " ".join(summary(bench_result))
