@@ -91,6 +91,7 @@ def test_registry_names() -> None:
         "generic",
         "vllm",
         "vllm-router",
+        "vllm-router-agentic",
         "vllm-agent-hint",
         "sglang",
         "dynamo",

@@ -32,10 +32,18 @@ from ._vllm_agent_hint import (
     vllm_agent_hint_dialect,
 )
 from ._vllm_router import VLLM_ROUTER, vllm_router_dialect
+from ._vllm_router_agentic import (
+    DEFAULT_ROUTER_MAX_TTL_S,
+    DEFAULT_ROUTER_TTL_MARGIN_S,
+    VLLM_ROUTER_AGENTIC,
+    vllm_router_agentic_dialect,
+)
 
 __all__ = [
     "DEFAULT_AGENT_HINT_MAX_TTL_S",
     "DEFAULT_AGENT_HINT_TTL_MARGIN_S",
+    "DEFAULT_ROUTER_MAX_TTL_S",
+    "DEFAULT_ROUTER_TTL_MARGIN_S",
     "DIALECTS",
     "DYNAMO",
     "GENERIC",
@@ -45,6 +53,7 @@ __all__ = [
     "VLLM",
     "VLLM_AGENT_HINT",
     "VLLM_ROUTER",
+    "VLLM_ROUTER_AGENTIC",
     "Dialect",
     "DialectOptions",
     "DialectSpec",
@@ -58,6 +67,7 @@ __all__ = [
     "sglang_priority",
     "vllm_agent_hint_dialect",
     "vllm_dialect",
+    "vllm_router_agentic_dialect",
     "vllm_router_dialect",
 ]
 
@@ -65,7 +75,18 @@ DialectSpec: TypeAlias = str | Dialect | Sequence[str | Dialect]
 """A dialect by name, a :class:`Dialect`, or several of either (combined in order)."""
 
 _REGISTRY: dict[str, Dialect] = {
-    d.name: d for d in (GENERIC, VLLM, VLLM_ROUTER, VLLM_AGENT_HINT, SGLANG, DYNAMO, LLMD, OPENAI)
+    d.name: d
+    for d in (
+        GENERIC,
+        VLLM,
+        VLLM_ROUTER,
+        VLLM_ROUTER_AGENTIC,
+        VLLM_AGENT_HINT,
+        SGLANG,
+        DYNAMO,
+        LLMD,
+        OPENAI,
+    )
 }
 
 DIALECTS: Final[Mapping[str, Dialect]] = MappingProxyType(_REGISTRY)

@@ -1,0 +1,134 @@
+"""The ``vllm-router-agentic`` dialect: vllm-project/router's program scheduling contract.
+
+vllm-router 0.1.17 (PyPI ``vllm-router``, a Rust load balancer in front of vLLM
+replicas) schedules *programs*: it admits a bounded number per replica, keeps one's
+slot for an "acting" TTL after each reply, and pauses it after. A request opts in with
+the body object ``vllm_xargs.agentic_context`` (``src/request_identity.rs``,
+``canonical_context``; its fields are read in ``src/program_scheduling/identity.rs``,
+``apply_canonical_scheduling``). This dialect fills it from what agentrt knows, with
+the router's program being one agentrt session (one conversation, one KV prefix):
+
+- ``program_id``, ``session_id``, ``agent_id``: the session id;
+- ``task_id``: the job id (the router groups a task's programs: its placement key);
+- ``agent_role``: ``"lead"`` for a session without a parent, ``"subagent"`` with one,
+  and then ``parent_program_id``: the parent session (the router resolves the root
+  through its parents; ``blocks_parent`` is left to its default, true for a sub-agent);
+- ``expected_resume``: ``true``; a session continues until its block ends, and the
+  router ends a program that stops calling when its TTL runs out;
+- ``step_id``: the call's turn in its session;
+- ``kv_retention_ttl_seconds``: the idle the session expects after this reply (a
+  declared or learned tool wait) plus a margin, bounded, when known (the router clamps
+  it to its ``max_acting_ttl_seconds``, 10 s by default);
+- ``expected_output_tokens``: the request's ``max_tokens``, when given;
+- ``priority``: agentrt's priority negated (the router resumes larger values first),
+  only with ``DialectOptions(send_priority=True)``.
+
+The object travels as a JSON string (the router accepts both forms, up to 16 KiB):
+the router forwards ``vllm_xargs`` to the replica, and vLLM accepts only strings,
+numbers and lists as its values. The header ``x-session-id`` carries the session id
+too, for the ``consistent_hash`` and ``sticky_least_loaded`` policies
+(``src/policies/hash_key.rs``). A caller's own ``vllm_xargs.agentic_context`` (in
+``extra_body``) replaces this one whole. See docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Final
+
+from .._protocol import CallMetadata, validate_nonneg
+from ._base import Dialect, DialectOptions, Encoding
+from ._generic import base_encoding, clamp
+
+__all__ = [
+    "DEFAULT_ROUTER_MAX_TTL_S",
+    "DEFAULT_ROUTER_TTL_MARGIN_S",
+    "VLLM_ROUTER_AGENTIC",
+    "vllm_router_agentic_dialect",
+]
+
+DEFAULT_ROUTER_TTL_MARGIN_S: Final = 2.0
+"""Seconds added to the expected idle: a tool wait that runs a little long still finds
+the program's slot (and its KV) held."""
+
+DEFAULT_ROUTER_MAX_TTL_S: Final = 3600.0
+"""Upper bound on ``kv_retention_ttl_seconds`` as sent (the router bounds it again)."""
+
+_INT64_MIN: Final = -(2**63)
+_INT64_MAX: Final = 2**63 - 1
+
+
+def _seconds(value: float, what: str) -> float:
+    checked = validate_nonneg(value, what)
+    if checked is None:
+        raise TypeError(f"{what} must be a number of seconds, got None")
+    return checked
+
+
+def _context_of(
+    meta: CallMetadata,
+    options: DialectOptions,
+    *,
+    ttl_margin_s: float = DEFAULT_ROUTER_TTL_MARGIN_S,
+    max_ttl_s: float = DEFAULT_ROUTER_MAX_TTL_S,
+) -> dict[str, Any]:
+    """The ``agentic_context`` object of one call (before it is encoded as a string)."""
+    session = meta.session_id
+    ctx: dict[str, Any] = {
+        "program_id": session,
+        "task_id": meta.job_id,
+        "session_id": session,
+        "agent_id": session,
+    }
+    parent = meta.parent_session_id
+    if parent is not None and parent != session:
+        ctx["agent_role"] = "subagent"
+        ctx["parent_program_id"] = parent
+    else:
+        ctx["agent_role"] = "lead"
+    ctx["expected_resume"] = True
+    ctx["step_id"] = max(0, meta.turn)
+    idle = meta.idle_expected_s
+    if idle is not None and math.isfinite(idle) and idle >= 0:
+        ctx["kv_retention_ttl_seconds"] = round(min(idle + ttl_margin_s, max_ttl_s), 3)
+    tokens = meta.expected_output_tokens
+    if tokens is not None and tokens >= 0:
+        ctx["expected_output_tokens"] = tokens
+    if options.send_priority and meta.priority is not None:
+        ctx["priority"] = clamp(-meta.priority, _INT64_MIN, _INT64_MAX)
+    return ctx
+
+
+def vllm_router_agentic_dialect(
+    *,
+    ttl_margin_s: float = DEFAULT_ROUTER_TTL_MARGIN_S,
+    max_ttl_s: float = DEFAULT_ROUTER_MAX_TTL_S,
+) -> Dialect:
+    """Build the ``vllm-router-agentic`` dialect (see the module docstring).
+
+    ``kv_retention_ttl_seconds = min(idle_expected_s + ttl_margin_s, max_ttl_s)``, sent
+    only when the session's next idle is known (declared or learned).
+    """
+    margin = _seconds(ttl_margin_s, "ttl_margin_s")
+    cap = _seconds(max_ttl_s, "max_ttl_s")
+
+    def encode(meta: CallMetadata, options: DialectOptions) -> Encoding:
+        enc = base_encoding(meta)
+        enc.headers["x-session-id"] = meta.session_id
+        ctx = _context_of(meta, options, ttl_margin_s=margin, max_ttl_s=cap)
+        enc.body["vllm_xargs"] = {"agentic_context": json.dumps(ctx, separators=(",", ":"))}
+        return enc
+
+    return Dialect(
+        name="vllm-router-agentic",
+        encode=encode,
+        doc="vllm-project/router 0.1.17 program scheduling: body vllm_xargs.agentic_context "
+        "(a JSON string: program = session, task = job, parent, lead/subagent, "
+        "expected_resume, step, kv_retention_ttl_seconds = expected idle + "
+        f"{margin:g} s, expected output tokens, negated priority with send_priority) "
+        "and X-Session-ID.",
+    )
+
+
+VLLM_ROUTER_AGENTIC: Final = vllm_router_agentic_dialect()

@@ -1,0 +1,187 @@
+"""The ``vllm-router-agentic`` dialect: exact fields, and what reaches the wire.
+
+vllm-router 0.1.17 reads ``vllm_xargs.agentic_context`` (an object, or the same as a
+JSON string); see agentrt/dialects/_vllm_router_agentic.py and docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from agentrt import Retry, Runtime
+from agentrt._protocol import CallMetadata, parse_agentrt_header
+from agentrt.dialects import (
+    DEFAULT_ROUTER_TTL_MARGIN_S,
+    VLLM_ROUTER_AGENTIC,
+    DialectOptions,
+    Encoding,
+    combine,
+    get_dialect,
+    vllm_router_agentic_dialect,
+)
+from tests._fake import MSG, FakeEngine
+from tests.test_dialects import FULL, make_meta
+
+PRIO = DialectOptions(send_priority=True)
+NO_PRIO = DialectOptions()
+
+
+def context(enc: Encoding) -> dict[str, Any]:
+    """The agentic_context object, decoded as the router decodes its string form."""
+    assert set(enc.body) == {"vllm_xargs"}
+    assert set(enc.body["vllm_xargs"]) == {"agentic_context"}
+    raw = enc.body["vllm_xargs"]["agentic_context"]
+    assert isinstance(raw, str)  # vLLM takes only str, int, float, list values in vllm_xargs
+    assert len(raw.encode()) <= 16 * 1024  # the router's bound on the string form
+    decoded = json.loads(raw)
+    assert isinstance(decoded, dict)
+    return decoded
+
+
+def test_registered_by_name() -> None:
+    assert get_dialect("vllm-router-agentic") is VLLM_ROUTER_AGENTIC
+    assert get_dialect(" VLLM-Router-Agentic ") is VLLM_ROUTER_AGENTIC
+    assert VLLM_ROUTER_AGENTIC.echo_headers == ()
+    assert "agentic_context" in VLLM_ROUTER_AGENTIC.doc
+
+
+def test_exact_fields_of_a_sub_agent_call() -> None:
+    enc = VLLM_ROUTER_AGENTIC.encode(FULL, PRIO)
+    assert {k: v for k, v in enc.headers.items() if k != "x-agentrt"} == {"x-session-id": "sess-1"}
+    assert parse_agentrt_header(enc.headers["x-agentrt"]).session_id == "sess-1"
+    assert context(enc) == {
+        "program_id": "sess-1",
+        "task_id": "job-1",
+        "session_id": "sess-1",
+        "agent_id": "sess-1",
+        "agent_role": "subagent",
+        "parent_program_id": "sess-0",
+        "expected_resume": True,
+        "step_id": 2,
+        "kv_retention_ttl_seconds": 2.0 + DEFAULT_ROUTER_TTL_MARGIN_S,
+        "expected_output_tokens": 256,
+        "priority": -3,  # agentrt: lower first; the router: larger first
+    }
+
+
+def test_exact_fields_of_a_lead_first_call() -> None:
+    enc = VLLM_ROUTER_AGENTIC.encode(make_meta(turn=0, first_turn=True), NO_PRIO)
+    assert context(enc) == {
+        "program_id": "sess-1",
+        "task_id": "job-1",
+        "session_id": "sess-1",
+        "agent_id": "sess-1",
+        "agent_role": "lead",
+        "expected_resume": True,
+        "step_id": 0,
+    }
+
+
+def test_priority_only_with_send_priority() -> None:
+    assert "priority" not in context(VLLM_ROUTER_AGENTIC.encode(FULL, NO_PRIO))
+    assert "priority" not in context(VLLM_ROUTER_AGENTIC.encode(make_meta(), PRIO))
+    low = context(VLLM_ROUTER_AGENTIC.encode(make_meta(priority=-(2**70)), PRIO))
+    assert low["priority"] == 2**63 - 1  # bounded to the router's i64
+
+
+def test_predicted_idle_is_sent_too() -> None:
+    meta = make_meta(idle_expected_s=0.0, idle_expected_source="predicted")
+    assert context(VLLM_ROUTER_AGENTIC.encode(meta, NO_PRIO))["kv_retention_ttl_seconds"] == 2.0
+
+
+def test_ttl_margin_bound_and_rounding() -> None:
+    d = vllm_router_agentic_dialect(ttl_margin_s=0.5, max_ttl_s=60.0)
+    assert d.name == "vllm-router-agentic"
+    ttl = context(d.encode(make_meta(idle_expected_s=1.23456), NO_PRIO))
+    assert ttl["kv_retention_ttl_seconds"] == 1.735
+    capped = context(d.encode(make_meta(idle_expected_s=1e9), NO_PRIO))
+    assert capped["kv_retention_ttl_seconds"] == 60.0
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_rejects_bad_options(bad: float) -> None:
+    with pytest.raises(ValueError):
+        vllm_router_agentic_dialect(ttl_margin_s=bad)
+    with pytest.raises(ValueError):
+        vllm_router_agentic_dialect(max_ttl_s=bad)
+
+
+def test_a_session_that_names_itself_as_parent_is_a_lead() -> None:
+    # The router rejects parent_program_id == program_id (identity.rs); agentrt sends none.
+    ctx = context(VLLM_ROUTER_AGENTIC.encode(make_meta(parent_session_id="sess-1"), NO_PRIO))
+    assert ctx["agent_role"] == "lead"
+    assert "parent_program_id" not in ctx
+
+
+def test_composes_with_vllm() -> None:
+    both = combine(get_dialect("vllm"), VLLM_ROUTER_AGENTIC)
+    enc = both.encode(FULL, NO_PRIO)
+    assert enc.headers["x-session-id"] == "sess-1"
+    assert enc.headers["x-request-id"] == "call-1"
+    assert enc.body["session_id"] == "sess-1"
+    assert json.loads(enc.body["vllm_xargs"]["agentic_context"])["program_id"] == "sess-1"
+
+
+def test_encode_is_pure() -> None:
+    meta: CallMetadata = FULL
+    before = meta.model_dump()
+    first = VLLM_ROUTER_AGENTIC.encode(meta, PRIO)
+    first.body["vllm_xargs"]["x"] = 1
+    assert "x" not in VLLM_ROUTER_AGENTIC.encode(meta, PRIO).body["vllm_xargs"]
+    assert meta.model_dump() == before
+
+
+# ------------------------------------------------------------------- through a runtime
+
+URL = "http://router.test/v1"
+FAST = Retry(attempts=1, wait_initial=0.0, wait_jitter=0.0)
+
+
+@pytest.mark.anyio
+async def test_on_the_wire_through_a_runtime() -> None:
+    fake = FakeEngine()
+    async with Runtime(
+        [URL], transport=fake.transport(), retry=FAST, dialect="vllm-router-agentic"
+    ) as rt:
+        client = rt.openai()
+        async with rt.job("j", job_id="job-a") as job:
+            async with job.session(session_id="lead-a") as lead:
+                await lead.chat(model="m", messages=MSG, max_tokens=7)
+                lead.expect_idle(3.0)
+                await lead.chat(model="m", messages=MSG)
+                async with job.session(session_id="sub-a", parent=lead) as sub:
+                    await client.chat.completions.create(model="m", messages=MSG)
+                    await sub.chat(
+                        model="m",
+                        messages=MSG,
+                        # The caller's own context wins whole (a known last call).
+                        extra_body={
+                            "vllm_xargs": {
+                                "agentic_context": json.dumps(
+                                    {"program_id": "sub-a", "expected_resume": False}
+                                )
+                            }
+                        },
+                    )
+    ctxs = [json.loads(s.body["vllm_xargs"]["agentic_context"]) for s in fake.seen]
+    assert [s.headers["x-session-id"] for s in fake.seen] == ["lead-a", "lead-a", "sub-a", "sub-a"]
+    assert ctxs[0] == {
+        "program_id": "lead-a",
+        "task_id": "job-a",
+        "session_id": "lead-a",
+        "agent_id": "lead-a",
+        "agent_role": "lead",
+        "expected_resume": True,
+        "step_id": 0,
+        "expected_output_tokens": 7,
+    }
+    assert ctxs[1]["step_id"] == 1
+    assert ctxs[1]["kv_retention_ttl_seconds"] == 3.0 + DEFAULT_ROUTER_TTL_MARGIN_S
+    assert "expected_output_tokens" not in ctxs[1]
+    assert ctxs[2]["parent_program_id"] == "lead-a"
+    assert ctxs[2]["agent_role"] == "subagent"
+    assert ctxs[2]["step_id"] == 0
+    assert ctxs[3] == {"program_id": "sub-a", "expected_resume": False}
