@@ -91,10 +91,18 @@ def table_rows(result: BenchResult) -> list[list[str]]:
 
 
 def bench_table(result: BenchResult, title: str) -> TextTable:
-    """The benchmark's table: one row per client (split in two or more tables by
-    :func:`show_tables` where the terminal is too narrow for all the columns)."""
-    rows = tuple(tuple(r) for r in table_rows(result))
-    return TextTable(title, HEADERS, rows, BENCH_CAPTION)
+    """The benchmark's table: one row per client, without the columns no client has
+    (split in two or more tables by :func:`show_tables` where the terminal is too narrow
+    for all the columns)."""
+    rows = table_rows(result)
+    # drop the columns no client has (stretch without solo runs, TTFT without streams)
+    keep = [i for i in range(len(HEADERS)) if i == 0 or any(r[i] != "-" for r in rows)]
+    return TextTable(
+        title,
+        tuple(HEADERS[i] for i in keep),
+        tuple(tuple(r[i] for i in keep) for r in rows),
+        BENCH_CAPTION,
+    )
 
 
 def terminal_width() -> int:

@@ -128,7 +128,8 @@ def _width(cells: Sequence[str]) -> int:
 def fit_width(t: TextTable, width: int, *, per_column: int = 3) -> list[TextTable]:
     """``t`` as one or more tables no wider than ``width`` characters: the label columns
     repeated in each, the other columns kept in order and spread evenly over as few tables
-    as fit; the title goes on the first, the caption on the last. ``per_column`` is what
+    as fit (contiguous, the widest as narrow as it can be); the title goes on the first,
+    the caption on the last. ``per_column`` is what
     each column costs beside its cells (rich's borders and padding: 3; plain text's gap:
     2). A table that fits is returned as it is. When it does not, labels count as at most
     a quarter of ``width`` (longer ones fold in the renderer, nothing is cut)."""
@@ -140,22 +141,30 @@ def fit_width(t: TextTable, width: int, *, per_column: int = 3) -> list[TextTabl
     label_w = sum(min(widths[i], cap) for i in range(t.label_columns))
     room = max(width - 1 - label_w, 1)
     rest = list(range(t.label_columns, len(columns)))
-    parts = 1
-    while True:  # the fewest tables whose greedy packing fits, then even them out
-        target = max(sum(widths[i] for i in rest) / parts, max(widths[i] for i in rest))
+
+    def pack(capacity: int) -> list[list[int]]:
         groups: list[list[int]] = [[]]
         used = 0
         for i in rest:
-            if groups[-1] and (used + widths[i] > room or used + widths[i] / 2 > target):
+            if groups[-1] and used + widths[i] > capacity:
                 groups.append([])
                 used = 0
             groups[-1].append(i)
             used += widths[i]
-        if len(groups) <= parts or parts >= len(rest):
-            break
-        parts += 1
-    if len(groups) == 1:
+        return groups
+
+    fewest = len(pack(room))
+    if fewest == 1:
         return [t]
+    # the narrowest capacity that still needs no more tables: even widths
+    lo, hi = max(widths[i] for i in rest), max(room, max(widths[i] for i in rest))
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(pack(mid)) <= fewest:
+            hi = mid
+        else:
+            lo = mid + 1
+    groups = pack(lo)
     labels = list(range(t.label_columns))
     out = []
     for n, group in enumerate(groups):
