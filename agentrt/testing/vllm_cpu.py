@@ -31,6 +31,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,9 @@ from ..scheduling._signals import parse_prometheus
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
+    "ROUTER_POLICIES",
+    "ROUTER_SETUP_MESSAGE",
+    "ROUTER_VERSION",
     "SETUP_COMMAND",
     "SETUP_MESSAGE",
     "EngineEnv",
@@ -48,12 +52,17 @@ __all__ = [
     "KvEventsSubscriber",
     "Replica",
     "ReplicaSpec",
+    "Router",
+    "RouterSpec",
     "engine_dir",
     "find_engine",
+    "find_router",
     "launch",
+    "launch_router",
     "parse_prometheus",
     "start_replica",
     "start_replicas",
+    "start_router",
 ]
 
 SETUP_COMMAND = "bash scripts/engine_setup.sh"
@@ -726,3 +735,305 @@ class KvEventsSubscriber:
             self._stderr.close()
             self._stderr = None
         return err
+
+
+# -- vllm-router in front of the replicas ---------------------------------------------------
+
+ROUTER_VERSION = "0.1.17"
+"""The pinned ``vllm-router`` (vllm-project/router) that ``scripts/engine_setup.sh`` installs."""
+ROUTER_SUBDIR = Path("router")
+ROUTER_STAMP_NAME = ".agentrt-router-stamp"
+ROUTER_SETUP_MESSAGE = (
+    f"vllm-router {ROUTER_VERSION} is not set up; run `"
+    + SETUP_COMMAND
+    + "` from the repository root (it installs the router into .engine/router)"
+)
+ROUTER_POLICIES = (
+    "random",
+    "round_robin",
+    "cache_aware",
+    "kv_aware",
+    "power_of_two",
+    "consistent_hash",
+    "sticky_least_loaded",
+)
+
+
+def find_router(root: Path | None = None) -> Path | None:
+    """The ``vllm-router`` launcher if ``scripts/engine_setup.sh`` installed it, else None."""
+    folder = (root or engine_dir()) / ROUTER_SUBDIR
+    binary = folder / "bin" / "vllm-router"
+    try:
+        stamp = (folder / ROUTER_STAMP_NAME).read_text().strip()
+    except OSError:
+        return None
+    if stamp != ROUTER_VERSION or not os.access(binary, os.X_OK):
+        return None
+    return binary
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """Options of one ``vllm-router`` (vllm-project/router) in front of some replicas.
+
+    ``policy`` is its ``--policy`` (default ``cache_aware``, the router's own default).
+    ``program_scheduling`` turns on ``--enable-program-scheduling``, with
+    ``program_config`` as its ``--program-scheduling-config-json`` when given (e.g.
+    ``{"program_scheduling_enable_key": "auto"}``). ``kv_affinity_ttl_s`` is
+    ``--kv-aware-session-affinity-ttl-secs`` (``kv_aware`` binds a session to a worker
+    for that long after its last request). Retries are off unless ``retries`` is set:
+    agentrt retries, and a test should see the replica's answer.
+    """
+
+    policy: str = "cache_aware"
+    program_scheduling: bool = False
+    program_config: tuple[tuple[str, Any], ...] = ()
+    kv_affinity_ttl_s: int | None = None
+    retries: bool = False
+    log_level: str = "info"
+    extra_args: tuple[str, ...] = ()
+    extra_env: tuple[tuple[str, str], ...] = ()
+
+    def args(self) -> list[str]:
+        """The command-line options that follow from this spec (no host, ports, workers)."""
+        if self.policy not in ROUTER_POLICIES:
+            raise ValueError(f"unknown router policy {self.policy!r}; one of {ROUTER_POLICIES}")
+        out = ["--policy", self.policy, "--log-level", self.log_level]
+        if self.program_scheduling:
+            out.append("--enable-program-scheduling")
+            if self.program_config:
+                out += ["--program-scheduling-config-json", json.dumps(dict(self.program_config))]
+        elif self.program_config:
+            raise ValueError("program_config needs program_scheduling=True")
+        if self.kv_affinity_ttl_s is not None:
+            out += ["--kv-aware-session-affinity-ttl-secs", str(self.kv_affinity_ttl_s)]
+        if not self.retries:
+            out.append("--disable-retries")
+        # Workers are checked every second while the router starts (the default is 30 s).
+        out += ["--worker-startup-check-interval", "1", "--worker-startup-timeout-secs", "120"]
+        out += list(self.extra_args)
+        return out
+
+
+@dataclass
+class Router:
+    """One running ``vllm-router``. ``base_url`` ends in ``/v1``; ``url`` is its root."""
+
+    spec: RouterSpec
+    port: int
+    metrics_port: int
+    worker_urls: tuple[str, ...]
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    startup_s: float | None = None
+    _log_file: TextIO | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    def is_alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        return _tail(self.log_path, lines)
+
+    def get(self, path: str, timeout: float = 10.0) -> tuple[int, str]:
+        """GET ``url + path``; returns (status, body)."""
+        return _http("GET", self.url + path, timeout=timeout)
+
+    def diagnostics(self) -> dict[str, Any]:
+        """``GET /scheduling/diagnostics`` (program scheduling on), parsed."""
+        status, body = self.get("/scheduling/diagnostics")
+        if status != 200:
+            raise RuntimeError(f"{self.url}/scheduling/diagnostics answered {status}: {body[:200]}")
+        data = json.loads(body)
+        if not isinstance(data, dict):
+            raise RuntimeError("scheduling diagnostics are not a JSON object")
+        return data
+
+    def programs(self) -> dict[str, dict[str, Any]]:
+        """The programs the scheduler knows, by ``session_id`` (else ``program``), all ranks."""
+        out: dict[str, dict[str, Any]] = {}
+        for rank in self.diagnostics().get("ranks", []):
+            for program in rank.get("programs", []):
+                out[str(program.get("session_id") or program.get("program"))] = program
+        return out
+
+    def finish_session(self, session_id: str) -> None:
+        """``POST /finish_session?session_id=...`` (releases a ``sticky_least_loaded`` session)."""
+        query = urllib.parse.urlencode({"session_id": session_id})
+        status, body = _http("POST", f"{self.url}/finish_session?{query}", timeout=10.0, body=b"")
+        if status != 200:
+            raise RuntimeError(f"finish_session answered {status}: {body[:200]}")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM the router's process group, SIGKILL it after ``timeout`` s. Idempotent."""
+        if self.process.returncode is None or _group_alive(self.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                self.process.poll()
+                if self.process.returncode is not None and not _group_alive(self.pid):
+                    break
+                time.sleep(0.05)
+            else:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(5.0)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+
+def _router_environ(spec: RouterSpec) -> dict[str, str]:
+    # The router reaches its workers on loopback: no proxy may stand in between.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k.lower() not in ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
+        and k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP", "RUST_LOG")
+    }
+    env.update({"NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"})
+    env.update({"NO_COLOR": "1", "PYTHONUNBUFFERED": "1"})
+    env.update(dict(spec.extra_env))
+    return env
+
+
+def start_router(
+    spec: RouterSpec,
+    worker_urls: Sequence[str],
+    *,
+    binary: Path | None = None,
+    log_dir: Path | None = None,
+    ready_timeout: float = 60.0,
+) -> Router:
+    """Start ``vllm-router`` in front of ``worker_urls`` and wait until it routes to all of them.
+
+    A worker URL is a server's root (``http://127.0.0.1:8000``, no ``/v1``): the router
+    appends ``/v1/chat/completions``, ``/health`` and ``/metrics`` to it, so a path prefix
+    works too (``agentrt sim serve``'s ``http://HOST:PORT/replica-0``). The caller must
+    call :meth:`Router.stop`; :func:`launch_router` does.
+    """
+    exe = binary or find_router()
+    if exe is None:
+        raise EngineStartError(ROUTER_SETUP_MESSAGE)
+    workers = tuple(u.rstrip("/") for u in worker_urls)
+    if not workers:
+        raise ValueError("a router needs at least one worker URL")
+    bad = [u for u in workers if u.endswith("/v1")]
+    if bad:
+        raise ValueError(f"worker URLs are server roots, without /v1: {bad}")
+    args = spec.args()
+    folder = log_dir or (engine_dir() / "logs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    folder.mkdir(parents=True, exist_ok=True)
+    for attempt in range(2):
+        port, metrics_port = _free_port(), _free_port()
+        log_path = folder / f"router-{spec.policy}-{port}.log"
+        cmd = [
+            str(exe),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(metrics_port),
+            "--worker-urls",
+            *workers,
+            *args,
+        ]
+        log_file = log_path.open("w", encoding="utf-8")
+        log_file.write("$ " + " ".join(cmd) + "\n")
+        log_file.flush()
+        started = time.monotonic()
+        try:
+            process = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=_router_environ(spec),
+                start_new_session=True,
+            )
+        except BaseException:
+            log_file.close()
+            raise
+        router = Router(
+            spec=spec,
+            port=port,
+            metrics_port=metrics_port,
+            worker_urls=workers,
+            process=process,
+            log_path=log_path,
+            _log_file=log_file,
+        )
+        try:
+            _wait_router(router, ready_timeout, started)
+        except EngineStartError as exc:
+            router.stop()
+            if attempt == 0 and "address already in use" in str(exc).lower():
+                continue  # another process took a free port between the probe and the bind
+            raise
+        except BaseException:
+            router.stop()
+            raise
+        return router
+    raise AssertionError("unreachable")
+
+
+def _wait_router(router: Router, timeout: float, started: float) -> None:
+    deadline = started + timeout
+    while True:
+        if not router.is_alive():
+            raise EngineStartError(
+                f"vllm-router (pid {router.pid}, port {router.port}) exited with code "
+                f"{router.process.returncode} before it was ready; log {router.log_path}:\n"
+                + router.log_tail()
+            )
+        try:
+            status, body = router.get("/readiness", timeout=2.0)
+        except (OSError, TimeoutError):
+            status, body = 0, ""
+        if status == 200:
+            with contextlib.suppress(ValueError):
+                ready = json.loads(body)
+                if ready.get("healthy_workers") == len(router.worker_urls):
+                    router.startup_s = time.monotonic() - started
+                    return
+        if time.monotonic() > deadline:
+            raise EngineStartError(
+                f"vllm-router (pid {router.pid}, port {router.port}) was not ready after "
+                f"{timeout:.0f} s; log {router.log_path}:\n" + router.log_tail()
+            )
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def launch_router(
+    spec: RouterSpec,
+    worker_urls: Sequence[str],
+    *,
+    binary: Path | None = None,
+    log_dir: Path | None = None,
+    ready_timeout: float = 60.0,
+) -> Iterator[Router]:
+    """:func:`start_router`, stopped when the block ends."""
+    router = start_router(
+        spec, worker_urls, binary=binary, log_dir=log_dir, ready_timeout=ready_timeout
+    )
+    try:
+        yield router
+    finally:
+        router.stop()
