@@ -21,6 +21,7 @@ from agentrt.dialects import (
     combine,
     get_dialect,
     vllm_router_agentic_dialect,
+    vllm_router_last_call,
 )
 from tests._fake import MSG, FakeEngine
 from tests.test_dialects import FULL, make_meta
@@ -154,18 +155,8 @@ async def test_on_the_wire_through_a_runtime() -> None:
                 await lead.chat(model="m", messages=MSG)
                 async with job.session(session_id="sub-a", parent=lead) as sub:
                     await client.chat.completions.create(model="m", messages=MSG)
-                    await sub.chat(
-                        model="m",
-                        messages=MSG,
-                        # The caller's own context wins whole (a known last call).
-                        extra_body={
-                            "vllm_xargs": {
-                                "agentic_context": json.dumps(
-                                    {"program_id": "sub-a", "expected_resume": False}
-                                )
-                            }
-                        },
-                    )
+                    # The caller's own context wins whole: a call it knows is the last.
+                    await sub.chat(model="m", messages=MSG, extra_body=vllm_router_last_call(sub))
     ctxs = [json.loads(s.body["vllm_xargs"]["agentic_context"]) for s in fake.seen]
     assert [s.headers["x-session-id"] for s in fake.seen] == ["lead-a", "lead-a", "sub-a", "sub-a"]
     assert ctxs[0] == {
@@ -184,4 +175,4 @@ async def test_on_the_wire_through_a_runtime() -> None:
     assert ctxs[2]["parent_program_id"] == "lead-a"
     assert ctxs[2]["agent_role"] == "subagent"
     assert ctxs[2]["step_id"] == 0
-    assert ctxs[3] == {"program_id": "sub-a", "expected_resume": False}
+    assert ctxs[3] == {**ctxs[2], "expected_resume": False, "step_id": 1}

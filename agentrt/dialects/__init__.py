@@ -37,6 +37,7 @@ from ._vllm_router_agentic import (
     DEFAULT_ROUTER_TTL_MARGIN_S,
     VLLM_ROUTER_AGENTIC,
     vllm_router_agentic_dialect,
+    vllm_router_last_call,
 )
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "vllm_dialect",
     "vllm_router_agentic_dialect",
     "vllm_router_dialect",
+    "vllm_router_last_call",
 ]
 
 DialectSpec: TypeAlias = str | Dialect | Sequence[str | Dialect]

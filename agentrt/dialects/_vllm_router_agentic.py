@@ -28,24 +28,30 @@ the router forwards ``vllm_xargs`` to the replica, and vLLM accepts only strings
 numbers and lists as its values. The header ``x-session-id`` carries the session id
 too, for the ``consistent_hash`` and ``sticky_least_loaded`` policies
 (``src/policies/hash_key.rs``). A caller's own ``vllm_xargs.agentic_context`` (in
-``extra_body``) replaces this one whole. See docs/protocol.md.
+``extra_body``) replaces this one whole: :func:`vllm_router_last_call` builds the one
+for a call the caller knows is its session's last (``expected_resume: false``, which
+ends the program at the router and frees its slot at once). See docs/protocol.md.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .._protocol import CallMetadata, validate_nonneg
 from ._base import Dialect, DialectOptions, Encoding
 from ._generic import base_encoding, clamp
+
+if TYPE_CHECKING:
+    from .._context import Session
 
 __all__ = [
     "DEFAULT_ROUTER_MAX_TTL_S",
     "DEFAULT_ROUTER_TTL_MARGIN_S",
     "VLLM_ROUTER_AGENTIC",
     "vllm_router_agentic_dialect",
+    "vllm_router_last_call",
 ]
 
 DEFAULT_ROUTER_TTL_MARGIN_S: Final = 2.0
@@ -132,3 +138,30 @@ def vllm_router_agentic_dialect(
 
 
 VLLM_ROUTER_AGENTIC: Final = vllm_router_agentic_dialect()
+
+
+def vllm_router_last_call(session: Session) -> dict[str, Any]:
+    """``extra_body`` for the session's last call through vllm-router's program scheduling.
+
+    The same identity the dialect sends, with ``expected_resume: false``: the router ends
+    the program when the reply is done (``src/routers/http/program_adapter.rs``), instead
+    of holding its slot for the acting TTL. agentrt cannot tell a session's last call by
+    itself; the caller can::
+
+        reply = await session.chat(..., extra_body=vllm_router_last_call(session))
+    """
+    ctx: dict[str, Any] = {
+        "program_id": session.id,
+        "task_id": session.job.id,
+        "session_id": session.id,
+        "agent_id": session.id,
+    }
+    parent = session.parent_id
+    if parent is not None and parent != session.id:
+        ctx["agent_role"] = "subagent"
+        ctx["parent_program_id"] = parent
+    else:
+        ctx["agent_role"] = "lead"
+    ctx["expected_resume"] = False
+    ctx["step_id"] = session.turns
+    return {"vllm_xargs": {"agentic_context": json.dumps(ctx, separators=(",", ":"))}}
