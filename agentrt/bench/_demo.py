@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Final
 
 from ..report._tables import TextTable
+from ._coding import FIT
 from ._runner import BenchConfig, BenchResult, ClientResult, run_bench
 
 __all__ = [
@@ -269,14 +270,15 @@ def run_demo(
     _echo_wrapped(
         f"agentrt demo: {_jobs} agentic coding jobs (drawn from a fit to 710 Claude Code "
         "sessions: long shared system prompts, contexts growing turn by turn, tool waits, "
-        f"now and then sub-agents), arriving at random, {DEMO_RATE:g} a second, on "
+        f"sub-agents in {FIT.subagent_share:.0%} of sessions), arriving at random, "
+        f"{DEMO_RATE:g} a second, on "
         f"{DEMO_REPLICAS} simulated H100-class replicas in virtual time; first through a "
         "plain client, then through agentrt.",
         width,
         print,
     )
     with progress_bar(_jobs, enabled=sys.stderr.isatty()) as advance:
-        result = run_bench(cfg, advance)
+        result = run_bench(cfg, lambda label: advance(LABELS.get(label, label)))
     print()
     show_tables([demo_table(result, f"{result.calls} LLM calls per client, identical for both")])
     print()
