@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 import textwrap
 import time
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from typing import Final
 
 from ..report._tables import TextTable
 from ._coding import FIT
-from ._runner import BenchConfig, BenchResult, ClientResult, run_bench
+from ._runner import BenchConfig, BenchResult, ClientResult
 
 __all__ = [
     "DEMO_CLIENTS",
@@ -260,7 +259,7 @@ def run_demo(
     ``out`` receives ``results.json``, the journals (``journal-<client>.jsonl``, unless
     ``journal`` is false) and ``demo.png`` (unless ``plots`` is false or matplotlib is
     missing). ``_jobs``: fewer jobs, for tests."""
-    from ._output import progress_bar, show_tables, terminal_width
+    from ._output import run_with_progress, show_tables, terminal_width
 
     wall0, cpu0 = time.perf_counter(), time.process_time()
     cfg = demo_config(seed, jobs=_jobs)
@@ -277,8 +276,7 @@ def run_demo(
         width,
         print,
     )
-    with progress_bar(_jobs, enabled=sys.stderr.isatty()) as advance:
-        result = run_bench(cfg, lambda label: advance(LABELS.get(label, label)))
+    result = run_with_progress(cfg, LABELS)
     print()
     show_tables([demo_table(result, f"{result.calls} LLM calls per client, identical for both")])
     print()

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 import shutil
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
 
 from ..report._tables import TextTable, text_lines
-from ._runner import BenchResult
+from ._runner import BenchConfig, BenchResult, run_bench
 
 __all__ = [
     "HEADERS",
@@ -20,6 +21,7 @@ __all__ = [
     "plot",
     "print_table",
     "progress_bar",
+    "run_with_progress",
     "show_tables",
     "table_rows",
     "terminal_width",
@@ -162,6 +164,18 @@ def progress_bar(jobs: int, enabled: bool = True) -> Iterator[Callable[[str], No
             bar.update(tasks[label], advance=1)
 
         yield advance
+
+
+def run_with_progress(
+    cfg: BenchConfig, labels: dict[str, str] | None = None, *, enabled: bool | None = None
+) -> BenchResult:
+    """:func:`~agentrt.bench.run_bench` with a progress bar on stderr (when it is a
+    terminal, or as ``enabled`` says): one bar per client (and one for the solo runs),
+    each counting the run's ``cfg.jobs`` jobs. ``labels`` renames clients in the bars."""
+    names = labels or {}
+    on = sys.stderr.isatty() if enabled is None else enabled
+    with progress_bar(cfg.jobs, enabled=on) as advance:
+        return run_bench(cfg, lambda label: advance(names.get(label, label)))
 
 
 def _cdf(values: Sequence[float]) -> tuple[list[float], list[float]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,15 @@ from typing import Any
 import pytest
 
 from agentrt.bench import BenchConfig, run_bench
-from agentrt.bench._demo import DEMO_CLIENTS, demo_config, headline, run_demo, summary, wrap
+from agentrt.bench._demo import (
+    DEMO_CLIENTS,
+    demo_config,
+    demo_table,
+    headline,
+    run_demo,
+    summary,
+    wrap,
+)
 from agentrt.bench._output import bench_table, print_table, progress_bar, show_tables
 
 HAVE_RICH = find_spec("rich") is not None
@@ -228,3 +237,19 @@ def test_headline_ratios_and_summary_follow_the_numbers(bench_result: Any) -> No
     assert h.jct_p50 == pytest.approx(a.jct["p50"] / p.jct["p50"])
     assert math.isfinite(h.cache_hit)
     assert f"{h.jct_p50:.2f}x" in " ".join(summary(bench_result))
+
+
+def test_without_rich_the_demo_table_is_plain_text(
+    bench_result: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plain `pip install` has no rich: the table prints as text and still fits."""
+    for name in ("rich", "rich.console", "rich.table", "rich.progress"):
+        monkeypatch.setitem(sys.modules, name, None)  # import fails
+    monkeypatch.setenv("COLUMNS", "80")
+    show_tables([demo_table(bench_result, "title")])
+    with progress_bar(4) as advance:  # no bar, no error
+        advance("plain")
+    lines = _check_width(capsys.readouterr().out, 80)
+    assert lines[0] == "title"
+    assert re.match(r"client\s+JCT mean\s+JCT p50\s+JCT p90\s+TTFT p50\s+cache hit$", lines[1])
+    assert _row(lines, "agentrt / plain")[0].endswith("x")
