@@ -303,11 +303,12 @@ def _parser() -> argparse.ArgumentParser:
     demo = command(
         "demo",
         "compare a plain client and agentrt on an embedded cluster",
-        "Runs agentic coding jobs (shaped like real Claude Code sessions: long shared "
-        "system prompts, growing contexts, sub-agents, tool waits) on an embedded cluster "
-        "of simulated H100-class replicas in virtual time, once through a plain openai "
-        "client and once through agentrt, and prints the comparison, a summary figure "
-        "and where the results are. No server and no GPU are needed.",
+        "Runs agentic coding jobs (drawn from a fit to 710 Claude Code sessions: long "
+        "shared system prompts, contexts growing turn by turn, tool waits, sub-agents in "
+        "a few sessions) on an embedded cluster of simulated H100-class replicas in "
+        "virtual time, once through a plain openai client and once through agentrt, and "
+        "prints the comparison, a summary figure and where the results are. No server "
+        "and no GPU are needed.",
         _examples(
             "agentrt demo",
             "agentrt demo --out /tmp/demo --no-plots",
@@ -324,7 +325,7 @@ def _parser() -> argparse.ArgumentParser:
         "prints JCT, call latency, TTFT and cache hits per client.\n\nworkloads:\n"
         + _listing(WORKLOADS),
         _examples(
-            "agentrt bench --workload coding --jobs 60 --rate 2",
+            "agentrt bench --workload coding --jobs 32 --rate 0.2 --replicas 8",
             "agentrt bench --client plain --client agentrt:plas+session@auto",
             "agentrt bench --endpoint http://127.0.0.1:8000/v1 --workload react --jobs 8",
         ),
@@ -428,15 +429,11 @@ def _positive(value: int | float | None, option: str) -> None:
 
 
 def _run_bench(cfg: BenchConfig, out: Path, plots: bool, title: str, journal: bool) -> int:
-    from .bench._output import print_table, progress_bar
-    from .bench._runner import run_bench
+    from .bench._output import print_table, run_with_progress
 
     if journal:
         cfg.journal_dir = out
-    solo = 1 if cfg.stretch and not cfg.endpoints else 0
-    total = cfg.jobs * (len(cfg.clients) + solo)
-    with progress_bar(total, enabled=sys.stderr.isatty()) as advance:
-        result = run_bench(cfg, advance)
+    result = run_with_progress(cfg)
     clock = "virtual time" if result.virtual_time else "wall-clock time"
     print_table(
         result,
