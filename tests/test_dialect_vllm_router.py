@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import pytest
 
 from agentrt import Retry, Runtime
@@ -22,6 +23,7 @@ from agentrt.dialects import (
     get_dialect,
     vllm_router_agentic_dialect,
     vllm_router_last_call,
+    vllm_router_session_ends,
 )
 from tests._fake import MSG, FakeEngine
 from tests.test_dialects import FULL, make_meta
@@ -138,6 +140,7 @@ def test_encode_is_pure() -> None:
 # ------------------------------------------------------------------- through a runtime
 
 URL = "http://router.test/v1"
+DIALECT = "vllm-router-agentic"
 FAST = Retry(attempts=1, wait_initial=0.0, wait_jitter=0.0)
 
 
@@ -176,3 +179,57 @@ async def test_on_the_wire_through_a_runtime() -> None:
     assert ctxs[2]["agent_role"] == "subagent"
     assert ctxs[2]["step_id"] == 0
     assert ctxs[3] == {**ctxs[2], "expected_resume": False, "step_id": 1}
+
+
+# ------------------------------------------------------------- session ends at the router
+
+
+@pytest.mark.anyio
+async def test_session_ends_are_posted_to_the_router() -> None:
+    posted: list[tuple[str, str]] = []
+
+    def router(request: httpx.Request) -> httpx.Response:
+        posted.append((request.url.path, request.url.params["session_id"]))
+        return httpx.Response(200, json={"status": "ok"})
+
+    fake = FakeEngine()
+    async with vllm_router_session_ends(
+        "http://router.test/v1", transport=httpx.MockTransport(router)
+    ) as ends:
+        async with Runtime(
+            [URL], transport=fake.transport(), retry=FAST, dialect=DIALECT, hooks=[ends]
+        ) as rt:
+            async with rt.job("j") as job:
+                async with job.session(session_id="called") as s:
+                    await s.chat(model="m", messages=MSG)
+                async with job.session(session_id="silent"):
+                    pass  # never called the router: nothing to release
+                async with job.session(session_id="later") as s:
+                    await s.chat(model="m", messages=MSG)
+    # Every end is sent by the time the block exits, in the order the sessions closed.
+    assert posted == [("/finish_session", "called"), ("/finish_session", "later")]
+
+
+@pytest.mark.anyio
+async def test_session_ends_survive_a_failing_router() -> None:
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    fake = FakeEngine()
+    async with vllm_router_session_ends(
+        "http://router.test", transport=httpx.MockTransport(down)
+    ) as ends:
+        async with Runtime(
+            [URL], transport=fake.transport(), retry=FAST, dialect=DIALECT, hooks=[ends]
+        ) as rt:
+            async with rt.job("j") as job, job.session() as s:
+                await s.chat(model="m", messages=MSG)
+    assert job.report.status == "ok"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("url", ["router.test", "ftp://router.test"])
+async def test_session_ends_reject_a_bad_url(url: str) -> None:
+    with pytest.raises(ValueError, match="http"):
+        async with vllm_router_session_ends(url):
+            pass

@@ -39,6 +39,7 @@ from ._vllm_router_agentic import (
     vllm_router_agentic_dialect,
     vllm_router_last_call,
 )
+from ._vllm_router_ends import vllm_router_session_ends
 
 __all__ = [
     "DEFAULT_AGENT_HINT_MAX_TTL_S",
@@ -71,6 +72,7 @@ __all__ = [
     "vllm_router_agentic_dialect",
     "vllm_router_dialect",
     "vllm_router_last_call",
+    "vllm_router_session_ends",
 ]
 
 DialectSpec: TypeAlias = str | Dialect | Sequence[str | Dialect]

@@ -22,7 +22,7 @@ import anyio
 import pytest
 
 import agentrt
-from agentrt.dialects import vllm_router_last_call
+from agentrt.dialects import vllm_router_last_call, vllm_router_session_ends
 from agentrt.testing.vllm_cpu import (
     ROUTER_SETUP_MESSAGE,
     EngineEnv,
@@ -274,24 +274,32 @@ async def test_sticky_least_loaded_releases_a_finished_session(
     vllm_pair: list[Replica], router_binary: Path, tmp_path: Path
 ) -> None:
     """``sticky_least_loaded`` puts a new session on the replica with the fewest sessions;
-    ``POST /finish_session`` with agentrt's session id frees that count."""
+    agentrt's ``vllm_router_session_ends`` hook tells it when a session ended
+    (``POST /finish_session``), which frees that replica for the next new session."""
     model = vllm_pair[0].model
+    where: dict[str, int] = {}
+
+    async def call(s: agentrt.Session) -> None:
+        before = await served(vllm_pair)
+        await s.chat(model=model, messages=[{"role": "user", "content": s.id}], max_tokens=2)
+        after = await served(vllm_pair)
+        where[s.id] = next(i for i in range(2) if after[i] > before[i])
+
     spec = RouterSpec(policy="sticky_least_loaded")
     async with routed(vllm_pair, router_binary, tmp_path, spec) as router:
-        async with agentrt.Runtime([router.base_url], dialect=DIALECT) as rt:
-            where: dict[str, int] = {}
-            async with rt.job("sll") as job:
-                for name in ("a", "b", "c"):
-                    async with job.session(name) as s:
-                        before = await served(vllm_pair)
-                        await s.chat(
-                            model=model, messages=[{"role": "user", "content": name}], max_tokens=2
-                        )
-                        after = await served(vllm_pair)
-                        where[name] = next(i for i in range(2) if after[i] > before[i])
-                        if name == "a":
-                            first = s.id
-                    if name == "b":
-                        await anyio.to_thread.run_sync(router.finish_session, first)
-    assert where["a"] != where["b"]  # the second session goes to the empty replica
-    assert where["c"] == where["a"]  # a's replica is empty again once a finished
+        async with agentrt.Runtime([router.base_url], dialect=DIALECT) as plain_rt:
+            async with plain_rt.job("others") as others:
+                async with vllm_router_session_ends(router.url) as ends:
+                    async with agentrt.Runtime(
+                        [router.base_url], dialect=DIALECT, hooks=[ends]
+                    ) as rt:
+                        async with rt.job("ends") as job, job.session(session_id="a") as a:
+                            await call(a)
+                            async with others.session(session_id="b") as b:
+                                await call(b)  # the other replica: a's has one session
+                # a has ended, and the hook's posts are all sent when its block exits;
+                # b ended unannounced, so its replica still counts it.
+                async with others.session(session_id="c") as c:
+                    await call(c)
+    assert where["a"] != where["b"]
+    assert where["c"] == where["a"]
