@@ -21,20 +21,21 @@ _EXPECTED = re.compile(r"# E: (?P<code>[a-z-]+)")
 
 # Frameworks the examples use: where one is not installed in this environment (the
 # openai 2.x one has LlamaIndex only, the main one all but LlamaIndex), mypy takes its
-# imports as Any, as the project's own mypy config does for LlamaIndex.
-_FRAMEWORKS = {
-    "langchain_core": "langchain_core.*",
-    "langgraph": "langgraph.*",
-    "agents": "agents.*",
-    "llama_index": "llama_index.*",
-}
+# imports as Any, as the project's own mypy config does for LlamaIndex, and the example
+# may use its decorators (untyped then). Each example is checked in full where its
+# framework is installed.
+_FRAMEWORKS = ("langchain_core", "langgraph", "agents", "llama_index")
 
 
 def _config(tmp: Path) -> Path:
     lines = ["[mypy]", "strict = True", "python_version = 3.11", "warn_unused_ignores = True"]
-    for module, pattern in _FRAMEWORKS.items():
-        if importlib.util.find_spec(module) is None:
-            lines += [f"[mypy-{pattern}]", "ignore_missing_imports = True"]
+    missing = [m for m in _FRAMEWORKS if importlib.util.find_spec(m) is None]
+    for module in missing:
+        lines += [f"[mypy-{module}.*]", "ignore_missing_imports = True"]
+    for example in sorted((ROOT / "examples").glob("*.py")):
+        text = example.read_text(encoding="utf-8")
+        if any(re.search(rf"^(from|import) {m}\b", text, re.M) for m in missing):
+            lines += [f"[mypy-{example.stem}]", "disallow_untyped_decorators = False"]
     path = tmp / "mypy.ini"
     path.write_text("\n".join(lines) + "\n")
     return path
