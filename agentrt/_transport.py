@@ -85,6 +85,7 @@ _NULL_USAGE_LAST = b',"usage":null'
 _NULL_USAGE_FIELD = re.compile(rb',\s*"usage"\s*:\s*null|"usage"\s*:\s*null\s*,')
 """A ``"usage": null`` member of a JSON object, with its comma. Outside a JSON string
 only: inside one a quote is escaped, so ``,"`` and ``"usage":`` cannot occur there."""
+_FINGERPRINT = b'"system_fingerprint"'
 _EVENT_END = re.compile(rb"(\r\n\r\n|\n\n)")
 _TOOL_CALLS_KEY = b'"tool_calls"'
 _NAME_KEY = b'"name"'
@@ -1115,8 +1116,9 @@ class _UsageFilter:
     unasked. Asking adds a usage-only chunk (``"choices": []``), ``"usage": null`` to the
     other chunks (OpenAI), and may move the ``system_fingerprint`` from the last content
     chunk onto the usage chunk (vLLM): the first two are removed, the fingerprint is put
-    back. A chunk with a finish reason is held until the usage chunk (which follows it at
-    once) or the end. The usage itself was read by the observed stream."""
+    back. A chunk with a finish reason and no fingerprint is held until the usage chunk
+    (which follows it at once) or the end. The usage itself was read by the observed
+    stream."""
 
     __slots__ = ("_held", "_pending", "_stream")
 
@@ -1172,8 +1174,8 @@ class _UsageFilter:
                 if event.startswith(b"data:") and event[5:].lstrip().startswith(b"[DONE]"):
                     out += pending
                     self._pending = None
-            elif _FINISH.search(event):
-                self._pending = [event]
+            elif _FINISH.search(event) and _FINGERPRINT not in event:
+                self._pending = [event]  # the usage chunk may have its fingerprint
             else:
                 out.append(event)
         return b"".join(out)
@@ -1207,7 +1209,7 @@ def _with_fingerprint(events: list[bytes], fingerprint: Any) -> list[bytes]:
     member = b',"system_fingerprint":' + json.dumps(fingerprint).encode()
     out = []
     for event in events:
-        if _FINISH.search(event) and b'"system_fingerprint"' not in event:
+        if _FINISH.search(event) and _FINGERPRINT not in event:
             i = event.rfind(b"}")
             if i > 0:
                 event = event[:i] + member + event[i:]

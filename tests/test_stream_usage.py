@@ -345,6 +345,9 @@ async def test_the_filter_keeps_everything_but_what_asking_added() -> None:
     fingerprinted = last[:-3] + b',"system_fingerprint":"fp"}\n\n'
     assert out == [text, fingerprinted + on_content + comment + done]
     assert json.loads(fingerprinted[6:])["system_fingerprint"] == "fp"
+    # A chunk that has its fingerprint (OpenAI's all do) is not held.
+    stamped = data({"choices": [{"delta": {}, "finish_reason": "stop"}], "system_fingerprint": "a"})
+    assert await filtered(stamped, usage_only, done) == [stamped, done]
     # Without a usage chunk the held chunk comes with [DONE], or at the end.
     assert await filtered(last, done) == [last + done]
     assert await filtered(last, b"data: [DONE]") == [last + b"data: [DONE]"]
