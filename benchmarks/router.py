@@ -397,6 +397,25 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def goals(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The issue's goals, checked: agentrt > router JCT mean at most 0.85x the best plain
+    > router policy's, with a cached share 15 points higher or more; agentrt direct within
+    5% of the best agentrt > router JCT mean."""
+    by = {r["client"]: r for r in rows}
+    plain = min((r for r in rows if r["client"].startswith("plain")), key=lambda r: r["jct_mean"])
+    routed = [r for r in rows if r["client"].startswith("agentrt >")]
+    best = min(routed, key=lambda r: r["jct_mean"])
+    out: dict[str, Any] = {"best_plain": plain["client"], "best_agentrt_router": best["client"]}
+    for r in routed:
+        out[r["client"]] = {
+            "jct_vs_best_plain": r["jct_mean"] / plain["jct_mean"],
+            "cached_points_vs_best_plain": 100 * (r["cached_share"] - plain["cached_share"]),
+        }
+    direct = by["agentrt direct"]
+    out["agentrt direct"] = {"jct_vs_best_agentrt_router": direct["jct_mean"] / best["jct_mean"]}
+    return out
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """The rows in 80 columns: JCT (s), call latency p50 (s), cached share, JCT ratio."""
     lines = [
@@ -458,6 +477,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     flush=True,
                 )
     rows = summarize(runs) if not args.only else []
+    checked = goals(rows) if rows else {}
     wall = time.monotonic() - started
     result = {
         "engine": args.engine,
@@ -467,11 +487,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "wall_s": wall,
         "runs": runs,
         "rows": rows,
+        "goals": checked,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     if rows:
         print(table(rows))
+        print(json.dumps(checked, indent=1))
     print(f"wrote {out} ({wall:.0f} s)")
 
 
