@@ -225,8 +225,10 @@ async def test_program_scheduling_sees_agentrt_programs(
     # After the reply, the declared wait holds the slot (acting, TTL armed to 7 s) ...
     assert held["state"] == "active" and held["status"] == "acting"
     assert 2.0 < (held["ttl_remaining_seconds"] or 0.0) <= 7.0
-    # ... a sub-agent that declared nothing gets the router's fitted TTL (0 s when new).
-    assert seen[sub.id]["ttl_remaining_seconds"] is None or seen[sub.id]["state"] == "paused"
+    # ... a sub-agent that declared nothing gets the router's fitted TTL (0 s while the
+    # router has too few samples to fit one): paused at once, or soon.
+    sub_ttl = seen[sub.id]["ttl_remaining_seconds"]
+    assert seen[sub.id]["state"] == "paused" or sub_ttl is None or sub_ttl < 2.0
     # The last call (expected_resume false) ended the sub-agent's program; the lead lives.
     assert sub.id not in after_last and lead.id in after_last
     # The stream was counted: by agentrt (usage asked on the caller's behalf) and by the
