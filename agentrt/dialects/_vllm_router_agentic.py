@@ -13,8 +13,8 @@ the router's program being one agentrt session (one conversation, one KV prefix)
 - ``agent_role``: ``"lead"`` for a session without a parent, ``"subagent"`` with one,
   and then ``parent_program_id``: the parent session (the router resolves the root
   through its parents; ``blocks_parent`` is left to its default, true for a sub-agent);
-- ``expected_resume``: ``true``; a session continues until its block ends, and the
-  router ends a program that stops calling when its TTL runs out;
+- ``expected_resume``: ``true``; a session continues until its block ends (a program
+  that stops calling is paused when its acting TTL runs out, dropped 30 min later);
 - ``step_id``: the call's turn in its session;
 - ``kv_retention_ttl_seconds``: the idle the session expects after this reply (a
   declared or learned tool wait) plus a margin, bounded, when known (the router clamps
