@@ -306,6 +306,7 @@ class ReplicaApp:
 
     async def _generate(self, path: str, headers: list[tuple[bytes, bytes]], raw: bytes) -> Reply:
         engine = self.engine
+        entered = anyio.current_time()
         cfg = engine.config
         chat = path == "/v1/chat/completions"
         body = _json_object(engine, raw, "the body")
@@ -377,7 +378,23 @@ class ReplicaApp:
         if req.status == ABORTED:  # pragma: no cover - only when the engine shuts down
             raise _HTTPError(500, "the request was aborted")
         body_out = _completion_body(req, prompt, rid, model, chat, script)
-        return _json_reply(200, body_out, [rid_header, _ACCEPT_HEADER])
+        return _json_reply(200, body_out, [rid_header, _ACCEPT_HEADER, _timing(req, entered)])
+
+
+def _timing(req: SimRequest, entered: float) -> tuple[bytes, bytes]:
+    """A ``Server-Timing`` header (W3C) for a finished request, in milliseconds: ``app``
+    from the parsed request to the reply (the server's share of the latency, engine
+    included), ``ttft`` from the engine's arrival to its first token (queue and prefill),
+    ``engine`` from arrival to finish (both on the engine clock: wall time when served)."""
+    now = anyio.current_time()
+    first = req.first_token_time if req.first_token_time is not None else now
+    done = req.finish_time if req.finish_time is not None else now
+    ttft = max(0.0, first - req.arrival)
+    value = (
+        f"app;dur={(now - entered) * 1e3:.3f}, ttft;dur={ttft * 1e3:.3f}, "
+        f"engine;dur={(done - req.arrival) * 1e3:.3f}"
+    )
+    return (b"server-timing", value.encode())
 
 
 def _json_object(engine: Engine, raw: bytes, what: str) -> dict[str, Any]:

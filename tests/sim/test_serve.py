@@ -148,3 +148,24 @@ def _sample(text: str, name: str) -> float:
 
 def _finished(text: str) -> int:
     return int(_sample(text, "vllm:request_success_total"))
+
+
+async def test_replies_carry_the_server_timing_of_the_call() -> None:
+    """``Server-Timing``: the app's time on the call (engine included) and the engine's,
+    so a client can tell its own share of a latency from the server's."""
+    async with anyio.create_task_group() as tg:
+        urls = await tg.start(serve_async, 1, "127.0.0.1", 0, small_config(cost=FAST))
+        async with httpx.AsyncClient(timeout=10) as http:
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            start = anyio.current_time()
+            r = await http.post(urls.url + "/chat/completions", json={**body, "max_tokens": 50})
+            latency_ms = (anyio.current_time() - start) * 1e3
+        tg.cancel_scope.cancel()
+    timing = {
+        name.strip(): float(dur)
+        for name, _, dur in (p.partition(";dur=") for p in r.headers["server-timing"].split(","))
+    }
+    assert set(timing) == {"app", "ttft", "engine"}
+    # 50 decode steps of at least 1 ms each (FAST), all inside the app's share
+    assert 50 <= timing["engine"] <= timing["app"] <= latency_ms
+    assert timing["ttft"] < timing["engine"]
