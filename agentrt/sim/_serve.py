@@ -50,9 +50,13 @@ class ServedURLs(tuple[str, ...]):
     """The OpenAI base URL of the whole cluster: the replica itself when there is one,
     round-robin per request over the replicas when there are several."""
 
-    def __new__(cls, url: str, replicas: tuple[str, ...]) -> ServedURLs:
+    model: str | None
+    """The model name the replicas serve (``GET /v1/models``), when known."""
+
+    def __new__(cls, url: str, replicas: tuple[str, ...], model: str | None = None) -> ServedURLs:
         self = super().__new__(cls, replicas)
         self.url = url
+        self.model = model
         return self
 
     def lines(self) -> list[str]:
@@ -61,14 +65,18 @@ class ServedURLs(tuple[str, ...]):
         what = "1 replica" if len(self) == 1 else f"round-robin over {len(self)} replicas"
         out = [f"{self.url:<{width}}  OpenAI API ({what})"]
         out += [f"{u:<{width}}  replica {i}" for i, u in enumerate(self)]
+        if self.model is not None:
+            out.append(f"model: {self.model}")
         return out
 
 
-def served_urls(host: str, port: int, replicas: int) -> ServedURLs:
+def served_urls(host: str, port: int, replicas: int, model: str | None = None) -> ServedURLs:
     """The URLs :func:`serve` serves: the front door and each replica's base URL."""
     shown = f"[{host}]" if ":" in host else host
     origin = f"http://{shown}:{port}"
-    return ServedURLs(f"{origin}/v1", tuple(f"{origin}/replica-{i}/v1" for i in range(replicas)))
+    return ServedURLs(
+        f"{origin}/v1", tuple(f"{origin}/replica-{i}/v1" for i in range(replicas)), model
+    )
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -154,7 +162,7 @@ async def serve_async(
                     done.set()
                     ready.set()
 
-            urls = served_urls(host, bound_port, replicas)
+            urls = served_urls(host, bound_port, replicas, cluster.config.model_name)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(run_server)
                 await ready.wait()

@@ -50,7 +50,9 @@ async def test_front_door_v1_spreads_requests_round_robin() -> None:
         assert urls.url.startswith("http://127.0.0.1:") and urls.url.endswith("/v1")
         assert list(urls) == [f"{origin}/replica-0/v1", f"{origin}/replica-1/v1"]
         lines = urls.lines()
-        assert len(lines) == 3 and lines[0].startswith(urls.url) and "round-robin" in lines[0]
+        assert len(lines) == 4 and lines[0].startswith(urls.url) and "round-robin" in lines[0]
+        assert lines[1].startswith(urls[0]) and lines[3] == "model: sim-test"
+        assert urls.model == "sim-test" and max(map(len, lines)) <= 78  # 80 cols, indented
         async with httpx.AsyncClient(timeout=10) as http:
             for _ in range(4):
                 await chat(http, urls.url, "hello there", max_tokens=2)
