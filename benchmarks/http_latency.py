@@ -58,6 +58,8 @@ Record = tuple[float, float | None]
 
 
 def messages(run: str, sid: int, turn: int) -> list[dict[str, str]]:
+    """Turn ``turn`` of session ``sid``: unique to ``run`` (a tag of fixed length, so that
+    every client's prompts have the same size)."""
     history = " ".join(f"{run}s{sid}t{t}w{i:03d}" for t in range(turn + 1) for i in range(40))
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": history}]
 
@@ -185,13 +187,14 @@ async def measure(args: argparse.Namespace, server: subprocess.Popen[bytes], ori
         cpu = dict.fromkeys(names, 0.0)
         server_cpu = dict.fromkeys(names, 0.0)
         for n in names:  # warm-up: connections, learned tool waits
-            await clients[n](f"warm-{n}")
+            await clients[n](f"w{names.index(n)}")
         rng = random.Random(0)
+        ids = {n: i for i, n in enumerate(names)}  # run tags of one length: same prompt sizes
         for r in range(args.rounds):
             rng.shuffle(names)
             for n in names:
                 c0, s0 = time.process_time(), cpu_seconds(server.pid)
-                records[n] += await clients[n](f"r{r}-{n}")
+                records[n] += await clients[n](f"r{r}c{ids[n]}")
                 cpu[n] += time.process_time() - c0
                 server_cpu[n] += cpu_seconds(server.pid) - s0
     base = statistics.median(lat for lat, _ in records["plain-rr"])
