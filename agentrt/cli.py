@@ -14,7 +14,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from typing import TYPE_CHECKING, Final, NoReturn
 
 if TYPE_CHECKING:
     from .bench._runner import BenchConfig
@@ -536,14 +536,16 @@ def _sim_serve(args: argparse.Namespace) -> int:
     from .sim import ServedURLs, serve
     from .sim._config import resolve_config
 
-    changes: dict[str, Any] = {"replies": args.replies, "scheduling": args.scheduling}
-    if args.gpu_blocks is not None:
-        changes["num_gpu_blocks"] = args.gpu_blocks
-    if args.host_blocks is not None:
-        changes["num_host_blocks"] = args.host_blocks
-    if args.tool_wait_policy is not None:
-        changes["tool_wait_policy"] = args.tool_wait_policy
-    config = resolve_config(args.preset).replace(**changes)
+    given = {
+        "num_gpu_blocks": args.gpu_blocks,
+        "num_host_blocks": args.host_blocks,
+        "tool_wait_policy": args.tool_wait_policy,
+    }
+    config = resolve_config(args.preset).replace(
+        replies=args.replies,
+        scheduling=args.scheduling,
+        **{name: value for name, value in given.items() if value is not None},
+    )
 
     def ready(urls: ServedURLs) -> None:
         print("serving (Ctrl-C to stop):", flush=True)
