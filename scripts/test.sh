@@ -52,7 +52,7 @@ if [[ $# -eq 0 ]]; then
     if [[ ! -x .venv-openai2/bin/python ]]; then
         "$PY" -m venv .venv-openai2
     fi
-    .venv-openai2/bin/python -m pip install -q -e ".[dev,serve,test-llamaindex]" "openai>=2,<3"
+    .venv-openai2/bin/python -m pip install -q -e ".[dev,report,serve,test-llamaindex]" "openai>=2,<3"
     echo "--- unit tests with $(.venv-openai2/bin/python -m pip show openai | grep ^Version)"
     run_pytest .venv-openai2/bin/python -m pytest -m "not engine" -p no:cacheprovider
 fi
