@@ -15,6 +15,7 @@ __all__ = [
     "DEFAULT_RETRY",
     "Endpoint",
     "Retry",
+    "check_api_key",
     "redact_userinfo",
     "split_userinfo",
 ]
@@ -47,6 +48,35 @@ def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
     user, _, password = userinfo.partition(":")
     start = url.index("//") + 2  # the netloc follows the scheme's "//", verbatim
     return url[:start] + hostport + url[start + len(netloc) :], (unquote(user), unquote(password))
+
+
+def check_api_key(key: object, what: str = "api_key") -> str:
+    """``key`` if it can go in an ``Authorization: Bearer`` header as it is: a str of
+    visible ASCII characters (and spaces inside). The error says what is wrong and where,
+    never the key itself, and comes before anything is sent (httpx would otherwise fail at
+    the first call, with a ``UnicodeEncodeError`` far from the cause)."""
+    if not isinstance(key, str):
+        raise TypeError(f"{what} must be a str, got {type(key).__name__}")
+    for i, c in enumerate(key):
+        if " " <= c <= "~":
+            continue
+        if c in "\r\n":
+            problem = "CR/LF"
+        elif c > "\x7f":
+            problem = "a non-ASCII character"
+        else:
+            problem = "a control character"
+        raise ValueError(
+            f"{what} contains {problem} (at position {i} of {len(key)}): an HTTP header "
+            "takes visible ASCII only; check for a stray quote, newline or a pasted "
+            "character (the key itself is not shown)"
+        )
+    if key != key.strip():
+        raise ValueError(
+            f"{what} starts or ends with whitespace (length {len(key)}): strip it "
+            "(the key itself is not shown)"
+        )
+    return key
 
 
 def _check_url(url: str) -> str:
@@ -116,8 +146,8 @@ class Endpoint:
             self.weight <= 0
         ):
             raise ValueError(f"endpoint weight must be a finite number > 0, got {self.weight!r}")
-        if self.api_key is not None and any(c in self.api_key for c in "\r\n"):
-            raise ValueError("endpoint api_key contains CR/LF")
+        if self.api_key is not None:
+            check_api_key(self.api_key, f"endpoint {url} api_key")
 
 
 @dataclass(frozen=True, slots=True)

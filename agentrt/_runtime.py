@@ -20,7 +20,7 @@ import httpx
 import openai
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from ._config import DEFAULT_RETRY, Endpoint, Retry
+from ._config import DEFAULT_RETRY, Endpoint, Retry, check_api_key
 from ._context import Job, Session, _CallState
 from ._errors import AgentrtError, RuntimeClosedError
 from ._notice import Notices, NoticeStatistics, Sender, accepts_notice
@@ -512,8 +512,8 @@ class Runtime:
         capture_content: bool = False,
         learn_waits: bool = True,
     ) -> None:
-        if api_key is not None and any(c in api_key for c in "\r\n"):
-            raise ValueError("api_key contains CR/LF")
+        if api_key is not None:
+            check_api_key(api_key)
         if not isinstance(retry, Retry):
             raise TypeError("retry must be an agentrt.Retry")
         if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s > 0):
