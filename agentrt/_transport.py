@@ -24,7 +24,7 @@ import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from functools import cache
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 import httpx
@@ -76,11 +76,8 @@ _FINISH = re.compile(rb'"finish_reason"\s*:\s*"([A-Za-z_]{1,32})"')
 _JSON = json.JSONDecoder()
 
 
-_FINISH_KEY = b'"finish_reason"'
 _USAGE_PATHS = frozenset({"/chat/completions", "/completions"})
 """The streamed APIs whose ``stream_options.include_usage`` adds a final usage chunk."""
-_NULL_USAGE = (b'"usage":null', b'"usage": null')
-"""How a chunk says it has no usage (OpenAI's, and ``json.dumps``' spacing)."""
 _NULL_USAGE_LAST = b',"usage":null'
 _NULL_USAGE_FIELD = re.compile(rb',\s*"usage"\s*:\s*null|"usage"\s*:\s*null\s*,')
 """A ``"usage": null`` member of a JSON object, with its comma. Outside a JSON string
@@ -111,37 +108,32 @@ def _tool_names_into(names: list[str], choices: Any, key: str) -> None:
             names.append(name)
 
 
-def _tool_names_of(raw: bytes) -> tuple[str, ...]:
-    """The tools a (non-streamed) reply calls, in order; parsed only for such replies."""
+def _reply_object(raw: bytes, suffix: str) -> tuple[dict[str, Any] | None, str]:
+    """The JSON object of a 2xx reply, parsed once (its usage, finish reason, tool calls
+    and text are read from it), or None and what is wrong with it: not JSON (cut short,
+    garbled), not an object, or, for the completion APIs, no ``choices`` list (``{}``,
+    an error object).
+
+    ``raw_decode`` of the UTF-8 text costs two thirds of ``json.loads`` on bytes;
+    anything it does not take (leading whitespace, another encoding) goes through
+    ``json.loads``."""
     try:
-        data = json.loads(raw)
+        text = raw.decode()
+        data, end = _JSON.raw_decode(text)
+        if end != len(text) and text[end:].strip(" \t\n\r"):
+            raise ValueError("extra data")
     except ValueError:
-        return ()
-    names: list[str] = []
-    if isinstance(data, dict):
-        _tool_names_into(names, data.get("choices"), "message")
-    return tuple(names)
-
-
-def _usage_of(raw: bytes) -> Any:
-    """The ``usage`` object of a JSON reply, parsed from the reply's tail only.
-
-    OpenAI-compatible servers put ``usage`` after ``choices``; parsing just that object
-    keeps the cost flat however long the completion is. Falls back to a full parse when
-    the tail is not a plain object."""
-    i = raw.rfind(_USAGE_KEY)
-    if i >= 0:
-        j = raw.find(b"{", i + 7)
-        if j > 0 and raw[i + 7 : j].strip() == b":":
-            try:
-                return _JSON.raw_decode(raw[j:].decode("utf-8"))[0]
-            except ValueError:
-                pass
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return None
-    return data.get("usage") if isinstance(data, dict) else None
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:  # UnicodeDecodeError included
+            return None, f"the body is not valid JSON ({exc})"
+    if data.__class__ is not dict:
+        return None, f"the body is a JSON {type(data).__name__}, not an object"
+    if suffix in _USAGE_PATHS and data.get("choices").__class__ is not list:
+        keys = ", ".join(list(data)[:6]) or "none"
+        what = "an error object" if "error" in data else "not a completion"
+        return None, f"the body is {what} (no 'choices' list; keys: {keys})"
+    return data, ""
 
 
 _async_library: Callable[[], str] | None
@@ -236,16 +228,6 @@ def _text_of(choice: Any) -> str | None:
             return str(part["content"])
     text = choice.get("text")
     return text if isinstance(text, str) else None
-
-
-def _output_of(raw: bytes) -> str | None:
-    """The first choice's text of a JSON reply, for ``capture_content``."""
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return None
-    choices = data.get("choices") if isinstance(data, dict) else None
-    return _text_of(choices[0]) if isinstance(choices, list) and choices else None
 
 
 def _request_body(content: bytes) -> dict[str, Any] | None:
@@ -872,7 +854,11 @@ class _Call:
             self._end("error", f"{type(exc).__name__}: {exc}")
             raise
 
-        if state.stream and response.status_code < 300:
+        if (
+            state.stream
+            and response.status_code < 300
+            and "json" not in response.headers.get("content-type", "")
+        ):
             response.stream = transport._lib.ObservedStream(self, response)
             return response
         try:
@@ -884,31 +870,37 @@ class _Call:
             raise
         if response.status_code >= 300:
             self._end("error", f"HTTP {response.status_code}")
-        elif raw[:1] != b"{" and raw.lstrip()[:1] != b"{":  # no copy of a well-formed reply
+        elif (data := _reply_object(raw, self.suffix))[0] is None or state.stream:
+            if state.stream:  # a JSON reply to a streamed call: no client can read it
+                data = (None, "a JSON body, not an event stream, to a streamed call")
             url = self.ep.endpoint.url if self.ep is not None else self.base
             ctype = response.headers.get("content-type", "?")
             message = (
                 f"endpoint {url} did not answer like an OpenAI-compatible server: "
-                f"HTTP {response.status_code}, content-type {ctype}, body starts {raw[:80]!r}"
+                f"{data[1]}; HTTP {response.status_code}, content-type {ctype}, "
+                f"body starts {raw[:80]!r}"
             )
             self._end("error", message)
             raise EndpointError(message, endpoint=url, attempts=state.attempts)
         else:
-            _usage_into(state, _usage_of(raw))
+            reply = data[0]
+            _usage_into(state, reply.get("usage"))
             core = self.core
-            if core.hooks:
-                found = _FINISH.search(raw)  # the first choice's: keys are not escaped
-                self.finish_reason = found.group(1).decode() if found else None
-            elif core.waits is not None:
-                # Only to spot tool calls: the last choice's, found from the tail (where
-                # it is, before ``usage``), so the cost does not grow with the reply.
-                i = raw.rfind(_FINISH_KEY)
-                found = _FINISH.match(raw, i) if i >= 0 else None
-                self.finish_reason = found.group(1).decode() if found else None
+            choices = reply.get("choices")
+            if choices.__class__ is not list:
+                choices = None  # an API without choices (embeddings, models)
+            if core.hooks or core.waits is not None:
+                # The first choice's (as the hooks report it), else the last one's (tool
+                # calls are spotted from it).
+                choice = (choices[0] if core.hooks else choices[-1]) if choices else None
+                finish = choice.get("finish_reason") if choice.__class__ is dict else None
+                self.finish_reason = finish if isinstance(finish, str) else None
             if self.finish_reason == "tool_calls" and core.waits is not None:
-                self.tools = _tool_names_of(raw)
+                names: list[str] = []
+                _tool_names_into(names, choices, "message")
+                self.tools = tuple(names)
             if core.hooks and core.capture_content:
-                self.output = _output_of(raw)
+                self.output = _text_of(choices[0]) if choices else None
             self._end("ok", None)
         return transport._rebuild(response, raw)
 
@@ -998,6 +990,8 @@ class _ObservedStream:
         self._tools: list[str] = []
         self._parts: list[str] = []
         self._tail = b""
+        self._data: list[bytes] = []
+        """The ``data:`` lines of the event being read."""
         self._complete = False
         self._it: AsyncIterator[bytes] | None = None
         self._filter = _UsageFilter(self) if call.added_usage and self._parse else None
@@ -1052,53 +1046,57 @@ class _ObservedStream:
         return chunk
 
     def _scan(self, chunk: bytes) -> None:
-        data = self._tail + chunk
+        """Read the complete lines of ``chunk`` (with what was left of the last one):
+        every event's data is parsed once, as the caller's client will parse it, and read
+        for usage, text (``capture_content``) and tool names; data that is not a JSON
+        object ends the call (:meth:`_malformed`)."""
+        data = self._tail + chunk if self._tail else chunk
         lines = data.split(b"\n")
         self._tail = lines.pop()
         for line in lines:
-            if line.startswith(b"data: [DONE]"):
-                self._complete = True
-                if self._capture:
-                    self._call.output = "".join(self._parts)
-            elif self._capture and line.startswith(b"data:"):
-                try:
-                    obj = json.loads(line[5:])
-                except ValueError:
+            if line[:5] == b"data:":
+                payload = line[5:].strip()
+                if payload[:6] == b"[DONE]":
+                    self._complete = True
+                    if self._capture:
+                        self._call.output = "".join(self._parts)
                     continue
-                if isinstance(obj, dict):
-                    choices = obj.get("choices")
-                    if isinstance(choices, list) and choices:
-                        text = _text_of(choices[0])
-                        if text:
-                            self._parts.append(text)
-                    _usage_into(self._state, obj.get("usage"))
-            elif (
-                _USAGE_KEY in line
-                and line.startswith(b"data:")
-                and _NULL_USAGE[0] not in line
-                and _NULL_USAGE[1] not in line
-            ):  # OpenAI's chunks say "usage":null until the usage chunk
-                try:
-                    obj = json.loads(line[5:])
-                except ValueError:
-                    continue
-                if isinstance(obj, dict):
-                    _usage_into(self._state, obj.get("usage"))
-            # A tool call's name comes in the first delta of that call: only such lines
-            # are parsed (again, when captured above: rare enough).
-            if (
-                self._learn
-                and _NAME_KEY in line
-                and _TOOL_CALLS_KEY in line
-                and line[:5] == b"data:"
-            ):
-                try:
-                    obj = json.loads(line[5:])
-                except ValueError:
-                    continue
-                if isinstance(obj, dict):
-                    _tool_names_into(self._tools, obj.get("choices"), "delta")
-                    self._call.tools = tuple(self._tools)
+                self._data.append(payload)
+            elif not line.strip(b"\r") and self._data:  # the event's end
+                self._event()
+
+    def _event(self) -> None:
+        """One event's data (its ``data:`` lines joined, as SSE clients read them)."""
+        parts, self._data = self._data, []
+        raw = parts[0] if len(parts) == 1 else b"\n".join(parts)
+        try:
+            obj = json.loads(raw)
+        except ValueError as exc:
+            self._malformed(raw, f"not valid JSON ({exc})")
+        if obj.__class__ is not dict:
+            self._malformed(raw, f"a JSON {type(obj).__name__}, not an object")
+        if self._capture:
+            choices = obj.get("choices")
+            if isinstance(choices, list) and choices:
+                text = _text_of(choices[0])
+                if text:
+                    self._parts.append(text)
+        usage = obj.get("usage")
+        if usage is not None:
+            _usage_into(self._state, usage)
+        if self._learn and _NAME_KEY in raw and _TOOL_CALLS_KEY in raw:
+            _tool_names_into(self._tools, obj.get("choices"), "delta")
+            self._call.tools = tuple(self._tools)
+
+    def _malformed(self, raw: bytes, problem: str) -> NoReturn:
+        """An event the caller's client cannot parse: the call ends in an error that
+        says so (not a ``JSONDecodeError`` from deep inside the client)."""
+        message = (
+            f"endpoint {self._url} sent a malformed stream event: its data is {problem}; "
+            f"data starts {raw[:80]!r}"
+        )
+        self._call._end("error", message)
+        raise EndpointError(message, endpoint=self._url, attempts=self._state.attempts)
 
     async def aclose(self) -> None:
         try:
