@@ -87,7 +87,7 @@ BASELINE = "plain > router cache_aware"
 DEFAULTS: dict[str, dict[str, float]] = {
     # Jobs, arrival rate (jobs/s), token and time scales of the traces, per engine: a load
     # that keeps the plain client's replicas busy, in about a minute per client and run.
-    "vllm": {"jobs": 12, "rate": 0.4, "token_scale": 0.01, "time_scale": 0.03},
+    "vllm": {"jobs": 16, "rate": 0.8, "token_scale": 0.01, "time_scale": 0.03},
     "sim": {"jobs": 48, "rate": 4.0, "token_scale": 0.02, "time_scale": 0.03},
 }
 
