@@ -511,6 +511,8 @@ class Job:
             raise TypeError("job metadata must be a dict")
         self.metadata: dict[str, Any] = dict(metadata or {})
         self._closed = False
+        self._deadline_hit = False
+        """A call of this job ran into its deadline (the transport bounds every call)."""
         self._t0 = 0.0
         self._started_at = datetime.now(UTC)
         self._calls: list[_CallState] = []

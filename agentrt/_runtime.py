@@ -747,20 +747,29 @@ class Runtime:
         error: str | None = None
         deadline = math.inf if job.deadline_s is None else job._t0 + job.deadline_s
         try:
-            if deadline == math.inf or not enforce_deadline:
+            if deadline == math.inf:
                 # No cancel scope without a deadline: every scope around the job's calls
                 # makes each of the HTTP stack's own scopes and checkpoints on those calls
                 # walk one level more (about 500 bytecodes a call in anyio).
                 yield job
                 return
-            with anyio.CancelScope(deadline=deadline) as scope:
+            if enforce_deadline:
+                with anyio.CancelScope(deadline=deadline) as scope:
+                    yield job
+                late = scope.cancelled_caught
+            else:
+                # Sync code cannot be cancelled: each call is bounded by the transport,
+                # and a block that ends past the deadline ends as the async one would.
                 yield job
-            if scope.cancelled_caught:
+                late = anyio.current_time() >= deadline
+            if late or job._deadline_hit:
                 status, error = "deadline", f"deadline of {job.deadline_s} s exceeded"
                 raise TimeoutError(f"job {job.id!r} exceeded its deadline of {job.deadline_s} s")
         except BaseException as exc:
             if status == "ok":
-                if isinstance(exc, TimeoutError) and anyio.current_time() >= deadline:
+                if job._deadline_hit or (
+                    isinstance(exc, TimeoutError) and anyio.current_time() >= deadline
+                ):
                     status, error = "deadline", f"deadline of {job.deadline_s} s exceeded"
                 else:
                     status, error = _outcome(exc)

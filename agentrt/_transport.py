@@ -166,6 +166,11 @@ def _encoded(headers: Any) -> bool:
     return _CONTENT_ENCODING in map(_LOWER, raw)
 
 
+class DeadlineExceeded(TimeoutError):
+    """A call ran into its job's deadline (raised where the call was, as the job's own
+    cancel scope makes ``rt.job(deadline_s=...)`` raise ``TimeoutError``)."""
+
+
 class _RetryableStatus(Exception):
     def __init__(self, response: httpx.Response, retry_after: float | None) -> None:
         super().__init__(f"HTTP {response.status_code}")
@@ -822,7 +827,34 @@ class _Call:
         return out
 
     async def run(self) -> httpx.Response:
-        """Send the call (with retries) and observe its reply."""
+        """Send the call (with retries) and observe its reply, within its job's deadline
+        if it has one: the call is bounded here whatever path it came by (an async or a
+        sync client, a framework's model, a task outside the job's block)."""
+        deadline = self.ticket.deadline_at
+        if deadline is None:
+            return await self._run()
+        with anyio.CancelScope(deadline=deadline) as scope:
+            return await self._run()
+        assert scope.cancelled_caught
+        raise self._deadline_exceeded()
+
+    def _cancelled(self) -> str:
+        """Why a cancelled call was cancelled: its job's deadline, or something else."""
+        deadline = self.ticket.deadline_at
+        if deadline is not None and self.clock() >= deadline:
+            job = self.session.job
+            job._deadline_hit = True
+            return f"deadline of {job.deadline_s:g} s exceeded"
+        return "cancelled"
+
+    def _deadline_exceeded(self) -> DeadlineExceeded:
+        """End the call at its job's deadline; the error to raise."""
+        job = self.session.job
+        job._deadline_hit = True
+        self._end("cancelled", f"deadline of {job.deadline_s:g} s exceeded")
+        return DeadlineExceeded(f"job {job.id!r} exceeded its deadline of {job.deadline_s:g} s")
+
+    async def _run(self) -> httpx.Response:
         state = self.state
         transport = self.transport
         try:
@@ -846,7 +878,7 @@ class _Call:
                 self._end("error", message)
                 raise EndpointError(message, endpoint=url, attempts=state.attempts) from (exc.error)
         except anyio.get_cancelled_exc_class():
-            self._end("cancelled", "cancelled")
+            self._end("cancelled", self._cancelled())
             raise
         except EndpointError:
             raise
@@ -865,8 +897,10 @@ class _Call:
             raw = await response.aread()
         except BaseException as exc:
             await response.aclose()
-            cancelled = isinstance(exc, anyio.get_cancelled_exc_class())
-            self._end("cancelled" if cancelled else "error", f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, anyio.get_cancelled_exc_class()):
+                self._end("cancelled", self._cancelled())
+            else:
+                self._end("error", f"{type(exc).__name__}: {exc}")
             raise
         if response.status_code >= 300:
             self._end("error", f"HTTP {response.status_code}")
@@ -994,6 +1028,8 @@ class _ObservedStream:
         """The ``data:`` lines of the event being read."""
         self._complete = False
         self._it: AsyncIterator[bytes] | None = None
+        self._deadline = call.ticket.deadline_at
+        """The job's deadline: every read is bounded by it."""
         self._filter = _UsageFilter(self) if call.added_usage and self._parse else None
         """What the caller reads when agentrt asked for the usage chunk (else this)."""
 
@@ -1009,13 +1045,22 @@ class _ObservedStream:
         assert self._it is not None
         state = self._state
         try:
-            chunk = await self._it.__anext__()
+            if self._deadline is None:
+                chunk = await self._it.__anext__()
+            else:
+                with anyio.CancelScope(deadline=self._deadline) as scope:
+                    chunk = await self._it.__anext__()
+                if scope.cancelled_caught:
+                    raise self._call._deadline_exceeded()
         except StopAsyncIteration:
             self._complete = True
             self._call._end("ok", None)
             raise
+        except DeadlineExceeded:
+            raise
         except anyio.get_cancelled_exc_class():
-            self._call._end("cancelled", "cancelled mid-stream")
+            why = self._call._cancelled()
+            self._call._end("cancelled", why if why != "cancelled" else "cancelled mid-stream")
             raise
         except self._lib.transport_errors as exc:
             message = f"endpoint {self._url} broke off the stream: {exc!r}"
