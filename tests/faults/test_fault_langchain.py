@@ -80,3 +80,21 @@ async def test_langchain_cancelled_stream_closes_the_request(server: FaultServer
     assert server.wait_disconnect(server.chat_requests[0], DISCONNECT_BOUND_S) is not None
     assert job.report.status == "ok"
     assert job.report.call_reports[0].status != "ok"
+
+
+def test_langchain_sync_stream_is_bounded_by_the_deadline(server: FaultServer) -> None:
+    """The adapter on a SyncRuntime: a deadline stops ``llm.stream(...)`` midway."""
+    server.push(Fault.stream([chunk(str(i)) for i in range(200)], interval=0.1))
+    caught: BaseException | None = None
+    with agentrt.SyncRuntime([server.url], retry=FAST, otel=False) as rt:
+        llm = lc.chat_model(rt, model=MODEL)
+        try:
+            with rt.job("lc-sync", deadline_s=1.0) as job, job.session("agent"):
+                for _ in llm.stream("hi"):
+                    pass
+        except Exception as exc:
+            caught = exc
+    assert caught is not None
+    assert job.report.status == "deadline"
+    assert job.report.call_reports[0].status == "cancelled"
+    assert server.wait_disconnect(server.chat_requests[0], DISCONNECT_BOUND_S) is not None

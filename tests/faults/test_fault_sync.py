@@ -92,3 +92,43 @@ def test_sync_garbled_reply_is_an_endpoint_error(server: FaultServer) -> None:
     assert report.call_reports[0].status == "error"
     assert report.status == "error"
     assert len(server.chat_requests) == 1
+
+
+def test_sync_deadline_bounds_a_stream(server: FaultServer) -> None:
+    """A deadline stops a stream the sync iterator is reading, not only the call that
+    opened it."""
+    server.push(Fault.stream([chunk(str(i)) for i in range(200)], interval=0.1))
+    t0 = time.monotonic()
+    report, caught = sync_job([server.url], stream=True, deadline_s=1.0)
+    assert isinstance(caught, TimeoutError), repr(caught)
+    assert time.monotonic() - t0 < 15.0  # the stream alone runs 20 s
+    assert report.status == "deadline"
+    assert report.call_reports[0].status == "cancelled"
+    assert server.wait_disconnect(server.chat_requests[0], DISCONNECT_BOUND_S) is not None
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_sync_deadline_bounds_an_openai_client_call(server: FaultServer, stream: bool) -> None:
+    """``rt.openai()`` (a sync openai client) inside a job with a deadline: the job ends
+    ``deadline`` whatever the client wrapped the timeout in."""
+    server.push(
+        Fault.stream([chunk(str(i)) for i in range(200)], interval=0.1) if stream else Fault.stall()
+    )
+    caught: BaseException | None = None
+    t0 = time.monotonic()
+    with agentrt.SyncRuntime([server.url], retry=FAST, otel=False) as rt:
+        client = rt.openai()
+        try:
+            with rt.job("sync-openai", deadline_s=1.0) as job, job.session("s"):
+                reply = client.chat.completions.create(
+                    model=MODEL, messages=MESSAGES, stream=stream
+                )
+                if stream:
+                    list(reply)  # type: ignore[call-overload]
+        except Exception as exc:
+            caught = exc
+    assert caught is not None
+    assert time.monotonic() - t0 < 15.0
+    assert job.report.status == "deadline"
+    assert job.report.call_reports[0].status == "cancelled"
+    assert server.wait_disconnect(server.chat_requests[0], DISCONNECT_BOUND_S) is not None
