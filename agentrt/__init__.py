@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ._protocol import PROTOCOL_VERSION, CallMetadata
     from ._runtime import DEFAULT_TIMEOUT_S, Runtime, SyncJob, SyncRuntime, SyncSession
     from .telemetry import CallReport, JobReport, ToolReport
+    from .telemetry._journal import JournalStatistics
 
 try:
     __version__ = version("agentrt")
@@ -46,6 +47,7 @@ __all__ = [
     "Job",
     "JobClosedError",
     "JobReport",
+    "JournalStatistics",
     "NoticeStatistics",
     "Retry",
     "Runtime",
@@ -81,6 +83,7 @@ _HOMES: dict[str, str] = {
     "CallReport": ".telemetry",
     "JobReport": ".telemetry",
     "ToolReport": ".telemetry",
+    "JournalStatistics": ".telemetry._journal",
 }
 """Where each public name lives (tests/test_public_api.py checks it against ``__all__``)."""
 

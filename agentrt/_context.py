@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 import anyio
+from pydantic_core import to_json
 
 from ._errors import EndpointError, JobClosedError, SessionClosedError
 from ._protocol import IdleSource, trusted_model, validate_id, validate_nonneg
@@ -472,6 +473,29 @@ class Session:
         self._last_reply_at = now
 
 
+def _check_metadata(metadata: dict[str, Any] | None) -> dict[str, Any]:
+    """A copy of a job's metadata, if its report can carry it: str keys, and values that
+    serialize to JSON as the report does (pydantic's serializer: what the journal writes).
+    Checked when the job opens, before any request, so that the job's journal line
+    cannot be lost to it later."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise TypeError(f"job metadata must be a dict, got {type(metadata).__name__}")
+    for key, value in metadata.items():
+        if not isinstance(key, str):
+            raise TypeError(f"job metadata keys must be str, got {key!r}")
+        try:
+            to_json(value)
+        except (TypeError, ValueError) as exc:  # PydanticSerializationError is a ValueError
+            raise TypeError(
+                f"job metadata {key!r}: a {type(value).__name__} that cannot be written as "
+                f"JSON ({str(exc).splitlines()[0]}); give str, numbers, bools, None, or "
+                "lists and dicts of them"
+            ) from None
+    return dict(metadata)
+
+
 def _raise_endpoint_error(exc: Exception) -> None:
     """openai 2.x wraps whatever the transport raised in APIConnectionError; surface
     agentrt's own errors (an endpoint that failed, bad input caught before sending) as
@@ -507,9 +531,7 @@ class Job:
             validate_id(program_id, "program_id") if program_id is not None else self.id
         )
         self.deadline_s = validate_nonneg(deadline_s, "deadline_s")
-        if metadata is not None and not isinstance(metadata, dict):
-            raise TypeError("job metadata must be a dict")
-        self.metadata: dict[str, Any] = dict(metadata or {})
+        self.metadata: dict[str, Any] = _check_metadata(metadata)
         self._closed = False
         self._deadline_hit = False
         """A call of this job ran into its deadline (the transport bounds every call)."""

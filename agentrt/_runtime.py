@@ -35,7 +35,7 @@ from .scheduling._retention import RetentionEstimator
 from .scheduling._routing import EndpointLoad, RouteKey, Router, SessionAffinity, make_router
 from .scheduling._signals import parse_vllm_metrics
 from .telemetry._events import Event, Hook, JobEnded, JobStarted
-from .telemetry._journal import Journal
+from .telemetry._journal import Journal, JournalStatistics, RateLimitedLog
 from .telemetry._report import JobReport, JobStatus
 
 if TYPE_CHECKING:
@@ -144,6 +144,10 @@ class _Core:
         """Event hooks (set by Runtime). Emission points test ``if core.hooks:`` first, so
         no event is built when nobody listens."""
         self._broken_hooks: set[int] = set()
+        self.hook_errors = 0
+        """Events a hook raised on (each hook counted apart), over the runtime's life."""
+        self.last_hook_error: str | None = None
+        self._hook_log = RateLimitedLog("agentrt hooks raised on events")
         self.health_changed: anyio.Event | None = None
         """Set when an endpoint is marked down (wakes the runtime's prober)."""
         self.notices: Notices | None = None
@@ -257,17 +261,24 @@ class _Core:
         )
 
     def emit(self, event: Event) -> None:
-        """Hand ``event`` to every hook. A hook that raises is reported once (a warning)
-        and never disturbs the call."""
+        """Hand ``event`` to every hook. A hook that raises never disturbs the call: the
+        first error of each hook is a warning, and every error is counted
+        (``hook_errors``) and logged on the ``agentrt`` logger (rate-limited)."""
         for hook in self.hooks:
             try:
                 hook(event)
             except Exception as exc:
+                self.hook_errors += 1
+                self.last_hook_error = error = (
+                    f"hook {hook!r} raised {type(exc).__name__}: {exc} (on {type(event).__name__})"
+                )
+                self._hook_log(error)
                 if id(hook) not in self._broken_hooks:
                     self._broken_hooks.add(id(hook))
                     warnings.warn(
-                        f"agentrt hook {hook!r} raised {type(exc).__name__}: {exc} "
-                        f"(on {type(event).__name__}; further errors of this hook are silent)",
+                        f"agentrt {error}; further errors of this hook are counted in "
+                        "rt.journal_statistics().hook_errors and logged on the 'agentrt' "
+                        "logger",
                         RuntimeWarning,
                         stacklevel=2,
                     )
@@ -541,19 +552,25 @@ class Runtime:
             raise TypeError(f"learn_waits must be True or False, got {learn_waits!r}")
         if not learn_waits:
             self._core.waits = None
+        counters: list[Callable[[bool], None]] = []
+        """The exporters' journal-line counters."""
         if otel:
             from .telemetry._otel import otel_hook
 
             span_hook = otel_hook(capture_content=bool(capture_content))
             if span_hook is not None:  # None: opentelemetry is not installed
                 all_hooks.append(span_hook)
+                counters.append(span_hook.journal_line)  # type: ignore[attr-defined]
         if prometheus is not None and prometheus is not False:
             from .telemetry._prometheus import PrometheusHook
 
-            all_hooks.append(PrometheusHook(None if prometheus is True else prometheus))
+            prom_hook = PrometheusHook(None if prometheus is True else prometheus)
+            all_hooks.append(prom_hook)
+            counters.append(prom_hook.journal_line)
         self._journal: Journal | None = None
         if journal is not None:
             self._journal = Journal(journal)  # opened now: a bad path fails here
+            self._journal.observers.extend(counters)
             all_hooks.append(self._journal)
         self._core.hooks = tuple(all_hooks)
         # The HTTP library (legacy httpx or httpx2), chosen once: everything below and
@@ -601,6 +618,19 @@ class Runtime:
     def admission_statistics(self) -> list[AdmissionStatistics]:
         """A snapshot of each endpoint's admission gate (limit, in flight, waiting)."""
         return [e.admission.statistics() for e in self._core.endpoints]
+
+    def journal_statistics(self) -> JournalStatistics:
+        """A snapshot of what the journal wrote and lost, and of the events hooks failed
+        on (docs/telemetry.md, "What nothing lost means"). All zero without a journal
+        and with hooks that never fail."""
+        journal, core = self._journal, self._core
+        return JournalStatistics(
+            written=journal.jobs if journal is not None else 0,
+            lost=journal.lost if journal is not None else 0,
+            hook_errors=core.hook_errors,
+            last_error=(journal.last_error if journal is not None else None)
+            or core.last_hook_error,
+        )
 
     def notice_statistics(self) -> NoticeStatistics:
         """A snapshot of the tool-start notices sent so far (docs/protocol.md)."""

@@ -151,6 +151,11 @@ class _OtelHook:
             description="A job's time per phase (agentrt.phase: queue, llm, critical_llm, tool).",
             explicit_bucket_boundaries_advisory=JOB_BUCKETS,
         )
+        self._journal_lines = meter.create_counter(
+            "agentrt.journal.lines",
+            unit="{line}",
+            description="Job reports the journal wrote or lost (agentrt.journal.outcome).",
+        )
         # Fallback anchor, for events of a job this hook did not see start.
         self._offset_ns = time.time_ns() - time.monotonic_ns()
         self._jobs: dict[str, _Job] = {}
@@ -179,6 +184,11 @@ class _OtelHook:
         handler = self._handlers.get(kind)
         if handler is not None:
             handler(event)
+
+    def journal_line(self, written: bool) -> None:
+        """Count one journal line, written or lost (the runtime's journal calls this)."""
+        outcome = "written" if written else "lost"
+        self._journal_lines.add(1, {"agentrt.journal.outcome": outcome})
 
     def _sdk_installed(self) -> bool:
         """Whether a tracer or meter provider has been installed globally (until then the

@@ -170,6 +170,12 @@ class _Metrics:
         self.cached_tokens = counter(
             "agentrt_cached_tokens", "Prompt tokens served from the server's prefix cache."
         )
+        self.journal_lines = prom.Counter(
+            "agentrt_journal_lines",
+            "Job reports the journal wrote (outcome=written) or lost (outcome=lost).",
+            ("outcome",),
+            registry=registry,
+        )
         self.jobs_in_progress = prom.Gauge(
             "agentrt_jobs_in_progress", "Jobs running.", ("job",), registry=registry
         )
@@ -262,6 +268,10 @@ class PrometheusHook:
 
     def __repr__(self) -> str:
         return f"<agentrt PrometheusHook registry={self.registry!r}>"
+
+    def journal_line(self, written: bool) -> None:
+        """Count one journal line, written or lost (the runtime's journal calls this)."""
+        self._m.child(self._m.journal_lines, "written" if written else "lost").inc()
 
     def __call__(self, event: Event) -> None:
         handler = self._dispatch.get(type(event))
