@@ -6,8 +6,10 @@ nothing hangs (each test has a hard timeout)."""
 from __future__ import annotations
 
 import email.utils
+import json
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -261,7 +263,7 @@ async def test_deadline_on_a_slow_stream(server: FaultServer) -> None:
 
 
 async def test_deadline_on_a_slow_drip(server: FaultServer) -> None:
-    body = b" " * 100 + __import__("json").dumps(chat_completion()).encode()
+    body = b" " * 100 + json.dumps(chat_completion()).encode()
     server.push(Fault.drip(body, pieces=100, interval=0.1))
     async with runtime(server.url) as rt:
         report, caught, _ = await run_job(rt, deadline_s=1.0)
@@ -332,7 +334,7 @@ async def test_huge_reply(server: FaultServer) -> None:
 
 
 async def test_slow_drip_within_the_timeout_is_fine(server: FaultServer) -> None:
-    body = __import__("json").dumps(chat_completion("dripped")).encode()
+    body = json.dumps(chat_completion("dripped")).encode()
     server.push(Fault.drip(body, pieces=20, interval=0.02))
     async with runtime(server.url, timeout_s=5.0) as rt:
         report, caught, reply = await run_job(rt)
@@ -358,10 +360,13 @@ async def test_wrong_content_type_is_an_endpoint_error(server: FaultServer) -> N
 # -- many jobs on a flaky endpoint --------------------------------------------------------------
 
 
-async def test_many_jobs_on_a_flaky_endpoint_all_end_and_agree(server: FaultServer) -> None:
+async def test_many_jobs_on_a_flaky_endpoint_all_end_and_agree(
+    server: FaultServer, tmp_path: Path
+) -> None:
     """40 jobs of 3 calls, 20 in flight; a seeded fifth of the attempts fail (503s,
     drops). Every job ends; the reports count exactly the attempts the server saw, and
-    every call the caller saw fail is an error in its report."""
+    every call the caller saw fail is an error in its report; the journal holds every
+    job's line, the same as its report, and counts none lost."""
     rng = random.Random(16)
     faults = [
         rng.choice([Fault.status(503), Fault.drop(), Fault.status(429)])
@@ -385,11 +390,20 @@ async def test_many_jobs_on_a_flaky_endpoint_all_end_and_agree(server: FaultServ
             finally:
                 reports.append(job.report)
 
-    async with runtime(server.url) as rt:
+    journal = tmp_path / "journal.jsonl"
+    async with runtime(server.url, journal=journal) as rt:
         limiter = anyio.CapacityLimiter(20)
         async with anyio.create_task_group() as tg:
             for i in range(40):
                 tg.start_soon(one, i, limiter)
+        stats = rt.journal_statistics()
+    assert (stats.written, stats.lost, stats.hook_errors) == (40, 0, 0)
+    lines = {d["job_id"]: d for d in map(json.loads, journal.read_text().splitlines())}
+    assert len(lines) == 40
+    for r in reports:
+        line = lines[r.job_id]
+        assert line["status"] == r.status
+        assert [c["attempts"] for c in line["call_reports"]] == [c.attempts for c in r.call_reports]
     assert len(reports) == 40
     assert all(r.status == "ok" for r in reports)  # the caller caught every failure
     calls = [c for r in reports for c in r.call_reports]
