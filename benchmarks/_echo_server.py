@@ -8,6 +8,9 @@ It answers every ``POST .../chat/completions`` at once with the same small
   Content-Length bodies). It costs the server far less CPU per request, so the client's
   own cost is a larger share of each call's wall time (a stricter test of overhead).
 
+``--fail-pct P`` answers P % of the chat completions (drawn per request) with a 503 error
+instead (the load benchmark's flaky server).
+
 Run as ``python benchmarks/_echo_server.py --impl uvicorn``: it binds 127.0.0.1 on a free
 port, prints ``PORT <n>`` on stdout once it accepts connections, and serves until killed.
 """
@@ -18,6 +21,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import socket
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -80,6 +84,11 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
         message = await receive()
         more = message.get("more_body", False)
     if scope["method"] == "POST" and scope["path"].endswith("/chat/completions"):
+        if FAIL_FRACTION and random.random() < FAIL_FRACTION:
+            headers = [(b"content-type", b"application/json")]
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            await send({"type": "http.response.body", "body": _UNAVAILABLE})
+            return
         await send({"type": "http.response.start", "status": 200, "headers": _OK_HEADERS})
         await send({"type": "http.response.body", "body": COMPLETION})
     else:
@@ -96,6 +105,13 @@ _RAW_NOT_FOUND = (
     b"content-length: " + str(len(NOT_FOUND)).encode() + b"\r\n\r\n" + NOT_FOUND
 )
 _RAW_BAD = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+_UNAVAILABLE: bytes = b'{"error":{"message":"injected failure","type":"server_error"}}'
+_RAW_UNAVAILABLE = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    b"content-length: " + str(len(_UNAVAILABLE)).encode() + b"\r\n\r\n" + _UNAVAILABLE
+)
+FAIL_FRACTION: float = 0.0
+"""The share of chat completions answered 503 (``--fail-pct``), drawn per request."""
 
 
 class _RawHTTP(asyncio.Protocol):
@@ -135,7 +151,10 @@ class _RawHTTP(asyncio.Protocol):
             parts = request_line.split(" ")
             ok = len(parts) == 3 and parts[0] == "POST"
             ok = ok and parts[1].split("?")[0].endswith("/chat/completions")
-            self._transport.write(_RAW_OK if ok else _RAW_NOT_FOUND)
+            if ok and FAIL_FRACTION and random.random() < FAIL_FRACTION:
+                self._transport.write(_RAW_UNAVAILABLE)
+            else:
+                self._transport.write(_RAW_OK if ok else _RAW_NOT_FOUND)
 
 
 def _bind() -> socket.socket:
@@ -192,7 +211,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--impl", choices=("uvicorn", "raw"), default="uvicorn")
     parser.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU")
+    parser.add_argument(
+        "--fail-pct", type=float, default=0.0, help="answer this %% of chat completions 503"
+    )
     args = parser.parse_args(argv)
+    global FAIL_FRACTION
+    FAIL_FRACTION = args.fail_pct / 100.0
     if args.cpu is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {args.cpu})
     sock = _bind()
