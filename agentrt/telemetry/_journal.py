@@ -178,6 +178,8 @@ class Journal:
         self.lost += 1
         self.last_error = f"job {job_id}: {why}"
         self._log(self.last_error)
+        if self._file is None:
+            self._log.flush(self.last_error)  # closed: no later record would carry it
         for observe in self.observers:
             observe(False)
 
