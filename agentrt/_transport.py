@@ -889,7 +889,7 @@ class _Call:
         if (
             state.stream
             and response.status_code < 300
-            and "json" not in response.headers.get("content-type", "")
+            and not response.headers.get("content-type", "").startswith("application/json")
         ):
             response.stream = transport._lib.ObservedStream(self, response)
             return response
@@ -1053,6 +1053,8 @@ class _ObservedStream:
                 if scope.cancelled_caught:
                     raise self._call._deadline_exceeded()
         except StopAsyncIteration:
+            if self._parse and (self._tail or self._data):
+                self._scan(b"\n\n")  # a last event without its blank line (or its newline)
             self._complete = True
             self._call._end("ok", None)
             raise

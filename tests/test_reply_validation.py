@@ -205,3 +205,14 @@ def test_sync_runtime_raises_the_endpoint_error_too() -> None:
                     pass
     assert job.report.call_reports[0].status == "error"
     assert job2.report.call_reports[0].status == "error"
+
+
+@pytest.mark.anyio
+async def test_a_malformed_last_event_without_its_blank_line_is_caught() -> None:
+    fake = FakeEngine(script=[sse(chunk("a"), b'data: {"id": "c", "choi')])
+    async with Runtime([URL], transport=fake.transport()) as rt:
+        with pytest.raises(EndpointError, match="malformed stream event"):
+            async with rt.job("j") as job, job.session() as s:
+                async for _ in await s.chat(model="m", messages=MSG, stream=True):
+                    pass
+    assert job.report.call_reports[0].status == "error"
