@@ -366,7 +366,10 @@ class AgentTransport:
         try:
             session._check_usable()
             call = _Call(self, request, route[0], route[1], session, implicit)
-            return await call.run()
+            deadline = call.ticket.deadline_at
+            if deadline is None:
+                return await call.run()
+            return await call.run_bounded(deadline)
         except BaseException:
             if implicit is not None and not implicit._closed:
                 core.end_implicit(implicit)
@@ -826,15 +829,13 @@ class _Call:
         assert out is not None
         return out
 
-    async def run(self) -> httpx.Response:
-        """Send the call (with retries) and observe its reply, within its job's deadline
-        if it has one: the call is bounded here whatever path it came by (an async or a
-        sync client, a framework's model, a task outside the job's block)."""
-        deadline = self.ticket.deadline_at
-        if deadline is None:
-            return await self._run()
+    async def run_bounded(self, deadline: float) -> httpx.Response:
+        """:meth:`run` within its job's deadline: a call of a job with a deadline is
+        bounded here whatever path it came by (an async or a sync client, a framework's
+        model, a task outside the job's block). A call without one goes to :meth:`run`
+        straight (no scope, no extra coroutine)."""
         with anyio.CancelScope(deadline=deadline) as scope:
-            return await self._run()
+            return await self.run()
         assert scope.cancelled_caught
         raise self._deadline_exceeded()
 
@@ -854,7 +855,8 @@ class _Call:
         self._end("cancelled", f"deadline of {job.deadline_s:g} s exceeded")
         return DeadlineExceeded(f"job {job.id!r} exceeded its deadline of {job.deadline_s:g} s")
 
-    async def _run(self) -> httpx.Response:
+    async def run(self) -> httpx.Response:
+        """Send the call (with retries) and observe its reply."""
         state = self.state
         transport = self.transport
         try:
