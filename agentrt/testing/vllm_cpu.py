@@ -192,18 +192,15 @@ class ReplicaSpec:
         return out
 
 
-@dataclass
-class Replica:
-    """One running server. ``base_url`` ends in ``/v1``; ``url`` is the server's root."""
+@dataclass(kw_only=True)
+class _Server:
+    """A server process of the tests' own, in a process group of its own on loopback."""
 
-    spec: ReplicaSpec
     port: int
     process: subprocess.Popen[bytes]
     log_path: Path
-    kv_events_endpoint: str | None = None
     startup_s: float | None = None
     _log_file: TextIO | None = field(default=None, repr=False)
-    _ipc_dir: Path | None = field(default=None, repr=False)
 
     @property
     def pid(self) -> int:
@@ -217,14 +214,6 @@ class Replica:
     def base_url(self) -> str:
         return f"{self.url}/v1"
 
-    @property
-    def model(self) -> str:
-        return self.spec.served_model_name
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
     def is_alive(self) -> bool:
         return self.process.poll() is None
 
@@ -234,6 +223,52 @@ class Replica:
     def get(self, path: str, timeout: float = 10.0) -> tuple[int, str]:
         """GET ``url + path``; returns (status, body). Connection errors raise ``OSError``."""
         return _http("GET", self.url + path, timeout=timeout)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM the process group, SIGKILL it after ``timeout`` s. Idempotent."""
+        if self.process.returncode is None or _group_alive(self.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                self.process.poll()
+                if self.process.returncode is not None and not _group_alive(self.pid):
+                    break
+                time.sleep(0.05)
+            else:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.pid, signal.SIGKILL)
+        self._reap(10.0)
+
+    def _reap(self, timeout: float) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout)
+        # Children re-parented to init are reaped by it; give them a moment to go.
+        deadline = time.monotonic() + timeout
+        while _group_alive(self.pid) and time.monotonic() < deadline:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+            time.sleep(0.1)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+
+@dataclass(kw_only=True)
+class Replica(_Server):
+    """One running server. ``base_url`` ends in ``/v1``; ``url`` is the server's root."""
+
+    spec: ReplicaSpec
+    kv_events_endpoint: str | None = None
+    _ipc_dir: Path | None = field(default=None, repr=False)
+
+    @property
+    def model(self) -> str:
+        return self.spec.served_model_name
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
     def metrics(self) -> dict[str, float]:
         """``/metrics`` parsed: each sample name's value summed over its label sets."""
@@ -261,34 +296,8 @@ class Replica:
             os.killpg(self.pid, signal.SIGKILL)
         self._reap(10.0)
 
-    def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM the replica's process group, SIGKILL it after ``timeout`` s. Idempotent."""
-        if self.process.returncode is None or _group_alive(self.pid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                self.process.poll()
-                if self.process.returncode is not None and not _group_alive(self.pid):
-                    break
-                time.sleep(0.1)
-            else:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.pid, signal.SIGKILL)
-        self._reap(10.0)
-
     def _reap(self, timeout: float) -> None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout)
-        # Children re-parented to init are reaped by it; give them a moment to go.
-        deadline = time.monotonic() + timeout
-        while _group_alive(self.pid) and time.monotonic() < deadline:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, signal.SIGKILL)
-            time.sleep(0.1)
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
+        super()._reap(timeout)
         if self._ipc_dir is not None:
             shutil.rmtree(self._ipc_dir, ignore_errors=True)
             self._ipc_dir = None
@@ -815,40 +824,13 @@ class RouterSpec:
         return out
 
 
-@dataclass
-class Router:
+@dataclass(kw_only=True)
+class Router(_Server):
     """One running ``vllm-router``. ``base_url`` ends in ``/v1``; ``url`` is its root."""
 
     spec: RouterSpec
-    port: int
     metrics_port: int
     worker_urls: tuple[str, ...]
-    process: subprocess.Popen[bytes]
-    log_path: Path
-    startup_s: float | None = None
-    _log_file: TextIO | None = field(default=None, repr=False)
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return f"{self.url}/v1"
-
-    def is_alive(self) -> bool:
-        return self.process.poll() is None
-
-    def log_tail(self, lines: int = 40) -> str:
-        return _tail(self.log_path, lines)
-
-    def get(self, path: str, timeout: float = 10.0) -> tuple[int, str]:
-        """GET ``url + path``; returns (status, body)."""
-        return _http("GET", self.url + path, timeout=timeout)
 
     def diagnostics(self) -> dict[str, Any]:
         """``GET /scheduling/diagnostics`` (program scheduling on), parsed."""
@@ -874,26 +856,6 @@ class Router:
         status, body = _http("POST", f"{self.url}/finish_session?{query}", timeout=10.0, body=b"")
         if status != 200:
             raise RuntimeError(f"finish_session answered {status}: {body[:200]}")
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM the router's process group, SIGKILL it after ``timeout`` s. Idempotent."""
-        if self.process.returncode is None or _group_alive(self.pid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                self.process.poll()
-                if self.process.returncode is not None and not _group_alive(self.pid):
-                    break
-                time.sleep(0.05)
-            else:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(5.0)
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
 
 
 def _router_environ(spec: RouterSpec) -> dict[str, str]:
