@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 import openai
 import pytest
+from prometheus_client import CollectorRegistry
 
 from agentrt import EndpointError, Runtime, SyncRuntime
 from agentrt.telemetry import CallEnded, Event, read_journal
@@ -58,8 +59,14 @@ async def test_an_unreadable_reply_is_an_endpoint_error(
     fake = FakeEngine(script=[reply(body)])
     events: list[Event] = []
     journal = f"{tmp_path}/j.jsonl"
+    registry = CollectorRegistry()
     async with Runtime(
-        [URL], api_key=KEY, transport=fake.transport(), hooks=[events.append], journal=journal
+        [URL],
+        api_key=KEY,
+        transport=fake.transport(),
+        hooks=[events.append],
+        journal=journal,
+        prometheus=registry,
     ) as rt:
         with pytest.raises(EndpointError) as info:
             async with rt.job("j") as job, job.session() as s:
@@ -78,6 +85,9 @@ async def test_an_unreadable_reply_is_an_endpoint_error(
     assert ended.status == "error"
     (line,) = read_journal(journal)
     assert line.call_reports[0].status == "error" and line.call_reports[0].error == message
+    count = "agentrt_call_duration_seconds_count"
+    assert registry.get_sample_value(count, {"job": "j", "endpoint": URL, "status": "error"}) == 1
+    assert not registry.get_sample_value(count, {"job": "j", "endpoint": URL, "status": "ok"})
 
 
 @pytest.mark.anyio
