@@ -8,8 +8,9 @@ frozen dataclasses. Every event carries ``t`` (the runtime's clock,
 events of a session carry its id, those of a call its id.
 
 When no hook is installed, no event object is built: the cost is one truth test per
-emission point. A hook that raises is reported once through :mod:`warnings` and does not
-disturb the call.
+emission point. A hook that raises does not disturb the call: its first error is a
+:mod:`warnings` warning, and every error is counted (``rt.journal_statistics()``) and
+logged on the ``agentrt`` logger, rate-limited.
 
 Order of a call's events: ``CallStarted``, then per attempt ``CallQueued`` (only when it
 waited for room; ``t`` is when it started waiting), ``CallSent``, and ``AttemptFailed``
