@@ -42,7 +42,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -145,13 +145,26 @@ class Bare(Client):
 class Agentrt(Client):
     name = "agentrt"
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, max_connections: int | None = None) -> None:
         self.url = url
         self.reports: list[agentrt.JobReport] = []
+        self.max_connections = max_connections
 
     async def __aenter__(self) -> Agentrt:
+        transport = None
+        if self.max_connections is not None:  # a pool capped like openai's default one
+            try:
+                import httpx2 as mod  # type: ignore[import-not-found,unused-ignore]
+            except ImportError:
+                import httpx as mod
+            limits = mod.Limits(max_connections=self.max_connections, max_keepalive_connections=100)
+            transport = mod.AsyncHTTPTransport(limits=limits)
         self.rt = agentrt.Runtime(
-            [self.url], keep_reports=0, otel=False, on_job_end=self.reports.append
+            [self.url],
+            keep_reports=0,
+            otel=False,
+            on_job_end=self.reports.append,
+            transport=transport,
         )
         await self.rt.__aenter__()
         return self
@@ -244,8 +257,12 @@ async def measure(client: Client, jobs: int, concurrency: int) -> dict[str, Any]
 
 async def compare(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    clients: list[Client] = [Bare(url), Agentrt(url)]
-    async with clients[0], clients[1]:
+    clients: list[Client] = [Bare(url), Agentrt(url, args.agentrt_max_connections)]
+    if args.only:
+        clients = [c for c in clients if c.name == args.only]
+    async with AsyncExitStack() as stack:
+        for c in clients:
+            await stack.enter_async_context(c)
         for c in clients:  # warm-up: connections, imports, caches
             c.accounting(200, await run_jobs(c, 200, 100))
         for concurrency in args.concurrency:
@@ -269,10 +286,11 @@ async def compare(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
                         "runs": results,
                     }
                 )
-            bare, ours = rows[-2], rows[-1]
-            ours["ratio_to_openai"] = ours["calls_per_s"] / bare["calls_per_s"]
-            print_row(bare)
-            print_row(ours)
+            if len(clients) == 2:
+                bare, ours = rows[-2], rows[-1]
+                ours["ratio_to_openai"] = ours["calls_per_s"] / bare["calls_per_s"]
+            for row in rows[-len(clients) :]:
+                print_row(row)
     return rows
 
 
@@ -349,6 +367,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--min-jobs", type=int, default=300)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--fail-pct", type=float, default=5.0)
+    p.add_argument("--fail-only", action="store_true", help="only the run with failures")
+    p.add_argument("--only", choices=("openai", "agentrt"), default=None)
+    p.add_argument(
+        "--agentrt-max-connections",
+        type=int,
+        default=None,
+        help="give agentrt an HTTP transport with this connection cap (openai's is 1000)",
+    )
     p.add_argument("--server", choices=("raw", "uvicorn"), default="raw")
     p.add_argument("--soak", type=float, default=None, metavar="MINUTES")
     p.add_argument("--soak-concurrency", type=int, default=100)
@@ -386,7 +412,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         rows: list[dict[str, Any]] = []
         print(HEADER)
-        for fail in (0.0, args.fail_pct):
+        for fail in (args.fail_pct,) if args.fail_only else (0.0, args.fail_pct):
             args.fail_pct_now = fail
             with echo_server(fail, args.server) as url:
                 rows += anyio.run(compare, args, url)
