@@ -412,3 +412,27 @@ async def test_many_jobs_on_a_flaky_endpoint_all_end_and_agree(
     for r in reports:
         assert sum(c.status == "error" for c in r.call_reports) == failures.get(r.job_id, 0)
     assert sum(c.attempts > 1 for c in calls) > 0  # the storm did hit
+
+
+# -- bad input never reaches the server -------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [object(), b"\xff\xfe"], ids=["object", "non-utf8-bytes"])
+async def test_unserializable_metadata_is_refused_before_any_request(
+    server: FaultServer, value: object
+) -> None:
+    async with runtime(server.url) as rt:
+        with pytest.raises((TypeError, ValueError)):
+            async with rt.job("bad", metadata={"k": value}) as job, job.session("s") as s:
+                await s.chat(model=MODEL, messages=MESSAGES)
+    assert server.seen == []
+
+
+@pytest.mark.parametrize("key", ["sk-é", "sk-1\r\nx-evil: 1", " sk-1"])
+async def test_a_key_that_cannot_be_a_header_is_refused_before_any_request(
+    server: FaultServer, key: str
+) -> None:
+    with pytest.raises(ValueError) as info:
+        runtime(server.url, api_key=key)
+    assert key.strip() not in str(info.value)
+    assert server.seen == []
