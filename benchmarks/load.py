@@ -193,6 +193,11 @@ class Agentrt(Client):
         self.reports.clear()  # in place: the runtime holds this list's append
         calls = [c for r in reports for c in r.call_reports]
         reported_errors = sum(c.status != "ok" for c in calls)
+        kinds: dict[str, int] = {}
+        for c in calls:
+            if c.status != "ok":
+                kind = (c.error or "?").replace(self.url, "URL")[:90]
+                kinds[kind] = kinds.get(kind, 0) + 1
         return {
             "reports": len(reports),
             "reported_calls": len(calls),
@@ -201,6 +206,7 @@ class Agentrt(Client):
             "jobs_not_ok": sum(r.status != "ok" for r in reports),
             "lost": (jobs - len(reports)) + (3 * jobs - len(calls)),
             "errors_agree": reported_errors == tally.call_errors,
+            "error_kinds": kinds,
         }
 
 
