@@ -52,6 +52,9 @@ __all__ = ["DEFAULT_TIMEOUT_S", "Runtime", "SyncJob", "SyncRuntime", "SyncSessio
 DEFAULT_TIMEOUT_S: Final = 600.0
 """Read timeout of one attempt, seconds (LLM replies can be long). Connect: 10 s."""
 
+_MAX_CONNECTIONS: Final = 1000
+"""Connections the default HTTP pool opens at most (openai's clients cap theirs alike)."""
+
 _PLACEHOLDER_KEY: Final = "agentrt-no-key"
 _T = TypeVar("_T")
 
@@ -579,8 +582,11 @@ class Runtime:
         mod = self._lib.mod
         self._timeout: Any = mod.Timeout(timeout_s, connect=10.0)
         self._owns_inner = transport is None
+        # At most 1,000 connections, as openai's own clients: with no cap, thousands of
+        # calls at once open as many sockets, overflow a server's accept backlog and time
+        # out connecting (benchmarks/load.py, docs/benchmarks.md "Load and soak").
         self._inner: httpx.AsyncBaseTransport = cast(Any, transport) or mod.AsyncHTTPTransport(
-            limits=mod.Limits(max_connections=None, max_keepalive_connections=256)
+            limits=mod.Limits(max_connections=_MAX_CONNECTIONS, max_keepalive_connections=256)
         )
         self._reports: deque[JobReport] = deque(maxlen=keep_reports)
         self._on_job_end = on_job_end

@@ -62,7 +62,7 @@ async def test_langchain_deadline_closes_the_request(server: FaultServer) -> Non
     async with agentrt.Runtime([server.url], retry=FAST, otel=False) as rt:
         llm = lc.chat_model(rt, model=MODEL)
         with pytest.raises(TimeoutError):
-            async with rt.job("lc", deadline_s=0.5) as job, job.session("agent"):
+            async with rt.job("lc", deadline_s=2.0) as job, job.session("agent"):
                 await llm.ainvoke("hi")
     assert job.report.status == "deadline"
     assert job.report.call_reports[0].status == "cancelled"
@@ -74,7 +74,7 @@ async def test_langchain_cancelled_stream_closes_the_request(server: FaultServer
     async with agentrt.Runtime([server.url], retry=FAST, otel=False) as rt:
         llm = lc.chat_model(rt, model=MODEL)
         async with rt.job("lc") as job, job.session("agent"):
-            with anyio.move_on_after(0.5):
+            with anyio.move_on_after(1.5):  # the stream takes 5 s
                 async for _ in llm.astream("hi"):
                     pass
     assert server.wait_disconnect(server.chat_requests[0], DISCONNECT_BOUND_S) is not None

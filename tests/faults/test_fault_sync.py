@@ -68,7 +68,7 @@ def test_sync_refused_endpoint_fails_over(server: FaultServer) -> None:
 def test_sync_deadline_on_a_stalled_call(server: FaultServer) -> None:
     server.push(Fault.stall())
     t0 = time.monotonic()
-    report, caught = sync_job([server.url], deadline_s=0.5)
+    report, caught = sync_job([server.url], deadline_s=2.0)
     assert isinstance(caught, TimeoutError)
     assert time.monotonic() - t0 < 10.0
     assert report.status == "deadline"
