@@ -1153,8 +1153,8 @@ class _ObservedStream:
         finally:
             if self._complete:
                 self._call._end("ok", None)
-            else:
-                self._call._end("error", "the stream was closed before it ended")
+            else:  # the caller stopped reading: its choice, not the endpoint's failure
+                self._call._end("cancelled", "the caller closed the stream before its end")
 
 
 class _UsageFilter:

@@ -317,6 +317,9 @@ async def test_consumer_that_stops_reading_a_stream_closes_it(server: FaultServe
     assert got == ["a", "b"]
     assert server.wait_disconnect(server.chat_requests[0], DISCONNECT_BOUND_S) is not None
     assert job.report.status == "ok"
+    (call,) = job.report.call_reports
+    assert call.status == "cancelled"  # the caller's choice, not the endpoint's failure
+    assert call.error == "the caller closed the stream before its end"
 
 
 # -- odd but valid replies ---------------------------------------------------------------------
