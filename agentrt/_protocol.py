@@ -45,7 +45,7 @@ MAX_SECONDS: Final = 999_999_999_999.999
 """The largest RFC 9651 decimal (12 + 3 digits); durations are clamped to [0, this]."""
 MAX_HEADER_BYTES: Final = 2048
 """Bound on the ``x-agentrt`` value; the reader rejects longer ones. What agentrt sends
-always fits: at most 887 bytes, or 1,527 when ids are made of ``"`` and ``\\`` (each is
+always fits: at most 923 bytes, or 1,563 when ids are made of ``"`` and ``\\`` (each is
 escaped with a ``\\``); the rest is room for optional keys added later."""
 
 IdleSource: TypeAlias = Literal["declared", "predicted"]
@@ -67,6 +67,8 @@ K_IDLE_DECLARED: Final = "idle-decl"
 K_IDLE_EXPECTED: Final = "idle-exp"
 K_IDLE_SOURCE: Final = "idle-src"
 K_PRIORITY: Final = "prio"
+K_FINAL: Final = "final"
+K_DEADLINE: Final = "deadline-s"
 
 # Printable ASCII except space-like control characters; ids go into headers verbatim.
 _ID_RE: Final = re.compile(r"^[\x21-\x7e]+$")
@@ -113,6 +115,12 @@ class CallMetadata(BaseModel):
     session_id: str
     program_id: str
     parent_session_id: str | None = None
+    root_session_id: str | None = None
+    """The session at the root of this session's tree of sub-agents; None without a parent."""
+    session_name: str | None = None
+    """The session's name, as given to ``job.session(name)`` (the agent's name)."""
+    blocks_parent: bool | None = None
+    """Whether the parent session waits for this sub-agent's result; None when not said."""
     turn: int
     """0-based index of this call within its session."""
     first_turn: bool
@@ -133,6 +141,10 @@ class CallMetadata(BaseModel):
     """Scheduling class, lower runs first; None when priorities are not sent."""
     expected_output_tokens: int | None = None
     """``max_tokens`` / ``max_completion_tokens`` of the request, when given."""
+    final: bool = False
+    """The caller said this is the session's last call (``final=True``): no turn follows."""
+    deadline_s: float | None = None
+    """Seconds left before the job's deadline when the call was sent; None without one."""
     echo: dict[str, str] = Field(default_factory=dict)
     """Response headers the session's dialect asked to echo back (e.g. llm-d's token)."""
 
@@ -233,6 +245,10 @@ def agentrt_header_value(meta: CallMetadata) -> str:
             text += f", {K_IDLE_SOURCE}={meta.idle_expected_source}"
     if meta.priority is not None:
         text += f", {K_PRIORITY}={_sf_integer(meta.priority)}"
+    if meta.final:
+        text += f", {K_FINAL}"
+    if meta.deadline_s is not None:
+        text += f", {K_DEADLINE}={_sf_seconds(meta.deadline_s)}"
     return text
 
 
@@ -485,6 +501,9 @@ def parse_agentrt_header(value: str) -> CallMetadata:
     program, parent = get(K_PROGRAM), get(K_PARENT)
     idle, declared = get(K_IDLE), get(K_IDLE_DECLARED)
     expected, source, priority = get(K_IDLE_EXPECTED), get(K_IDLE_SOURCE), get(K_PRIORITY)
+    final, deadline = get(K_FINAL, False), get(K_DEADLINE)
+    if not isinstance(final, bool):
+        raise ValueError(f"{HEADER}: key {K_FINAL!r} must be a boolean, got {final!r}")
     source_of: IdleSource | None = None
     if source is not None:
         if expected is None:
@@ -510,4 +529,6 @@ def parse_agentrt_header(value: str) -> CallMetadata:
         idle_s=None if idle is None else _seconds_of(idle, K_IDLE),
         idle_declared_s=None if declared is None else _seconds_of(declared, K_IDLE_DECLARED),
         priority=None if priority is None else _int_of(priority, K_PRIORITY),
+        final=final,
+        deadline_s=None if deadline is None else _seconds_of(deadline, K_DEADLINE),
     )

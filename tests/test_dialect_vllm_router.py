@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+import agentrt
 from agentrt import Retry, Runtime
 from agentrt._protocol import CallMetadata, parse_agentrt_header
 from agentrt.dialects import (
@@ -22,7 +23,6 @@ from agentrt.dialects import (
     combine,
     get_dialect,
     vllm_router_agentic_dialect,
-    vllm_router_last_call,
     vllm_router_session_ends,
 )
 from tests._fake import MSG, FakeEngine
@@ -68,6 +68,41 @@ def test_exact_fields_of_a_sub_agent_call() -> None:
         "expected_output_tokens": 256,
         "priority": -3,  # agentrt: lower first; the router: larger first
     }
+
+
+def test_exact_fields_of_a_named_blocking_sub_agent_s_last_call() -> None:
+    meta = FULL.model_copy(
+        update={
+            "session_name": "researcher",
+            "root_session_id": "sess-root",
+            "blocks_parent": False,
+            "final": True,
+            "deadline_s": 12.34567,
+        }
+    )
+    assert context(VLLM_ROUTER_AGENTIC.encode(meta, NO_PRIO)) == {
+        "program_id": "sess-1",
+        "task_id": "job-1",
+        "session_id": "sess-1",
+        "agent_id": "researcher",
+        "agent_role": "subagent",
+        "parent_program_id": "sess-0",
+        "root_program_id": "sess-root",
+        "blocks_parent": False,
+        "expected_resume": False,  # the router ends the program after this reply
+        "step_id": 2,
+        # no kv_retention_ttl_seconds: nothing follows the last call
+        "deadline_seconds": 12.346,
+        "expected_output_tokens": 256,
+    }
+
+
+def test_a_lead_sends_no_sub_agent_fields() -> None:
+    meta = make_meta(session_name="lead", root_session_id="x", blocks_parent=True)
+    ctx = context(VLLM_ROUTER_AGENTIC.encode(meta, NO_PRIO))
+    assert ctx["agent_role"] == "lead"
+    assert ctx["agent_id"] == "lead"
+    assert not {"parent_program_id", "root_program_id", "blocks_parent"} & set(ctx)
 
 
 def test_exact_fields_of_a_lead_first_call() -> None:
@@ -151,22 +186,37 @@ async def test_on_the_wire_through_a_runtime() -> None:
         [URL], transport=fake.transport(), retry=FAST, dialect="vllm-router-agentic"
     ) as rt:
         client = rt.openai()
-        async with rt.job("j", job_id="job-a") as job:
-            async with job.session(session_id="lead-a") as lead:
+        async with rt.job("j", job_id="job-a", deadline_s=600.0) as job:
+            async with job.session("planner", session_id="lead-a") as lead:
                 await lead.chat(model="m", messages=MSG, max_tokens=7)
                 lead.expect_idle(3.0)
                 await lead.chat(model="m", messages=MSG)
-                async with job.session(session_id="sub-a", parent=lead) as sub:
+                async with job.session(
+                    "coder", session_id="sub-a", parent=lead, blocks_parent=True
+                ) as sub:
                     await client.chat.completions.create(model="m", messages=MSG)
-                    # The caller's own context wins whole: a call it knows is the last.
-                    await sub.chat(model="m", messages=MSG, extra_body=vllm_router_last_call(sub))
+                    async with job.session(session_id="sub-b", parent=sub) as subsub:
+                        subsub.expect_final()
+                        await subsub.chat(model="m", messages=MSG)
+                    await sub.chat(model="m", messages=MSG, final=True)
+                await lead.chat(model="m", messages=MSG)  # after the sub-agent's end
     ctxs = [json.loads(s.body["vllm_xargs"]["agentic_context"]) for s in fake.seen]
-    assert [s.headers["x-session-id"] for s in fake.seen] == ["lead-a", "lead-a", "sub-a", "sub-a"]
+    assert [s.headers["x-session-id"] for s in fake.seen] == [
+        "lead-a",
+        "lead-a",
+        "sub-a",
+        "sub-b",
+        "sub-a",
+        "lead-a",
+    ]
+    deadlines = [c.pop("deadline_seconds") for c in ctxs]
+    assert all(0 < d <= 600.0 for d in deadlines)
+    assert deadlines == sorted(deadlines, reverse=True)  # what is left of the job's 600 s
     assert ctxs[0] == {
         "program_id": "lead-a",
         "task_id": "job-a",
         "session_id": "lead-a",
-        "agent_id": "lead-a",
+        "agent_id": "planner",
         "agent_role": "lead",
         "expected_resume": True,
         "step_id": 0,
@@ -175,10 +225,49 @@ async def test_on_the_wire_through_a_runtime() -> None:
     assert ctxs[1]["step_id"] == 1
     assert ctxs[1]["kv_retention_ttl_seconds"] == 3.0 + DEFAULT_ROUTER_TTL_MARGIN_S
     assert "expected_output_tokens" not in ctxs[1]
-    assert ctxs[2]["parent_program_id"] == "lead-a"
-    assert ctxs[2]["agent_role"] == "subagent"
-    assert ctxs[2]["step_id"] == 0
-    assert ctxs[3] == {**ctxs[2], "expected_resume": False, "step_id": 1}
+    assert ctxs[2] == {
+        "program_id": "sub-a",
+        "task_id": "job-a",
+        "session_id": "sub-a",
+        "agent_id": "coder",
+        "agent_role": "subagent",
+        "parent_program_id": "lead-a",
+        "root_program_id": "lead-a",
+        "blocks_parent": True,
+        "expected_resume": True,
+        "step_id": 0,
+    }
+    assert ctxs[3] == {
+        "program_id": "sub-b",
+        "task_id": "job-a",
+        "session_id": "sub-b",
+        "agent_id": "sub-b",  # no name: the session id
+        "agent_role": "subagent",
+        "parent_program_id": "sub-a",
+        "root_program_id": "lead-a",  # the root of the tree, not the parent
+        "expected_resume": False,  # expect_final()
+        "step_id": 0,
+    }
+    assert ctxs[4] == {**ctxs[2], "expected_resume": False, "step_id": 1}  # final=True
+    # The declaration is consumed by the call it was made for.
+    assert ctxs[5]["expected_resume"] is True
+    assert ctxs[5]["step_id"] == 2
+
+
+@pytest.mark.anyio
+async def test_final_is_checked_before_any_request() -> None:
+    fake = FakeEngine()
+    async with Runtime([URL], transport=fake.transport(), retry=FAST, dialect=DIALECT) as rt:
+        async with rt.job("j") as job, job.session() as s:
+            with pytest.raises(TypeError, match="final must be a bool"):
+                await s.chat(model="m", messages=MSG, final="yes")  # type: ignore[call-overload]
+            with pytest.raises(ValueError, match="without a parent"):
+                async with job.session(blocks_parent=True):
+                    pass
+            with pytest.raises(TypeError, match="blocks_parent must be a bool"):
+                async with job.session(parent=s, blocks_parent=1):  # type: ignore[arg-type]
+                    pass
+    assert fake.seen == []
 
 
 # ------------------------------------------------------------- session ends at the router
@@ -233,3 +322,19 @@ async def test_session_ends_reject_a_bad_url(url: str) -> None:
     with pytest.raises(ValueError, match="http"):
         async with vllm_router_session_ends(url):
             pass
+
+
+def test_sync_sessions_say_the_same() -> None:
+    fake = FakeEngine()
+    with agentrt.SyncRuntime([URL], transport=fake.transport(), dialect=DIALECT) as rt:
+        with rt.job("j", deadline_s=60) as job, job.session("lead") as lead:
+            with job.session("sub", parent=lead, blocks_parent=True) as sub:
+                sub.chat(model="m", messages=MSG, final=True)
+                sub.expect_final()
+                sub.complete(model="m", prompt="p")
+    first, second = (json.loads(s.body["vllm_xargs"]["agentic_context"]) for s in fake.seen)
+    for ctx in (first, second):
+        assert ctx["agent_id"] == "sub" and ctx["blocks_parent"] is True
+        assert ctx["expected_resume"] is False and 0 < ctx["deadline_seconds"] <= 60
+    header = parse_agentrt_header(fake.seen[0].headers["x-agentrt"])
+    assert header.final and header.deadline_s is not None

@@ -117,13 +117,15 @@ def test_size_bound() -> None:
         idle_expected_s=MAX_SECONDS,
         idle_expected_source="predicted",
         priority=-MAX_SF_INTEGER,
+        final=True,
+        deadline_s=MAX_SECONDS,
     )
-    assert len(agentrt_header_value(worst)) == 1527 <= MAX_HEADER_BYTES
+    assert len(agentrt_header_value(worst)) == 1563 <= MAX_HEADER_BYTES
     plain = worst.model_copy(
         update={k: c * 128 for k, c in (("call_id", "a"), ("job_id", "b"), ("session_id", "c"))}
         | {"program_id": "d" * 128, "parent_session_id": "e" * 128}
     )
-    assert len(agentrt_header_value(plain)) == 887 <= 1024
+    assert len(agentrt_header_value(plain)) == 923 <= 1024
     assert parse_agentrt_header(agentrt_header_value(worst)) == worst
 
 
@@ -157,6 +159,8 @@ def metadata(draw: st.DrawFn) -> CallMetadata:
         idle_s=draw(seconds),
         idle_declared_s=draw(seconds),
         priority=draw(st.none() | st.integers(min_value=-(2**70), max_value=2**70)),
+        final=draw(st.booleans()),
+        deadline_s=draw(seconds),
     )
 
 
@@ -184,13 +188,14 @@ def test_round_trip(sent: CallMetadata) -> None:
         "parent_session_id",
         "first_turn",
         "idle_expected_source",
+        "final",
     )
     for name in same:
         assert getattr(read, name) == getattr(sent, name), name
     assert read.turn == _clamp(sent.turn)
     assert read.service_tokens == _clamp(sent.service_tokens)
     assert read.priority == _clamp(sent.priority)
-    for name in ("service_s", "idle_s", "idle_declared_s", "idle_expected_s"):
+    for name in ("service_s", "idle_s", "idle_declared_s", "idle_expected_s", "deadline_s"):
         assert _close(getattr(read, name), getattr(sent, name)), name
     assert read.echo == {} and read.expected_output_tokens is None
     # What was read writes back to the same text.

@@ -588,8 +588,11 @@ class AgentrtDriver:
     async def _session(self, job: Any, plan: SessionPlan, parent: Any) -> None:
         oracle = self._declare == "oracle"
         resumed = self._resumed.setdefault(job.id, set())
-        async with job.session(plan.name, parent=parent) as s:
+        # A fan-out's sessions block their parent (it waits for the task group).
+        blocks = None if parent is None else True
+        async with job.session(plan.name, parent=parent, blocks_parent=blocks) as s:
             steps = plan.steps
+            last = max((i for i, step in enumerate(steps) if isinstance(step, Call)), default=-1)
             for i, step in enumerate(steps):
                 if isinstance(step, Fanout):
                     async with anyio.create_task_group() as tg:
@@ -610,6 +613,8 @@ class AgentrtDriver:
                     after = steps[i + 1] if i + 1 < len(steps) else None
                     if isinstance(after, Call) and after.tool and after.wait_s:
                         s.expect_idle(after.wait_s)
+                    if i == last:  # the session's last call: servers may end it there
+                        s.expect_final()
                 if self._api == "http":
                     # rt.http_client() requests inside a session are that session's turns.
                     assert self._http is not None

@@ -37,7 +37,6 @@ from ._vllm_router_agentic import (
     DEFAULT_ROUTER_TTL_MARGIN_S,
     VLLM_ROUTER_AGENTIC,
     vllm_router_agentic_dialect,
-    vllm_router_last_call,
 )
 from ._vllm_router_ends import vllm_router_session_ends
 
@@ -71,7 +70,6 @@ __all__ = [
     "vllm_dialect",
     "vllm_router_agentic_dialect",
     "vllm_router_dialect",
-    "vllm_router_last_call",
     "vllm_router_session_ends",
 ]
 

@@ -8,17 +8,25 @@ the body object ``vllm_xargs.agentic_context`` (``src/request_identity.rs``,
 ``apply_canonical_scheduling``). This dialect fills it from what agentrt knows, with
 the router's program being one agentrt session (one conversation, one KV prefix):
 
-- ``program_id``, ``session_id``, ``agent_id``: the session id;
+- ``program_id``, ``session_id``: the session id; ``agent_id``: the session's name
+  (``job.session(name)``), else its id;
 - ``task_id``: the job id (the router groups a task's programs: its placement key);
 - ``agent_role``: ``"lead"`` for a session without a parent, ``"subagent"`` with one,
-  and then ``parent_program_id``: the parent session (the router resolves the root
-  through its parents; ``blocks_parent`` is left to its default, true for a sub-agent);
-- ``expected_resume``: ``true``; a session continues until its block ends (a program
-  that stops calling is paused when its acting TTL runs out, dropped 30 min later);
+  and then ``parent_program_id``: the parent session, ``root_program_id``: the root of
+  the session's tree, and ``blocks_parent`` when the caller said it
+  (``job.session(..., blocks_parent=...)``; the router's default is true for a
+  sub-agent);
+- ``expected_resume``: ``false`` on a call the caller marked as the session's last
+  (``session.chat(..., final=True)`` or ``session.expect_final()``), which ends the
+  program at the router when the reply is done and frees its slot at once; ``true``
+  otherwise (a program that stops calling is paused when its acting TTL runs out,
+  dropped 30 min later);
 - ``step_id``: the call's turn in its session;
 - ``kv_retention_ttl_seconds``: the idle the session expects after this reply (a
   declared or learned tool wait) plus a margin, bounded, when known (the router clamps
   it to its ``max_acting_ttl_seconds``, 10 s by default);
+- ``deadline_seconds``: the seconds left before the job's deadline, when it has one (the
+  router bounds a paused program's wait for its force-resume by it);
 - ``expected_output_tokens``: the request's ``max_tokens``, when given;
 - ``priority``: agentrt's priority negated (the router resumes larger values first),
   only with ``DialectOptions(send_priority=True)``.
@@ -28,30 +36,24 @@ the router forwards ``vllm_xargs`` to the replica, and vLLM accepts only strings
 numbers and lists as its values. The header ``x-session-id`` carries the session id
 too, for the ``consistent_hash`` and ``sticky_least_loaded`` policies
 (``src/policies/hash_key.rs``). A caller's own ``vllm_xargs.agentic_context`` (in
-``extra_body``) replaces this one whole: :func:`vllm_router_last_call` builds the one
-for a call the caller knows is its session's last (``expected_resume: false``, which
-ends the program at the router and frees its slot at once). See docs/protocol.md.
+``extra_body``) replaces this one whole. See docs/protocol.md.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from .._protocol import CallMetadata, validate_nonneg
 from ._base import Dialect, DialectOptions, Encoding
 from ._generic import base_encoding, clamp
-
-if TYPE_CHECKING:
-    from .._context import Session
 
 __all__ = [
     "DEFAULT_ROUTER_MAX_TTL_S",
     "DEFAULT_ROUTER_TTL_MARGIN_S",
     "VLLM_ROUTER_AGENTIC",
     "vllm_router_agentic_dialect",
-    "vllm_router_last_call",
 ]
 
 DEFAULT_ROUTER_TTL_MARGIN_S: Final = 2.0
@@ -85,19 +87,27 @@ def _context_of(
         "program_id": session,
         "task_id": meta.job_id,
         "session_id": session,
-        "agent_id": session,
+        "agent_id": meta.session_name or session,
     }
     parent = meta.parent_session_id
     if parent is not None and parent != session:
         ctx["agent_role"] = "subagent"
         ctx["parent_program_id"] = parent
+        root = meta.root_session_id
+        if root is not None and root != session:
+            ctx["root_program_id"] = root
+        if meta.blocks_parent is not None:
+            ctx["blocks_parent"] = meta.blocks_parent
     else:
         ctx["agent_role"] = "lead"
-    ctx["expected_resume"] = True
+    ctx["expected_resume"] = not meta.final
     ctx["step_id"] = max(0, meta.turn)
     idle = meta.idle_expected_s
-    if idle is not None and math.isfinite(idle) and idle >= 0:
+    if idle is not None and math.isfinite(idle) and idle >= 0 and not meta.final:
         ctx["kv_retention_ttl_seconds"] = round(min(idle + ttl_margin_s, max_ttl_s), 3)
+    deadline = meta.deadline_s
+    if deadline is not None and math.isfinite(deadline) and deadline >= 0:
+        ctx["deadline_seconds"] = round(deadline, 3)
     tokens = meta.expected_output_tokens
     if tokens is not None and tokens >= 0:
         ctx["expected_output_tokens"] = tokens
@@ -130,38 +140,12 @@ def vllm_router_agentic_dialect(
         name="vllm-router-agentic",
         encode=encode,
         doc="vllm-project/router 0.1.17 program scheduling: body vllm_xargs.agentic_context "
-        "(a JSON string: program = session, task = job, parent, lead/subagent, "
-        "expected_resume, step, kv_retention_ttl_seconds = expected idle + "
-        f"{margin:g} s, expected output tokens, negated priority with send_priority) "
+        "(a JSON string: program = session, task = job, agent = session name, parent, "
+        "root, lead/subagent, blocks_parent, expected_resume false on a final call, "
+        f"step, kv_retention_ttl_seconds = expected idle + {margin:g} s, deadline, "
+        "expected output tokens, negated priority with send_priority) "
         "and X-Session-ID.",
     )
 
 
 VLLM_ROUTER_AGENTIC: Final = vllm_router_agentic_dialect()
-
-
-def vllm_router_last_call(session: Session) -> dict[str, Any]:
-    """``extra_body`` for the session's last call through vllm-router's program scheduling.
-
-    The same identity the dialect sends, with ``expected_resume: false``: the router ends
-    the program when the reply is done (``src/routers/http/program_adapter.rs``), instead
-    of holding its slot for the acting TTL. agentrt cannot tell a session's last call by
-    itself; the caller can::
-
-        reply = await session.chat(..., extra_body=vllm_router_last_call(session))
-    """
-    ctx: dict[str, Any] = {
-        "program_id": session.id,
-        "task_id": session.job.id,
-        "session_id": session.id,
-        "agent_id": session.id,
-    }
-    parent = session.parent_id
-    if parent is not None and parent != session.id:
-        ctx["agent_role"] = "subagent"
-        ctx["parent_program_id"] = parent
-    else:
-        ctx["agent_role"] = "lead"
-    ctx["expected_resume"] = False
-    ctx["step_id"] = session.turns
-    return {"vllm_xargs": {"agentic_context": json.dumps(ctx, separators=(",", ":"))}}

@@ -22,7 +22,7 @@ import anyio
 import pytest
 
 import agentrt
-from agentrt.dialects import vllm_router_last_call, vllm_router_session_ends
+from agentrt.dialects import vllm_router_session_ends
 from agentrt.testing.vllm_cpu import (
     ROUTER_SETUP_MESSAGE,
     EngineEnv,
@@ -172,13 +172,13 @@ async def test_program_scheduling_sees_agentrt_programs(
     """With program scheduling on, the router knows each session as a program of the job's
     task with its parent and root; a declared tool wait holds the program's slot for the
     wait (kv_retention_ttl_seconds), an undeclared one does not; a streamed call's usage
-    reaches the router and agentrt's report; a last call ends the program at the router."""
+    reaches the router and agentrt's report; a call marked final ends the program at the router."""
     model = vllm_pair[0].model
     spec = RouterSpec(policy="consistent_hash", program_scheduling=True)
     async with routed(vllm_pair, router_binary, tmp_path, spec) as router:
         programs = router.programs
         async with agentrt.Runtime([router.base_url], dialect=DIALECT) as rt:
-            async with rt.job("programs") as job, job.session("lead") as lead:
+            async with rt.job("programs", deadline_s=600) as job, job.session("planner") as lead:
                 messages = [{"role": "user", "content": text(200)}]
                 lead.expect_idle(5.0)  # a tool wait after this reply: TTL 5 + 2 s margin
                 stream = await lead.chat(model=model, messages=messages, max_tokens=24, stream=True)
@@ -187,22 +187,17 @@ async def test_program_scheduling_sees_agentrt_programs(
                     if not in_flight:
                         in_flight = (await anyio.to_thread.run_sync(programs))[lead.id]
                 held = await settled(router, lead.id)
-                async with job.session("worker", parent=lead) as sub:
+                async with job.session("worker", parent=lead, blocks_parent=False) as sub:
                     await sub.chat(model=model, messages=messages, max_tokens=4)
                     seen = await anyio.to_thread.run_sync(programs)
-                    await sub.chat(
-                        model=model,
-                        messages=messages,
-                        max_tokens=4,
-                        extra_body=vllm_router_last_call(sub),
-                    )
+                    await sub.chat(model=model, messages=messages, max_tokens=4, final=True)
                     after_last = await anyio.to_thread.run_sync(programs)
         diagnostics = await anyio.to_thread.run_sync(router.diagnostics)
 
     assert _view(seen[lead.id]) == {
         "task_id": job.id,
         "session_id": lead.id,
-        "agent_id": lead.id,
+        "agent_id": "planner",
         "agent_role": "lead",
         "parent_program_id": None,
         "root_program_id": lead.id,
@@ -212,16 +207,17 @@ async def test_program_scheduling_sees_agentrt_programs(
     assert _view(seen[sub.id]) == {
         "task_id": job.id,
         "session_id": sub.id,
-        "agent_id": sub.id,
+        "agent_id": "worker",
         "agent_role": "subagent",
         "parent_program_id": lead.id,
         "root_program_id": lead.id,
-        "blocks_parent": True,
+        "blocks_parent": False,  # as said (the router's default for a sub-agent is true)
         "expected_resume": True,
     }
     # In flight: the request's hints as sent.
     assert in_flight["in_flight_requests"] == 1
     assert in_flight["expected_output_tokens"] == 24
+    assert 0.0 < in_flight["request_deadline_seconds"] <= 600.0  # what is left of the job's
     # After the reply, the declared wait holds the slot (acting, TTL armed to 7 s) ...
     assert held["state"] == "active" and held["status"] == "acting"
     assert 2.0 < (held["ttl_remaining_seconds"] or 0.0) <= 7.0
@@ -229,7 +225,7 @@ async def test_program_scheduling_sees_agentrt_programs(
     # router has too few samples to fit one): paused at once, or soon.
     sub_ttl = seen[sub.id]["ttl_remaining_seconds"]
     assert seen[sub.id]["state"] == "paused" or sub_ttl is None or sub_ttl < 2.0
-    # The last call (expected_resume false) ended the sub-agent's program; the lead lives.
+    # The final call (expected_resume false) ended the sub-agent's program; the lead lives.
     assert sub.id not in after_last and lead.id in after_last
     # The stream was counted: by agentrt (usage asked on the caller's behalf) and by the
     # router, which saw the usage in the stream.
