@@ -47,6 +47,7 @@ from .telemetry._events import (
     FirstToken,
     SessionMoved,
 )
+from .telemetry._reply import ReplyFacts, temperature_of
 from .telemetry._report import CallStatus
 
 if TYPE_CHECKING:
@@ -486,6 +487,7 @@ class _Call:
         "implicit",
         "output",
         "prefix",
+        "reply",
         "request",
         "sent_at",
         "session",
@@ -524,6 +526,8 @@ class _Call:
         runtime learns tool waits."""
         self.tools: tuple[str, ...] = ()
         """The tools the reply calls, looked up only when the runtime learns tool waits."""
+        self.reply = ReplyFacts() if core.hooks else None
+        """The reply's id, model, finish reasons and tool calls, read only for hooks."""
         job = session.job
         content = request.content if request.method == "POST" else b""
         self.body = body = _request_body(content) if content else None
@@ -590,6 +594,9 @@ class _Call:
                     model=model,
                     stream=stream,
                     content=_content_of(body) if core.capture_content else None,
+                    max_tokens=max_out,
+                    temperature=temperature_of(body),
+                    session_name=session.name,
                 )
             )
 
@@ -937,6 +944,8 @@ class _Call:
                 self.tools = tuple(names)
             if core.hooks and core.capture_content:
                 self.output = _text_of(choices[0]) if choices else None
+            if self.reply is not None:
+                self.reply.read(reply, "message")
             self._end("ok", None)
         return transport._rebuild(response, raw)
 
@@ -990,6 +999,7 @@ class _Call:
                 if self.tools:
                     session._tool_calls(self.tools)
             if core.hooks:
+                facts = self.reply if self.reply is not None else ReplyFacts()
                 self.core.emit(
                     CallEnded(
                         t=now,
@@ -1000,6 +1010,10 @@ class _Call:
                         report=state.to_report(),
                         finish_reason=self.finish_reason,
                         output=self.output,
+                        response_id=facts.id,
+                        response_model=facts.model,
+                        finish_reasons=tuple(facts.finish_reasons),
+                        tool_calls=tuple(facts.tool_calls),
                     )
                 )
         if self.implicit is not None:
@@ -1133,6 +1147,8 @@ class _ObservedStream:
         usage = obj.get("usage")
         if usage is not None:
             _usage_into(self._state, usage)
+        if (facts := self._call.reply) is not None:
+            facts.read(obj, "delta")
         if self._learn and _NAME_KEY in raw and _TOOL_CALLS_KEY in raw:
             _tool_names_into(self._tools, obj.get("choices"), "delta")
             self._call.tools = tuple(self._tools)

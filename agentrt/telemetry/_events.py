@@ -105,6 +105,11 @@ class CallStarted(Event):
     content: object = None
     """The request's ``messages`` (or ``prompt``), only with
     ``Runtime(capture_content=True)``."""
+    max_tokens: int | None = None
+    """The request's ``max_completion_tokens`` (else ``max_tokens``), when given."""
+    temperature: float | None = None
+    """The request's ``temperature``, when given."""
+    session_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -162,6 +167,14 @@ class CallEnded(Event):
     the reply had one."""
     output: str | None = None
     """The completion text (first choice), only with ``Runtime(capture_content=True)``."""
+    response_id: str | None = None
+    """The reply's ``id`` (``chatcmpl-...``), from the body or a stream's first chunk."""
+    response_model: str | None = None
+    """The model the server says answered (the reply's ``model``)."""
+    finish_reasons: tuple[str, ...] = ()
+    """Every choice's finish reason, in the order the reply gave them."""
+    tool_calls: tuple[tuple[str, str], ...] = ()
+    """``(id, function name)`` of each tool call the reply's first choice asks for."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

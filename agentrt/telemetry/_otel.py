@@ -2,21 +2,28 @@
 
 Spans and metrics go to the globally installed tracer and meter providers (no-ops until
 the application installs real ones). Names follow the OpenTelemetry GenAI semantic
-conventions (development status; see docs/telemetry.md for the version used):
+conventions (development status; docs/telemetry.md names the commit checked):
 
-* ``invoke_agent {job name}`` (INTERNAL) for each job, the child of the span that was
+* ``invoke_workflow {job name}`` (INTERNAL) for each job, the child of the span that was
   current when the job started, and itself current inside the job's block;
+* ``invoke_agent {session name}`` (INTERNAL) for each session of a job, a child of its
+  parent session's agent span (a sub-agent) or else of the job's workflow span; a job
+  with one session has one;
 * ``{chat|text_completion|embeddings} {model}`` (CLIENT) for each call, a child of its
-  job's span; its W3C ``traceparent`` goes out with every attempt (``CallSent.headers``)
-  so the engine's own spans join the trace;
-* ``execute_tool {tool name}`` (INTERNAL) for each tool wait, a child of its job's span.
+  session's agent span; its W3C ``traceparent`` goes out with every attempt
+  (``CallSent.headers``) so that the engine's own spans join the trace;
+* ``execute_tool {tool name}`` (INTERNAL) for each tool wait, a child of its session's
+  agent span, with the id of the tool call it answers when the session's last reply
+  asked for a tool of that name.
 
-A call made outside any job (an implicit one-call job) has no ``invoke_agent`` span: its
-call span is a child of the span current when it was made.
+A call made outside any job (an implicit one-call job) has no workflow or agent span:
+its call span is a child of the span current when it was made. A session that announced
+no start (``SyncRuntime``'s sessions emit no ``SessionOpened``) gets its agent span at
+its first call or tool wait, ended with the job.
 
 Event times (``anyio.current_time()``, monotonic or virtual) become epoch nanoseconds
 through each job's anchor: ``JobStarted`` carries both its clock time and the wall-clock
-start. State is kept per open job, call and tool wait, and dropped when it ends.
+start. State is kept per open job, session, call and tool wait, and dropped when it ends.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import json
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -39,7 +46,9 @@ from ._events import (
     Hook,
     JobEnded,
     JobStarted,
+    SessionClosed,
     SessionMoved,
+    SessionOpened,
     ToolEnded,
     ToolStarted,
 )
@@ -52,17 +61,25 @@ if TYPE_CHECKING:
 
 __all__ = ["otel_hook"]
 
+SEMCONV_COMMIT = "004902b8cb70aa5ae6ca4ae07132b7daabcd3e10"
+"""The open-telemetry/semantic-conventions-genai commit whose ``model/gen-ai/spans.yaml``
+and ``metrics.yaml`` every ``gen_ai.*`` name here was checked against."""
+
 PROVIDER = "openai"
 """``gen_ai.provider.name``: every endpoint agentrt drives speaks the OpenAI REST API."""
+TOOL_TYPE = "function"
+"""``gen_ai.tool.type``: a tool the application runs itself (``session.tool(...)``)."""
 
 DURATION_BUCKETS: tuple[float, ...] = tuple(0.01 * 2**i for i in range(14))
 """The bucket boundaries the GenAI conventions advise for ``gen_ai.client.operation.duration``
-(0.01, 0.02, ..., 81.92 s)."""
+(0.01, 0.02, ..., 81.92 s); agentrt uses them for the time to first chunk too."""
 TOKEN_BUCKETS = tuple(4**i for i in range(14))
 """The bucket boundaries advised for ``gen_ai.client.token.usage`` (1, 4, ..., 4**13)."""
+TOOL_BUCKETS: tuple[float, ...] = tuple(0.01 * 2**i for i in range(17))
+"""Tool executions: 0.01 s to about 11 minutes (the conventions advise none)."""
 JOB_BUCKETS: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0)
 JOB_BUCKETS += (250.0, 500.0, 1000.0, 2500.0, 5000.0)
-"""Jobs run from under a second to over an hour."""
+"""Jobs and agents run from under a second to over an hour (the conventions advise none)."""
 
 _ERROR_NAME = re.compile(r"^(?:endpoint \S+ failed after \d+ attempt\(s\): )?([A-Za-z_][\w.]*): ")
 
@@ -88,11 +105,31 @@ class _Job:
     offset_ns: int
     """Epoch nanoseconds at clock time 0 (this job's anchor)."""
     parent: Context
-    """What the job's calls and tool waits are children of."""
+    """What the job's sessions are children of (its workflow span, when it has one)."""
+    name: str = ""
     span: Span | None = None
-    """None for an implicit one-call job."""
+    """The ``invoke_workflow`` span; None for an implicit one-call job."""
     token: Token[Context] | None = None
     """The context token of the job span made current (detached at JobEnded)."""
+    sessions: list[str] = field(default_factory=list)
+    """The ids of its sessions that have an agent span still open."""
+
+
+@dataclass(slots=True)
+class _Agent:
+    """A session's ``invoke_agent`` span, and what it sums over the session's calls."""
+
+    span: Span
+    context: Context
+    name: str
+    start_t: float
+    session_id: str
+    tool_calls: list[tuple[str, str]] = field(default_factory=list)
+    """``(id, name)`` of the tool calls its last reply asked for, not yet matched to a
+    tool wait."""
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -100,6 +137,7 @@ class _Call:
     span: Span
     offset_ns: int
     metric_attrs: dict[str, Any]
+    agent: _Agent | None
     context: Context | None = None
 
 
@@ -107,7 +145,11 @@ class _Call:
 class _Tool:
     span: Span
     offset_ns: int
-    start_t: float
+    metric_attrs: dict[str, Any]
+
+
+def _add(total: int | None, n: int | None) -> int | None:
+    return total if n is None else (total or 0) + n
 
 
 class _OtelHook:
@@ -139,11 +181,29 @@ class _OtelHook:
             description="Number of input and output tokens used.",
             explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
         )
-        self._job_duration = meter.create_histogram(
-            "agentrt.job.duration",
+        self._first_chunk = meter.create_histogram(
+            "gen_ai.client.operation.time_to_first_chunk",
             unit="s",
-            description="Job completion time: from entering the job's block to leaving it.",
+            description="Time to receive the first chunk of a streamed reply.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self._workflow_duration = meter.create_histogram(
+            "gen_ai.workflow.duration",
+            unit="s",
+            description="GenAI workflow duration: a job's completion time.",
             explicit_bucket_boundaries_advisory=JOB_BUCKETS,
+        )
+        self._agent_duration = meter.create_histogram(
+            "gen_ai.invoke_agent.duration",
+            unit="s",
+            description="Duration of an agent invocation: a session, opened to closed.",
+            explicit_bucket_boundaries_advisory=JOB_BUCKETS,
+        )
+        self._tool_duration = meter.create_histogram(
+            "gen_ai.execute_tool.duration",
+            unit="s",
+            description="Duration of a tool execution (a tool wait).",
+            explicit_bucket_boundaries_advisory=TOOL_BUCKETS,
         )
         self._job_phase = meter.create_histogram(
             "agentrt.job.phase.duration",
@@ -159,12 +219,15 @@ class _OtelHook:
         # Fallback anchor, for events of a job this hook did not see start.
         self._offset_ns = time.time_ns() - time.monotonic_ns()
         self._jobs: dict[str, _Job] = {}
+        self._agents: dict[str, _Agent] = {}
         self._calls: dict[str, _Call] = {}
         self._tools: dict[tuple[str, int], _Tool] = {}
         self._servers: dict[str, tuple[str | None, int | None]] = {}
         self._handlers: dict[type[Event], Callable[[Any], None]] = {
             JobStarted: self._job_started,
             JobEnded: self._job_ended,
+            SessionOpened: self._session_opened,
+            SessionClosed: self._session_closed,
             CallStarted: self._call_started,
             CallSent: self._call_sent,
             AttemptFailed: self._attempt_failed,
@@ -208,33 +271,43 @@ class _OtelHook:
         offset = int(e.started_at.timestamp() * 1e9) - int(e.t * 1e9)
         parent = self._context.get_current()
         if e.implicit:
-            self._jobs[e.job_id] = _Job(offset, parent)
+            self._jobs[e.job_id] = _Job(offset, parent, e.name)
             return
         span = self._tracer.start_span(
-            f"invoke_agent {e.name}",
+            f"invoke_workflow {e.name}",
             context=parent,
             kind=self._trace.SpanKind.INTERNAL,
             start_time=offset + int(e.t * 1e9),
             attributes={
-                "gen_ai.operation.name": "invoke_agent",
-                "gen_ai.agent.name": e.name,
-                "gen_ai.provider.name": PROVIDER,
+                "gen_ai.operation.name": "invoke_workflow",
+                "gen_ai.workflow.name": e.name,
                 "agentrt.job.id": e.job_id,
                 "agentrt.program.id": e.program_id,
             },
         )
         ctx = self._trace.set_span_in_context(span, parent)
         token = self._context.attach(ctx)
-        self._jobs[e.job_id] = _Job(offset, ctx, span, token)
+        self._jobs[e.job_id] = _Job(offset, ctx, e.name, span, token)
 
     def _job_ended(self, e: JobEnded) -> None:
         job = self._jobs.pop(e.job_id, None)
-        if job is None or job.span is None:
+        if job is None:
+            return
+        for session_id in job.sessions:  # sessions still open (or never announced)
+            agent = self._agents.pop(session_id, None)
+            if agent is not None:
+                self._end_agent(agent, job.offset_ns, e.t)
+        if job.span is None:
             return
         span, r = job.span, e.report
         if job.token is not None and self._trace.get_current_span() is span:
             # Only where it was made current: an event from another context leaves it.
             self._context.detach(job.token)
+        error_type = None
+        if r.status == "error":
+            error_type = _error_type(r.error)
+        elif r.status in ("deadline", "cancelled"):
+            error_type = r.status
         if span.is_recording():
             span.set_attributes(
                 {
@@ -254,13 +327,15 @@ class _OtelHook:
                     "gen_ai.usage.cache_read.input_tokens": r.cached_tokens,
                 }
             )
-            if r.status in ("error", "deadline"):
-                error_type = "deadline" if r.status == "deadline" else _error_type(r.error)
+            if error_type is not None:
                 span.set_attribute("error.type", error_type)
+            if r.status in ("error", "deadline"):
                 span.set_status(self._trace.StatusCode.ERROR, r.error)
         span.end(end_time=job.offset_ns + int(e.t * 1e9))
-        attrs = {"agentrt.job.name": r.name, "agentrt.job.status": r.status}
-        self._job_duration.record(r.jct_s, attrs)
+        attrs = {"gen_ai.workflow.name": r.name}
+        if error_type is not None:
+            attrs["error.type"] = error_type
+        self._workflow_duration.record(r.jct_s, attrs)
         name = r.name
         phase = self._job_phase
         phase.record(r.queue_s, {"agentrt.job.name": name, "agentrt.phase": "queue"})
@@ -274,10 +349,89 @@ class _OtelHook:
             job = _Job(self._offset_ns, self._context.get_current())
         return job
 
+    # -- sessions (agents) ------------------------------------------------------------------
+
+    def _session_opened(self, e: SessionOpened) -> None:
+        job = self._jobs.get(e.job_id)
+        if job is not None and job.span is not None:
+            parent = self._agents.get(e.parent_id) if e.parent_id is not None else None
+            self._open_agent(job, e.job_id, e.session_id, e.name, parent, e.t)
+
+    def _open_agent(
+        self,
+        job: _Job,
+        job_id: str,
+        session_id: str,
+        name: str | None,
+        parent: _Agent | None,
+        t: float,
+    ) -> _Agent:
+        agent_name = name or job.name
+        attrs: dict[str, Any] = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": agent_name,
+            "gen_ai.conversation.id": session_id,
+            "agentrt.job.id": job_id,
+            "agentrt.session.id": session_id,
+        }
+        if parent is not None:
+            attrs["agentrt.session.parent_id"] = parent.session_id
+        span = self._tracer.start_span(
+            f"invoke_agent {agent_name}",
+            context=parent.context if parent is not None else job.parent,
+            kind=self._trace.SpanKind.INTERNAL,
+            start_time=job.offset_ns + int(t * 1e9),
+            attributes=attrs,
+        )
+        ctx = self._trace.set_span_in_context(span)
+        agent = self._agents[session_id] = _Agent(span, ctx, agent_name, t, session_id)
+        job.sessions.append(session_id)
+        return agent
+
+    def _session_closed(self, e: SessionClosed) -> None:
+        agent = self._agents.pop(e.session_id, None)
+        if agent is None:
+            return
+        job = self._jobs.get(e.job_id)
+        if job is not None:
+            try:
+                job.sessions.remove(e.session_id)
+            except ValueError:
+                pass
+        self._end_agent(agent, job.offset_ns if job is not None else self._offset_ns, e.t)
+
+    def _end_agent(self, agent: _Agent, offset_ns: int, t: float) -> None:
+        span = agent.span
+        if span.is_recording():
+            attrs: dict[str, Any] = {}
+            if agent.input_tokens is not None:
+                attrs["gen_ai.usage.input_tokens"] = agent.input_tokens
+            if agent.output_tokens is not None:
+                attrs["gen_ai.usage.output_tokens"] = agent.output_tokens
+            if agent.cached_tokens is not None:
+                attrs["gen_ai.usage.cache_read.input_tokens"] = agent.cached_tokens
+            span.set_attributes(attrs)
+        span.end(end_time=offset_ns + int(t * 1e9))
+        duration = t - agent.start_t
+        self._agent_duration.record(
+            duration if duration > 0.0 else 0.0, {"gen_ai.agent.name": agent.name}
+        )
+
+    def _parent(
+        self, job: _Job, job_id: str, session_id: str, name: str | None, t: float
+    ) -> _Agent | None:
+        """The agent span of a session; opened here for a session of a job with a
+        workflow span that announced no start (``SyncRuntime``'s)."""
+        agent = self._agents.get(session_id)
+        if agent is None and job.span is not None and self._jobs.get(job_id) is job:
+            agent = self._open_agent(job, job_id, session_id, name, None, t)
+        return agent
+
     # -- calls --------------------------------------------------------------------------
 
     def _call_started(self, e: CallStarted) -> None:
         job = self._job(e.job_id)
+        agent = self._parent(job, e.job_id, e.session_id, e.session_name, e.t)
         op = _operation(e.path)
         attrs: dict[str, Any] = {"gen_ai.operation.name": op, "gen_ai.provider.name": PROVIDER}
         if e.model:
@@ -286,6 +440,10 @@ class _OtelHook:
         attrs["gen_ai.conversation.id"] = e.session_id
         if e.stream:
             attrs["gen_ai.request.stream"] = True
+        if e.max_tokens is not None:
+            attrs["gen_ai.request.max_tokens"] = e.max_tokens
+        if e.temperature is not None:
+            attrs["gen_ai.request.temperature"] = e.temperature
         attrs["agentrt.job.id"] = e.job_id
         attrs["agentrt.session.id"] = e.session_id
         attrs["agentrt.call.id"] = e.call_id
@@ -294,12 +452,12 @@ class _OtelHook:
             attrs["gen_ai.input.messages"] = json.dumps(_input_messages(e.content), default=str)
         span = self._tracer.start_span(
             f"{op} {e.model}" if e.model else op,
-            context=job.parent,
+            context=agent.context if agent is not None else job.parent,
             kind=self._trace.SpanKind.CLIENT,
             start_time=job.offset_ns + int(e.t * 1e9),
             attributes=attrs,
         )
-        self._calls[e.call_id] = _Call(span, job.offset_ns, metric_attrs)
+        self._calls[e.call_id] = _Call(span, job.offset_ns, metric_attrs, agent)
 
     def _call_sent(self, e: CallSent) -> None:
         call = self._calls.get(e.call_id)
@@ -366,12 +524,21 @@ class _OtelHook:
                 error_type = _error_type(r.error)
         elif r.status == "cancelled":
             error_type = "cancelled"
+        finish_reasons = e.finish_reasons
+        if not finish_reasons and e.finish_reason is not None:
+            finish_reasons = (e.finish_reason,)
         if span.is_recording():
             attrs: dict[str, Any] = {
                 "agentrt.attempts": r.attempts,
                 "agentrt.queue_s": r.queue_s,
                 "agentrt.status": r.status,
             }
+            if e.response_id is not None:
+                attrs["gen_ai.response.id"] = e.response_id
+            if e.response_model is not None:
+                attrs["gen_ai.response.model"] = e.response_model
+            if finish_reasons:
+                attrs["gen_ai.response.finish_reasons"] = list(finish_reasons)
             if r.prompt_tokens is not None:
                 attrs["gen_ai.usage.input_tokens"] = r.prompt_tokens
             if r.completion_tokens is not None:
@@ -399,7 +566,18 @@ class _OtelHook:
             if r.status == "error":
                 span.set_status(self._trace.StatusCode.ERROR, r.error)
         span.end(end_time=call.offset_ns + int(e.t * 1e9))
+        agent = call.agent
+        if agent is not None:
+            agent.input_tokens = _add(agent.input_tokens, r.prompt_tokens)
+            agent.output_tokens = _add(agent.output_tokens, r.completion_tokens)
+            agent.cached_tokens = _add(agent.cached_tokens, r.cached_tokens)
+            if r.status == "ok":  # the tool waits that follow answer these calls
+                agent.tool_calls = list(e.tool_calls)
         attrs = call.metric_attrs
+        if e.response_model is not None:
+            attrs["gen_ai.response.model"] = e.response_model
+        if r.ttft_s is not None:
+            self._first_chunk.record(r.ttft_s, attrs)
         if error_type is not None:
             attrs["error.type"] = error_type
         if r.latency_s is not None:
@@ -426,34 +604,56 @@ class _OtelHook:
 
     def _tool_started(self, e: ToolStarted) -> None:
         job = self._job(e.job_id)
+        agent = self._parent(job, e.job_id, e.session_id, None, e.t)
         attrs: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": e.name,
-            "agentrt.job.id": e.job_id,
-            "agentrt.session.id": e.session_id,
+            "gen_ai.tool.type": TOOL_TYPE,
         }
+        metric_attrs = dict(attrs)
+        del metric_attrs["gen_ai.operation.name"]
+        if agent is not None:
+            attrs["gen_ai.agent.name"] = metric_attrs["gen_ai.agent.name"] = agent.name
+            calls = agent.tool_calls
+            for i, (call_id, name) in enumerate(calls):
+                if name == e.name:  # the first call of this tool not answered yet
+                    attrs["gen_ai.tool.call.id"] = call_id
+                    del calls[i]
+                    break
+        attrs["agentrt.job.id"] = e.job_id
+        attrs["agentrt.session.id"] = e.session_id
         if e.expected_s is not None:
             attrs["agentrt.tool.expected_s"] = e.expected_s
         span = self._tracer.start_span(
             f"execute_tool {e.name}",
-            context=job.parent,
+            context=agent.context if agent is not None else job.parent,
             kind=self._trace.SpanKind.INTERNAL,
             start_time=job.offset_ns + int(e.t * 1e9),
             attributes=attrs,
         )
-        self._tools[(e.job_id, e.wait_id)] = _Tool(span, job.offset_ns, e.t)
+        self._tools[(e.job_id, e.wait_id)] = _Tool(span, job.offset_ns, metric_attrs)
 
     def _tool_ended(self, e: ToolEnded) -> None:
         tool = self._tools.pop((e.job_id, e.wait_id), None)
         if tool is None:
             return
         span = tool.span
+        error_type = None
+        if e.status == "error":
+            error_type = e.error_type or "_OTHER"
+        elif e.status == "cancelled":
+            error_type = "cancelled"
         if span.is_recording():
             span.set_attribute("agentrt.status", e.status)
+            if error_type is not None:
+                span.set_attribute("error.type", error_type)
             if e.status == "error":
-                span.set_attribute("error.type", e.error_type or "_OTHER")
                 span.set_status(self._trace.StatusCode.ERROR)
         span.end(end_time=tool.offset_ns + int(e.t * 1e9))
+        attrs = tool.metric_attrs
+        if error_type is not None:
+            attrs["error.type"] = error_type
+        self._tool_duration.record(e.duration_s, attrs)
 
 
 def _operation(path: str) -> str:

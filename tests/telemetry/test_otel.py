@@ -1,5 +1,7 @@
-"""The OpenTelemetry exporter: span structure on the embedded engine, W3C trace context to
-the server, metrics, content capture, and no cost or error without a provider or SDK."""
+"""The OpenTelemetry exporter: the span tree (workflow -> agents -> calls and tool waits) on
+the embedded engine, the reply's and request's attributes, W3C trace context to the
+server, the metric names and units, content capture, and no cost or error without a
+provider or SDK."""
 
 from __future__ import annotations
 
@@ -113,105 +115,167 @@ def hook_of(rt: Runtime) -> _OtelHook:
     return next(h for h in rt._core.hooks if isinstance(h, _OtelHook))
 
 
-async def test_a_job_on_the_embedded_engine_makes_agent_chat_and_tool_spans(otel: Otel) -> None:
-    job_name = f"coder-{uuid.uuid4().hex[:6]}"
-    outer_tracer = trace.get_tracer("test")
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "grep",
+            "description": "Search the code.",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        },
+    }
+]
+
+
+def parent_id(span: ReadableSpan) -> int | None:
+    return span.parent.span_id if span.parent is not None else None
+
+
+def span_id(span: ReadableSpan) -> int:
+    assert span.context is not None
+    return span.context.span_id
+
+
+def duration_s(span: ReadableSpan) -> float:
+    assert span.start_time is not None and span.end_time is not None
+    return (span.end_time - span.start_time) / 1e9
+
+
+async def test_a_one_session_job_is_a_workflow_with_one_agent(otel: Otel) -> None:
+    """On the embedded engine (its replies play a model that calls a tool): the job's
+    workflow span holds one agent span, which holds the calls and the tool wait; the
+    calls carry the reply's id, model and finish reasons and the request's max_tokens and
+    temperature; the tool span carries the id of the tool call it answers."""
+    suffix = uuid.uuid4().hex[:6]
+    job_name, agent_name = f"coder-{suffix}", f"main-{suffix}"
     before = time.time_ns()
     async with (
-        Cluster(1, small_config()) as cluster,
+        Cluster(1, small_config(replies="agent")) as cluster,
         Runtime(list(cluster.base_urls), transport=cluster.transport()) as rt,
     ):
-        with outer_tracer.start_as_current_span("user request") as outer:
-            async with rt.job(job_name) as job, job.session("main") as s:
-                await s.chat(model="sim-test", messages=MSG, max_tokens=4)
+        with trace.get_tracer("test").start_as_current_span("user request") as outer:
+            async with rt.job(job_name) as job, job.session(agent_name) as s:
+                messages: list[dict[str, Any]] = [
+                    {"role": "user", "content": 'CALL grep {"q": "x"}\nANSWER found it'}
+                ]
+                first: Any = await s.chat(
+                    model="sim-test", messages=messages, tools=TOOLS, max_tokens=64, temperature=0.5
+                )
                 # Inside the job its span is current: the user's own spans nest under it.
                 assert trace.get_current_span().get_span_context().span_id != (
                     outer.get_span_context().span_id
                 )
+                (tool_call,) = first.choices[0].message.tool_calls
                 async with s.tool("grep", expected_s=0.5):
                     pass
-                await s.chat(model="sim-test", messages=MSG, max_tokens=4)
+                messages.append(first.choices[0].message.model_dump(exclude_none=True))
+                messages.append({"role": "tool", "tool_call_id": tool_call.id, "content": "a.py"})
+                second: Any = await s.chat(
+                    model="sim-test", messages=messages, tools=TOOLS, max_tokens=64
+                )
             assert trace.get_current_span() is outer  # detached again
         hook = hook_of(rt)
-        assert not hook._jobs and not hook._calls and not hook._tools  # state dropped
+        assert not (hook._jobs or hook._agents or hook._calls or hook._tools)  # state dropped
     after = time.time_ns()
+    assert first.choices[0].finish_reason == "tool_calls"
+    assert second.choices[0].finish_reason == "stop"
+
     spans = otel.finished()
     assert sorted(s.name for s in spans) == [
         "chat sim-test",
         "chat sim-test",
         "execute_tool grep",
-        f"invoke_agent {job_name}",
+        f"invoke_agent {agent_name}",
+        f"invoke_workflow {job_name}",
         "user request",
     ]
     named = by_name(spans)
-    agent, tool = named[f"invoke_agent {job_name}"], named["execute_tool grep"]
-    calls = sorted((s for s in spans if s.name == "chat sim-test"), key=lambda s: s.start_time)  # type: ignore[arg-type,return-value]
     user = named["user request"]
-    # One trace; the job under the user's span; calls and the tool wait under the job.
-    assert {s.context.trace_id for s in spans} == {user.context.trace_id}
-    assert agent.parent is not None and agent.parent.span_id == user.context.span_id
-    for child in (*calls, tool):
-        assert child.parent is not None and child.parent.span_id == agent.context.span_id
-    assert agent.kind is SpanKind.INTERNAL and tool.kind is SpanKind.INTERNAL
+    workflow = named[f"invoke_workflow {job_name}"]
+    agent = named[f"invoke_agent {agent_name}"]
+    tool = named["execute_tool grep"]
+    calls = sorted((s for s in spans if s.name == "chat sim-test"), key=lambda s: s.start_time or 0)
+    # One trace: user request -> workflow -> agent -> calls and the tool wait.
+    assert {s.context.trace_id for s in spans if s.context} == {user.context.trace_id}  # type: ignore[union-attr]
+    assert parent_id(workflow) == span_id(user)
+    assert parent_id(agent) == span_id(workflow)
+    assert [parent_id(c) for c in (*calls, tool)] == [span_id(agent)] * 3
+    assert workflow.kind is agent.kind is tool.kind is SpanKind.INTERNAL
     assert all(c.kind is SpanKind.CLIENT for c in calls)
     # Wall-clock nanoseconds, in order.
-    for span in (agent, *calls, tool):
+    for span in (workflow, agent, *calls, tool):
         assert span.start_time is not None and span.end_time is not None
         assert before - 10**6 <= span.start_time <= span.end_time <= after + 10**6
-    assert agent.start_time <= calls[0].start_time  # type: ignore[operator]
+    assert workflow.start_time <= agent.start_time <= calls[0].start_time  # type: ignore[operator]
     assert calls[0].end_time <= tool.start_time <= tool.end_time <= calls[1].start_time  # type: ignore[operator]
-    assert calls[1].end_time <= agent.end_time  # type: ignore[operator]
+    assert calls[1].end_time <= agent.end_time <= workflow.end_time  # type: ignore[operator]
 
+    report = job.report
+    w = attrs(workflow)
+    assert w["gen_ai.operation.name"] == "invoke_workflow"
+    assert w["gen_ai.workflow.name"] == job_name
+    assert w["agentrt.job.id"] == job.id and w["agentrt.job.status"] == "ok"
+    assert w["agentrt.job.calls"] == 2 and w["agentrt.job.tool_waits"] == 1
+    assert w["agentrt.job.sessions"] == 1
+    assert w["agentrt.job.llm_s"] == pytest.approx(report.llm_s)
+    assert w["agentrt.job.critical_llm_s"] == pytest.approx(report.critical_llm_s)
+    assert w["agentrt.job.queue_s"] == pytest.approx(report.queue_s)
+    assert w["agentrt.job.tool_s"] == pytest.approx(report.tool_s)
+    assert workflow.status.status_code is StatusCode.UNSET
     a = attrs(agent)
     assert a["gen_ai.operation.name"] == "invoke_agent"
-    assert a["gen_ai.agent.name"] == job_name
-    assert a["agentrt.job.id"] == job.id
-    assert a["agentrt.job.status"] == "ok"
-    assert a["agentrt.job.calls"] == 2 and a["agentrt.job.tool_waits"] == 1
-    report = job.report
-    assert report is not None
-    assert a["agentrt.job.llm_s"] == pytest.approx(report.llm_s)
-    assert a["agentrt.job.critical_llm_s"] == pytest.approx(report.critical_llm_s)
-    assert a["agentrt.job.queue_s"] == pytest.approx(report.queue_s)
-    assert a["agentrt.job.tool_s"] == pytest.approx(report.tool_s)
+    assert a["gen_ai.agent.name"] == agent_name
+    assert a["gen_ai.conversation.id"] == s.id
     assert a["gen_ai.usage.input_tokens"] == report.prompt_tokens > 0
-    assert agent.status.status_code is StatusCode.UNSET
+    assert a["gen_ai.usage.output_tokens"] == report.completion_tokens > 0
+    assert "agentrt.session.parent_id" not in a
 
-    for turn, (call, cr) in enumerate(zip(calls, report.call_reports, strict=True)):
+    for turn, (call, cr, reply) in enumerate(
+        zip(calls, report.call_reports, (first, second), strict=True)
+    ):
         c = attrs(call)
         assert c["gen_ai.operation.name"] == "chat"
         assert c["gen_ai.provider.name"] == "openai"
         assert c["gen_ai.request.model"] == "sim-test"
-        assert c["gen_ai.conversation.id"] == cr.session_id
+        assert c["gen_ai.request.max_tokens"] == 64
+        assert c["gen_ai.response.id"] == reply.id and reply.id.startswith("chatcmpl-")
+        assert c["gen_ai.response.model"] == reply.model == "sim-test"
+        assert list(c["gen_ai.response.finish_reasons"]) == [reply.choices[0].finish_reason]
+        assert c["gen_ai.conversation.id"] == cr.session_id == s.id
         assert c["gen_ai.usage.input_tokens"] == cr.prompt_tokens
-        assert c["gen_ai.usage.output_tokens"] == cr.completion_tokens == 4
+        assert c["gen_ai.usage.output_tokens"] == cr.completion_tokens
         assert c["gen_ai.usage.cache_read.input_tokens"] == cr.cached_tokens
         assert c["server.address"] == "replica-0.sim" and c["server.port"] == 80
         assert c["agentrt.endpoint"] == cluster.base_urls[0]
         assert c["agentrt.turn"] == turn and c["agentrt.attempts"] == 1
         assert c["agentrt.call.id"] == cr.call_id
-        assert c["agentrt.job.id"] == job.id
-        assert c["agentrt.session.id"] == cr.session_id
         assert c["agentrt.queue_s"] == pytest.approx(cr.queue_s)
         assert "gen_ai.input.messages" not in c and "gen_ai.output.messages" not in c
         assert "error.type" not in c
+    assert attrs(calls[0])["gen_ai.request.temperature"] == 0.5
+    assert "gen_ai.request.temperature" not in attrs(calls[1])  # not in that request
     t = attrs(tool)
     assert t["gen_ai.operation.name"] == "execute_tool"
     assert t["gen_ai.tool.name"] == "grep"
+    assert t["gen_ai.tool.type"] == "function"
+    assert t["gen_ai.tool.call.id"] == tool_call.id
+    assert t["gen_ai.agent.name"] == agent_name
     assert t["agentrt.tool.expected_s"] == 0.5
 
-    # Metrics: per call, per token type, per job; never an id among the attributes.
+    # Metrics: the convention's names, per call, token type, workflow, agent and tool;
+    # never an id among the attributes.
     durations = [
         p
         for p in otel.points("gen_ai.client.operation.duration")
-        if p.attributes.get("gen_ai.request.model") == "sim-test"
-        and p.attributes.get("server.address") == "replica-0.sim"
+        if p.attributes.get("server.address") == "replica-0.sim"
+        and p.attributes.get("gen_ai.response.model") == "sim-test"
     ]
     assert durations and durations[0].count >= 2
     assert dict(durations[0].attributes) == {
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": "openai",
         "gen_ai.request.model": "sim-test",
+        "gen_ai.response.model": "sim-test",
         "server.address": "replica-0.sim",
         "server.port": 80,
     }
@@ -221,14 +285,32 @@ async def test_a_job_on_the_embedded_engine_makes_agent_chat_and_tool_spans(otel
         if p.attributes.get("server.address") == "replica-0.sim"
     }
     assert types == {"input", "output"}
-    jobs = [
+    (flow,) = [
         p
-        for p in otel.points("agentrt.job.duration")
-        if p.attributes.get("agentrt.job.name") == job_name
+        for p in otel.points("gen_ai.workflow.duration")
+        if p.attributes.get("gen_ai.workflow.name") == job_name
     ]
-    assert len(jobs) == 1 and jobs[0].count == 1
-    assert dict(jobs[0].attributes) == {"agentrt.job.name": job_name, "agentrt.job.status": "ok"}
-    assert jobs[0].sum == pytest.approx(report.jct_s)
+    assert flow.count == 1 and flow.attributes == {"gen_ai.workflow.name": job_name}
+    assert flow.sum == pytest.approx(report.jct_s)
+    (agent_point,) = [
+        p
+        for p in otel.points("gen_ai.invoke_agent.duration")
+        if p.attributes.get("gen_ai.agent.name") == agent_name
+    ]
+    assert agent_point.count == 1 and agent_point.attributes == {"gen_ai.agent.name": agent_name}
+    assert agent_point.sum == pytest.approx(duration_s(agent), abs=1e-6)
+    (tool_point,) = [
+        p
+        for p in otel.points("gen_ai.execute_tool.duration")
+        if p.attributes.get("gen_ai.agent.name") == agent_name
+    ]
+    assert tool_point.attributes == {
+        "gen_ai.tool.name": "grep",
+        "gen_ai.tool.type": "function",
+        "gen_ai.agent.name": agent_name,
+    }
+    assert tool_point.count == 1
+    assert tool_point.sum == pytest.approx(duration_s(tool), abs=1e-6)
     phases = {
         p.attributes["agentrt.phase"]: p.sum
         for p in otel.points("agentrt.job.phase.duration")
@@ -242,6 +324,138 @@ async def test_a_job_on_the_embedded_engine_makes_agent_chat_and_tool_spans(otel
             "tool": report.tool_s,
         }
     )
+
+
+async def test_a_sub_agent_session_nests_under_its_parents_agent(otel: Otel) -> None:
+    """A job whose session spawns a sub-agent session: workflow -> parent agent ->
+    sub-agent; each call and tool wait under its own session's agent. The sub-agent's
+    streamed call takes its reply's id and model from the chunks."""
+    suffix = uuid.uuid4().hex[:6]
+    job_name, planner_name, coder_name = f"team-{suffix}", f"planner-{suffix}", f"coder-{suffix}"
+    async with (
+        Cluster(1, small_config()) as cluster,
+        Runtime(list(cluster.base_urls), transport=cluster.transport()) as rt,
+    ):
+        async with rt.job(job_name) as job, job.session(planner_name) as planner:
+            await planner.chat(model="sim-test", messages=MSG, max_tokens=4)
+            async with job.session(coder_name, parent=planner) as coder:
+                stream: Any = await coder.chat(
+                    model="sim-test", messages=MSG, max_tokens=4, stream=True
+                )
+                chunk_ids = {chunk.id async for chunk in stream}
+                async with coder.tool("run"):
+                    pass
+            await planner.chat(model="sim-test", messages=MSG, max_tokens=4)
+        assert not (hook_of(rt)._agents or hook_of(rt)._jobs)
+    spans = otel.finished()
+    named = by_name(spans)
+    workflow = named[f"invoke_workflow {job_name}"]
+    planner_span = named[f"invoke_agent {planner_name}"]
+    coder_span = named[f"invoke_agent {coder_name}"]
+    tool = named["execute_tool run"]
+    assert parent_id(planner_span) == span_id(workflow)
+    assert parent_id(coder_span) == span_id(planner_span)  # the sub-agent's parent
+    chats = [s for s in spans if s.name == "chat sim-test"]
+    assert len(chats) == 3
+    under = {span_id(planner_span): planner.id, span_id(coder_span): coder.id}
+    for chat in chats:  # each call under its own session's agent
+        assert under[parent_id(chat)] == attrs(chat)["agentrt.session.id"]  # type: ignore[index]
+    assert parent_id(tool) == span_id(coder_span)
+    assert attrs(coder_span)["agentrt.session.parent_id"] == planner.id
+    assert attrs(coder_span)["gen_ai.conversation.id"] == coder.id
+    assert attrs(workflow)["agentrt.job.sessions"] == 2
+    # The sub-agent's span lies within its parent's, and both within the workflow.
+    assert workflow.start_time <= planner_span.start_time <= coder_span.start_time  # type: ignore[operator]
+    assert coder_span.end_time <= planner_span.end_time <= workflow.end_time  # type: ignore[operator]
+
+    (streamed,) = [c for c in chats if attrs(c).get("gen_ai.request.stream")]
+    s_attrs = attrs(streamed)
+    assert len(chunk_ids) == 1 and s_attrs["gen_ai.response.id"] == chunk_ids.pop()
+    assert s_attrs["gen_ai.response.model"] == "sim-test"
+    assert list(s_attrs["gen_ai.response.finish_reasons"]) == ["length"]
+    assert s_attrs["gen_ai.response.time_to_first_chunk"] > 0
+    t = attrs(tool)
+    assert t["gen_ai.agent.name"] == coder_name
+    assert "gen_ai.tool.call.id" not in t  # its session's reply asked for no tool
+    # Per agent, one duration each, as long as its span.
+    for name, span in ((planner_name, planner_span), (coder_name, coder_span)):
+        (point,) = [
+            p
+            for p in otel.points("gen_ai.invoke_agent.duration")
+            if p.attributes.get("gen_ai.agent.name") == name
+        ]
+        assert point.count == 1
+        assert point.sum == pytest.approx(duration_s(span), abs=1e-6)
+    first_chunks = [
+        p
+        for p in otel.points("gen_ai.client.operation.time_to_first_chunk")
+        if p.attributes.get("server.address") == "replica-0.sim"
+    ]
+    assert sum(p.count for p in first_chunks) >= 1
+
+
+def test_sync_runtime_sessions_get_agent_spans_at_their_first_call(otel: Otel) -> None:
+    """SyncRuntime's sessions announce no start: each gets its agent span at its first
+    call (or tool wait), ended with the job."""
+    from agentrt import SyncRuntime
+
+    fake = FakeEngine()
+    with (
+        SyncRuntime([URL], transport=fake.transport()) as rt,
+        rt.job("sync-flow") as job,
+        job.session("sync-agent") as s,
+    ):
+        s.chat(model="m", messages=MSG)
+        with s.tool("grep"):
+            pass
+    named = by_name(otel.finished())
+    workflow, agent = named["invoke_workflow sync-flow"], named["invoke_agent sync-agent"]
+    assert parent_id(agent) == span_id(workflow)
+    assert parent_id(named["chat m"]) == parent_id(named["execute_tool grep"]) == span_id(agent)
+    assert agent.end_time == workflow.end_time
+
+
+EXPECTED_METRICS = {
+    "gen_ai.client.operation.duration": "s",
+    "gen_ai.client.token.usage": "{token}",
+    "gen_ai.client.operation.time_to_first_chunk": "s",
+    "gen_ai.workflow.duration": "s",
+    "gen_ai.invoke_agent.duration": "s",
+    "gen_ai.execute_tool.duration": "s",
+    "agentrt.job.phase.duration": "s",
+    "agentrt.journal.lines": "{line}",
+}
+"""Every metric agentrt emits, with its unit: the GenAI conventions' names (checked at
+semantic-conventions-genai 004902b8, docs/telemetry.md) and agentrt's for what they lack."""
+
+
+async def test_metric_names_and_units(otel: Otel, tmp_path: Any) -> None:
+    fake = FakeEngine()
+    async with Runtime([URL], transport=fake.transport(), journal=tmp_path / "j.jsonl") as rt:
+        async with rt.job("units") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+            stream: Any = await s.chat(model="m", messages=MSG, stream=True)
+            async for _ in stream:
+                pass
+            async with s.tool("grep"):
+                pass
+    if otel.metrics is None:
+        pytest.skip("another test installed the global meter provider")
+    data = otel.metrics.get_metrics_data()
+    assert data is not None
+    units = {
+        m.name: m.unit
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        if sm.scope.name == "agentrt"
+        for m in sm.metrics
+    }
+    assert units == EXPECTED_METRICS
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                for p in m.data.data_points:
+                    assert not any(k.endswith(".id") for k in (p.attributes or {}))
 
 
 async def test_every_attempt_carries_the_call_spans_traceparent(otel: Otel) -> None:
@@ -271,12 +485,19 @@ async def test_a_failed_call_and_job_are_errors(otel: Otel) -> None:
             async with rt.job("failing") as job, job.session() as s:
                 await s.chat(model="m", messages=MSG)
     named = by_name(otel.finished())
-    call, agent = named["chat m"], named["invoke_agent failing"]
+    call, workflow = named["chat m"], named["invoke_workflow failing"]
     assert call.status.status_code is StatusCode.ERROR
     assert attrs(call)["error.type"] == "400"
-    assert agent.status.status_code is StatusCode.ERROR
-    assert attrs(agent)["error.type"] == "BadRequestError"
-    assert attrs(agent)["agentrt.job.status"] == "error"
+    assert workflow.status.status_code is StatusCode.ERROR
+    assert attrs(workflow)["error.type"] == "BadRequestError"
+    assert attrs(workflow)["agentrt.job.status"] == "error"
+    assert parent_id(call) == span_id(named["invoke_agent failing"])
+    failed = [
+        p
+        for p in otel.points("gen_ai.workflow.duration")
+        if p.attributes.get("gen_ai.workflow.name") == "failing"
+    ]
+    assert failed and failed[0].attributes["error.type"] == "BadRequestError"
     errors = [
         p
         for p in otel.points("gen_ai.client.operation.duration")
@@ -300,7 +521,7 @@ async def test_a_call_out_of_connection_attempts_names_the_exception(otel: Otel)
     assert call.status.status_code is StatusCode.ERROR
     assert attrs(call)["error.type"] == "ConnectError"
     assert [e.name for e in call.events] == ["agentrt.attempt_failed"] * 3
-    assert attrs(named["invoke_agent unreachable"])["error.type"] == "EndpointError"
+    assert attrs(named["invoke_workflow unreachable"])["error.type"] == "EndpointError"
 
 
 async def test_capture_content_records_input_and_output_messages(otel: Otel) -> None:
@@ -355,7 +576,7 @@ async def test_a_call_outside_a_job_is_a_child_of_the_current_span(otel: Otel) -
             await client.chat.completions.create(model="m", messages=MSG)  # type: ignore[arg-type]
         assert not hook_of(rt)._jobs
     spans = otel.finished()
-    assert sorted(s.name for s in spans) == ["chat m", "handler"]  # no invoke_agent span
+    assert sorted(s.name for s in spans) == ["chat m", "handler"]  # no workflow or agent
     call = by_name(spans)["chat m"]
     assert call.parent is not None
     assert call.parent.span_id == outer.get_span_context().span_id
