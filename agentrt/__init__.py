@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from .telemetry._journal import JournalStatistics
 
 try:
-    __version__ = version("agentrt")
+    __version__ = version("agentjct")  # the distribution's name on PyPI (README)
+    """The installed distribution's version (``0.0.0`` when run from a source tree)."""
 except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 

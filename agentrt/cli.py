@@ -418,7 +418,7 @@ def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("agentrt")
+        return version("agentjct")  # the distribution's name on PyPI
     except PackageNotFoundError:  # pragma: no cover - running from a source tree
         return "0.0.0"
 
