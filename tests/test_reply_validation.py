@@ -86,8 +86,9 @@ async def test_an_unreadable_reply_is_an_endpoint_error(
     (line,) = read_journal(journal)
     assert line.call_reports[0].status == "error" and line.call_reports[0].error == message
     count = "agentrt_call_duration_seconds_count"
-    assert registry.get_sample_value(count, {"job": "j", "endpoint": URL, "status": "error"}) == 1
-    assert not registry.get_sample_value(count, {"job": "j", "endpoint": URL, "status": "ok"})
+    labels = {"job_name": "j", "endpoint_url": URL}
+    assert registry.get_sample_value(count, {**labels, "status": "error"}) == 1
+    assert not registry.get_sample_value(count, {**labels, "status": "ok"})
 
 
 @pytest.mark.anyio

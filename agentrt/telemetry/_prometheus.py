@@ -6,8 +6,13 @@ registry) and updates them from the events. The metric objects are created once 
 registry and shared by every hook on it, so several runtimes (or a runtime re-created in
 the same process) may use one registry.
 
-Labels come only from bounded sets: the job name, the endpoint's base URL, the status,
-the tool name, the reason of a failed attempt; never a job, session or call id. Job
+Labels come only from bounded sets: the job name (``job_name``), the endpoint's base URL
+(``endpoint_url``), the status, the tool name, the reason of a failed attempt; never a
+job, session or call id. No label is one that Prometheus or its Kubernetes operator sets
+on every scraped series (``job``, ``instance``, ``endpoint``, ``service``, ``pod``,
+``namespace``, ``container``): with the default ``honor_labels: false`` such a label is
+renamed ``exported_<name>``. Names follow Prometheus' conventions: the base unit as a
+suffix (``_seconds``), ``_total`` on counters (added by prometheus_client). Job
 and tool names are the caller's strings, so each label keeps at most
 ``max_label_values`` distinct values per registry (default
 :data:`DEFAULT_MAX_LABEL_VALUES`); later new values are reported as ``"other"``. Give
@@ -49,7 +54,11 @@ DEFAULT_MAX_LABEL_VALUES: Final = 100
 label values per registry; later new ones become ``"other"``."""
 
 OTHER: Final = "other"
-JOB_ENDPOINT: Final = ("job", "endpoint")
+JOB: Final = "job_name"
+"""Not ``job``: Prometheus sets ``job`` on every series it scrapes (the scrape job)."""
+ENDPOINT: Final = "endpoint_url"
+"""Not ``endpoint``: the Prometheus operator's ServiceMonitor sets ``endpoint`` (the port)."""
+JOB_ENDPOINT: Final = (JOB, ENDPOINT)
 
 CALL_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300, 600)
 """LLM call latency, queue and retries included: 50 ms to 10 minutes."""
@@ -120,13 +129,13 @@ class _Metrics:
         self.job_duration = hist(
             "agentrt_job_duration_seconds",
             "Job completion time: from entering rt.job(...) to leaving it.",
-            ("job", "status"),
+            (JOB, "status"),
             JOB_BUCKETS,
         )
         self.call_duration = hist(
             "agentrt_call_duration_seconds",
             "LLM call latency as the job saw it: queue time and retries included.",
-            ("job", "endpoint", "status"),
+            (JOB, ENDPOINT, "status"),
             CALL_BUCKETS,
         )
         self.call_queue = hist(
@@ -144,22 +153,22 @@ class _Metrics:
         self.tool_wait = hist(
             "agentrt_tool_wait_seconds",
             "Tool waits: the idle gaps in a session between its LLM calls.",
-            ("job", "tool", "status"),
+            (JOB, "tool", "status"),
             TOOL_BUCKETS,
         )
         self.attempts = counter(
             "agentrt_call_attempts", "Attempts sent (retries and failovers included)."
         )
         self.failed = counter(
-            "agentrt_call_attempts_failed",
+            "agentrt_call_attempt_failures",
             "Failed attempts (connection error or retryable status), by reason.",
-            ("job", "endpoint", "reason", "retried"),
+            (JOB, ENDPOINT, "reason", "retried"),
         )
         self.moves = counter(
             "agentrt_session_moves",
             "Calls whose session went to another replica than its previous turn "
             "(the cached prefix there is lost): overload moves and failovers.",
-            ("job", "from_endpoint", "to_endpoint"),
+            (JOB, "from_endpoint", "to_endpoint"),
         )
         self.prompt_tokens = counter(
             "agentrt_prompt_tokens", "Prompt tokens of finished calls, as servers reported them."
@@ -177,10 +186,10 @@ class _Metrics:
             registry=registry,
         )
         self.jobs_in_progress = prom.Gauge(
-            "agentrt_jobs_in_progress", "Jobs running.", ("job",), registry=registry
+            "agentrt_jobs_in_progress", "Jobs running.", (JOB,), registry=registry
         )
         self.calls_in_progress = prom.Gauge(
-            "agentrt_calls_in_progress", "LLM calls in flight.", ("job",), registry=registry
+            "agentrt_calls_in_progress", "LLM calls in flight.", (JOB,), registry=registry
         )
         self.job_label = _Bounded(max_label_values)
         self.tool_label = _Bounded(max_label_values)
