@@ -44,6 +44,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import socket
 import statistics
@@ -340,6 +341,7 @@ def run_one(
         )
         results, makespan = anyio.run(replay, driver, plans)
         after = engine.counters()
+        scheduling = program_scheduling_counts(router) if router is not None else {}
     finally:
         if router is not None:
             router.stop()
@@ -373,6 +375,44 @@ def run_one(
         "latency_p90": _pct(lat, 0.9),
         "cached_share": hits / queries if queries else math.nan,
         "load_share_max": max(load) / sum(load) if sum(load) else math.nan,
+        "router_scheduling": scheduling,
+    }
+
+
+_SAMPLE = re.compile(r"^(vllm_router_agent_aware_[a-z_]+)(\{[^}]*\})? ([-+0-9.eE]+|NaN)$")
+_REASON = re.compile(r'(?:reason|transition)="([^"]*)"')
+
+
+def program_scheduling_counts(router: Any) -> dict[str, Any]:
+    """What the router's program scheduler did in a run, from its own /metrics: requests
+    held in its RequestPool (count, total and mean seconds) and its transitions by reason
+    (admit, pause, force_resume, ...). Empty without program scheduling."""
+    try:
+        text = router.metrics_text()
+    except (OSError, RuntimeError):
+        return {}
+    wait_sum = wait_count = 0.0
+    transitions: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line.strip())
+        if m is None or m.group(3) == "NaN":
+            continue
+        name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
+        if name == "vllm_router_agent_aware_queue_wait_seconds_sum":
+            wait_sum += value
+        elif name == "vllm_router_agent_aware_queue_wait_seconds_count":
+            wait_count += value
+        elif name == "vllm_router_agent_aware_transitions_total":
+            reason = _REASON.search(labels)
+            key = reason.group(1) if reason else "?"
+            transitions[key] = transitions.get(key, 0.0) + value
+    if not wait_count and not transitions:
+        return {}
+    return {
+        "pool_requests": wait_count,
+        "pool_wait_s": wait_sum,
+        "pool_wait_mean_s": wait_sum / wait_count if wait_count else 0.0,
+        "transitions": transitions,
     }
 
 
@@ -476,6 +516,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     f"cached {r['cached_share']:6.1%}  failed {r['failed']}",
                     flush=True,
                 )
+                if r["router_scheduling"]:
+                    print(f"  router scheduling: {json.dumps(r['router_scheduling'])}")
     rows = summarize(runs) if not args.only else []
     checked = goals(rows) if rows else {}
     wall = time.monotonic() - started

@@ -842,6 +842,13 @@ class Router(_Server):
             raise RuntimeError("scheduling diagnostics are not a JSON object")
         return data
 
+    def metrics_text(self) -> str:
+        """The router's own Prometheus page (``--prometheus-port``), as text."""
+        status, body = _http("GET", f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10.0)
+        if status != 200:
+            raise RuntimeError(f"the router's /metrics answered {status}: {body[:200]}")
+        return body
+
     def programs(self) -> dict[str, dict[str, Any]]:
         """The programs the scheduler knows, by ``session_id`` (else ``program``), all ranks."""
         out: dict[str, dict[str, Any]] = {}

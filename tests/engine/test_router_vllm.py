@@ -217,7 +217,8 @@ async def test_program_scheduling_sees_agentrt_programs(
     # In flight: the request's hints as sent.
     assert in_flight["in_flight_requests"] == 1
     assert in_flight["expected_output_tokens"] == 24
-    assert 0.0 < in_flight["request_deadline_seconds"] <= 600.0  # what is left of the job's
+    # (deadline_seconds, what is left of the job's 600 s, is accepted with the call; the
+    # diagnostics show a request's deadline only while it waits in the router's pool.)
     # After the reply, the declared wait holds the slot (acting, TTL armed to 7 s) ...
     assert held["state"] == "active" and held["status"] == "acting"
     assert 2.0 < (held["ttl_remaining_seconds"] or 0.0) <= 7.0
