@@ -97,6 +97,7 @@ def test_registry_names() -> None:
         "dynamo",
         "llm-d",
         "openai",
+        "litellm",
     }
     for name, dialect in DIALECTS.items():
         assert dialect.name == name

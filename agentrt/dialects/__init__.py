@@ -19,13 +19,21 @@ from typing import Any, Final, TypeAlias
 
 from .._protocol import CallMetadata
 from ._base import Dialect, DialectOptions, Encoding
-from ._dynamo import DYNAMO, dynamo_priority
+from ._dynamo import DYNAMO, dynamo_dialect, dynamo_priority
 from ._generic import GENERIC
 from ._llmd import LLMD
 from ._openai import OPENAI
-from ._sglang import SGLANG, sglang_dialect, sglang_priority
+from ._session_ends import sglang_session_ends, vllm_router_session_ends
+from ._session_header import (
+    LITELLM,
+    LITELLM_SESSION_HEADER,
+    session_header,
+    session_header_from_option,
+)
+from ._sglang import SGLANG, sglang_dialect, sglang_from_options, sglang_priority
 from ._vllm import VLLM, vllm_dialect
 from ._vllm_agent_hint import (
+    DEFAULT_AGENT_HINT_FIELDS,
     DEFAULT_AGENT_HINT_MAX_TTL_S,
     DEFAULT_AGENT_HINT_TTL_MARGIN_S,
     VLLM_AGENT_HINT,
@@ -38,9 +46,9 @@ from ._vllm_router_agentic import (
     VLLM_ROUTER_AGENTIC,
     vllm_router_agentic_dialect,
 )
-from ._vllm_router_ends import vllm_router_session_ends
 
 __all__ = [
+    "DEFAULT_AGENT_HINT_FIELDS",
     "DEFAULT_AGENT_HINT_MAX_TTL_S",
     "DEFAULT_AGENT_HINT_TTL_MARGIN_S",
     "DEFAULT_ROUTER_MAX_TTL_S",
@@ -48,6 +56,8 @@ __all__ = [
     "DIALECTS",
     "DYNAMO",
     "GENERIC",
+    "LITELLM",
+    "LITELLM_SESSION_HEADER",
     "LLMD",
     "OPENAI",
     "SGLANG",
@@ -60,12 +70,15 @@ __all__ = [
     "DialectSpec",
     "Encoding",
     "combine",
+    "dynamo_dialect",
     "dynamo_priority",
     "get_dialect",
     "register_dialect",
     "resolve_dialect",
+    "session_header",
     "sglang_dialect",
     "sglang_priority",
+    "sglang_session_ends",
     "vllm_agent_hint_dialect",
     "vllm_dialect",
     "vllm_router_agentic_dialect",
@@ -88,6 +101,7 @@ _REGISTRY: dict[str, Dialect] = {
         DYNAMO,
         LLMD,
         OPENAI,
+        LITELLM,
     )
 }
 
@@ -95,28 +109,32 @@ DIALECTS: Final[Mapping[str, Dialect]] = MappingProxyType(_REGISTRY)
 """The known dialects by name (read-only view; add one with :func:`register_dialect`)."""
 
 
+_SESSION_HEADER: Final = "session-header"
+"""The name of :func:`session_header` dialects: ``session-header:<header>[,<job header>]``."""
+
+
 def _parameterized(base: str, arg: str) -> Dialect:
     if base == "vllm-router":
         return vllm_router_dialect(arg)
-    if base == "sglang" and arg == "low-priority-first":
-        return sglang_dialect(low_priority_values_first=True)
     if base == "sglang":
-        raise ValueError(
-            f"unknown option {arg!r} for dialect 'sglang'; the only one is 'low-priority-first'"
-        )
+        return sglang_from_options(arg)
+    if base == _SESSION_HEADER:
+        return session_header_from_option(arg)
     raise ValueError(
         f"dialect {base!r} takes no option (got {arg!r}); options exist for "
-        "'vllm-router:<session header>' and 'sglang:low-priority-first'"
+        "'vllm-router:<session header>', 'sglang:low-priority-first,session-id' and "
+        "'session-header:<header>[,<job header>]'"
     )
 
 
 def get_dialect(name: str) -> Dialect:
     """The dialect called ``name``.
 
-    Two take an option after a colon: ``"vllm-router:<header>"`` (the session header a
-    production-stack router reads, its ``--session-key``) and
-    ``"sglang:low-priority-first"`` (a server started with
-    ``--schedule-low-priority-values-first``).
+    Three take an option after a colon: ``"vllm-router:<header>"`` (the session header a
+    production-stack router reads, its ``--session-key``); ``"sglang:<options>"`` with
+    ``low-priority-first`` (a server started with ``--schedule-low-priority-values-first``)
+    and/or ``session-id`` (send the body ``session_id``), comma-separated; and
+    ``"session-header:<header>[,<job header>]"`` (:func:`session_header`).
     """
     if not isinstance(name, str):
         raise TypeError(f"a dialect name must be a str, got {type(name).__name__}")
@@ -125,7 +143,7 @@ def get_dialect(name: str) -> Dialect:
     if found is not None:
         return found
     base, sep, arg = key.partition(":")
-    if sep and base in _REGISTRY and arg:
+    if sep and (base in _REGISTRY or base == _SESSION_HEADER) and arg:
         return _parameterized(base, name.strip().partition(":")[2])
     known = ", ".join(sorted(_REGISTRY))
     raise ValueError(f"unknown dialect {name!r}; known dialects: {known}")

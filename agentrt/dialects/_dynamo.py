@@ -3,12 +3,18 @@
 - headers ``X-Dynamo-Session-ID`` (always) and ``X-Dynamo-Parent-Session-ID`` (sub-agent
   sessions only): Dynamo's canonical session identity, normalized into its
   ``agent_context``;
+- header ``X-Dynamo-Session-Final: true`` on a call the caller marked as the session's
+  last (``session.chat(..., final=True)`` or ``session.expect_final()``): Dynamo marks
+  the session final and asks the engine to evict its KV (``kv_hints.evict_session``);
 - body ``nvext.agent_hints``: ``osl`` (expected output tokens, here the request's
   ``max_tokens`` when given, so an upper bound) and, only with
   ``DialectOptions(send_priority=True)``, ``priority``. Dynamo's priority is
   higher = more important, the inverse of agentrt's lower-runs-first, so
-  :func:`dynamo_priority` negates it (0 stays 0). No other hint is sent: some Dynamo
-  versions reject unknown ``agent_hints`` fields.
+  :func:`dynamo_priority` negates it (0 stays 0).
+- ``strict_priority`` (a router pending-queue tier, higher first) and
+  ``speculative_prefill`` (warm the next turn's prefix after the reply) only when chosen
+  with :func:`dynamo_dialect`: Dynamo versions that predate a hint reject the request
+  (``agent_hints`` denies unknown fields).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from .._protocol import CallMetadata
 from ._base import Dialect, DialectOptions, Encoding
 from ._generic import INT32_MAX, INT32_MIN, base_encoding, clamp
 
-__all__ = ["DYNAMO", "dynamo_priority"]
+__all__ = ["DYNAMO", "dynamo_dialect", "dynamo_priority"]
 
 _UINT32_MAX: Final = 2**32 - 1
 
@@ -29,24 +35,71 @@ def dynamo_priority(priority: int) -> int:
     return clamp(-priority, INT32_MIN + 1, INT32_MAX)
 
 
-def _encode(meta: CallMetadata, options: DialectOptions) -> Encoding:
-    enc = base_encoding(meta)
-    enc.headers["x-dynamo-session-id"] = meta.session_id
-    if meta.parent_session_id is not None:
-        enc.headers["x-dynamo-parent-session-id"] = meta.parent_session_id
-    hints: dict[str, Any] = {}
-    if options.send_priority and meta.priority is not None:
-        hints["priority"] = dynamo_priority(meta.priority)
-    if meta.expected_output_tokens is not None and meta.expected_output_tokens >= 0:
-        hints["osl"] = min(meta.expected_output_tokens, _UINT32_MAX)
-    if hints:
-        enc.body["nvext"] = {"agent_hints": hints}
-    return enc
+def dynamo_dialect(
+    *,
+    strict_priority: int | None = None,
+    speculative_prefill: bool = False,
+    send_final: bool = True,
+) -> Dialect:
+    """Build the Dynamo dialect.
+
+    ``strict_priority``: the router pending-queue tier of every call through this dialect
+    (an unsigned 32-bit int; a higher tier always goes ahead of a lower one; router only,
+    not forwarded to the engine). Give interactive and background agents different tiers
+    with an endpoint or runtime each. ``None`` sends none.
+
+    ``speculative_prefill``: ask Dynamo to prefill the predicted next-turn prefix after
+    each reply, so the session's next call finds its KV warm; not sent on a session's
+    last call (``final``), which has no next turn.
+
+    ``send_final``: send ``X-Dynamo-Session-Final: true`` on a call marked ``final``.
+    """
+    if strict_priority is not None and (
+        isinstance(strict_priority, bool)
+        or not isinstance(strict_priority, int)
+        or not 0 <= strict_priority <= _UINT32_MAX
+    ):
+        raise ValueError(
+            f"strict_priority must be an int in [0, {_UINT32_MAX}] or None, got {strict_priority!r}"
+        )
+    for what, flag in (("speculative_prefill", speculative_prefill), ("send_final", send_final)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{what} must be a bool, got {type(flag).__name__}")
+
+    def encode(meta: CallMetadata, options: DialectOptions) -> Encoding:
+        enc = base_encoding(meta)
+        enc.headers["x-dynamo-session-id"] = meta.session_id
+        if meta.parent_session_id is not None:
+            enc.headers["x-dynamo-parent-session-id"] = meta.parent_session_id
+        if send_final and meta.final:
+            enc.headers["x-dynamo-session-final"] = "true"
+        hints: dict[str, Any] = {}
+        if options.send_priority and meta.priority is not None:
+            hints["priority"] = dynamo_priority(meta.priority)
+        if strict_priority is not None:
+            hints["strict_priority"] = strict_priority
+        if meta.expected_output_tokens is not None and meta.expected_output_tokens >= 0:
+            hints["osl"] = min(meta.expected_output_tokens, _UINT32_MAX)
+        if speculative_prefill and not meta.final:
+            hints["speculative_prefill"] = True
+        if hints:
+            enc.body["nvext"] = {"agent_hints": hints}
+        return enc
+
+    extras = []
+    if strict_priority is not None:
+        extras.append(f"strict_priority {strict_priority}")
+    if speculative_prefill:
+        extras.append("speculative_prefill on non-final calls")
+    final = ", X-Dynamo-Session-Final on a final call" if send_final else ""
+    return Dialect(
+        name="dynamo",
+        encode=encode,
+        doc=f"NVIDIA Dynamo: X-Dynamo-Session-ID, X-Dynamo-Parent-Session-ID{final}, "
+        "nvext.agent_hints.osl and (with send_priority) priority = -agentrt priority"
+        + ("; " + ", ".join(extras) if extras else "")
+        + ".",
+    )
 
 
-DYNAMO: Final = Dialect(
-    name="dynamo",
-    encode=_encode,
-    doc="NVIDIA Dynamo: X-Dynamo-Session-ID, X-Dynamo-Parent-Session-ID, "
-    "nvext.agent_hints.osl and (with send_priority) priority = -agentrt priority.",
-)
+DYNAMO: Final = dynamo_dialect()

@@ -7,11 +7,14 @@
   a server flag: with ``--enable-priority-scheduling`` higher values run first, unless
   ``--schedule-low-priority-values-first`` is set. agentrt's priority is lower-first, so by
   default it is sent negated; ``sglang_dialect(low_priority_values_first=True)`` (name
-  ``sglang:low-priority-first``) sends it as is.
-
-SGLang's body ``session_id`` / ``session_params`` are deliberately NOT sent: they name a
-stateful session opened with ``/open_session``, and a request naming a session that was
-never opened is aborted ("session id ... does not exist").
+  ``sglang:low-priority-first``) sends it as is;
+- body ``session_id`` = the session id, only with ``sglang_dialect(send_session_id=True)``
+  (name ``sglang:session-id``): SGLang 0.5.15 and later read a top-level ``session_id`` as
+  the request's stable session identity (sgl-project/sglang#29436); a server started with
+  ``--enable-session-radix-cache`` tags the session's KV with it, no ``/open_session``
+  needed, and keeps it referenced until ``/close_session`` (agentrt's
+  :func:`~agentrt.dialects.sglang_session_ends` hook sends that when the session ends).
+  Off by default: older servers do not know the field.
 """
 
 from __future__ import annotations
@@ -22,7 +25,10 @@ from .._protocol import CallMetadata
 from ._base import Dialect, DialectOptions, Encoding
 from ._generic import INT32_MAX, INT32_MIN, base_encoding, clamp
 
-__all__ = ["SGLANG", "sglang_dialect", "sglang_priority"]
+__all__ = ["SGLANG", "SGLANG_OPTIONS", "sglang_dialect", "sglang_priority"]
+
+SGLANG_OPTIONS: Final = ("low-priority-first", "session-id")
+"""The options of the dialect name ``sglang:<option>[,<option>]``."""
 
 
 def sglang_priority(priority: int, *, low_priority_values_first: bool = False) -> int:
@@ -31,27 +37,60 @@ def sglang_priority(priority: int, *, low_priority_values_first: bool = False) -
     return clamp(value, INT32_MIN + 1, INT32_MAX)
 
 
-def sglang_dialect(*, low_priority_values_first: bool = False) -> Dialect:
-    """Build the SGLang dialect for a server with the given priority polarity."""
+def sglang_dialect(
+    *, low_priority_values_first: bool = False, send_session_id: bool = False
+) -> Dialect:
+    """Build the SGLang dialect for a server with the given priority polarity.
+
+    ``send_session_id=True`` adds the body ``session_id`` (SGLang 0.5.15 or later; with
+    ``--enable-session-radix-cache`` it keeps the session's KV until the session is closed).
+    """
+    for what, flag in (
+        ("low_priority_values_first", low_priority_values_first),
+        ("send_session_id", send_session_id),
+    ):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{what} must be a bool, got {type(flag).__name__}")
 
     def encode(meta: CallMetadata, options: DialectOptions) -> Encoding:
         enc = base_encoding(meta)
         enc.headers["x-smg-routing-key"] = meta.session_id
+        if send_session_id:
+            enc.body["session_id"] = meta.session_id
         if options.send_priority and meta.priority is not None:
             enc.body["priority"] = sglang_priority(
                 meta.priority, low_priority_values_first=low_priority_values_first
             )
         return enc
 
-    if low_priority_values_first:
-        name, order = "sglang:low-priority-first", "as is (lower first)"
-    else:
-        name, order = "sglang", "negated (higher first)"
+    chosen = [
+        opt
+        for opt, on in zip(
+            SGLANG_OPTIONS, (low_priority_values_first, send_session_id), strict=True
+        )
+        if on
+    ]
+    name = "sglang" + (":" + ",".join(chosen) if chosen else "")
+    order = "as is (lower first)" if low_priority_values_first else "negated (higher first)"
+    session = "; body session_id = session id" if send_session_id else ""
     return Dialect(
         name=name,
         encode=encode,
-        doc=f"SGLang: X-SMG-Routing-Key = session id; body priority {order}, only with "
-        "send_priority.",
+        doc=f"SGLang: X-SMG-Routing-Key = session id{session}; body priority {order}, only "
+        "with send_priority.",
+    )
+
+
+def sglang_from_options(arg: str) -> Dialect:
+    """The dialect of ``sglang:<arg>``: options from :data:`SGLANG_OPTIONS`, comma-separated."""
+    opts = [part.strip().lower() for part in arg.split(",")]
+    unknown = [o for o in opts if o not in SGLANG_OPTIONS]
+    if unknown or not opts:
+        known = ", ".join(repr(o) for o in SGLANG_OPTIONS)
+        raise ValueError(f"unknown option {arg!r} for dialect 'sglang'; the options are {known}")
+    return sglang_dialect(
+        low_priority_values_first="low-priority-first" in opts,
+        send_session_id="session-id" in opts,
     )
 
 

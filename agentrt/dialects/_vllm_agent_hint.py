@@ -2,7 +2,8 @@
 
 It follows RFC vllm-project/vllm#52113, "Session-Aware KV Cache Hints", a proposal and
 not a released vLLM API: no vLLM release reads ``agent_hint`` (vLLM 0.32 accepts the
-field and ignores it). It adds one body object::
+field and ignores it). Its field names are not settled, so they are an option
+(``vllm_agent_hint_dialect(fields=...)``); by default it adds one body object::
 
     "agent_hint": {"session_id": ..., "parent_session_id": ..., "cache_ttl_s": ...}
 
@@ -11,7 +12,8 @@ field and ignores it). It adds one body object::
 - ``cache_ttl_s``: how long the session's KV cache is worth keeping after the reply,
   only when the session declared its next idle period (``CallMetadata.idle_expected_s``):
   the expected idle plus a margin (Continuum-style: TTL = expected tool wait + margin),
-  bounded to ``[0, max_ttl_s]`` and rounded to milliseconds.
+  bounded to ``[0, max_ttl_s]`` and rounded to milliseconds (or sent as whole
+  milliseconds with ``ttl_unit="ms"``, as Mooncake's ``cache_ttl_ms`` proposal reads).
 
 It sends nothing else of vLLM's own; combine it with ``vllm`` for ``session_id`` and the
 headers (``dialect=("vllm", "vllm-agent-hint")``). See docs/protocol.md.
@@ -20,13 +22,17 @@ headers (``dialect=("vllm", "vllm-agent-hint")``). See docs/protocol.md.
 from __future__ import annotations
 
 import math
-from typing import Any, Final
+import re
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Final, Literal
 
 from .._protocol import CallMetadata, validate_nonneg
 from ._base import Dialect, DialectOptions, Encoding
 from ._generic import base_encoding
 
 __all__ = [
+    "DEFAULT_AGENT_HINT_FIELDS",
     "DEFAULT_AGENT_HINT_MAX_TTL_S",
     "DEFAULT_AGENT_HINT_TTL_MARGIN_S",
     "VLLM_AGENT_HINT",
@@ -40,6 +46,22 @@ its cache."""
 DEFAULT_AGENT_HINT_MAX_TTL_S: Final = 3600.0
 """Upper bound on ``cache_ttl_s``: a wrong declaration cannot pin KV cache for hours."""
 
+DEFAULT_AGENT_HINT_FIELDS: Final[Mapping[str, str | None]] = MappingProxyType(
+    {
+        "object": "agent_hint",
+        "session_id": "session_id",
+        "parent_session_id": "parent_session_id",
+        "cache_ttl": "cache_ttl_s",
+    }
+)
+"""The body names the dialect sends, by what they carry: ``object`` is the top-level body
+key of the hint, the others its members. Override any of them with
+``vllm_agent_hint_dialect(fields={...})``; ``None`` leaves a member out (``object`` and
+``session_id`` cannot be left out)."""
+
+# A JSON member name a server can read as a Python identifier or a dotted-free key.
+_FIELD_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]{0,63}")
+
 
 def _seconds(value: float, what: str) -> float:
     checked = validate_nonneg(value, what)
@@ -48,36 +70,75 @@ def _seconds(value: float, what: str) -> float:
     return checked
 
 
+def _field_names(fields: Mapping[str, str | None] | None) -> dict[str, str | None]:
+    names = dict(DEFAULT_AGENT_HINT_FIELDS)
+    if fields is None:
+        return names
+    if not isinstance(fields, Mapping):
+        raise TypeError(f"fields must be a mapping, got {type(fields).__name__}")
+    for key, value in fields.items():
+        if key not in names:
+            known = ", ".join(repr(k) for k in DEFAULT_AGENT_HINT_FIELDS)
+            raise ValueError(f"unknown agent hint field {key!r}; the fields are {known}")
+        if value is None and key in ("object", "session_id"):
+            raise ValueError(f"agent hint field {key!r} cannot be left out")
+        if value is not None and (not isinstance(value, str) or not _FIELD_RE.fullmatch(value)):
+            raise ValueError(
+                f"agent hint field name {value!r} (for {key!r}) must be 1 to 64 letters, "
+                "digits, '_' or '-', starting with a letter or '_'"
+            )
+        names[key] = value
+    members = [v for k, v in names.items() if k != "object" and v is not None]
+    if len(set(members)) != len(members):
+        raise ValueError(f"agent hint member names must differ, got {members}")
+    return names
+
+
 def vllm_agent_hint_dialect(
     *,
     ttl_margin_s: float = DEFAULT_AGENT_HINT_TTL_MARGIN_S,
     max_ttl_s: float = DEFAULT_AGENT_HINT_MAX_TTL_S,
+    fields: Mapping[str, str | None] | None = None,
+    ttl_unit: Literal["s", "ms"] = "s",
 ) -> Dialect:
     """Build the ``vllm-agent-hint`` dialect (experimental, see the module docstring).
 
-    ``cache_ttl_s = min(idle_expected_s + ttl_margin_s, max_ttl_s)``, sent only when
-    ``idle_expected_s`` is known.
+    ``cache_ttl = min(idle_expected_s + ttl_margin_s, max_ttl_s)``, sent only when
+    ``idle_expected_s`` is known: in seconds rounded to milliseconds, or with
+    ``ttl_unit="ms"`` in whole milliseconds. ``fields`` renames the hint's object and
+    members (keys of :data:`DEFAULT_AGENT_HINT_FIELDS`; ``None`` leaves a member out),
+    e.g. ``fields={"cache_ttl": "cache_ttl_ms"}, ttl_unit="ms"``.
     """
     margin = _seconds(ttl_margin_s, "ttl_margin_s")
     cap = _seconds(max_ttl_s, "max_ttl_s")
+    if ttl_unit not in ("s", "ms"):
+        raise ValueError(f"ttl_unit must be 's' or 'ms', got {ttl_unit!r}")
+    names = _field_names(fields)
+    obj = names["object"]
+    session_key = names["session_id"]
+    parent_key = names["parent_session_id"]
+    ttl_key = names["cache_ttl"]
+    assert obj is not None and session_key is not None
 
     def encode(meta: CallMetadata, options: DialectOptions) -> Encoding:
         enc = base_encoding(meta)
-        hint: dict[str, Any] = {"session_id": meta.session_id}
-        if meta.parent_session_id is not None:
-            hint["parent_session_id"] = meta.parent_session_id
+        hint: dict[str, Any] = {session_key: meta.session_id}
+        if parent_key is not None and meta.parent_session_id is not None:
+            hint[parent_key] = meta.parent_session_id
         idle = meta.idle_expected_s
-        if idle is not None and math.isfinite(idle) and idle >= 0:
-            hint["cache_ttl_s"] = round(min(idle + margin, cap), 3)
-        enc.body["agent_hint"] = hint
+        if ttl_key is not None and idle is not None and math.isfinite(idle) and idle >= 0:
+            ttl = min(idle + margin, cap)
+            hint[ttl_key] = round(ttl * 1000) if ttl_unit == "ms" else round(ttl, 3)
+        enc.body[obj] = hint
         return enc
 
+    members = [session_key] + [m for m in (parent_key, ttl_key) if m is not None]
     return Dialect(
         name="vllm-agent-hint",
         encode=encode,
-        doc="vLLM RFC #52113 (experimental proposal, not a released API): body agent_hint "
-        "{session_id, parent_session_id if any, cache_ttl_s = expected idle + "
-        f"{margin:g} s, at most {cap:g} s, if known}}.",
+        doc="vLLM RFC #52113 (experimental proposal, not a released API): body "
+        f"{obj} {{{', '.join(members)}}}: session, parent if any, cache TTL = expected idle "
+        f"+ {margin:g} s, at most {cap:g} s, in {ttl_unit}, if known.",
     )
 
 

@@ -1,0 +1,177 @@
+"""Telling a server that agentrt sessions ended: one request per session, after its block.
+
+Some servers keep per-session state that only the client can release: vllm-router's
+``sticky_least_loaded`` counts sessions per worker (``POST /finish_session``), and an
+SGLang server with ``--enable-session-radix-cache`` keeps a session's KV referenced until
+``POST /close_session``. The request is not a dialect field (dialects are pure functions of
+one call); it is the one thing agentrt knows only after a session's last call.
+
+:func:`session_ends` is the mechanism both use: a runtime hook that remembers which
+sessions made a call and, when such a session closes, sends the server's end request from
+a task of its own, so the hook itself stays cheap on the call path.
+:func:`vllm_router_session_ends` and :func:`sglang_session_ends` fill in each server's
+request.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:  # imported when used: agentrt.dialects stays cheap to import
+    import httpx
+
+    from ..telemetry._events import Event, Hook
+
+__all__ = ["sglang_session_ends", "vllm_router_session_ends"]
+
+_MAX_TRACKED: Final = 100_000
+"""Sessions remembered as having called (a bound; cleared when full)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _EndRequest:
+    """One server's end-of-session request: ``POST <root><path>`` with the session id in
+    the query (``param``) or in a JSON body (``json_key``)."""
+
+    path: str
+    param: str | None = None
+    json_key: str | None = None
+
+    def send_kwargs(self, session_id: str) -> dict[str, Any]:
+        if self.param is not None:
+            return {"params": {self.param: session_id}}
+        assert self.json_key is not None
+        return {"json": {self.json_key: session_id}}
+
+
+def _roots(urls: str | Sequence[str], what: str) -> tuple[str, ...]:
+    items = [urls] if isinstance(urls, str) else list(urls)
+    if not items:
+        raise ValueError(f"{what} needs at least one URL")
+    roots: list[str] = []
+    for url in items:
+        if not isinstance(url, str):
+            raise TypeError(f"{what} URLs must be str, got {type(url).__name__}")
+        root = url.rstrip("/")
+        if root.endswith("/v1"):
+            root = root[: -len("/v1")]
+        if not root.startswith(("http://", "https://")):
+            raise ValueError(f"{what} URL must be an http(s) URL, got {url!r}")
+        roots.append(root)
+    return tuple(roots)
+
+
+@asynccontextmanager
+async def session_ends(
+    urls: str | Sequence[str],
+    request: _EndRequest,
+    *,
+    what: str,
+    timeout_s: float,
+    transport: httpx.AsyncBaseTransport | None,
+) -> AsyncIterator[Hook]:
+    """A hook that sends ``request`` to every root of ``urls`` when a session that made a
+    call closes. Ends still pending when the block exits are sent before it returns; a
+    failed request is dropped (the server then expires the session itself)."""
+    import anyio
+    import httpx
+
+    from ..telemetry._events import CallSent, SessionClosed
+
+    roots = _roots(urls, what)
+    if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"timeout_s must be a finite number > 0, got {timeout_s!r}")
+    send, receive = anyio.create_memory_object_stream[str](max_buffer_size=math.inf)
+    called: set[str] = set()
+
+    def hook(event: Event) -> None:
+        if isinstance(event, CallSent):
+            if len(called) >= _MAX_TRACKED:
+                called.clear()
+            called.add(event.session_id)
+        elif isinstance(event, SessionClosed) and event.session_id in called:
+            called.discard(event.session_id)
+            send.send_nowait(event.session_id)
+
+    async def post_ends() -> None:
+        async with httpx.AsyncClient(timeout=timeout_s, transport=transport) as http, receive:
+            async for session_id in receive:
+                kwargs = request.send_kwargs(session_id)
+                for root in roots:
+                    try:
+                        await http.post(f"{root}{request.path}", **kwargs)
+                    except httpx.HTTPError:
+                        continue
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(post_ends)
+        try:
+            yield hook
+        finally:
+            send.close()
+
+
+_FINISH_SESSION: Final = _EndRequest("/finish_session", param="session_id")
+_CLOSE_SESSION: Final = _EndRequest("/close_session", json_key="session_id")
+
+
+def vllm_router_session_ends(
+    router_url: str,
+    *,
+    timeout_s: float = 5.0,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> AbstractAsyncContextManager[Hook]:
+    """A hook that tells the vllm-router at ``router_url`` (its root; a trailing ``/v1``
+    is dropped) when each agentrt session that called it ends
+    (``POST /finish_session?session_id=ID``). Use it as an async context manager and give
+    the hook to the runtime, inside the block::
+
+        async with vllm_router_session_ends("http://router:30000") as ends:
+            async with Runtime("http://router:30000/v1", dialect="vllm-router-agentic",
+                               hooks=[ends]) as rt:
+                ...
+
+    vllm-router's ``sticky_least_loaded`` policy counts the sessions bound to each worker
+    and sends a new session to the worker with the fewest; a session it is never told of
+    holds its count for two hours (vllm-router 0.1.17, ``src/policies/sticky_least_loaded.rs``;
+    ``src/server.rs``, ``finish_session``). Ends still pending when the block exits are
+    sent before it returns; a failed post is dropped. Async runtimes only: the hook must
+    run on this block's event loop.
+    """
+    if not isinstance(router_url, str):
+        raise TypeError(f"router_url must be a str, got {type(router_url).__name__}")
+    return session_ends(
+        router_url,
+        _FINISH_SESSION,
+        what="router_url",
+        timeout_s=timeout_s,
+        transport=transport,
+    )
+
+
+def sglang_session_ends(
+    server_urls: str | Sequence[str],
+    *,
+    timeout_s: float = 5.0,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> AbstractAsyncContextManager[Hook]:
+    """A hook that closes each agentrt session on the SGLang server(s) at ``server_urls``
+    when the session's block ends (``POST /close_session`` with ``{"session_id": ID}``).
+
+    Use it with ``sglang_dialect(send_session_id=True)`` against servers started with
+    ``--enable-session-radix-cache`` (SGLang 0.5.15 or later): each session's KV stays
+    referenced (evicted after unreferenced KV) until it is closed. Behind the Model Gateway,
+    list every worker's URL: a worker that never saw the session ignores the close. Use
+    it as an async context manager, as :func:`vllm_router_session_ends`.
+    """
+    return session_ends(
+        server_urls,
+        _CLOSE_SESSION,
+        what="server_urls",
+        timeout_s=timeout_s,
+        transport=transport,
+    )
