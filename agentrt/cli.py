@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final, NoReturn
 
 if TYPE_CHECKING:
+    from .bench._parallel import Workers
     from .bench._runner import BenchConfig
 
 __all__ = ["main"]
@@ -65,6 +66,7 @@ _EXTRAS: Final = {
     "uvicorn": "serve",
     "prometheus_client": "prometheus",
     "opentelemetry": "otel",
+    "ray": "ray",
 }
 """Optional modules and the extra that installs each."""
 
@@ -232,6 +234,16 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
         "--no-stretch",
         action="store_true",
         help="skip the solo runs that give each job's JCT stretch",
+    )
+    p.add_argument(
+        "--workers",
+        type=_workers,
+        default="auto",
+        metavar="N",
+        help="embedded runs: replay the clients (and the solo runs) side by side on N "
+        "processes, with the same results; auto: one per core; 1: one by one in this "
+        "process; ray: on Ray (the ray extra: pip install 'agentrt[ray]'; the cluster at "
+        "RAY_ADDRESS, else a local one)",
     )
     p.add_argument(
         "--tool-wait",
@@ -423,17 +435,29 @@ def _version() -> str:
         return "0.0.0"
 
 
+def _workers(text: str) -> int | str:
+    """``--workers``: checked here, so a bad value is a usage error."""
+    from .bench._parallel import parse_workers
+
+    try:
+        return parse_workers(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _positive(value: int | float | None, option: str) -> None:
     if value is not None and value <= 0:
         raise _CommandError(f"{option} must be positive, got {value}")
 
 
-def _run_bench(cfg: BenchConfig, out: Path, plots: bool, title: str, journal: bool) -> int:
+def _run_bench(
+    cfg: BenchConfig, out: Path, plots: bool, title: str, journal: bool, workers: Workers = 1
+) -> int:
     from .bench._output import print_table, run_with_progress
 
     if journal:
         cfg.journal_dir = out
-    result = run_with_progress(cfg)
+    result = run_with_progress(cfg, workers=workers)
     clock = "virtual time" if result.virtual_time else "wall-clock time"
     print_table(
         result,
@@ -504,7 +528,7 @@ def _bench(args: argparse.Namespace) -> int:
         host_blocks=args.host_blocks,
     )
     title = f"agentrt bench: {args.workload}"
-    return _run_bench(cfg, args.out, not args.no_plots, title, not args.no_journal)
+    return _run_bench(cfg, args.out, not args.no_plots, title, not args.no_journal, args.workers)
 
 
 def _report(args: argparse.Namespace) -> int:

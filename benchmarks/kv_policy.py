@@ -23,6 +23,9 @@ Per configuration: JCT mean/p50/p99 and their ratio to the baseline, the hit rat
 that resume a session after a tool wait, host-tier traffic, KV occupancy, and the gap
 between learned and oracle declarations.
 
+Every configuration is an independent replay: they run side by side on ``--workers``
+processes (default: one per core; 1: one by one; ray: on Ray), with the same results.
+
     .venv/bin/python benchmarks/kv_policy.py              # ~4 min; results/kv_policy.json
     .venv/bin/python benchmarks/kv_policy.py --workloads react-longtail --loads base
 """
@@ -39,13 +42,15 @@ from typing import Any
 from agentrt.bench import (
     Arrivals,
     BenchConfig,
+    BenchResult,
     Call,
     ClientResult,
     SessionPlan,
     TraceOptions,
     make_workload,
-    run_bench,
+    run_study,
 )
+from agentrt.bench._parallel import parse_workers
 from agentrt.sim import EngineConfig
 
 # Arrival rates (jobs/s) per workload: "base" keeps the lru baseline memory-bound without
@@ -105,10 +110,10 @@ def wait_floor(workload: str, rate: float, args: argparse.Namespace) -> float:
     return sum(_waits(p.root) for p in plans) / len(plans)
 
 
-def bench(
+def bench_config(
     workload: str, rate: float, args: argparse.Namespace, policy: str, host: int, clients: list[str]
-) -> tuple[list[ClientResult], int, float]:
-    cfg = BenchConfig(
+) -> BenchConfig:
+    return BenchConfig(
         workload=workload,
         jobs=args.jobs or JOBS[workload],
         rate=rate,
@@ -122,8 +127,6 @@ def bench(
         gpu_blocks=args.gpu_blocks,
         host_blocks=host,
     )
-    result = run_bench(cfg)
-    return result.clients, result.calls, result.wall_s
 
 
 def row(workload: str, load: str, rate: float, label: str, c: ClientResult) -> dict[str, Any]:
@@ -211,29 +214,49 @@ def main() -> int:
         "--host-blocks", type=int, default=HOST_BLOCKS, help="per replica (0: no host tier)"
     )
     parser.add_argument("--out", type=Path, default=Path("results/kv_policy.json"))
+    parser.add_argument(
+        "--workers",
+        type=parse_workers,
+        default="auto",
+        help="processes for the replays: auto (one per core), N (1: one by one) or ray",
+    )
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     failures: list[dict[str, str]] = []
     started = time.perf_counter()
-    for workload in args.workloads:
-        loads = {"custom": args.rate} if args.rate else {k: RATES[workload][k] for k in args.loads}
-        for load, rate in loads.items():
-            these: list[dict[str, Any]] = []
-            calls, wall = 0, 0.0
-            for label, policy, host, clients in configs(args.host_blocks):
-                try:
-                    results, calls, w = bench(workload, rate, args, policy, host, clients)
-                except Exception as exc:  # an engine error: say so, run the others
-                    while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
-                        exc = exc.exceptions[0]
-                    error = f"{type(exc).__name__}: {exc}"
-                    failures.append(
-                        {"workload": workload, "load": load, "policy": label, "error": error}
-                    )
-                    print(f"  {label}: FAILED ({error})")
-                    continue
-                wall += w
-                these += [row(workload, load, rate, label, c) for c in results]
+    groups = [
+        (workload, load, rate)
+        for workload in args.workloads
+        for load, rate in (
+            {"custom": args.rate} if args.rate else {k: RATES[workload][k] for k in args.loads}
+        ).items()
+    ]
+    study = [
+        (group, label, bench_config(group[0], group[2], args, policy, host, clients))
+        for group in groups
+        for label, policy, host, clients in configs(args.host_blocks)
+    ]
+    # Every configuration replays on its own clusters: all of them run side by side.
+    outcomes = run_study([cfg for _, _, cfg in study], workers=args.workers, return_exceptions=True)
+    for workload, load, rate in groups:
+        these: list[dict[str, Any]] = []
+        calls, wall = 0, 0.0
+        for (group, label, _), outcome in zip(study, outcomes, strict=True):
+            if group != (workload, load, rate):
+                continue
+            if not isinstance(outcome, BenchResult):  # an engine error: say so, the others ran
+                exc: BaseException = outcome
+                while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+                    exc = exc.exceptions[0]
+                error = f"{type(exc).__name__}: {exc}"
+                failures.append(
+                    {"workload": workload, "load": load, "policy": label, "error": error}
+                )
+                print(f"  {label}: FAILED ({error})")
+                continue
+            calls, wall = outcome.calls, max(wall, outcome.wall_s)
+            these += [row(workload, load, rate, label, c) for c in outcome.clients]
+        if these:
             add_ratios(these)
             floor = wait_floor(workload, rate, args)
             base = these[0]["jct_mean"]
@@ -242,9 +265,9 @@ def main() -> int:
             rows += these
             print(
                 f"{workload}, {load} load ({rate} jobs/s), {args.jobs or JOBS[workload]} jobs, "
-                f"{calls} calls per configuration, {wall:.0f} s wall; waits alone make "
-                f"{floor:.0f} s of the baseline's {base:.0f} s mean JCT (a policy can cut at "
-                f"most {1 - floor / base:.0%})"
+                f"{calls} calls per configuration, done {wall:.0f} s into the study; waits "
+                f"alone make {floor:.0f} s of the baseline's {base:.0f} s mean JCT (a policy "
+                f"can cut at most {1 - floor / base:.0%})"
             )
             print_rows(these)
     setup = {
@@ -255,6 +278,7 @@ def main() -> int:
         "token_scale": args.token_scale,
         "max_wait_s": args.max_wait,
         "seed": args.seed,
+        "workers": args.workers,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"setup": setup, "rows": rows, "failures": failures}, indent=1))

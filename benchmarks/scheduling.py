@@ -16,6 +16,10 @@ point. Every client replays the identical workload on a fresh cluster, side by s
 ``--knee`` instead sweeps the per-endpoint concurrency limit on one replica under a
 saturating closed loop (128 users of back-to-back ReAct calls) and prints the throughput.
 
+Every client at every load is an independent replay: they run side by side on
+``--workers`` processes (default: one per core; 1: one by one; ray: on Ray), with the
+same results.
+
     .venv/bin/python benchmarks/scheduling.py              # ~5 min; results/scheduling.json
     .venv/bin/python benchmarks/scheduling.py --knee       # ~80 s; results/scheduling_knee.json
 """
@@ -30,7 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrt.bench import BenchConfig, ClientResult, TraceOptions, run_bench
+from agentrt.bench import BenchConfig, ClientResult, TraceOptions, run_bench, run_study
+from agentrt.bench._parallel import parse_workers
 
 # Arrival rates (jobs/s) from a sweep with the plain client (see docs/benchmarks.md).
 RATES = {"80%": 0.25, "95%": 0.5, "overload": 2.0}
@@ -118,7 +123,7 @@ def knee(args: argparse.Namespace) -> int:
         stretch=False,
         api="http",
     )
-    result = run_bench(cfg)
+    result = run_bench(cfg, workers=args.workers)
     print(f"one replica, 128 closed-loop users, {result.calls} calls, {result.wall_s:.0f} s wall")
     print(f"  {'limit':>6} {'calls/s':>8} {'vs max':>6} {'call p50 (s)':>12}")
     best = max(c.jobs_per_s for c in result.clients)
@@ -144,17 +149,22 @@ def main() -> int:
     parser.add_argument("--loads", nargs="*", default=list(RATES), choices=list(RATES))
     parser.add_argument("--knee", action="store_true", help="sweep the concurrency limit")
     parser.add_argument("--out", type=Path, default=Path("results/scheduling.json"))
+    parser.add_argument(
+        "--workers",
+        type=parse_workers,
+        default="auto",
+        help="processes for the replays: auto (one per core), N (1: one by one) or ray",
+    )
     args = parser.parse_args()
     if args.knee:
         return knee(args)
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
-    for label in args.loads:
-        rate = RATES[label]
-        cfg = BenchConfig(
+    configs = [
+        BenchConfig(
             workload="mixed-cc",
             jobs=args.jobs,
-            rate=rate,
+            rate=RATES[label],
             replicas=args.replicas,
             clients=clients(),
             stretch=True,
@@ -162,13 +172,18 @@ def main() -> int:
             traces=TraceOptions(token_scale=args.token_scale, max_wait_s=args.max_wait),
             api="http",
         )
-        result = run_bench(cfg)
+        for label in args.loads
+    ]
+    # Every client at every load replays on its own cluster: all of them side by side.
+    results = run_study(configs, workers=args.workers)
+    for label, result in zip(args.loads, results, strict=True):
+        rate = RATES[label]
         base = result.clients[0]
         these = [row(label, rate, c, base) for c in result.clients]
         rows += these
         print(
             f"{label} (rate {rate}/s), {args.jobs} jobs, {result.calls} calls per client, "
-            f"{result.wall_s:.0f} s wall"
+            f"done {result.wall_s:.0f} s into the study"
         )
         print_rows(these)
     args.out.parent.mkdir(parents=True, exist_ok=True)

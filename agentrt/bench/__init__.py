@@ -2,6 +2,7 @@
 
 from ._clock import VirtualTimeLoop
 from ._drivers import ClientSpec, Prompts
+from ._parallel import Workers, run_study
 from ._plan import BLOCK_TOKENS, Call, Fanout, JobPlan, SessionPlan
 from ._runner import BenchConfig, BenchResult, ClientResult, run_bench
 from ._workloads import WORKLOADS, Arrivals, TraceOptions, make_workload
@@ -21,6 +22,8 @@ __all__ = [
     "SessionPlan",
     "TraceOptions",
     "VirtualTimeLoop",
+    "Workers",
     "make_workload",
     "run_bench",
+    "run_study",
 ]

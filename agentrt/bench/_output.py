@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Final
 
 from ..report._tables import TextTable, text_lines
+from ._parallel import Workers
 from ._runner import BenchConfig, BenchResult, run_bench
 
 __all__ = [
@@ -167,15 +168,21 @@ def progress_bar(jobs: int, enabled: bool = True) -> Iterator[Callable[[str], No
 
 
 def run_with_progress(
-    cfg: BenchConfig, labels: dict[str, str] | None = None, *, enabled: bool | None = None
+    cfg: BenchConfig,
+    labels: dict[str, str] | None = None,
+    *,
+    enabled: bool | None = None,
+    workers: Workers = 1,
 ) -> BenchResult:
     """:func:`~agentrt.bench.run_bench` with a progress bar on stderr (when it is a
     terminal, or as ``enabled`` says): one bar per client (and one for the solo runs),
-    each counting the run's ``cfg.jobs`` jobs. ``labels`` renames clients in the bars."""
+    each counting the run's ``cfg.jobs`` jobs. ``labels`` renames clients in the bars.
+    ``workers``: as :func:`~agentrt.bench.run_bench` (a bar fills when its replay ends,
+    when replays run in other processes)."""
     names = labels or {}
     on = sys.stderr.isatty() if enabled is None else enabled
     with progress_bar(cfg.jobs, enabled=on) as advance:
-        return run_bench(cfg, lambda label: advance(names.get(label, label)))
+        return run_bench(cfg, lambda label: advance(names.get(label, label)), workers=workers)
 
 
 def _cdf(values: Sequence[float]) -> tuple[list[float], list[float]]:

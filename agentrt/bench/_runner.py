@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import anyio
 import httpx
@@ -27,6 +27,9 @@ from ._clock import VirtualTimeLoop
 from ._drivers import ClientSpec, JobResult, Prompts, make_driver
 from ._plan import JobPlan
 from ._workloads import Arrivals, TraceOptions, make_workload
+
+if TYPE_CHECKING:
+    from ._parallel import Workers
 
 __all__ = ["BenchConfig", "BenchResult", "ClientResult", "journal_paths", "run_bench"]
 
@@ -362,74 +365,127 @@ def _sim_engine_stats(
     }
 
 
-async def _run_sim(
-    cfg: BenchConfig, plans: list[JobPlan], progress: Progress
-) -> list[ClientResult]:
+ALONE: Final = -1
+"""The replay part that runs every job alone on an idle cluster (stretch); parts 0, 1, ...
+are the clients, in ``BenchConfig.clients`` order."""
+
+
+@dataclass(slots=True)
+class ClientRun:
+    """One client's replay on its own embedded cluster, before it is summarized."""
+
+    results: list[JobResult]
+    makespan: float
+    engine: dict[str, float | None]
+    kv: dict[str, float]
+
+
+PartResult = dict[str, float] | ClientRun
+"""What a replay part returns: each job's JCT alone (:data:`ALONE`), or a client's run."""
+
+
+def sim_parts(cfg: BenchConfig) -> list[int]:
+    """The independent replays of an embedded run, in the order they run one by one."""
+    return ([ALONE] if cfg.stretch else []) + list(range(len(cfg.clients)))
+
+
+def part_label(cfg: BenchConfig, part: int) -> str:
+    """The label a part reports progress with: ``alone``, or the client's name."""
+    return "alone" if part == ALONE else ClientSpec.parse(cfg.clients[part]).name
+
+
+async def _alone(cfg: BenchConfig, plans: list[JobPlan], progress: Progress) -> dict[str, float]:
     preset = cfg.engine_config()
     model = cfg.model or preset.model_name
-    alone: dict[str, float] | None = None
-    if cfg.stretch:
-        alone = {}
+    alone: dict[str, float] = {}
 
-        async def solo(plan: JobPlan) -> None:
-            async with Cluster(cfg.replicas, preset) as cluster:
-                driver = make_driver(
-                    ClientSpec.parse("agentrt:session"),
-                    list(cluster.base_urls),
-                    cluster.transport(),
-                    model,
-                    Prompts("sim"),
-                    False,
-                    cfg.api,
-                )
-                async with driver:
-                    res = await driver.run_job(plan, anyio.current_time())
-            assert alone is not None
-            alone[plan.name] = res.jct_s
-            progress("alone")
-
-        async with anyio.create_task_group() as tg:
-            for plan in plans:
-                tg.start_soon(solo, plan)
-
-    out = []
-    for name, journal in zip(cfg.clients, journal_paths(cfg), strict=True):
-        spec = ClientSpec.parse(name)
-        # A client that sends engine priorities gets replicas that schedule by them (as a
-        # vLLM server started with --scheduling-policy priority); the others keep FCFS.
-        engine = preset.replace(scheduling="priority") if spec.send_priority else preset
-        async with Cluster(cfg.replicas, engine) as cluster:
+    async def solo(plan: JobPlan) -> None:
+        async with Cluster(cfg.replicas, preset) as cluster:
             driver = make_driver(
-                spec,
+                ClientSpec.parse("agentrt:session"),
                 list(cluster.base_urls),
                 cluster.transport(),
                 model,
                 Prompts("sim"),
                 False,
                 cfg.api,
-                journal,
             )
-            window: list[tuple[float, float]] = []
+            async with driver:
+                res = await driver.run_job(plan, anyio.current_time())
+        alone[plan.name] = res.jct_s
+        progress("alone")
 
-            def snapshot(
-                elapsed: float, cluster: Cluster = cluster, window: list[Any] = window
-            ) -> None:
-                busy = statistics.fmean(s.busy_s for s in cluster.stats())
-                window.append((elapsed, busy))
+    async with anyio.create_task_group() as tg:
+        for plan in plans:
+            tg.start_soon(solo, plan)
+    return alone
 
-            sampler = _KVSampler(cluster, cfg.kv_sample_s)
-            async with driver, anyio.create_task_group() as tg:
-                tg.start_soon(sampler.run)
-                results, makespan = await _replay(
-                    plans, driver.run_job, progress, spec.name, snapshot, cfg.users
-                )
-                tg.cancel_scope.cancel()
-            span = None
-            if len(window) == 2:
-                span = (window[1][0] - window[0][0], window[1][1] - window[0][1])
-            stats = _sim_engine_stats(cluster, makespan, span)
-            kv = sampler.result()
-        out.append(_summarize(spec.name, results, makespan, alone, stats, journal, kv))
+
+async def _client(
+    cfg: BenchConfig, plans: list[JobPlan], index: int, progress: Progress
+) -> ClientRun:
+    preset = cfg.engine_config()
+    model = cfg.model or preset.model_name
+    spec = ClientSpec.parse(cfg.clients[index])
+    journal = journal_paths(cfg)[index]
+    # A client that sends engine priorities gets replicas that schedule by them (as a
+    # vLLM server started with --scheduling-policy priority); the others keep FCFS.
+    engine = preset.replace(scheduling="priority") if spec.send_priority else preset
+    async with Cluster(cfg.replicas, engine) as cluster:
+        driver = make_driver(
+            spec,
+            list(cluster.base_urls),
+            cluster.transport(),
+            model,
+            Prompts("sim"),
+            False,
+            cfg.api,
+            journal,
+        )
+        window: list[tuple[float, float]] = []
+
+        def snapshot(elapsed: float) -> None:
+            busy = statistics.fmean(s.busy_s for s in cluster.stats())
+            window.append((elapsed, busy))
+
+        sampler = _KVSampler(cluster, cfg.kv_sample_s)
+        async with driver, anyio.create_task_group() as tg:
+            tg.start_soon(sampler.run)
+            results, makespan = await _replay(
+                plans, driver.run_job, progress, spec.name, snapshot, cfg.users
+            )
+            tg.cancel_scope.cancel()
+        span = None
+        if len(window) == 2:
+            span = (window[1][0] - window[0][0], window[1][1] - window[0][1])
+        stats = _sim_engine_stats(cluster, makespan, span)
+        kv = sampler.result()
+    return ClientRun(results, makespan, stats, kv)
+
+
+def replay_part(
+    cfg: BenchConfig, plans: list[JobPlan], part: int, progress: Progress | None = None
+) -> PartResult:
+    """Replay one part of an embedded run (:data:`ALONE` or a client's index) on fresh
+    clusters, in its own virtual-time event loop from time 0: a part's result does not
+    depend on the other parts, nor on where or in which order they run (blocking)."""
+    report: Progress = progress or (lambda label: None)
+    options = {"loop_factory": VirtualTimeLoop}
+    if part == ALONE:
+        return anyio.run(_alone, cfg, plans, report, backend_options=options)
+    return anyio.run(_client, cfg, plans, part, report, backend_options=options)
+
+
+def sim_clients(cfg: BenchConfig, parts: dict[int, PartResult]) -> list[ClientResult]:
+    """The clients' results from the parts of an embedded run (see :func:`replay_part`)."""
+    alone = parts.get(ALONE)
+    assert alone is None or isinstance(alone, dict)
+    out = []
+    for index, journal in enumerate(journal_paths(cfg)):
+        run = parts[index]
+        assert isinstance(run, ClientRun)
+        name = ClientSpec.parse(cfg.clients[index]).name
+        out.append(_summarize(name, run.results, run.makespan, alone, run.engine, journal, run.kv))
     return out
 
 
@@ -500,8 +556,8 @@ async def _run_real(
     return out
 
 
-def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchResult:
-    """Run the benchmark (blocking: it starts its own event loop)."""
+def check_config(cfg: BenchConfig) -> None:
+    """A clear error for a bad configuration, before anything runs."""
     for name in cfg.clients:
         ClientSpec.parse(name)
     if cfg.users is not None and cfg.users < 1:
@@ -510,7 +566,12 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchResult
         raise ValueError("rate must be > 0 jobs per second")
     if not cfg.endpoints:
         cfg.engine_config()  # fails on an unknown preset or a bad engine option
-    plans = make_workload(
+
+
+def prepare(cfg: BenchConfig) -> list[JobPlan]:
+    """Check ``cfg`` and make its jobs."""
+    check_config(cfg)
+    return make_workload(
         cfg.workload,
         cfg.jobs,
         Arrivals(cfg.rate, cfg.seed),
@@ -519,19 +580,32 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchResult
         tool_wait_s=cfg.tool_wait_s,
         long_share=cfg.long_share,
     )
-    report: Progress = progress or (lambda label: None)
+
+
+def workload_key(cfg: BenchConfig) -> tuple[object, ...]:
+    """What :func:`prepare` makes the jobs from: configurations with the same key replay
+    the same jobs."""
+    return (
+        cfg.workload,
+        cfg.jobs,
+        cfg.rate,
+        cfg.seed,
+        cfg.traces,
+        cfg.tool_wait_s,
+        cfg.long_share,
+    )
+
+
+def clear_journals(cfg: BenchConfig) -> None:
+    """Remove the journals of a previous run (journals append)."""
     for path in journal_paths(cfg):
-        if path is not None:  # a fresh journal per run (journals append)
+        if path is not None:
             path.unlink(missing_ok=True)
-    started = time.perf_counter()
-    if cfg.endpoints:
-        clients = anyio.run(_run_real, cfg, plans, report)
-        virtual = False
-    else:
-        clients = anyio.run(
-            _run_sim, cfg, plans, report, backend_options={"loop_factory": VirtualTimeLoop}
-        )
-        virtual = True
+
+
+def bench_result(
+    cfg: BenchConfig, plans: Sequence[JobPlan], clients: list[ClientResult], wall_s: float
+) -> BenchResult:
     config = asdict(cfg)
     config["traces"] = {
         k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg.traces).items()
@@ -540,8 +614,31 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchResult
     config["endpoints"] = [redact_userinfo(u) for u in cfg.endpoints]  # no user:password@
     return BenchResult(
         config=config,
-        virtual_time=virtual,
-        wall_s=time.perf_counter() - started,
+        virtual_time=not cfg.endpoints,
+        wall_s=wall_s,
         calls=sum(p.calls() for p in plans),
         clients=clients,
     )
+
+
+def run_bench(
+    cfg: BenchConfig, progress: Progress | None = None, *, workers: Workers = 1
+) -> BenchResult:
+    """Run the benchmark (blocking: it starts its own event loops).
+
+    On the embedded cluster each client, and the solo runs, replay in their own event loop
+    from virtual time 0. ``workers``: 1 runs them one by one in this process; N > 1 (or
+    ``"auto"``: one per core) on a pool of N processes; ``"ray"`` on Ray (the ``ray``
+    extra); the results are the same (see :func:`run_study`). Real servers
+    (``cfg.endpoints``) are always run one client after the other, in this process."""
+    if not cfg.endpoints:
+        from ._parallel import run_study
+
+        (result,) = run_study([cfg], workers=workers, progress=progress)
+        return result
+    plans = prepare(cfg)
+    report: Progress = progress or (lambda label: None)
+    clear_journals(cfg)
+    started = time.perf_counter()
+    clients = anyio.run(_run_real, cfg, plans, report)
+    return bench_result(cfg, plans, clients, time.perf_counter() - started)
