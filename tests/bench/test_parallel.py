@@ -103,6 +103,15 @@ def test_a_bad_configuration_fails_before_anything_runs_or_alone() -> None:
         run_study(grid(), workers="many")  # type: ignore[arg-type]
 
 
+def test_an_error_in_a_worker_reaches_the_caller() -> None:
+    failing = dataclasses.replace(grid()[2], kv_sample_s=0.0)  # fails in its replays
+    with pytest.raises(ValueError, match="kv_sample_s"):
+        run_study([failing, grid()[1]], workers=2)
+    error, good = run_study([failing, grid()[1]], workers=2, return_exceptions=True)
+    assert isinstance(error, ValueError) and "kv_sample_s" in str(error)
+    assert isinstance(good, BenchResult) and comparable(good) == comparable(run_bench(grid()[1]))
+
+
 def test_journals_are_written_by_the_workers(tmp_path: Path) -> None:
     cfgs = grid()[:1]
     cfgs[0].journal_dir = tmp_path / "pool"
