@@ -17,7 +17,7 @@ fi
 # would shadow the new one's `agentrt` command, so it goes first.
 .venv/bin/python -m pip uninstall -q -y agentrt 2>/dev/null || true
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[dev,otel,prometheus,report,serve,test-frameworks]"
+.venv/bin/python -m pip install -q -e ".[dev,otel,prometheus,report,serve,ray,test-frameworks]"
 
 # The real engine (vLLM CPU + a tiny offline model) in its own environment.
 bash scripts/engine_setup.sh
