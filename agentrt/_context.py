@@ -20,7 +20,14 @@ from pydantic_core import to_json
 
 from ._errors import EndpointError, JobClosedError, SessionClosedError
 from ._protocol import IdleSource, trusted_model, validate_id, validate_nonneg
-from .telemetry._events import SessionClosed, SessionOpened, ToolEnded, ToolStarted
+from .telemetry._events import (
+    JobEnded,
+    JobStarted,
+    SessionClosed,
+    SessionOpened,
+    ToolEnded,
+    ToolStarted,
+)
 from .telemetry._report import (
     CallReport,
     CallStatus,
@@ -41,7 +48,7 @@ if TYPE_CHECKING:
     from openai.types.chat import completion_create_params as _chat_params
 
     from ._notice import Sender
-    from ._runtime import _Core, _Program
+    from ._state import _Core, _Program
 
     class _Extras(TypedDict, total=False):
         # The request options every openai ``create`` takes besides the API's fields.
@@ -375,7 +382,9 @@ class Session:
         self.job._tool_seq += 1
         # Policies hear of it; the notice, if any, is posted by the caller (tool()'s block,
         # or the runtime's task group for a framework adapter's wait).
-        wait.notice = core.tool_started(self, name, expected, source)
+        wait.notice = core.tool_started(
+            self.job.id, self.id, self.endpoint_index, name, expected, source
+        )
         if core.hooks:
             core.emit(
                 ToolStarted(
@@ -615,10 +624,67 @@ class Job:
 
     # -- lifecycle, driven by Runtime.job ----------------------------------------------
 
-    def _start(self) -> None:
+    @classmethod
+    def _implicit(cls, core: _Core) -> Job:
+        """A started one-call job, for a call made outside any session (the transport
+        ends it with :meth:`_end_implicit` when the call ends)."""
+        job = cls(core, "call", job_id=None, program_id=None, deadline_s=None, metadata=None)
+        job._start(implicit=True)
+        return job
+
+    def _start(self, *, implicit: bool = False) -> None:
+        """The job starts: its program counts it, the runtime lists it as running, the
+        hooks hear of it."""
+        core = self._core
+        self._program = program = core.program(self.program_id)
+        program.jobs += 1
+        core.active_jobs[self.id] = self.name
         self._t0 = anyio.current_time()
+        if core.hooks:
+            core.emit(
+                JobStarted(
+                    t=self._t0,
+                    job_id=self.id,
+                    name=self.name,
+                    program_id=self.program_id,
+                    started_at=self._started_at,
+                    implicit=implicit,
+                )
+            )
 
     def _finish(self, status: JobStatus, error: str | None) -> JobReport:
+        """The job ends: its report is built and handed on (``on_job_end``, the hooks),
+        and the runtime's policies and its program forget it."""
+        report = self._final_report(status, error)
+        core = self._core
+        core.active_jobs.pop(self.id, None)
+        for e in core.endpoints:
+            e.admission.policy.on_job_end(self.id, self.program_id)
+        program = core.programs.get(self.program_id)
+        if program is not None:
+            program.jobs -= 1
+            if program.jobs <= 0:
+                del core.programs[self.program_id]
+        core.on_report(report)
+        if core.hooks:
+            core.emit(JobEnded(t=anyio.current_time(), job_id=self.id, report=report))
+        return report
+
+    def _end_implicit(self) -> None:
+        """End a job of :meth:`_implicit` (once) with its call's outcome."""
+        if self._closed:
+            return
+        statuses = {c.status for c in self._calls}
+        status: JobStatus = "ok"
+        error = None
+        if "cancelled" in statuses:
+            status, error = "cancelled", "cancelled"
+        elif "error" in statuses:
+            status = "error"
+            error = next((c.error for c in self._calls if c.error), None)
+        self._finish(status, error)
+
+    def _final_report(self, status: JobStatus, error: str | None) -> JobReport:
         end = anyio.current_time()
         self._closed = True
         for call in self._calls:

@@ -14,7 +14,7 @@ import json
 import operator
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 import anyio
 import anyio.abc
@@ -22,8 +22,7 @@ import anyio.abc
 if TYPE_CHECKING:
     import httpx
 
-    from ._runtime import _EndpointState
-    from ._transport import HttpLib
+    from ._config import Endpoint
 
 __all__ = ["NoticeStatistics"]
 
@@ -86,11 +85,24 @@ Sender = Callable[[], Coroutine[Any, Any, None]]
 """Posts one notice when awaited (never raises)."""
 
 
+class NoticeTarget(Protocol):
+    """The endpoint a notice goes to, as the runtime keeps it (``_state._EndpointState``)."""
+
+    endpoint: Endpoint
+    authorization: bytes | None
+    """The ``Authorization`` header its calls carry (a notice carries it too)."""
+    notices: bool
+    """It takes notices (cleared when it refuses one with 405 or 501)."""
+    notices_off: bool
+    """It refused one: no more are sent, whatever it advertises."""
+
+
 class Notices:
     """Builds a runtime's notices and counts them; the caller runs each in a task."""
 
-    def __init__(self, lib: HttpLib, inner: httpx.AsyncBaseTransport) -> None:
-        self._lib = lib
+    def __init__(self, mod: Any, inner: httpx.AsyncBaseTransport) -> None:
+        self._mod = mod
+        """The HTTP library (``httpx`` or ``httpx2``) whose requests ``inner`` takes."""
         self._inner = inner
         self.open = False
         """True while the runtime is open: nothing is sent before or after."""
@@ -125,7 +137,7 @@ class Notices:
 
     def prepare(
         self,
-        ep: _EndpointState,
+        ep: NoticeTarget,
         key: str | None,
         *,
         session_id: str,
@@ -153,9 +165,9 @@ class Notices:
 
         return send
 
-    async def _send(self, ep: _EndpointState, key: str | None, content: bytes) -> None:
+    async def _send(self, ep: NoticeTarget, key: str | None, content: bytes) -> None:
         self.sent += 1  # counted where it starts: a skipped one never does
-        mod: Any = self._lib.mod
+        mod: Any = self._mod
         url = ep.endpoint.url + NOTICE_PATH
         headers = [("content-type", "application/json")]
         if ep.authorization is not None:  # the endpoint's key or credentials, as its calls

@@ -5,11 +5,10 @@ from __future__ import annotations
 import base64
 import math
 import os
-import warnings
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeVar, cast, overload
@@ -21,21 +20,20 @@ import openai
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from ._config import DEFAULT_RETRY, Endpoint, Retry, check_api_key
-from ._context import Job, Session, _CallState
+from ._context import _CURRENT_SESSION, Job, Session
 from ._errors import AgentrtError, RuntimeClosedError
-from ._notice import Notices, NoticeStatistics, Sender, accepts_notice
+from ._notice import Notices, NoticeStatistics
+from ._state import PLACEHOLDER_KEY, _Core, _EndpointState
 from ._transport import CLOSED_MESSAGE, HttpLib, http_lib, loop_clock
-from ._waits import WaitEstimator
-from .dialects import Dialect, DialectOptions, DialectSpec, resolve_dialect
+from .dialects import DialectOptions, DialectSpec, resolve_dialect
 from .scheduling._admission import Admission, AdmissionStatistics
 from .scheduling._health import DEFAULT_PROBE_INTERVAL_S, EndpointHealth
 from .scheduling._limiter import make_limit
 from .scheduling._queue import Policy, make_policy
-from .scheduling._retention import RetentionEstimator
-from .scheduling._routing import EndpointLoad, RouteKey, Router, SessionAffinity, make_router
+from .scheduling._routing import EndpointLoad, Router, make_router
 from .scheduling._signals import parse_vllm_metrics
-from .telemetry._events import Event, Hook, JobEnded, JobStarted
-from .telemetry._journal import Journal, JournalStatistics, RateLimitedLog
+from .telemetry._events import Hook
+from .telemetry._journal import Journal, JournalStatistics
 from .telemetry._report import JobReport, JobStatus
 
 if TYPE_CHECKING:
@@ -55,305 +53,7 @@ DEFAULT_TIMEOUT_S: Final = 600.0
 _MAX_CONNECTIONS: Final = 1000
 """Connections the default HTTP pool opens at most (openai's clients cap theirs alike)."""
 
-_PLACEHOLDER_KEY: Final = "agentrt-no-key"
 _T = TypeVar("_T")
-
-
-@dataclass(slots=True)
-class _EndpointState:
-    endpoint: Endpoint
-    dialect: Dialect
-    load: EndpointLoad
-    admission: Admission
-    health: EndpointHealth
-    options: DialectOptions
-
-    urls: dict[str, httpx.URL] = field(default_factory=dict)
-    """Parsed URLs by path suffix (a handful: chat/completions, completions, models)."""
-    retention: RetentionEstimator = field(default_factory=RetentionEstimator)
-    """How long this replica keeps idle sessions' prefixes, from its cached tokens."""
-    accept: str | None = None
-    """The ``x-agentrt-accept`` value of its last successful reply."""
-    notices: bool = False
-    """It advertised tool-start notices (and has not refused one with 405/501)."""
-    notices_off: bool = False
-    """It refused a notice with 405 or 501: no more are sent, whatever it advertises."""
-    authorization: bytes | None = None
-    """The ``Authorization`` header its calls carry (see :func:`_authorization`)."""
-
-    def accept_header(self, value: str | None) -> None:
-        """A successful reply's ``x-agentrt-accept`` value (called when it changes)."""
-        self.accept = value
-        self.notices = accepts_notice(value) and not self.notices_off
-
-    def url_for(self, suffix: str, original: httpx.URL) -> httpx.URL:
-        """This endpoint's URL for a request path suffix, keeping the query."""
-        if original.query:
-            url = type(original)(self.endpoint.url + suffix)  # the request's own library
-            return url.copy_with(query=original.query)
-        cached = self.urls.get(suffix)
-        if cached is not None and type(cached) is type(original):
-            return cached
-        url = type(original)(self.endpoint.url + suffix)
-        if len(self.urls) < 64:
-            self.urls[suffix] = url
-        return url
-
-
-@dataclass(slots=True)
-class _Program:
-    service_s: float = 0.0
-    service_tokens: int = 0
-    jobs: int = 0
-
-
-def _origin_and_path(url: str) -> tuple[tuple[str, str, int | None], str]:
-    """A base URL's (scheme, host, port) and path with a trailing ``/``, as httpx reads a
-    request's URL (default ports dropped, host lower case)."""
-    u = httpx.URL(url)
-    return (u.scheme, u.host, u.port), u.path.rstrip("/") + "/"
-
-
-class _Core:
-    """The runtime's shared state, as the transport and the contexts see it."""
-
-    def __init__(
-        self,
-        endpoints: list[_EndpointState],
-        router: Router,
-        retry: Retry,
-        api_key: str | None,
-    ) -> None:
-        self.endpoints = endpoints
-        self.router = router
-        self.retry = retry
-        self.api_key = api_key
-        self.placeholder_key = _PLACEHOLDER_KEY
-        self.send_priority = any(e.options.send_priority for e in endpoints)
-        """Whether any endpoint takes engine-level priorities (then calls carry one)."""
-        self.prefix_aware = isinstance(router, SessionAffinity) and len(endpoints) > 1
-        self.programs: dict[str, _Program] = {}
-        self.active_jobs: dict[str, Job] = {}
-        self.client: openai.AsyncOpenAI = None  # type: ignore[assignment]  # set by Runtime
-        self.closed = False
-        """Set when the runtime's block ends: every client it built then refuses calls
-        (one attribute read per call, in the transport)."""
-        self.on_report: Callable[[JobReport], None] = lambda report: None
-        self.hooks: tuple[Hook, ...] = ()
-        self.capture_content = False
-        """Carry prompt and completion text in the call events (opt-in)."""
-        self.waits: WaitEstimator | None = WaitEstimator()
-        """Per-tool expected waits learned from the finished ones; None when off."""
-        """Event hooks (set by Runtime). Emission points test ``if core.hooks:`` first, so
-        no event is built when nobody listens."""
-        self._broken_hooks: set[int] = set()
-        self.hook_errors = 0
-        """Events a hook raised on (each hook counted apart), over the runtime's life."""
-        self.last_hook_error: str | None = None
-        self._hook_log = RateLimitedLog("agentrt hooks raised on events")
-        self.health_changed: anyio.Event | None = None
-        """Set when an endpoint is marked down (wakes the runtime's prober)."""
-        self.notices: Notices | None = None
-        """Sends tool-start notices (set by Runtime)."""
-        self.clock: Callable[[], float] = anyio.current_time
-        """The clock of calls (``anyio.current_time``'s), set to the runtime's event loop's
-        own when it opens (0.06 µs a read against 0.4 µs): a runtime lives in one loop."""
-        self.learn_retention = len(endpoints) > 1
-        """Whether replies feed the replicas' retention estimates (only routing uses them)."""
-        # Base paths by origin, longest first so that nested ones match the most specific.
-        self._paths: dict[tuple[str, str, int | None], list[tuple[str, str]]] = {}
-        for e in endpoints:
-            origin, path = _origin_and_path(e.endpoint.url)
-            self._paths.setdefault(origin, []).append((path, e.endpoint.url))
-        for paths in self._paths.values():
-            paths.sort(key=lambda p: -len(p[0]))
-
-    def match(self, url: httpx.URL) -> tuple[str, str] | None:
-        """(base URL, path suffix) of a request addressed to an endpoint, else None.
-
-        Reads the URL's parts without rendering it again (half the cost)."""
-        paths = self._paths.get((url.scheme, url.host, url.port))
-        if paths is not None:
-            path = url.path
-            for prefix, base in paths:
-                if path.startswith(prefix):
-                    return base, path[len(prefix) - 1 :]
-        return None
-
-    def route(
-        self, session: Session, avoid: Collection[int], prefix: tuple[int, ...], tokens: int
-    ) -> tuple[int, str | None]:
-        """The endpoint for the session's call, and why the session moved there from the
-        replica that served its previous turn (its KV cache there is lost), or None if it
-        did not move: ``"unavailable"`` (its replica failed or is down), the router's own
-        reason where it gives one (``SessionAffinity.move_reason``: ``"retention"``,
-        ``"overload"``), else ``"routing"``."""
-        endpoints = self.endpoints
-        home = session.endpoint_index
-        index = 0
-        if len(endpoints) > 1:
-            idle = None
-            if home is not None and session._last_reply_at is not None:
-                idle = anyio.current_time() - session._last_reply_at
-                retention = endpoints[home].retention
-                if retention.dirty:
-                    endpoints[home].load.retention_s = retention.estimate()
-            key = RouteKey(session.id, home, home is None, prefix, tokens, idle)
-            index = self.router.choose([e.load for e in endpoints], key, avoid)
-            self.router.served(index, key)
-        if home == index:
-            return index, None
-        endpoints[index].load.sessions += 1
-        session.endpoint_index = index
-        if home is None:
-            return index, None
-        endpoints[home].load.sessions -= 1
-        if home in avoid or not endpoints[home].load.healthy:
-            return index, "unavailable"
-        reason: str | None = getattr(self.router, "move_reason", None)
-        return index, reason or "routing"
-
-    def replied(self, session: Session, state: _CallState, idle_s: float | None) -> None:
-        """A call of ``session`` succeeded: if it resumed the session on the replica that
-        served its previous turn, record whether that replica still had the prefix."""
-        index = session.endpoint_index
-        if index is None or not self.learn_retention:
-            return
-        previous, session._cacheable = session._cacheable, None
-        if state.prompt_tokens is None:
-            return
-        session._cacheable = (index, state.prompt_tokens + (state.completion_tokens or 0))
-        if (
-            previous is not None
-            and previous[0] == index
-            and idle_s is not None
-            and state.cached_tokens is not None
-            and not state.moved
-        ):
-            hit = RetentionEstimator.hit(previous[1], state.cached_tokens)
-            if hit is not None:
-                self.endpoints[index].retention.observe(idle_s, hit)
-
-    def tool_started(
-        self,
-        session: Session,
-        tool: str,
-        expected_s: float | None,
-        source: Literal["declared", "learned"] | None,
-    ) -> Sender | None:
-        """Tell every policy; return the tool-start notice to post to the session's
-        replica, if it takes notices (the caller runs it while the wait lasts)."""
-        job_id = session.job.id
-        for e in self.endpoints:
-            e.admission.policy.on_tool(job_id, session.id, expected_s)
-        index = session.endpoint_index
-        if index is None or self.notices is None:
-            return None
-        ep = self.endpoints[index]
-        if not ep.notices:
-            return None
-        key = ep.endpoint.api_key if ep.endpoint.api_key is not None else self.api_key
-        return self.notices.prepare(
-            ep,
-            key,
-            session_id=session.id,
-            job_id=job_id,
-            tool=tool,
-            expected_s=expected_s,
-            source=source,
-        )
-
-    def emit(self, event: Event) -> None:
-        """Hand ``event`` to every hook. A hook that raises never disturbs the call: the
-        first error of each hook is a warning, and every error is counted
-        (``hook_errors``) and logged on the ``agentrt`` logger (rate-limited)."""
-        for hook in self.hooks:
-            try:
-                hook(event)
-            except Exception as exc:
-                self.hook_errors += 1
-                self.last_hook_error = error = (
-                    f"hook {hook!r} raised {type(exc).__name__}: {exc} (on {type(event).__name__})"
-                )
-                self._hook_log(error)
-                if id(hook) not in self._broken_hooks:
-                    self._broken_hooks.add(id(hook))
-                    warnings.warn(
-                        f"agentrt {error}; further errors of this hook are counted in "
-                        "rt.journal_statistics().hook_errors and logged on the 'agentrt' "
-                        "logger",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
-
-    def record_health(self, ep: _EndpointState, ok: bool, *, connect: bool = False) -> None:
-        """Feed an attempt's outcome to the endpoint's health tracker."""
-        now = anyio.current_time()
-        health = ep.health
-        if ok:
-            health.record_success(now)
-            return
-        was = health.healthy
-        health.record_failure(now, connect=connect)
-        ep.load.healthy = health.healthy
-        if was and not health.healthy and self.health_changed is not None:
-            self.health_changed.set()
-
-    def program(self, program_id: str) -> _Program:
-        program = self.programs.get(program_id)
-        if program is None:
-            program = self.programs[program_id] = _Program()
-        return program
-
-    def job_started(self, job: Job, *, implicit: bool = False) -> None:
-        job._program = program = self.program(job.program_id)
-        program.jobs += 1
-        self.active_jobs[job.id] = job
-        job._start()
-        if self.hooks:
-            self.emit(
-                JobStarted(
-                    t=job._t0,
-                    job_id=job.id,
-                    name=job.name,
-                    program_id=job.program_id,
-                    started_at=job._started_at,
-                    implicit=implicit,
-                )
-            )
-
-    def job_ended(self, job: Job, status: JobStatus, error: str | None) -> JobReport:
-        report = job._finish(status, error)
-        self.active_jobs.pop(job.id, None)
-        for e in self.endpoints:
-            e.admission.policy.on_job_end(job.id, job.program_id)
-        program = self.programs.get(job.program_id)
-        if program is not None:
-            program.jobs -= 1
-            if program.jobs <= 0:
-                del self.programs[job.program_id]
-        self.on_report(report)
-        if self.hooks:
-            self.emit(JobEnded(t=anyio.current_time(), job_id=job.id, report=report))
-        return report
-
-    def implicit_job(self) -> Job:
-        job = Job(self, "call", job_id=None, program_id=None, deadline_s=None, metadata=None)
-        self.job_started(job, implicit=True)
-        return job
-
-    def end_implicit(self, job: Job) -> None:
-        if job._closed:
-            return
-        statuses = {c.status for c in job._calls}
-        status: JobStatus = "ok"
-        error = None
-        if "cancelled" in statuses:
-            status, error = "cancelled", "cancelled"
-        elif "error" in statuses:
-            status = "error"
-            error = next((c.error for c in job._calls if c.error), None)
-        self.job_ended(job, status, error)
 
 
 def _outcome(exc: BaseException | None) -> tuple[JobStatus, str | None]:
@@ -595,7 +295,7 @@ class Runtime:
         self._opened = False
         self._closed = False
         self._tasks: anyio.abc.TaskGroup | None = None
-        self._notices = Notices(self._lib, self._inner)
+        self._notices = Notices(mod, self._inner)
         self._core.notices = self._notices
         self._poll_metrics_s = poll_metrics_s
         self._polled_at = -math.inf
@@ -730,7 +430,7 @@ class Runtime:
         self._core.closed = True  # the clients it built refuse new calls from now on
         self._notices.open = False  # nothing is sent after close
         self._notices.tasks = None
-        running = list(self._core.active_jobs.values())
+        running = list(self._core.active_jobs)  # their ids
         if self._tasks is not None:
             # Its scope encloses the runtime's block: leave it first (it ends at once).
             self._tasks.cancel_scope.cancel()
@@ -741,7 +441,7 @@ class Runtime:
             if self._journal is not None:
                 self._journal.close()
         if running and exc is None:
-            names = ", ".join(repr(j.id) for j in running[:5])
+            names = ", ".join(repr(job_id) for job_id in running[:5])
             raise AgentrtError(
                 f"Runtime closed while {len(running)} job(s) were still running ({names}); "
                 "end every job's block before leaving the Runtime's block"
@@ -778,7 +478,7 @@ class Runtime:
     async def _run_job(self, job: Job, *, enforce_deadline: bool) -> AsyncIterator[Job]:
         """A job's lifecycle. Without ``enforce_deadline`` (sync code, whose calls run in
         other tasks) each call enforces the deadline itself."""
-        self._core.job_started(job)
+        job._start()
         status: JobStatus = "ok"
         error: str | None = None
         deadline = math.inf if job.deadline_s is None else job._t0 + job.deadline_s
@@ -811,7 +511,7 @@ class Runtime:
                     status, error = _outcome(exc)
             raise
         finally:
-            self._core.job_ended(job, status, error)
+            job._finish(status, error)
 
     def _open_job(
         self,
@@ -825,7 +525,7 @@ class Runtime:
         end a run (``agentrt.integrations._bridge``); :meth:`_close_job` ends it. It has
         no deadline: no block encloses its work to cancel."""
         job = self._new_job(name, job_id, program_id, None, metadata)
-        self._core.job_started(job)
+        job._start()
         return job
 
     def _new_job(
@@ -853,7 +553,7 @@ class Runtime:
         if job._report is not None:
             return job._report
         status, error = _outcome(exc)
-        return self._core.job_ended(job, status, error)
+        return job._finish(status, error)
 
     def http_client(self) -> httpx.AsyncClient:
         """An async HTTP client whose requests go through agentrt (for frameworks that
@@ -893,7 +593,7 @@ class Runtime:
             )
         out = dict(kwargs, max_retries=0)
         out.setdefault("base_url", self._core.endpoints[0].endpoint.url)
-        out.setdefault("api_key", self._core.api_key or _PLACEHOLDER_KEY)
+        out.setdefault("api_key", self._core.api_key or PLACEHOLDER_KEY)
         return out
 
 
@@ -982,6 +682,10 @@ class SyncRuntime:
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return self._open_portal().call(fn, *args)
 
+    def _refuses(self) -> bool:
+        """Whether its block has ended (its sync clients refuse calls from then on)."""
+        return self._closed
+
     def reports(self) -> list[JobReport]:
         return self.runtime.reports()
 
@@ -1010,7 +714,9 @@ class SyncRuntime:
         rt._check_open()
         lib = rt._lib
         return lib.mod.Client(  # type: ignore[no-any-return]
-            transport=lib.SyncTransport(self, lib.AgentTransport(rt._core, rt._inner)),
+            transport=lib.SyncTransport(
+                self._call, self._refuses, lib.AgentTransport(rt._core, rt._inner)
+            ),
             timeout=rt._timeout,
         )
 
@@ -1053,8 +759,6 @@ class SyncJob:
         if isinstance(parent, SyncSession):
             parent = parent.session
         session = self.job._new_session(name, session_id, parent)
-        from ._context import _CURRENT_SESSION
-
         token = _CURRENT_SESSION.set(session)
         try:
             yield SyncSession(self._srt, session)

@@ -21,7 +21,7 @@ import json
 import operator
 import random
 import re
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from functools import cache
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -31,13 +31,14 @@ import httpx
 import openai
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
-from ._context import Job, Session, _CallState, current_session, new_id
+from ._context import _CALL_SESSION, Job, Session, _CallState, current_session, new_id
 from ._errors import EndpointError, RuntimeClosedError
 from ._notice import accept_header
 from ._protocol import CallMetadata, trusted_model
 from .dialects._generic import check_header_name, check_header_value
 from .scheduling._queue import Ticket
-from .scheduling._routing import prefix_fingerprints
+from .scheduling._retention import RetentionEstimator
+from .scheduling._routing import RouteKey, prefix_fingerprints
 from .telemetry._events import (
     AttemptFailed,
     CallEnded,
@@ -51,7 +52,7 @@ from .telemetry._reply import ReplyFacts, temperature_of
 from .telemetry._report import CallStatus
 
 if TYPE_CHECKING:
-    from ._runtime import SyncRuntime, _Core, _EndpointState
+    from ._state import _Core, _EndpointState
 
 __all__ = ["CLOSED_MESSAGE", "AgentTransport", "ClientClosedError", "HttpLib", "http_lib"]
 
@@ -362,7 +363,7 @@ class AgentTransport:
         session = current_session()
         implicit: Job | None = None
         if session is None:
-            implicit = core.implicit_job()
+            implicit = Job._implicit(core)
             session = implicit._new_session(None, None, None)
         try:
             session._check_usable()
@@ -372,8 +373,8 @@ class AgentTransport:
                 return await call.run()
             return await call.run_bounded(deadline)
         except BaseException:
-            if implicit is not None and not implicit._closed:
-                core.end_implicit(implicit)
+            if implicit is not None:
+                implicit._end_implicit()
             raise
 
     def _prepare(
@@ -469,6 +470,62 @@ class AgentTransport:
             content=content,
             extensions=response.extensions,
         )
+
+
+def _route(
+    core: _Core, session: Session, avoid: Collection[int], prefix: tuple[int, ...], tokens: int
+) -> tuple[int, str | None]:
+    """The endpoint for the session's call, and why the session moved there from the
+    replica that served its previous turn (its KV cache there is lost), or None if it
+    did not move: ``"unavailable"`` (its replica failed or is down), the router's own
+    reason where it gives one (``SessionAffinity.move_reason``: ``"retention"``,
+    ``"overload"``), else ``"routing"``."""
+    endpoints = core.endpoints
+    home = session.endpoint_index
+    index = 0
+    if len(endpoints) > 1:
+        idle = None
+        if home is not None and session._last_reply_at is not None:
+            idle = anyio.current_time() - session._last_reply_at
+            retention = endpoints[home].retention
+            if retention.dirty:
+                endpoints[home].load.retention_s = retention.estimate()
+        key = RouteKey(session.id, home, home is None, prefix, tokens, idle)
+        index = core.router.choose([e.load for e in endpoints], key, avoid)
+        core.router.served(index, key)
+    if home == index:
+        return index, None
+    endpoints[index].load.sessions += 1
+    session.endpoint_index = index
+    if home is None:
+        return index, None
+    endpoints[home].load.sessions -= 1
+    if home in avoid or not endpoints[home].load.healthy:
+        return index, "unavailable"
+    reason: str | None = getattr(core.router, "move_reason", None)
+    return index, reason or "routing"
+
+
+def _replied(core: _Core, session: Session, state: _CallState, idle_s: float | None) -> None:
+    """A call of ``session`` succeeded: if it resumed the session on the replica that
+    served its previous turn, record whether that replica still had the prefix."""
+    index = session.endpoint_index
+    if index is None or not core.learn_retention:
+        return
+    previous, session._cacheable = session._cacheable, None
+    if state.prompt_tokens is None:
+        return
+    session._cacheable = (index, state.prompt_tokens + (state.completion_tokens or 0))
+    if (
+        previous is not None
+        and previous[0] == index
+        and idle_s is not None
+        and state.cached_tokens is not None
+        and not state.moved
+    ):
+        hit = RetentionEstimator.hit(previous[1], state.cached_tokens)
+        if hit is not None:
+            core.endpoints[index].retention.observe(idle_s, hit)
 
 
 class _Call:
@@ -659,7 +716,7 @@ class _Call:
     async def _attempt(self) -> httpx.Response:
         core, session, state, ticket = self.core, self.session, self.state, self.ticket
         home = session.endpoint_index
-        index, moved = core.route(session, self.failed, self.prefix, ticket.tokens)
+        index, moved = _route(core, session, self.failed, self.prefix, ticket.tokens)
         ep = core.endpoints[index]
         endpoint = ep.endpoint
         if moved is not None:
@@ -995,7 +1052,7 @@ class _Call:
             if status == "ok":
                 session._last_reply_at = now
                 if core.learn_retention:
-                    core.replied(session, state, self.turn[1])  # cache retention
+                    _replied(core, session, state, self.turn[1])  # cache retention
                 if self.tools:
                     session._tool_calls(self.tools)
             if core.hooks:
@@ -1017,7 +1074,7 @@ class _Call:
                     )
                 )
         if self.implicit is not None:
-            self.core.end_implicit(self.implicit)
+            self.implicit._end_implicit()
 
 
 class _ObservedStream:
@@ -1297,19 +1354,26 @@ class _SharedTransport:
         return None
 
 
+PortalCall = Callable[..., Any]
+"""Runs an async function (and its arguments) in the runtime's event loop from another
+thread and returns its result (``SyncRuntime._call``: a blocking portal's ``call``)."""
+
+
 class _SyncTransport:
-    """Carries a synchronous client's requests into the runtime's event loop."""
+    """Carries a synchronous client's requests into the runtime's event loop (through
+    ``call``); refuses them once ``refuses()`` says the sync runtime's block has ended."""
 
     _lib: HttpLib
 
-    def __init__(self, srt: SyncRuntime, transport: AgentTransport) -> None:
-        self._srt = srt
+    def __init__(
+        self, call: PortalCall, refuses: Callable[[], bool], transport: AgentTransport
+    ) -> None:
+        self._portal_call = call
+        self._refuses = refuses
         self._transport = transport
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        from ._context import _CALL_SESSION
-
-        if self._transport._core.closed or self._srt._closed:
+        if self._transport._core.closed or self._refuses():
             raise ClientClosedError(CLOSED_MESSAGE)
         lib = self._lib
         session = current_session()
@@ -1332,7 +1396,7 @@ class _SyncTransport:
                 return response, None
             return response, await response.aread()
 
-        response, body = self._srt._call(send)
+        response, body = self._portal_call(send)
         headers = lib.mod.Headers(response.headers)
         for h in ("content-encoding", "content-length", "transfer-encoding"):
             if h in headers:
@@ -1344,22 +1408,22 @@ class _SyncTransport:
         return lib.mod.Response(  # type: ignore[no-any-return]
             response.status_code,
             headers=response.headers,
-            stream=lib.SyncStream(self._srt, response),
+            stream=lib.SyncStream(self._portal_call, response),
         )
 
 
 class _SyncStream:
     _lib: HttpLib
 
-    def __init__(self, srt: SyncRuntime, response: httpx.Response) -> None:
-        self._srt = srt
+    def __init__(self, call: PortalCall, response: httpx.Response) -> None:
+        self._portal_call = call
         self._response = response
         self._gen = response.aiter_raw()
 
     def __iter__(self) -> Iterator[bytes]:
         while True:
             try:
-                yield self._srt._call(self._gen.__anext__)
+                yield self._portal_call(self._gen.__anext__)
             except StopAsyncIteration:
                 return
 
@@ -1368,4 +1432,4 @@ class _SyncStream:
             await self._gen.aclose()  # type: ignore[attr-defined]
             await self._response.aclose()
 
-        self._srt._call(close)
+        self._portal_call(close)

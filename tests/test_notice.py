@@ -304,7 +304,8 @@ async def test_nothing_is_sent_after_close() -> None:
             await s.chat(model="m", messages=MSG)
             async with s.tool("search", expected_s=1.0):
                 await settle()
-    assert rt._core.tool_started(s, "late", 1.0, "declared") is None  # a late tool start
+    late = rt._core.tool_started(job.id, s.id, s.endpoint_index, "late", 1.0, "declared")
+    assert late is None  # a late tool start
     assert len(server.notices) == 1
     assert rt.notice_statistics().sent == 1
 

@@ -190,7 +190,7 @@ def _least_loaded(loads: Sequence[EndpointLoad], pool: Sequence[int], tokens: in
 def _coerce_key(key: Any) -> RouteKey:
     """Transitional: accept the runtime's old ``choose(loads, session, avoid)`` call shape.
 
-    Remove once ``_Core.route`` builds a :class:`RouteKey`.
+    Remove once ``_transport._route`` builds a :class:`RouteKey`.
     """
     if isinstance(key, RouteKey):
         return key

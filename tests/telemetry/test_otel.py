@@ -394,6 +394,42 @@ async def test_a_sub_agent_session_nests_under_its_parents_agent(otel: Otel) -> 
     assert sum(p.count for p in first_chunks) >= 1
 
 
+async def test_tool_spans_take_the_ids_of_a_streamed_replys_parallel_calls(otel: Otel) -> None:
+    """A streamed reply asks for two tools at once; the tool waits that follow (in another
+    order) each carry the id of the call of their tool, read from the stream's chunks."""
+    suffix = uuid.uuid4().hex[:6]
+    tools = [TOOLS[0], {"type": "function", "function": {"name": "run", "parameters": {}}}]
+    async with (
+        Cluster(1, small_config(replies="agent")) as cluster,
+        Runtime(list(cluster.base_urls), transport=cluster.transport()) as rt,
+    ):
+        async with rt.job(f"par-{suffix}") as job, job.session() as s:
+            messages = [{"role": "user", "content": "CALL grep {} && CALL run {}"}]
+            stream: Any = await s.chat(
+                model="sim-test", messages=messages, tools=tools, max_tokens=64, stream=True
+            )
+            ids: dict[str, str] = {}
+            async for chunk in stream:
+                for delta in chunk.choices[0].delta.tool_calls or () if chunk.choices else ():
+                    if delta.id:
+                        ids[delta.function.name] = delta.id
+            assert set(ids) == {"grep", "run"} and len(set(ids.values())) == 2
+            for name in ("run", "grep", "grep"):  # the second grep answers no call
+                async with s.tool(name):
+                    pass
+    tool_spans = sorted(
+        (x for x in otel.finished() if x.name.startswith("execute_tool")),
+        key=lambda x: x.start_time or 0,
+    )
+    assert [attrs(t).get("gen_ai.tool.call.id") for t in tool_spans] == [
+        ids["run"],
+        ids["grep"],
+        None,
+    ]
+    (call,) = (x for x in otel.finished() if x.name == "chat sim-test")
+    assert list(attrs(call)["gen_ai.response.finish_reasons"]) == ["tool_calls"]
+
+
 def test_sync_runtime_sessions_get_agent_spans_at_their_first_call(otel: Otel) -> None:
     """SyncRuntime's sessions announce no start: each gets its agent span at its first
     call (or tool wait), ended with the job."""

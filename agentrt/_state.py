@@ -1,0 +1,234 @@
+"""The runtime's shared state: its endpoints, programs and hooks, as every stage sees it.
+
+One :class:`_Core` per :class:`~agentrt.Runtime`. The stages read and update it: the
+contexts (``_context``: jobs, sessions, tool waits), the transport (``_transport``: tag,
+schedule, route, send, observe), the tool-start notices (``_notice``) and the runtime
+itself (``_runtime``: lifecycle, background probes). This module imports none of them but
+``_notice`` (whose notices an endpoint's state switches on), so each stage can be read and
+changed alone (tests/test_imports.py checks that no core module imports one that imports
+it back).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+import anyio
+import httpx
+import openai
+
+from ._config import Endpoint, Retry
+from ._notice import Notices, Sender, accepts_notice
+from ._waits import WaitEstimator
+from .dialects import Dialect, DialectOptions
+from .scheduling._admission import Admission
+from .scheduling._health import EndpointHealth
+from .scheduling._retention import RetentionEstimator
+from .scheduling._routing import EndpointLoad, Router, SessionAffinity
+from .telemetry._events import Event, Hook
+from .telemetry._journal import RateLimitedLog
+from .telemetry._report import JobReport
+
+__all__: list[str] = []
+
+PLACEHOLDER_KEY: Final = "agentrt-no-key"
+"""The API key of an openai client agentrt builds when it has none (openai's clients
+refuse to start without one); the transport never sends it."""
+
+
+@dataclass(slots=True)
+class _EndpointState:
+    endpoint: Endpoint
+    dialect: Dialect
+    load: EndpointLoad
+    admission: Admission
+    health: EndpointHealth
+    options: DialectOptions
+
+    urls: dict[str, httpx.URL] = field(default_factory=dict)
+    """Parsed URLs by path suffix (a handful: chat/completions, completions, models)."""
+    retention: RetentionEstimator = field(default_factory=RetentionEstimator)
+    """How long this replica keeps idle sessions' prefixes, from its cached tokens."""
+    accept: str | None = None
+    """The ``x-agentrt-accept`` value of its last successful reply."""
+    notices: bool = False
+    """It advertised tool-start notices (and has not refused one with 405/501)."""
+    notices_off: bool = False
+    """It refused a notice with 405 or 501: no more are sent, whatever it advertises."""
+    authorization: bytes | None = None
+    """The ``Authorization`` header its calls carry (see ``_runtime._authorization``)."""
+
+    def accept_header(self, value: str | None) -> None:
+        """A successful reply's ``x-agentrt-accept`` value (called when it changes)."""
+        self.accept = value
+        self.notices = accepts_notice(value) and not self.notices_off
+
+    def url_for(self, suffix: str, original: httpx.URL) -> httpx.URL:
+        """This endpoint's URL for a request path suffix, keeping the query."""
+        if original.query:
+            url = type(original)(self.endpoint.url + suffix)  # the request's own library
+            return url.copy_with(query=original.query)
+        cached = self.urls.get(suffix)
+        if cached is not None and type(cached) is type(original):
+            return cached
+        url = type(original)(self.endpoint.url + suffix)
+        if len(self.urls) < 64:
+            self.urls[suffix] = url
+        return url
+
+
+@dataclass(slots=True)
+class _Program:
+    service_s: float = 0.0
+    service_tokens: int = 0
+    jobs: int = 0
+
+
+def _origin_and_path(url: str) -> tuple[tuple[str, str, int | None], str]:
+    """A base URL's (scheme, host, port) and path with a trailing ``/``, as httpx reads a
+    request's URL (default ports dropped, host lower case)."""
+    u = httpx.URL(url)
+    return (u.scheme, u.host, u.port), u.path.rstrip("/") + "/"
+
+
+class _Core:
+    """The runtime's shared state, as the transport and the contexts see it."""
+
+    def __init__(
+        self,
+        endpoints: list[_EndpointState],
+        router: Router,
+        retry: Retry,
+        api_key: str | None,
+    ) -> None:
+        self.endpoints = endpoints
+        self.router = router
+        self.retry = retry
+        self.api_key = api_key
+        self.placeholder_key = PLACEHOLDER_KEY
+        self.send_priority = any(e.options.send_priority for e in endpoints)
+        """Whether any endpoint takes engine-level priorities (then calls carry one)."""
+        self.prefix_aware = isinstance(router, SessionAffinity) and len(endpoints) > 1
+        self.programs: dict[str, _Program] = {}
+        self.active_jobs: dict[str, str] = {}
+        """The ids of the jobs running now (and their names), in the order they started."""
+        self.client: openai.AsyncOpenAI = None  # type: ignore[assignment]  # set by Runtime
+        self.closed = False
+        """Set when the runtime's block ends: every client it built then refuses calls
+        (one attribute read per call, in the transport)."""
+        self.on_report: Callable[[JobReport], None] = lambda report: None
+        self.hooks: tuple[Hook, ...] = ()
+        """Event hooks (set by Runtime). Emission points test ``if core.hooks:`` first, so
+        no event is built when nobody listens."""
+        self.capture_content = False
+        """Carry prompt and completion text in the call events (opt-in)."""
+        self.waits: WaitEstimator | None = WaitEstimator()
+        """Per-tool expected waits learned from the finished ones; None when off."""
+        self._broken_hooks: set[int] = set()
+        self.hook_errors = 0
+        """Events a hook raised on (each hook counted apart), over the runtime's life."""
+        self.last_hook_error: str | None = None
+        self._hook_log = RateLimitedLog("agentrt hooks raised on events")
+        self.health_changed: anyio.Event | None = None
+        """Set when an endpoint is marked down (wakes the runtime's prober)."""
+        self.notices: Notices | None = None
+        """Sends tool-start notices (set by Runtime)."""
+        self.clock: Callable[[], float] = anyio.current_time
+        """The clock of calls (``anyio.current_time``'s), set to the runtime's event loop's
+        own when it opens (0.06 µs a read against 0.4 µs): a runtime lives in one loop."""
+        self.learn_retention = len(endpoints) > 1
+        """Whether replies feed the replicas' retention estimates (only routing uses them)."""
+        # Base paths by origin, longest first so that nested ones match the most specific.
+        self._paths: dict[tuple[str, str, int | None], list[tuple[str, str]]] = {}
+        for e in endpoints:
+            origin, path = _origin_and_path(e.endpoint.url)
+            self._paths.setdefault(origin, []).append((path, e.endpoint.url))
+        for paths in self._paths.values():
+            paths.sort(key=lambda p: -len(p[0]))
+
+    def match(self, url: httpx.URL) -> tuple[str, str] | None:
+        """(base URL, path suffix) of a request addressed to an endpoint, else None.
+
+        Reads the URL's parts without rendering it again (half the cost)."""
+        paths = self._paths.get((url.scheme, url.host, url.port))
+        if paths is not None:
+            path = url.path
+            for prefix, base in paths:
+                if path.startswith(prefix):
+                    return base, path[len(prefix) - 1 :]
+        return None
+
+    def tool_started(
+        self,
+        job_id: str,
+        session_id: str,
+        endpoint_index: int | None,
+        tool: str,
+        expected_s: float | None,
+        source: Literal["declared", "learned"] | None,
+    ) -> Sender | None:
+        """A session of ``job_id`` whose KV is on ``endpoint_index`` (None: no call yet)
+        started a tool wait: tell every policy; return the tool-start notice to post to
+        that replica, if it takes notices (the caller runs it while the wait lasts)."""
+        for e in self.endpoints:
+            e.admission.policy.on_tool(job_id, session_id, expected_s)
+        if endpoint_index is None or self.notices is None:
+            return None
+        ep = self.endpoints[endpoint_index]
+        if not ep.notices:
+            return None
+        key = ep.endpoint.api_key if ep.endpoint.api_key is not None else self.api_key
+        return self.notices.prepare(
+            ep,
+            key,
+            session_id=session_id,
+            job_id=job_id,
+            tool=tool,
+            expected_s=expected_s,
+            source=source,
+        )
+
+    def emit(self, event: Event) -> None:
+        """Hand ``event`` to every hook. A hook that raises never disturbs the call: the
+        first error of each hook is a warning, and every error is counted
+        (``hook_errors``) and logged on the ``agentrt`` logger (rate-limited)."""
+        for hook in self.hooks:
+            try:
+                hook(event)
+            except Exception as exc:
+                self.hook_errors += 1
+                self.last_hook_error = error = (
+                    f"hook {hook!r} raised {type(exc).__name__}: {exc} (on {type(event).__name__})"
+                )
+                self._hook_log(error)
+                if id(hook) not in self._broken_hooks:
+                    self._broken_hooks.add(id(hook))
+                    warnings.warn(
+                        f"agentrt {error}; further errors of this hook are counted in "
+                        "rt.journal_statistics().hook_errors and logged on the 'agentrt' "
+                        "logger",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+
+    def record_health(self, ep: _EndpointState, ok: bool, *, connect: bool = False) -> None:
+        """Feed an attempt's outcome to the endpoint's health tracker."""
+        now = anyio.current_time()
+        health = ep.health
+        if ok:
+            health.record_success(now)
+            return
+        was = health.healthy
+        health.record_failure(now, connect=connect)
+        ep.load.healthy = health.healthy
+        if was and not health.healthy and self.health_changed is not None:
+            self.health_changed.set()
+
+    def program(self, program_id: str) -> _Program:
+        program = self.programs.get(program_id)
+        if program is None:
+            program = self.programs[program_id] = _Program()
+        return program

@@ -1,0 +1,143 @@
+"""The import graph of agentrt's core: no module of the runtime's stages imports one that
+imports it back, neither at import time, nor for typing (``if TYPE_CHECKING:``), nor
+inside a function. Each stage can then be read and changed alone (docs/architecture.md).
+
+The graph is read from the source with ``ast``, so nothing is imported to check it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import agentrt
+
+PACKAGE = Path(agentrt.__file__).parent
+
+STAGES = (
+    "agentrt._notice",
+    "agentrt._state",
+    "agentrt._context",
+    "agentrt._transport",
+    "agentrt._runtime",
+)
+"""The runtime's stage modules, each importing only those before it."""
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> Iterator[tuple[str, str]]:
+    """(imported agentrt module, how: ``module`` | ``typing`` | ``function``) of a module."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+    def targets(node: ast.Import | ast.ImportFrom) -> list[str]:
+        if isinstance(node, ast.Import):
+            return [a.name for a in node.names]
+        if node.level:
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            base = f"{base}.{node.module}" if node.module else base
+        else:
+            base = node.module or ""
+        # ``from .x import y``: y may be a submodule of x, else a name in x.
+        return [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+
+    def walk(node: ast.AST, how: str) -> Iterator[tuple[str, str]]:
+        for child in ast.iter_child_nodes(node):
+            kind = how
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                kind = "typing"
+            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                kind = "function"
+            if isinstance(child, ast.Import | ast.ImportFrom):
+                for target in targets(child):
+                    if target in known and target != name:
+                        yield target, kind
+            yield from walk(child, kind)
+
+    yield from walk(ast.parse(path.read_text(encoding="utf-8")), "module")
+
+
+def _graph(kinds: set[str]) -> dict[str, set[str]]:
+    modules = _modules()
+    known = set(modules)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        graph[name] = {
+            # The package itself (``from .. import __version__``) is not a circle: Python
+            # imports every module's package before the module.
+            target
+            for target, how in _imports(name, path, known)
+            if how in kinds and target != "agentrt"
+        }
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The graph's strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_graph_is_read() -> None:
+    # The reader sees all three kinds of import (or the checks below would pass vacuously).
+    graph = _graph({"module"})
+    assert "agentrt._state" in graph["agentrt._runtime"]
+    assert "agentrt.telemetry._otel" in _graph({"function"})["agentrt._runtime"]
+    assert "agentrt._state" in _graph({"typing"})["agentrt._transport"]
+    # And it finds a cycle where there is one.
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+
+
+def test_no_module_level_import_cycle_in_the_package() -> None:
+    assert _cycles(_graph({"module"})) == []
+
+
+def test_no_stage_is_in_any_import_cycle() -> None:
+    # Counting imports for typing and inside functions too, through any agentrt module.
+    cycles = _cycles(_graph({"module", "typing", "function"}))
+    assert [c for c in cycles if c & set(STAGES)] == []
+
+
+def test_each_stage_imports_only_the_stages_before_it() -> None:
+    graph = _graph({"module", "typing", "function"})
+    for i, stage in enumerate(STAGES):
+        later = set(STAGES[i + 1 :])
+        assert not graph[stage] & later, f"{stage} imports {sorted(graph[stage] & later)}"
