@@ -177,3 +177,5 @@ class Retry:
 
 
 DEFAULT_RETRY: Final = Retry()
+"""The retry settings a runtime uses unless given others: :class:`Retry` with its
+defaults."""

@@ -34,6 +34,7 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION: Final = "2"
+"""The version of the metadata protocol (docs/protocol.md) that agentrt sends."""
 HEADER: Final = "x-agentrt"
 """The one header agentrt sends (lower case; HTTP header names are case-insensitive).
 Names starting with ``x-agentrt-`` are reserved for agentrt too."""

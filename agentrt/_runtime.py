@@ -687,6 +687,7 @@ class SyncRuntime:
         return self._closed
 
     def reports(self) -> list[JobReport]:
+        """The reports of the most recently finished jobs (``keep_reports`` of them)."""
         return self.runtime.reports()
 
     @contextmanager

@@ -53,9 +53,11 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._virtual_now += seconds
 
     threads_running = 0
+        """The virtual clock's time, in seconds."""
 
     def run_in_executor(  # type: ignore[override]
         self, executor: Any, func: Any, *args: Any
+        """Moves the virtual clock ``seconds`` forward."""
     ) -> asyncio.Future[Any]:
         future = super().run_in_executor(executor, func, *args)
         self.threads_running += 1
@@ -65,3 +67,5 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
         future.add_done_callback(done)
         return future
+        """As asyncio's, and counts the threads running, so that the clock does not
+        jump while one runs (:meth:`quiet_until`)."""

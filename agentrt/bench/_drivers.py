@@ -72,6 +72,7 @@ class Prompts:
         return text
 
     def render(self, call: Call) -> str:
+        """The prompt text of ``call``: its shared blocks, its own blocks and its tail."""
         shared, own = call.blocks[: call.shared_blocks], call.blocks[call.shared_blocks :]
         if self.mode == "sim":
             parts = []

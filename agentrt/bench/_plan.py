@@ -49,10 +49,14 @@ Step = Call | Fanout
 
 @dataclass(frozen=True, slots=True)
 class SessionPlan:
+    """One session of a job: its steps (calls and fan-outs to sub-agent sessions), in
+    order."""
+
     name: str
     steps: tuple[Step, ...]
 
     def calls(self) -> int:
+        """LLM calls of the session, its sub-agents' included."""
         return sum(
             1 if isinstance(s, Call) else sum(x.calls() for x in s.sessions) for s in self.steps
         )
@@ -60,6 +64,8 @@ class SessionPlan:
 
 @dataclass(frozen=True, slots=True)
 class JobPlan:
+    """One benchmark job: when it arrives and its root session."""
+
     name: str
     kind: str
     """The workload it came from: ``react``, ``fanout``, ``chat``, ``claude-code``."""
@@ -67,4 +73,5 @@ class JobPlan:
     root: SessionPlan
 
     def calls(self) -> int:
+        """LLM calls of the whole job."""
         return self.root.calls()

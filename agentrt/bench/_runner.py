@@ -94,6 +94,10 @@ class BenchConfig:
 
 @dataclass(slots=True)
 class ClientResult:
+    """What one client of a benchmark run measured: job completion times (``jct``:
+    their distribution in seconds), stretch, call latency, TTFT, throughput, prefix-cache hits,
+    load balance, utilization, and one row per job."""
+
     client: str
     jobs: int
     failed: int
@@ -126,6 +130,9 @@ class ClientResult:
 
 @dataclass(slots=True)
 class BenchResult:
+    """A benchmark run: its configuration, whether it ran in virtual time, its wall
+    time, and each client's :class:`ClientResult`."""
+
     config: dict[str, Any]
     virtual_time: bool
     wall_s: float
@@ -133,9 +140,11 @@ class BenchResult:
     clients: list[ClientResult]
 
     def to_json(self) -> str:
+        """The result as indented JSON (what :meth:`save` writes)."""
         return json.dumps(asdict(self), indent=1)
 
     def save(self, path: Path) -> None:
+        """Writes the result as JSON to ``path``, creating its folder."""
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(self.to_json())
 

@@ -261,6 +261,8 @@ class Arrivals:
     seed: int = 0
 
     def times(self, n: int) -> Iterator[float]:
+        """The arrival times of ``n`` jobs, in seconds from the first (which is 0);
+        the same for the same seed."""
         rng = random.Random(self.seed ^ 0x5EED)
         t = 0.0
         for _ in range(n):
@@ -291,6 +293,8 @@ WORKLOADS: Final[dict[str, Generator | None]] = {
     "claude-code": None,
     "mixed-cc": None,
 }
+"""The workloads by name, with the generator of one job's root session; ``None``
+for those :func:`make_workload` builds otherwise (mixes and trace replays)."""
 
 
 def make_workload(

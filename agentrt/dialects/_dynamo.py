@@ -103,3 +103,4 @@ def dynamo_dialect(
 
 
 DYNAMO: Final = dynamo_dialect()
+"""The ``dynamo`` dialect with its defaults (:func:`dynamo_dialect`)."""

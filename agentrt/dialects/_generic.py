@@ -133,3 +133,4 @@ GENERIC: Final = Dialect(
     encode=_encode,
     doc="agentrt's own x-agentrt header only; no engine-specific fields.",
 )
+"""The ``generic`` dialect: agentrt's own ``x-agentrt`` header and nothing else."""

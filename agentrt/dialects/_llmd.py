@@ -33,3 +33,5 @@ LLMD: Final = Dialect(
     echo_headers=_ECHO,
     doc="llm-d: echo the x-session-token response header on the session's later calls.",
 )
+"""The ``llm-d`` dialect: the ``x-session-token`` a reply carries is sent back on the
+session's later calls."""

@@ -27,3 +27,4 @@ OPENAI: Final = Dialect(
     encode=_encode,
     doc="OpenAI API: body prompt_cache_key = session id.",
 )
+"""The ``openai`` dialect: the session id as the body's ``prompt_cache_key``."""

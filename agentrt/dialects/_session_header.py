@@ -22,6 +22,7 @@ from ._generic import base_encoding, check_header_name
 __all__ = ["LITELLM", "LITELLM_SESSION_HEADER", "session_header"]
 
 LITELLM_SESSION_HEADER: Final = "x-litellm-session-id"
+"""The header LiteLLM's router keys session affinity on."""
 
 
 def session_header(
@@ -75,3 +76,4 @@ LITELLM: Final = Dialect(
     doc="LiteLLM proxy (v1.91+): x-litellm-session-id = session id (metadata.session_id; "
     "router session_affinity keys on it).",
 )
+"""The ``litellm`` dialect: the session id in :data:`LITELLM_SESSION_HEADER`."""

@@ -95,3 +95,4 @@ def sglang_from_options(arg: str) -> Dialect:
 
 
 SGLANG: Final = sglang_dialect()
+"""The ``sglang`` dialect with its defaults (:func:`sglang_dialect`)."""

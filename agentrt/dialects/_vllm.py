@@ -50,3 +50,4 @@ def vllm_dialect(*, send_request_id: bool = True) -> Dialect:
 
 
 VLLM: Final = vllm_dialect()
+"""The ``vllm`` dialect with its defaults (:func:`vllm_dialect`)."""

@@ -143,3 +143,4 @@ def vllm_agent_hint_dialect(
 
 
 VLLM_AGENT_HINT: Final = vllm_agent_hint_dialect()
+"""The ``vllm-agent-hint`` dialect with its defaults (:func:`vllm_agent_hint_dialect`)."""

@@ -45,3 +45,4 @@ def vllm_router_dialect(session_header: str = DEFAULT_SESSION_HEADER) -> Dialect
 
 
 VLLM_ROUTER: Final = vllm_router_dialect()
+"""The ``vllm-router`` dialect with its defaults (:func:`vllm_router_dialect`)."""

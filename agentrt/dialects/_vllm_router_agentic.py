@@ -149,3 +149,4 @@ def vllm_router_agentic_dialect(
 
 
 VLLM_ROUTER_AGENTIC: Final = vllm_router_agentic_dialect()
+"""The ``vllm-router-agentic`` dialect with its defaults (:func:`vllm_router_agentic_dialect`)."""

@@ -20,8 +20,11 @@ __all__ = [
 ]
 
 DEFAULT_FAILURES_TO_DOWN: Final = 3
+"""Failures in a row (within ``DEFAULT_WINDOW_S``) that mark an endpoint down."""
 DEFAULT_WINDOW_S: Final = 10.0
+"""Seconds within which those failures must fall."""
 DEFAULT_PROBE_INTERVAL_S: Final = 2.0
+"""Seconds between probes of an endpoint that is down."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,8 @@ class Hook(Protocol):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobStarted(Event):
+    """A job's block was entered (or a call outside any job opened an implicit one)."""
+
     name: str
     program_id: str
     started_at: datetime
@@ -74,12 +76,16 @@ class JobStarted(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobEnded(Event):
+    """A job ended, whatever its status; ``report`` is final."""
+
     report: JobReport
     """The job's final report (status, JCT and its breakdown, every call and tool wait)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SessionOpened(Event):
+    """A session of the job was opened; ``parent_id`` names the session that spawned it."""
+
     session_id: str
     name: str | None
     parent_id: str | None
@@ -87,6 +93,8 @@ class SessionOpened(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SessionClosed(Event):
+    """A session's block ended."""
+
     session_id: str
 
 
@@ -95,6 +103,9 @@ class SessionClosed(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CallStarted(Event):
+    """A call was made in a session, before admission and before any attempt; ``turn``
+    counts the session's calls from 0."""
+
     session_id: str
     call_id: str
     turn: int
@@ -141,6 +152,8 @@ class CallSent(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptFailed(Event):
+    """An attempt of a call failed; ``will_retry`` says whether another attempt follows."""
+
     session_id: str
     call_id: str
     endpoint: str
@@ -151,6 +164,8 @@ class AttemptFailed(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FirstToken(Event):
+    """The first token of a streamed reply arrived, ``ttft_s`` after the call started."""
+
     session_id: str
     call_id: str
     ttft_s: float
@@ -158,6 +173,8 @@ class FirstToken(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CallEnded(Event):
+    """A call ended, once, whatever the outcome; ``report`` is its final report."""
+
     session_id: str
     call_id: str
     status: CallStatus
@@ -197,6 +214,8 @@ class SessionMoved(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolStarted(Event):
+    """A tool wait began (the session's ``tool(...)`` block was entered)."""
+
     session_id: str
     wait_id: int
     """Numbers the job's tool waits from 0; the matching ``ToolEnded`` has the same."""
@@ -208,6 +227,8 @@ class ToolStarted(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolEnded(Event):
+    """A tool wait ended; ``status`` is ``error`` when the tool's block raised."""
+
     session_id: str
     wait_id: int
     name: str

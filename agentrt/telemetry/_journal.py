@@ -184,6 +184,7 @@ class Journal:
             observe(False)
 
     def close(self) -> None:
+        """Closes the file; a loss not yet logged is logged now."""
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -12,7 +12,10 @@ from .._config import redact_userinfo
 __all__ = ["CallReport", "CallStatus", "JobReport", "JobStatus", "ToolReport"]
 
 JobStatus = Literal["ok", "error", "cancelled", "deadline"]
+"""How a job ended: ``ok``, ``error`` (its block raised), ``cancelled``, or ``deadline``
+(its deadline passed first)."""
 CallStatus = Literal["ok", "error", "cancelled"]
+"""How a call (or a tool wait) ended: ``ok``, ``error`` or ``cancelled``."""
 
 
 class CallReport(BaseModel):

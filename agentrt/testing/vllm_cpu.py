@@ -66,13 +66,16 @@ __all__ = [
 ]
 
 SETUP_COMMAND = "bash scripts/engine_setup.sh"
+"""The command that builds the engine environment (vLLM CPU, the tiny model, the router)."""
 SETUP_MESSAGE = (
     "the vLLM CPU engine is not set up; run `"
     + SETUP_COMMAND
     + "` from the repository root (about 2 minutes and 3.5 GB in .engine/; "
     "AGENTRT_ENGINE_DIR moves it)"
 )
+"""What to do when the engine is missing (the message of :class:`EngineStartError`)."""
 DEFAULT_MODEL_NAME = "tiny-llama"
+"""The name replicas serve the tiny model under."""
 STAMP_NAME = "setup.stamp"  # written by scripts/engine_setup.sh once the engine is complete
 MODEL_SUBDIR = Path("models") / "tiny-llama"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -663,6 +666,8 @@ class KvEventsSubscriber:
         self.close()
 
     def start(self, timeout: float = 30.0) -> None:
+        """Starts the subscriber and waits up to ``timeout`` seconds until it listens;
+        raises :class:`RuntimeError` with its error output when it does not."""
         self._stderr = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
         self._proc = subprocess.Popen(
             self._cmd,
@@ -757,6 +762,7 @@ ROUTER_SETUP_MESSAGE = (
     + SETUP_COMMAND
     + "` from the repository root (it installs the router into .engine/router)"
 )
+"""What to do when vllm-router is missing."""
 ROUTER_POLICIES = (
     "random",
     "round_robin",
@@ -766,6 +772,7 @@ ROUTER_POLICIES = (
     "consistent_hash",
     "sticky_least_loaded",
 )
+"""The routing policies of vllm-router that :class:`RouterSpec` accepts."""
 
 
 def find_router(root: Path | None = None) -> Path | None:
