@@ -121,6 +121,7 @@ class CallStarted(Event):
     temperature: float | None = None
     """The request's ``temperature``, when given."""
     session_name: str | None = None
+    """The session's name, when it has one."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
