@@ -242,7 +242,7 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="embedded runs: replay the clients (and the solo runs) side by side on N "
         "processes, with the same results; auto: one per core; 1: one by one in this "
-        "process; ray: on Ray (the ray extra: pip install 'agentrt[ray]'; the cluster at "
+        "process; ray: on Ray (the ray extra: pip install 'agentjct[ray]'; the cluster at "
         "RAY_ADDRESS, else a local one)",
     )
     p.add_argument(
@@ -350,7 +350,7 @@ def _parser() -> argparse.ArgumentParser:
         "Per job name: JCT percentiles beside per-call latency, where the time went "
         "(queue, LLM critical path, tools), cache share, retries, session moves and "
         "errors. Several journals are pooled unless --compare. Needs the report extra: "
-        "pip install 'agentrt[report]'.",
+        "pip install 'agentjct[report]'.",
         _examples(
             "agentrt report results/demo/journal-agentrt.jsonl",
             "agentrt report --compare A.jsonl B.jsonl",
@@ -391,7 +391,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Serves simulated replicas in wall-clock time with the OpenAI API "
         "(chat and text completions, streaming, /v1/models, /metrics), for agent code and "
         "frameworks to run against. Prints the URLs it serves. Needs the serve extra: pip "
-        "install 'agentrt[serve]'.",
+        "install 'agentjct[serve]'.",
         epilog=_examples(
             "agentrt sim serve",
             "agentrt sim serve --replicas 2 --port 8100 --replies agent",
@@ -475,7 +475,7 @@ def _run_bench(
 
             paths = [str(p) for p in plot(result, out)]
         except ImportError:
-            print("plots: install the report extra for PNG plots: pip install 'agentrt[report]'")
+            print("plots: install the report extra for PNG plots: pip install 'agentjct[report]'")
         else:
             print("plots: " + ", ".join(paths))
     return 0
@@ -595,8 +595,8 @@ def _missing_extra(exc: ModuleNotFoundError) -> str:
     module = (exc.name or "").split(".")[0]
     extra = _EXTRAS.get(module)
     if extra is None:
-        return f"{exc}; reinstall agentrt: pip install --force-reinstall agentrt"
-    return f"this command needs {module}, from the {extra} extra: pip install 'agentrt[{extra}]'"
+        return f"{exc}; reinstall agentrt: pip install --force-reinstall agentjct"
+    return f"this command needs {module}, from the {extra} extra: pip install 'agentjct[{extra}]'"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,7 +6,7 @@
     python examples/langchain_agent.py --base-url http://127.0.0.1:8000/v1 \
         --model my-model "What is 17 * 23, and how many words are in README.md?"
 
-Needs ``pip install "agentrt[langchain]"``. Two lines wire LangChain to agentrt: the
+Needs ``pip install "agentjct[langchain]"``. Two lines wire LangChain to agentrt: the
 model is ``langchain.chat_model(rt, model=...)`` (its calls go through agentrt), and
 ``config={"callbacks": [langchain.callbacks(rt)]}`` maps the run onto a job, each agent
 onto a session (the researcher's under the assistant's) and each tool onto a tool wait.

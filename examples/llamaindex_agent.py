@@ -6,7 +6,7 @@
     python examples/llamaindex_agent.py --base-url http://127.0.0.1:8000/v1 \
         --model my-model "What is 17 * 23, and how many words are in README.md?"
 
-Needs ``pip install "agentrt[llamaindex]"`` (LlamaIndex's OpenAI LLM needs openai<3). Two
+Needs ``pip install "agentjct[llamaindex]"`` (LlamaIndex's OpenAI LLM needs openai<3). Two
 lines wire LlamaIndex to agentrt: the agents' LLM is ``llamaindex.llm(rt, model=...)``
 (its calls go through agentrt), and ``llamaindex.instrument(rt)`` maps each run onto a
 job, each agent onto a session (the helper's under the assistant's) and each tool onto a

@@ -6,7 +6,7 @@
     python examples/openai_agents_agent.py --base-url http://127.0.0.1:8000/v1 \
         --model my-model "What is 17 * 23, and how many words are in README.md?"
 
-Needs ``pip install "agentrt[openai-agents]"``. Two lines wire the SDK to agentrt: the
+Needs ``pip install "agentjct[openai-agents]"``. Two lines wire the SDK to agentrt: the
 agents' model is ``openai_agents.model(rt, name)`` (its calls go through agentrt), and
 ``openai_agents.instrument(rt)`` maps each run onto a job, each agent onto a session (the
 helper's under the assistant's) and each tool onto a tool wait. The default question

@@ -142,7 +142,7 @@ def test_missing_extra_is_one_line_naming_the_extra() -> None:
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
     )
-    _one_line_error(result, "uvicorn", "pip install 'agentrt[serve]'")
+    _one_line_error(result, "uvicorn", "pip install 'agentjct[serve]'")
 
 
 def test_port_in_use_is_one_line() -> None:

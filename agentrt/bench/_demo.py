@@ -295,7 +295,7 @@ def run_demo(
         try:
             figure = demo_figure(result, out / "demo.png")
         except ImportError:
-            print("figure: install the report extra for it: pip install 'agentrt[report]'")
+            print("figure: install the report extra for it: pip install 'agentjct[report]'")
         else:
             print(f"figure: {figure}")
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0

@@ -17,7 +17,7 @@ Two lines::
 
 ``rt`` is a :class:`~agentrt.Runtime` (``await agent.ainvoke(...)``) or a
 :class:`~agentrt.SyncRuntime` (``agent.invoke(...)``). Needs ``pip install
-"agentrt[langchain]"``. See docs/integrations.md.
+"agentjct[langchain]"``. See docs/integrations.md.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ try:
 except ImportError as exc:
     raise ImportError(
         f"agentrt.integrations.langchain needs LangChain ({exc.name or exc} is missing); "
-        'install it with: pip install "agentrt[langchain]"'
+        'install it with: pip install "agentjct[langchain]"'
     ) from exc
 
 if TYPE_CHECKING:

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 __all__ = ["instrument", "llm", "uninstrument"]
 
-INSTALL_HINT = 'pip install "agentrt[llamaindex]"'
+INSTALL_HINT = 'pip install "agentjct[llamaindex]"'
 _T = TypeVar("_T")
 
 

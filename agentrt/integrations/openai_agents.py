@@ -19,7 +19,7 @@ processor that maps the SDK's traces onto agentrt's jobs, sessions and tool wait
   inside it, so the call is that session's turn, tagged for the engine;
 - a function span is a tool wait named after the tool.
 
-Requires the extra: ``pip install "agentrt[openai-agents]"`` (tested with
+Requires the extra: ``pip install "agentjct[openai-agents]"`` (tested with
 openai-agents 0.24). See docs/integrations.md.
 """
 
@@ -49,7 +49,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "agentrt.integrations.openai_agents needs the OpenAI Agents SDK: "
-        'pip install "agentrt[openai-agents]"'
+        'pip install "agentjct[openai-agents]"'
     ) from exc
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 The numbers (:func:`summarize`, :func:`compare`, :func:`breakdown`, :func:`critical_path`)
 need nothing beyond agentrt; the terminal table needs rich and the plots matplotlib, both
-in the ``report`` extra (``pip install "agentrt[report]"``) and imported only when used.
+in the ``report`` extra (``pip install "agentjct[report]"``) and imported only when used.
 """
 
 from ._command import ReportError, Run, load_run, report

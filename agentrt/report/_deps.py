@@ -6,7 +6,7 @@ import importlib
 
 __all__ = ["INSTALL_HINT", "require"]
 
-INSTALL_HINT = 'pip install "agentrt[report]"'
+INSTALL_HINT = 'pip install "agentjct[report]"'
 
 
 def require(module: str) -> None:

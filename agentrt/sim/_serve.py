@@ -30,7 +30,7 @@ class ServeError(RuntimeError):
 
 _MISSING_UVICORN = (
     "serving the simulator needs uvicorn, which is not installed; "
-    "install it with: pip install 'agentrt[serve]'"
+    "install it with: pip install 'agentjct[serve]'"
 )
 
 

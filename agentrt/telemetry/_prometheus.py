@@ -47,7 +47,7 @@ __all__ = [
     "PrometheusHook",
 ]
 
-INSTALL_HINT: Final = 'pip install "agentrt[prometheus]"'
+INSTALL_HINT: Final = 'pip install "agentjct[prometheus]"'
 
 DEFAULT_MAX_LABEL_VALUES: Final = 100
 """Distinct job names (and, separately, tool names, endpoints, failure reasons) kept as

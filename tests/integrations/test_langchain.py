@@ -338,7 +338,7 @@ def test_sync_invoke_through_a_sync_runtime(
 def test_a_clear_error_without_langchain(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "langchain_openai", None)
     monkeypatch.delitem(sys.modules, "agentrt.integrations.langchain")
-    with pytest.raises(ImportError, match=r'pip install "agentrt\[langchain\]"'):
+    with pytest.raises(ImportError, match=r'pip install "agentjct\[langchain\]"'):
         importlib.import_module("agentrt.integrations.langchain")
 
 

@@ -275,7 +275,7 @@ async def test_after_shutdown_calls_are_implicit_jobs(env: Env) -> None:
 def test_without_the_sdk_the_import_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "agents", None)
     monkeypatch.delitem(sys.modules, "agentrt.integrations.openai_agents")
-    with pytest.raises(ImportError, match=r'pip install "agentrt\[openai-agents\]"'):
+    with pytest.raises(ImportError, match=r'pip install "agentjct\[openai-agents\]"'):
         importlib.import_module("agentrt.integrations.openai_agents")
 
 

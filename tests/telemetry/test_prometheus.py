@@ -200,7 +200,7 @@ def test_without_prometheus_client_the_error_names_the_extra(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
-    with pytest.raises(ImportError, match=r'pip install "agentrt\[prometheus\]"'):
+    with pytest.raises(ImportError, match=r'pip install "agentjct\[prometheus\]"'):
         Runtime("http://e.test/v1", prometheus=True)
     # Without prometheus, agentrt works as before.
     Runtime("http://e.test/v1")

@@ -36,7 +36,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # (the openai 2.x run of scripts/test.sh installs without it).
 needs_extra = pytest.mark.skipif(
     find_spec("rich") is None or find_spec("matplotlib") is None,
-    reason='needs the report extra: pip install "agentrt[report]"',
+    reason='needs the report extra: pip install "agentjct[report]"',
 )
 
 
@@ -394,7 +394,7 @@ def test_without_the_extra_the_error_names_the_install(
 ) -> None:
     path = _write(tmp_path / "runs.jsonl", [_job("x", 1.0)])
     monkeypatch.setitem(sys.modules, "rich", None)
-    _fails(["report", str(path)], capsys, 'pip install "agentrt[report]"')
+    _fails(["report", str(path)], capsys, 'pip install "agentjct[report]"')
 
 
 def test_the_public_names_are_sorted_and_complete() -> None:

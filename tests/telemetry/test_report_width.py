@@ -16,7 +16,8 @@ from agentrt.report._tables import SUMMARY_HEADERS, TextTable, fit_width, text_l
 from agentrt.telemetry import CallReport, JobReport, ToolReport
 
 needs_rich = pytest.mark.skipif(
-    find_spec("rich") is None, reason='the terminal tables need rich: pip install "agentrt[report]"'
+    find_spec("rich") is None,
+    reason='the terminal tables need rich: pip install "agentjct[report]"',
 )
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 NAMES = ("summarize", "claude-code-replay-of-a-long-refactoring-session", "react")
