@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-griffe = pytest.importorskip("griffe", reason="the docs extra: pip install -e '.[docs]'")
+pytest.importorskip("griffe", reason="the docs extra: pip install -e '.[docs]'")
+import griffe
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "docs" / "reference"
@@ -53,7 +54,7 @@ def _exported(module: griffe.Module) -> list[str]:
 
 
 def _missing(obj: griffe.Object | griffe.Alias, path: str) -> list[str]:
-    if obj.is_alias:
+    if isinstance(obj, griffe.Alias):
         obj = obj.final_target
     if obj.is_module:
         return []  # documented on its own page
