@@ -219,7 +219,8 @@ class _OtelHook:
         # Fallback anchor, for events of a job this hook did not see start.
         self._offset_ns = time.time_ns() - time.monotonic_ns()
         self._jobs: dict[str, _Job] = {}
-        self._agents: dict[str, _Agent] = {}
+        self._agents: dict[tuple[str, str], _Agent] = {}
+        """Open agent spans by (job id, session id): session ids may be the caller's."""
         self._calls: dict[str, _Call] = {}
         self._tools: dict[tuple[str, int], _Tool] = {}
         self._servers: dict[str, tuple[str | None, int | None]] = {}
@@ -294,7 +295,7 @@ class _OtelHook:
         if job is None:
             return
         for session_id in job.sessions:  # sessions still open (or never announced)
-            agent = self._agents.pop(session_id, None)
+            agent = self._agents.pop((e.job_id, session_id), None)
             if agent is not None:
                 self._end_agent(agent, job.offset_ns, e.t)
         if job.span is None:
@@ -354,7 +355,9 @@ class _OtelHook:
     def _session_opened(self, e: SessionOpened) -> None:
         job = self._jobs.get(e.job_id)
         if job is not None and job.span is not None:
-            parent = self._agents.get(e.parent_id) if e.parent_id is not None else None
+            parent = None
+            if e.parent_id is not None:
+                parent = self._agents.get((e.job_id, e.parent_id))
             self._open_agent(job, e.job_id, e.session_id, e.name, parent, e.t)
 
     def _open_agent(
@@ -384,12 +387,12 @@ class _OtelHook:
             attributes=attrs,
         )
         ctx = self._trace.set_span_in_context(span)
-        agent = self._agents[session_id] = _Agent(span, ctx, agent_name, t, session_id)
+        agent = self._agents[job_id, session_id] = _Agent(span, ctx, agent_name, t, session_id)
         job.sessions.append(session_id)
         return agent
 
     def _session_closed(self, e: SessionClosed) -> None:
-        agent = self._agents.pop(e.session_id, None)
+        agent = self._agents.pop((e.job_id, e.session_id), None)
         if agent is None:
             return
         job = self._jobs.get(e.job_id)
@@ -422,7 +425,7 @@ class _OtelHook:
     ) -> _Agent | None:
         """The agent span of a session; opened here for a session of a job with a
         workflow span that announced no start (``SyncRuntime``'s)."""
-        agent = self._agents.get(session_id)
+        agent = self._agents.get((job_id, session_id))
         if agent is None and job.span is not None and self._jobs.get(job_id) is job:
             agent = self._open_agent(job, job_id, session_id, name, None, t)
         return agent
