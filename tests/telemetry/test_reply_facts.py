@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from agentrt import Runtime
+from agentrt.telemetry import CallEnded, CallStarted, Event
 from agentrt.telemetry._reply import MAX_ITEMS, MAX_TEXT, ReplyFacts, temperature_of
+from tests._fake import MSG, FakeEngine
+
+URL = "http://engine.test/v1"
 
 
 def call(call_id: str | None, name: str | None) -> dict[str, Any]:
@@ -95,3 +102,30 @@ def test_temperature_is_a_json_number_or_nothing() -> None:
     assert temperature_of({"temperature": "0.5"}) is None
     assert temperature_of({}) is None
     assert temperature_of(None) is None
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("stream", [False, True])
+async def test_call_events_carry_the_request_and_reply_fields(stream: bool) -> None:
+    """Through the transport: ``CallStarted`` has the request's max_tokens, temperature and
+    session name; ``CallEnded`` the reply's id, model and finish reasons, streamed or not."""
+    events: list[Event] = []
+    fake = FakeEngine()
+    async with Runtime([URL], transport=fake.transport(), hooks=[events.append]) as rt:
+        async with rt.job("j") as job, job.session("writer") as s:
+            reply: Any = await s.chat(
+                model="m", messages=MSG, max_tokens=7, temperature=0.25, stream=stream
+            )
+            if stream:
+                async for _ in reply:
+                    pass
+            await s.chat(model="m", messages=MSG)  # neither given
+    started = [e for e in events if isinstance(e, CallStarted)]
+    ended = [e for e in events if isinstance(e, CallEnded)]
+    assert [(e.max_tokens, e.temperature, e.session_name) for e in started] == [
+        (7, 0.25, "writer"),
+        (None, None, "writer"),
+    ]
+    for e in ended:
+        assert (e.response_id, e.response_model) == ("chatcmpl-1", "m")
+        assert e.finish_reasons == ("stop",) and e.tool_calls == ()
