@@ -150,6 +150,16 @@ def run_study(
 ) -> list[BenchResult | Exception]: ...
 
 
+@overload
+def run_study(
+    configs: Sequence[BenchConfig],
+    *,
+    workers: Workers = ...,
+    progress: Progress | None = ...,
+    return_exceptions: bool,
+) -> list[BenchResult] | list[BenchResult | Exception]: ...
+
+
 def run_study(
     configs: Sequence[BenchConfig],
     *,
