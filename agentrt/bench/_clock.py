@@ -47,18 +47,20 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._virtual_now = 0.0
 
     def time(self) -> float:
+        """The virtual clock's time, in seconds."""
         return self._virtual_now
 
     def advance(self, seconds: float) -> None:
+        """Moves the virtual clock ``seconds`` forward."""
         self._virtual_now += seconds
 
     threads_running = 0
-        """The virtual clock's time, in seconds."""
 
     def run_in_executor(  # type: ignore[override]
         self, executor: Any, func: Any, *args: Any
-        """Moves the virtual clock ``seconds`` forward."""
     ) -> asyncio.Future[Any]:
+        """As asyncio's, and counts the threads running, so that the clock does not
+        jump while one runs (:meth:`quiet_until`)."""
         future = super().run_in_executor(executor, func, *args)
         self.threads_running += 1
 
@@ -67,5 +69,3 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
         future.add_done_callback(done)
         return future
-        """As asyncio's, and counts the threads running, so that the clock does not
-        jump while one runs (:meth:`quiet_until`)."""
