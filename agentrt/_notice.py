@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 import anyio
 import anyio.abc
 
+from ._log import notices_log
+
 if TYPE_CHECKING:
     import httpx
 
@@ -214,3 +216,4 @@ class Notices:
         if key:
             message = message.replace(key, "***")
         self.last_error = message[:_MAX_ERROR]
+        notices_log.debug("tool-start notice failed: %s", self.last_error)

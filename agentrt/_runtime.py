@@ -22,6 +22,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from ._config import DEFAULT_RETRY, Endpoint, Retry, check_api_key
 from ._context import _CURRENT_SESSION, Job, Session
 from ._errors import AgentrtError, RuntimeClosedError
+from ._log import health_log
 from ._notice import Notices, NoticeStatistics
 from ._state import PLACEHOLDER_KEY, _Core, _EndpointState
 from ._transport import CLOSED_MESSAGE, HttpLib, http_lib, loop_clock
@@ -385,6 +386,8 @@ class Runtime:
                     ok = await self._fetch(e, "/models") is not None
                     e.health.probed(anyio.current_time(), ok)
                     e.load.healthy = e.health.healthy
+                    if ok:
+                        health_log.info("endpoint %s answered a probe: readmitted", e.endpoint.url)
             if poll is not None and now - self._polled_at >= poll:
                 self._polled_at = now
                 for e in core.endpoints:

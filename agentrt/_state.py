@@ -21,6 +21,7 @@ import httpx
 import openai
 
 from ._config import Endpoint, Retry
+from ._log import health_log, hooks_log
 from ._notice import Notices, Sender, accepts_notice
 from ._waits import WaitEstimator
 from .dialects import Dialect, DialectOptions
@@ -131,7 +132,7 @@ class _Core:
         self.hook_errors = 0
         """Events a hook raised on (each hook counted apart), over the runtime's life."""
         self.last_hook_error: str | None = None
-        self._hook_log = RateLimitedLog("agentrt hooks raised on events")
+        self._hook_log = RateLimitedLog("agentrt hooks raised on events", log=hooks_log)
         self.health_changed: anyio.Event | None = None
         """Set when an endpoint is marked down (wakes the runtime's prober)."""
         self.notices: Notices | None = None
@@ -194,7 +195,7 @@ class _Core:
     def emit(self, event: Event) -> None:
         """Hand ``event`` to every hook. A hook that raises never disturbs the call: the
         first error of each hook is a warning, and every error is counted
-        (``hook_errors``) and logged on the ``agentrt`` logger (rate-limited)."""
+        (``hook_errors``) and logged on the ``agentrt.hooks`` logger (rate-limited)."""
         for hook in self.hooks:
             try:
                 hook(event)
@@ -208,8 +209,8 @@ class _Core:
                     self._broken_hooks.add(id(hook))
                     warnings.warn(
                         f"agentrt {error}; further errors of this hook are counted in "
-                        "rt.journal_statistics().hook_errors and logged on the 'agentrt' "
-                        "logger",
+                        "rt.journal_statistics().hook_errors and logged on the "
+                        "'agentrt.hooks' logger",
                         RuntimeWarning,
                         stacklevel=2,
                     )
@@ -224,8 +225,15 @@ class _Core:
         was = health.healthy
         health.record_failure(now, connect=connect)
         ep.load.healthy = health.healthy
-        if was and not health.healthy and self.health_changed is not None:
-            self.health_changed.set()
+        if was and not health.healthy:
+            health_log.info(
+                "endpoint %s marked down (%s); probed every %g s until it answers",
+                ep.endpoint.url,
+                "no connection" if connect else "repeated failures",
+                health.probe_interval_s,
+            )
+            if self.health_changed is not None:
+                self.health_changed.set()
 
     def program(self, program_id: str) -> _Program:
         program = self.programs.get(program_id)

@@ -18,6 +18,7 @@ import asyncio
 import importlib
 import importlib.metadata
 import json
+import logging
 import operator
 import random
 import re
@@ -33,6 +34,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 
 from ._context import _CALL_SESSION, Job, Session, _CallState, current_session, new_id
 from ._errors import EndpointError, RuntimeClosedError
+from ._log import redact, routing_log, transport_log
 from ._notice import accept_header
 from ._protocol import CallMetadata, trusted_model
 from .dialects._generic import check_header_name, check_header_value
@@ -70,6 +72,8 @@ class ClientClosedError(RuntimeClosedError, openai.OpenAIError):
 
 
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+_DEBUG = logging.DEBUG
+_INFO = logging.INFO
 _AUTH = b"authorization"
 _LOWER = operator.itemgetter(1)
 """A header triple's lower-case name (httpx's ``Headers._list`` items)."""
@@ -736,6 +740,8 @@ class _Call:
                         reason=moved,
                     )
                 )
+            if routing_log.isEnabledFor(_INFO):
+                self._log_move(home, endpoint.url, moved)
         admission = ep.admission
         priority = admission.policy.classify(ticket, state.started)
         if core.send_priority:
@@ -783,12 +789,16 @@ class _Call:
             self.failed.add(index)
             if core.hooks:
                 self._failed(ep, f"{type(exc).__name__}: {exc}")
+            if transport_log.isEnabledFor(_DEBUG):
+                self._log_attempt(ep, f"{type(exc).__name__}: {exc}")
             raise _RetryableError(exc, index) from exc
         except BaseException:
             self._release(ok=True)
             raise
         try:
             state.http_status = status = response.status_code
+            if transport_log.isEnabledFor(_DEBUG):  # one dict lookup when off
+                self._log_attempt(ep, f"HTTP {status}")
             if status in RETRY_STATUS:
                 await response.aread()
                 raise _RetryableStatus(response, _retry_after(response.headers))
@@ -811,6 +821,43 @@ class _Call:
             if value is not None and len(value) <= 1024 and "\r" not in value:
                 session.echo[name] = value
         return response
+
+    def _secrets(self, ep: _EndpointState | None) -> tuple[str | None, ...]:
+        """What must never be logged: the runtime's and the endpoint's keys and password."""
+        if ep is None:
+            return (self.core.api_key,)
+        basic = ep.endpoint.basic_auth
+        return (self.core.api_key, ep.endpoint.api_key, basic[1] if basic else None)
+
+    def _log_attempt(self, ep: _EndpointState, outcome: str) -> None:
+        """One attempt's outcome, at DEBUG on ``agentrt.transport``."""
+        state = self.state
+        transport_log.debug(
+            "call %s (job %s, session %s) attempt %d of %d to %s%s: %s after %.3f s",
+            state.call_id,
+            self.ticket.job_id,
+            state.session_id,
+            state.attempts,
+            self.core.retry.attempts,
+            ep.endpoint.url,
+            self.suffix,
+            redact(outcome, *self._secrets(ep)),
+            self.clock() - self.sent_at,
+        )
+
+    def _log_move(self, home: int | None, to: str, reason: str) -> None:
+        """A session moved to another replica, at INFO on ``agentrt.routing``."""
+        previous = self.state.endpoint or (
+            self.core.endpoints[home].endpoint.url if home is not None else None
+        )
+        routing_log.info(
+            "session %s (job %s) moved from %s to %s (%s): its KV cache there is lost",
+            self.session.id,
+            self.ticket.job_id,
+            previous,
+            to,
+            reason,
+        )
 
     def _sending(self, ep: _EndpointState, queued: bool, headers: dict[str, str]) -> None:
         """Emit CallQueued (if it waited) and CallSent; merge the hooks' headers."""
@@ -934,6 +981,16 @@ class _Call:
                 # its usual typed error from it).
                 response = exc.response
                 self._end("error", f"HTTP {response.status_code}")
+                transport_log.warning(
+                    "call %s (job %s, session %s): HTTP %d on the last of %d attempt(s), "
+                    "from %s; that answer goes to the caller",
+                    state.call_id,
+                    self.ticket.job_id,
+                    state.session_id,
+                    response.status_code,
+                    state.attempts,
+                    state.endpoint,
+                )
                 return transport._rebuild(response, response.content)
             except _RetryableError as exc:
                 url = self.core.endpoints[exc.endpoint].endpoint.url
@@ -942,6 +999,13 @@ class _Call:
                     f"{type(exc.error).__name__}: {exc.error}"
                 )
                 self._end("error", message)
+                transport_log.warning(
+                    "call %s (job %s, session %s): %s",
+                    state.call_id,
+                    self.ticket.job_id,
+                    state.session_id,
+                    redact(message, *self._secrets(self.core.endpoints[exc.endpoint])),
+                )
                 raise EndpointError(message, endpoint=url, attempts=state.attempts) from (exc.error)
         except anyio.get_cancelled_exc_class():
             self._end("cancelled", self._cancelled())

@@ -12,7 +12,7 @@ counted as lost).
 
 Nothing is lost silently: every job that ends is either written whole or counted as lost
 (:meth:`Journal.statistics`, ``rt.journal_statistics()``, the Prometheus and
-OpenTelemetry counters), and each loss is logged on the ``agentrt`` logger (at most one
+OpenTelemetry counters), and each loss is logged on the ``agentrt.journal`` logger (at most one
 record per :data:`LOG_INTERVAL_S`, carrying the count of losses since the last one).
 Writes are small and buffered by the OS, so they do not block the loop measurably; a
 journal on a slow network filesystem would (put it on local disk).
@@ -31,6 +31,7 @@ from typing import IO, Final
 
 from pydantic import ValidationError
 
+from .._log import journal_log
 from ._events import Event, JobEnded
 from ._report import JobReport
 
@@ -44,8 +45,6 @@ __all__ = [
     "read_journal",
 ]
 
-logger = logging.getLogger("agentrt")
-
 LOG_INTERVAL_S: Final = 10.0
 """At most one log record per this many seconds for each kind of loss."""
 
@@ -53,11 +52,14 @@ LOG_INTERVAL_S: Final = 10.0
 class RateLimitedLog:
     """Logs every occurrence of one kind of problem, at most one record per
     ``interval_s``: the first at once, later ones counted into the next record (or into
-    :meth:`flush`'s)."""
+    :meth:`flush`'s), as WARNING records of ``log`` (``agentrt.journal`` unless given)."""
 
-    def __init__(self, what: str, interval_s: float = LOG_INTERVAL_S) -> None:
+    def __init__(
+        self, what: str, interval_s: float = LOG_INTERVAL_S, log: logging.Logger = journal_log
+    ) -> None:
         self.what = what
         self.interval_s = interval_s
+        self.log = log
         self._last = -float("inf")
         self._pending = 0
         self.total = 0
@@ -71,7 +73,7 @@ class RateLimitedLog:
             self._last = now
 
     def _emit(self, detail: str) -> None:
-        logger.warning(
+        self.log.warning(
             "%s: %d more (%d in all); last: %s", self.what, self._pending, self.total, detail
         )
         self._pending = 0
@@ -91,7 +93,7 @@ class JournalStatistics:
     lost: int
     """Finished jobs whose line was not written: the report could not be serialized, the
     write failed or was cut short (a full disk), or the job ended after the journal was
-    closed. Each is logged (``agentrt`` logger, rate-limited)."""
+    closed. Each is logged (``agentrt.journal`` logger, rate-limited)."""
     hook_errors: int
     """Events that a hook (the journal, Prometheus, OpenTelemetry or your own) raised
     on: what that hook records is missing them. Each is logged, rate-limited."""

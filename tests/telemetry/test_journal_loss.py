@@ -85,7 +85,7 @@ async def test_a_full_disk_is_counted_logged_and_exported(
     assert not registry.get_sample_value("agentrt_journal_lines_total", {"outcome": "written"})
     # Logged: the first loss at once, the rest counted into later records (here the one
     # the journal's close flushes); the counts add up to every loss.
-    records = [r.getMessage() for r in caplog.records if r.name == "agentrt"]
+    records = [r.getMessage() for r in caplog.records if r.name == "agentrt.journal"]
     assert 1 <= len(records) < 5
     assert sum(int(re.search(r": (\d+) more", m).group(1)) for m in records) == 5  # type: ignore[union-attr]
     with pytest.raises(dataclasses_frozen()):
