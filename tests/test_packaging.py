@@ -116,3 +116,14 @@ def test_the_sdist_holds_the_sources_docs_and_tests_without_caches(dist: Path) -
     assert {"mkdocs.yml", "docs/index.md", "tests/test_packaging.py"} <= names
     assert _package_files() <= names
     assert not [n for n in names if {"__pycache__", ".hypothesis", ".venv"} & set(n.split("/"))]
+
+
+def test_the_installed_version_and_the_changelog_follow_pyproject() -> None:
+    import importlib.metadata
+
+    import agentrt
+
+    # __version__ is read from the distribution's metadata, under its PyPI name
+    assert importlib.metadata.version(NAME) == VERSION == agentrt.__version__
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert f"\n## [{VERSION}] - " in changelog
