@@ -28,12 +28,16 @@ from .telemetry._events import (
     ToolEnded,
     ToolStarted,
 )
+from .telemetry._prefix import tokens as prefix_tokens
 from .telemetry._report import (
     CallReport,
     CallStatus,
+    IdleCause,
     JobReport,
     JobStatus,
+    SessionReport,
     ToolReport,
+    settle_idle,
     union_length,
 )
 
@@ -132,6 +136,11 @@ class _CallState:
     status: CallStatus = "ok"
     error: str | None = None
     moved: bool = False
+    idle_s: float | None = None
+    idle_cause: IdleCause | None = None
+    prefix: tuple[int, int, str | None, int] | None = None
+    """Prefix sharing, journals only: (bytes shared with the session's previous call,
+    bytes shared across sessions, that common prefix's id, the body's bytes)."""
     done: bool = False
     final: CallReport | None = field(default=None, repr=False)
     """The report, once built for a finished call (nothing changes it after that)."""
@@ -145,6 +154,11 @@ class _CallState:
         return report
 
     def _build(self) -> CallReport:
+        prefix = self.prefix
+        prev = common = None
+        if prefix is not None:
+            prev = prefix_tokens(prefix[0], prefix[3], self.prompt_tokens)
+            common = prefix_tokens(prefix[1], prefix[3], self.prompt_tokens)
         # Not validated again: every value is agentrt's own, of the field's type.
         return trusted_model(
             CallReport,
@@ -170,6 +184,11 @@ class _CallState:
                 "error": self.error,
                 "priority": self.priority,
                 "moved": self.moved,
+                "idle_s": self.idle_s,
+                "idle_cause": self.idle_cause,
+                "prefix_prev_tokens": prev,
+                "prefix_common_tokens": common,
+                "prefix_common_id": None if prefix is None or not common else prefix[2],
             },
         )
 
@@ -551,6 +570,8 @@ class Job:
         self._tool_seq = 0
         """Tool waits started so far (numbers them for the tool events)."""
         self._sessions = 0
+        self._session_reports: list[SessionReport] = []
+        """The job's sessions as they opened (its report's session tree)."""
         self._report: JobReport | None = None
         self._program: _Program = None  # type: ignore[assignment]
         """Its program's shared state (attained service), set when the job starts."""
@@ -620,6 +641,14 @@ class Job:
         if self._closed:
             raise JobClosedError(f"job {self.id!r} has ended; it cannot open a new session")
         self._sessions += 1
+        self._session_reports.append(
+            SessionReport(
+                session_id=sid,
+                name=name,
+                parent_id=parent.id if isinstance(parent, Session) else parent,
+                start_s=anyio.current_time() - self._t0,
+            )
+        )
         return Session(self, name, sid, parent)
 
     # -- lifecycle, driven by Runtime.job ----------------------------------------------
@@ -700,6 +729,7 @@ class Job:
 
     def _build_report(self, status: JobStatus, error: str | None, end: float) -> JobReport:
         calls = [c.to_report() for c in self._calls]
+        settle_idle(calls, self._session_reports)
         intervals = []
         for c in self._calls:
             if c.latency_s is not None:
@@ -730,4 +760,7 @@ class Job:
             metadata=self.metadata,
             call_reports=calls,
             tool_reports=list(self._tools),
+            arrival_s=self._t0 - self._core.opened_at,
+            session_reports=list(self._session_reports),
+            runtime=self._core.settings,
         )

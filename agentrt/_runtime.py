@@ -35,6 +35,7 @@ from .scheduling._routing import EndpointLoad, Router, make_router
 from .scheduling._signals import parse_vllm_metrics
 from .telemetry._events import Hook
 from .telemetry._journal import Journal, JournalStatistics
+from .telemetry._prefix import PrefixTracker
 from .telemetry._report import JobReport, JobStatus
 
 if TYPE_CHECKING:
@@ -274,9 +275,19 @@ class Runtime:
         self._journal: Journal | None = None
         if journal is not None:
             self._journal = Journal(journal)  # opened now: a bad path fails here
+            self._core.prefixes = PrefixTracker()
             self._journal.observers.extend(counters)
             all_hooks.append(self._journal)
         self._core.hooks = tuple(all_hooks)
+        self._core.settings = {
+            "routing": routing if isinstance(routing, str) else self._core.router.name,
+            "policy": policy if isinstance(policy, str) else type(policy).__name__,
+            "concurrency": concurrency,
+            "token_budget": token_budget,
+            "send_priority": send_priority,
+            "learn_waits": learn_waits,
+            "endpoints": len(states),
+        }
         # The HTTP library (legacy httpx or httpx2), chosen once: everything below and
         # every client this runtime builds comes from it.
         self._lib: HttpLib = http_lib(transport)
@@ -355,6 +366,7 @@ class Runtime:
         self._http = self.http_client()
         self._core.client = self.openai()
         self._core.clock = loop_clock()
+        self._core.opened_at = self._core.clock()
         self._notices.open = True
         # Background work (with several endpoints or metrics polling: health probes and
         # polls) runs in the runtime's task group (structured: it ends when the runtime's

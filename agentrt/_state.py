@@ -14,7 +14,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import anyio
 import httpx
@@ -31,6 +31,7 @@ from .scheduling._retention import RetentionEstimator
 from .scheduling._routing import EndpointLoad, Router, SessionAffinity
 from .telemetry._events import Event, Hook
 from .telemetry._journal import RateLimitedLog
+from .telemetry._prefix import PrefixTracker
 from .telemetry._report import JobReport
 
 __all__: list[str] = []
@@ -125,6 +126,13 @@ class _Core:
         """Event hooks (set by Runtime). Emission points test ``if core.hooks:`` first, so
         no event is built when nobody listens."""
         self.capture_content = False
+        self.prefixes: PrefixTracker | None = None
+        """Prefix-sharing fingerprints of the calls, for the journal (set by Runtime when
+        it keeps one; telemetry/_prefix.py)."""
+        self.opened_at = 0.0
+        """The clock's time when the runtime opened: jobs' ``arrival_s`` count from it."""
+        self.settings: dict[str, Any] | None = None
+        """The runtime's settings as keyword arguments (``JobReport.runtime``)."""
         """Carry prompt and completion text in the call events (opt-in)."""
         self.waits: WaitEstimator | None = WaitEstimator()
         """Per-tool expected waits learned from the finished ones; None when off."""

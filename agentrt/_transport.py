@@ -619,6 +619,7 @@ class _Call:
 
         self.clock = clock = core.clock
         now = clock()
+        after_tools = bool(session._period_tools)  # tool waits since the last call
         turn, idle_s, declared, expected, source = session._begin_turn(now)
         self.turn = (turn, idle_s, declared, expected, source, max_out)
         call_id = new_id("call")
@@ -634,6 +635,12 @@ class _Call:
             now,
         )
         job._calls.append(self.state)
+        if self.turn[1] is not None:
+            self.state.idle_s = self.turn[1]
+            if after_tools:
+                self.state.idle_cause = "tool"
+        if core.prefixes is not None and content:
+            self.state.prefix = core.prefixes.observe(session.id, content)
         tokens = len(content) // 4 + (max_out or 0)  # ~4 bytes of JSON per prompt token
         deadline = None if job.deadline_s is None else job._t0 + job.deadline_s
         self.ticket = Ticket(

@@ -9,13 +9,25 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .._config import redact_userinfo
 
-__all__ = ["CallReport", "CallStatus", "JobReport", "JobStatus", "ToolReport"]
+__all__ = [
+    "CallReport",
+    "CallStatus",
+    "IdleCause",
+    "JobReport",
+    "JobStatus",
+    "SessionReport",
+    "ToolReport",
+]
 
 JobStatus = Literal["ok", "error", "cancelled", "deadline"]
 """How a job ended: ``ok``, ``error`` (its block raised), ``cancelled``, or ``deadline``
 (its deadline passed first)."""
 CallStatus = Literal["ok", "error", "cancelled"]
 """How a call (or a tool wait) ended: ``ok``, ``error`` or ``cancelled``."""
+IdleCause = Literal["tool", "subagents", "think"]
+"""Why a session was idle before a call: a ``tool`` wait ran in the session, its
+sub-agents (sessions whose parent it is) made calls (``subagents``), or neither
+(``think``: the agent's own code, a person)."""
 
 
 class CallReport(BaseModel):
@@ -53,6 +65,22 @@ class CallReport(BaseModel):
     moved: bool = False
     """The session's previous turn was served by another replica: its KV cache there was
     not reused (a move by the router's overload guard or a health failover)."""
+    idle_s: float | None = None
+    """Seconds the session was idle before this call: from its previous call's reply to
+    this call (None for a session's first call)."""
+    idle_cause: IdleCause | None = None
+    """Why it was idle (None with no idle): ``tool`` is known when the call starts;
+    ``subagents`` and ``think`` are told apart when the job's report is built."""
+    prefix_prev_tokens: int | None = None
+    """Leading prompt tokens this call shares with the session's previous call, estimated
+    from the request bodies' hashed 1 KiB blocks (docs/telemetry.md, "Journal fields for
+    a replay"); None without a journal or usage."""
+    prefix_common_tokens: int | None = None
+    """Leading prompt tokens shared with a call of another session seen earlier by the
+    runtime (a system prompt, tool definitions), estimated as ``prefix_prev_tokens``."""
+    prefix_common_id: str | None = None
+    """A fingerprint of that common prefix (8 hex digits): calls with the same id start
+    with the same bytes. Never the text."""
 
 
 class ToolReport(BaseModel):
@@ -73,6 +101,19 @@ class ToolReport(BaseModel):
     """Prediction error, ``duration_s - expected_s`` (positive: the wait ran longer than
     expected); None without an expectation."""
     status: Literal["ok", "error", "cancelled"] = "ok"
+
+
+class SessionReport(BaseModel):
+    """One session of a job: the session tree a replay needs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str
+    name: str | None = None
+    parent_id: str | None = None
+    """The session that spawned this one (a sub-agent's parent), if any."""
+    start_s: float
+    """When it opened, relative to the job's start."""
 
 
 class JobReport(BaseModel):
@@ -110,6 +151,16 @@ class JobReport(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     call_reports: list[CallReport] = Field(default_factory=list)
     tool_reports: list[ToolReport] = Field(default_factory=list)
+    arrival_s: float | None = None
+    """When the job started, in seconds after its runtime opened (``started_at`` is the
+    wall-clock time); None in reports not made by a runtime."""
+    session_reports: list[SessionReport] = Field(default_factory=list)
+    """The job's sessions in the order they opened, with their parents."""
+    runtime: dict[str, Any] | None = None
+    """The settings of the runtime that ran the job, as ``Runtime`` keyword arguments
+    (``routing``, ``policy``, ``concurrency``, ``token_budget``, ``send_priority``,
+    ``learn_waits``) plus ``endpoints`` (how many): what ``agentrt tune`` compares
+    against."""
 
     @property
     def cache_hit_rate(self) -> float | None:
@@ -185,3 +236,22 @@ def union_length(intervals: list[tuple[float, float]]) -> float:
     if cur_end is not None and cur_start is not None:
         total += cur_end - cur_start
     return total
+
+
+def settle_idle(calls: list[CallReport], sessions: list[SessionReport]) -> None:
+    """Give each call idle before it without a known cause ``subagents`` (a call of one of
+    its session's sub-agents started during the idle) or ``think`` (none did). In place;
+    once per job, when its report is built."""
+    children: dict[str, set[str]] = {}
+    for s in sessions:
+        if s.parent_id is not None:
+            children.setdefault(s.parent_id, set()).add(s.session_id)
+    for call in calls:
+        if call.idle_s is None or call.idle_cause is not None:
+            continue
+        kids = children.get(call.session_id)
+        begin = call.start_s - call.idle_s
+        if kids and any(c.session_id in kids and begin <= c.start_s <= call.start_s for c in calls):
+            call.idle_cause = "subagents"
+        else:
+            call.idle_cause = "think"
