@@ -179,6 +179,66 @@ def _engine_args(p: argparse.ArgumentParser, *, serve: bool) -> None:
         )
 
 
+def _tune_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "journals", nargs="+", type=Path, metavar="JOURNAL", help="journal files (JSON lines)"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("agentrt-tuned.toml"),
+        metavar="FILE",
+        help="where the best settings go (TOML: Runtime keyword arguments)",
+    )
+    p.add_argument(
+        "--endpoint",
+        default=None,
+        metavar="URL",
+        help="calibrate the engine by probing this idle server (default: from the "
+        "journal's own latencies)",
+    )
+    p.add_argument(
+        "--model", default=None, help="model name sent to --endpoint (default: the server's)"
+    )
+    p.add_argument(
+        "--preset",
+        default="h100-8b",
+        choices=tuple(PRESETS),
+        help="the engine whose costs are calibrated and whose limits are kept",
+    )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        metavar="N",
+        help="replicas of the twin (default: the endpoints in the journal)",
+    )
+    p.add_argument(
+        "--sample",
+        type=int,
+        default=150,
+        metavar="JOBS",
+        help="jobs per replay: a window of consecutive arrivals",
+    )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=3,
+        metavar="N",
+        help="windows the finalists are replayed on (their spread: the confidence)",
+    )
+    p.add_argument(
+        "--top", type=int, default=3, metavar="N", help="coarse settings kept for the fine round"
+    )
+    p.add_argument(
+        "--workers",
+        type=_workers,
+        default="auto",
+        metavar="N",
+        help="processes the replays run on (auto: one per core; 1: in this process)",
+    )
+
+
 def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workload",
@@ -377,6 +437,25 @@ def _parser() -> argparse.ArgumentParser:
         help="the job whose timeline and critical path are shown (default: the slowest)",
     )
 
+    tune = command(
+        "tune",
+        "pick the best settings for the workload in journals",
+        "Turns journals (Runtime(journal=...)) into a workload, calibrates the embedded "
+        "engine to the journal's latencies (or to a probe of --endpoint), replays the "
+        "workload in virtual time under a grid of settings (routing, policy, "
+        "concurrency limit, priority pass-through, learned tool waits) at the observed "
+        "load and at 1.5x and 2x it, prints them ranked by predicted JCT against the "
+        "settings the journal was recorded with, and writes the best as Runtime keyword "
+        "arguments to a TOML file (docs/tune.md).",
+        _examples(
+            "agentrt tune runs.jsonl",
+            "agentrt tune day1.jsonl day2.jsonl --out tuned.toml",
+            "agentrt tune runs.jsonl --endpoint http://127.0.0.1:8000/v1",
+            "agentrt tune runs.jsonl --sample 100 --seeds 2 --workers 2",
+        ),
+    )
+    _tune_args(tune)
+
     sim = command(
         "sim",
         "the embedded engine",
@@ -417,6 +496,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=_demo)
     bench.set_defaults(run=_bench)
     report.set_defaults(run=_report)
+    tune.set_defaults(run=_tune)
     serve.set_defaults(run=_sim_serve)
     return parser
 
@@ -529,6 +609,36 @@ def _bench(args: argparse.Namespace) -> int:
     )
     title = f"agentrt bench: {args.workload}"
     return _run_bench(cfg, args.out, not args.no_plots, title, not args.no_journal, args.workers)
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from .tune._command import TuneOptions, tune
+
+    for option, value in (
+        ("--replicas", args.replicas),
+        ("--sample", args.sample),
+        ("--seeds", args.seeds),
+        ("--top", args.top),
+    ):
+        _positive(value, option)
+    if args.sample < 2:
+        raise _CommandError(f"--sample must be at least 2 jobs, got {args.sample}")
+    if args.out.is_dir():
+        raise _CommandError(f"--out {args.out} is a directory; give a file name")
+    opts = TuneOptions(
+        journals=tuple(args.journals),
+        out=args.out,
+        endpoint=args.endpoint,
+        model=args.model,
+        preset=args.preset,
+        replicas=args.replicas,
+        sample=args.sample,
+        seeds=args.seeds,
+        top=args.top,
+        workers=args.workers,
+    )
+    tune(opts)
+    return 0
 
 
 def _report(args: argparse.Namespace) -> int:

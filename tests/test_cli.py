@@ -14,7 +14,7 @@ import pytest
 from agentrt import cli
 from agentrt.cli import main
 
-COMMANDS = ([], ["demo"], ["bench"], ["report"], ["sim"], ["sim", "serve"])
+COMMANDS = ([], ["demo"], ["bench"], ["report"], ["tune"], ["sim"], ["sim", "serve"])
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

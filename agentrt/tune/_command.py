@@ -1,0 +1,261 @@
+"""``agentrt tune JOURNAL...``: journals in, a ranked table and a TOML file out."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from ..bench._parallel import Workers
+from ..sim import PRESETS
+from ._fit import Fit, from_journal, from_probe
+from ._search import LOADS, Score, Setting, Twin, combine, neighbours, score
+from ._workload import Observed, load, to_plans
+
+__all__: list[str] = []
+
+WIDTH = 80
+MIN_GAIN = 0.02
+"""The best settings must beat the recorded ones' score by this share to be chosen: the
+twin's calibration is no finer than that."""
+
+
+@dataclass(frozen=True, slots=True)
+class TuneOptions:
+    """What ``agentrt tune`` was asked."""
+
+    journals: Sequence[Path]
+    out: Path = Path("agentrt-tuned.toml")
+    endpoint: str | None = None
+    model: str | None = None
+    preset: str = "h100-8b"
+    replicas: int | None = None
+    sample: int = 200
+    seeds: int = 3
+    top: int = 3
+    workers: Workers = "auto"
+    progress: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TuneResult:
+    """The ranked settings (best first), the recorded one, and how it went."""
+
+    ranked: list[Score]
+    recorded: Setting
+    recorded_known: bool
+    fit: Fit
+    jobs: int
+    sample: int
+    seeds: int
+    replays: int
+    wall_s: float
+    confidence: str
+
+
+def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
+    """Run the whole tune (blocking); writes ``opts.out``."""
+    if opts.preset not in PRESETS:
+        raise ValueError(f"unknown preset {opts.preset!r}; known: {', '.join(PRESETS)}")
+    if opts.sample < 2 or opts.seeds < 1 or opts.top < 1:
+        raise ValueError("--sample must be >= 2, --seeds and --top >= 1")
+    started = time.perf_counter()
+    observed = load(opts.journals)
+    plans = to_plans(observed.reports)
+    engine = PRESETS[opts.preset]
+    if opts.endpoint:
+        engine, fit = from_probe(opts.endpoint, engine, opts.model)
+    else:
+        engine, fit = from_journal(observed.reports, engine)
+    recorded = Setting.of(observed.recorded)
+    replicas = opts.replicas or observed.replicas
+    sample = min(opts.sample, len(plans))
+    seeds = 1 if sample >= len(plans) else opts.seeds
+    coarse_set = neighbours(recorded)
+    fine_max = 2 + opts.top
+    total = (len(coarse_set) * len(LOADS) + 1) + seeds * (fine_max * len(LOADS) + 1)
+    echo(_intro(opts, observed, len(plans), fit, recorded, replicas, sample, seeds))
+    from ..bench._output import progress_bar
+
+    on = sys.stderr.isatty() if opts.progress is None else opts.progress
+    replays = 0
+    with progress_bar(total, enabled=on) as advance:
+
+        def tick() -> None:
+            nonlocal replays
+            replays += 1
+            advance("tune: replays")
+
+        twin = Twin(plans, engine, replicas, sample, opts.workers, tick)
+        # Coarse: one-setting changes, on the middle window.
+        middle = [(1, 3)] if seeds > 1 else [(0, 1)]
+        coarse_out = twin.run(coarse_set, middle)
+        base = next(o for o in coarse_out if o.setting == recorded)
+        coarse = score(coarse_out, base, twin.alone)
+        fine_set = [recorded, combine(recorded, coarse)]
+        fine_set += [s.setting for s in coarse if s.setting != recorded][: opts.top]
+        fine_set = list(dict.fromkeys(fine_set))
+        # Fine: the best few, on ``seeds`` windows spread over the journal.
+        windows = [(i, seeds) for i in range(seeds)]
+        fine_out = twin.run(fine_set, windows)
+        base = next(o for o in fine_out if o.setting == recorded)
+        ranked = score(fine_out, base, twin.alone)
+    result = TuneResult(
+        ranked,
+        recorded,
+        observed.recorded_known,
+        fit,
+        len(plans),
+        sample,
+        seeds,
+        replays,
+        time.perf_counter() - started,
+        _confidence(ranked, recorded),
+    )
+    for line in table(result):
+        echo(line)
+    opts.out.parent.mkdir(parents=True, exist_ok=True)
+    opts.out.write_text(to_toml(result, opts))
+    echo(f"best settings: {opts.out}")
+    return result
+
+
+def _intro(
+    opts: TuneOptions,
+    observed: Observed,
+    jobs: int,
+    fit: Fit,
+    recorded: Setting,
+    replicas: int,
+    sample: int,
+    seeds: int,
+) -> str:
+    calls = sum(len(r.call_reports) for r in observed.reports)
+    lines = [f"agentrt tune: {jobs} jobs, {calls} calls, {replicas} replicas"]
+    if observed.skipped_lines:
+        lines[0] += f" ({observed.skipped_lines} invalid lines skipped)"
+    if fit.source == "journal":
+        err = f", error {fit.error:.0%}" if fit.error is not None else ""
+        lines.append(
+            f"engine: {opts.preset} fitted to {fit.calls} latencies (prefill x"
+            f"{fit.prefill_scale:.2f}, decode x{fit.decode_scale:.2f}{err})"
+        )
+    elif fit.source == "probe":
+        lines.append(f"engine: fitted to a probe of {opts.endpoint}")
+    else:
+        lines.append(f"engine: {opts.preset} as it is (too few calls to fit)")
+    rec = recorded.label() + ("" if observed.recorded_known else " (assumed: Runtime defaults)")
+    lines.append(f"recorded with: {rec}")
+    lines.append(
+        f"replays: {sample} jobs per sample, {seeds} sample(s), loads "
+        + ", ".join(f"{x:g}x" for x in LOADS)
+    )
+    return "\n".join(lines)
+
+
+def _confidence(ranked: list[Score], recorded: Setting) -> str:
+    """How sure the pick is, from the spread of the scores over the samples: ``high``
+    when the best beats the runner-up (or, when it is not the recorded settings, the
+    recorded ones) in every sample, by more than twice the spread on average;
+    ``medium`` by more than the spread; ``low`` otherwise (keep the recorded settings
+    unless the gain is worth it)."""
+    if len(ranked) < 2:
+        return "low"
+    best = ranked[0]
+    other = ranked[1]
+    if best.setting != recorded:
+        other = next((s for s in ranked if s.setting == recorded), other)
+    spread = max(best.spread, other.spread)
+    margin = other.score - best.score
+    pairs = list(zip(best.samples, other.samples, strict=False))
+    if margin > 2 * spread and all(b < o for b, o in pairs):
+        return "high"
+    if margin > spread:
+        return "medium"
+    return "low"
+
+
+def _r(x: float) -> str:
+    return "  -  " if not math.isfinite(x) else f"{x:5.2f}"
+
+
+def table(result: TuneResult) -> list[str]:
+    """The ranked table, 80 columns."""
+    head = f"{'#':>2}  {'settings':<26} {'JCT p50 ratio':^17}  {'JCT p90 ratio':^17}  {'rate':>5}"
+    loads = "  ".join(f"{x:g}x".rjust(5) for x in LOADS)
+    sub = f"{'':>2}  {'':<26} {loads}  {loads}  {'S<=2':>5}"
+    lines = ["", head, sub]
+    for i, s in enumerate(result.ranked, start=1):
+        p50 = "  ".join(_r(s.p50[x]) for x in LOADS)
+        p90 = "  ".join(_r(s.p90[x]) for x in LOADS)
+        mark = "*" if s.setting == result.recorded else " "
+        label = (s.setting.label() + mark)[:26]
+        rate = "  -  " if not math.isfinite(s.rate) else f"{s.rate:4.2f}x"
+        lines.append(f"{i:>2}  {label:<26} {p50}  {p90}  {rate:>5}")
+    best = result.ranked[0] if result.ranked else None
+    lines.append("")
+    lines.append("Ratios to the recorded settings (*), lower is better; rate: the load sustained")
+    lines.append("at p90 stretch <= 2 over the recorded one's (higher is better), loads capped at")
+    lines.append(f"{LOADS[-1]:g}x the observed.")
+    pick = chosen(result)
+    if best is not None and pick is not None:
+        lines.append(
+            f"best: {best.setting.label()}, score {best.score:.3f} +/- {best.spread:.3f} "
+            f"over {len(best.samples)} sample(s); confidence {result.confidence}"
+        )
+        if pick is not best:
+            lines.append(f"chosen: the recorded settings (the best gains under {MIN_GAIN:.0%})")
+    lines.append(f"{result.replays} replays in {result.wall_s:.0f} s")
+    return [line[:WIDTH] if len(line) > WIDTH else line for line in lines]
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def chosen(result: TuneResult) -> Score | None:
+    """The settings to apply: the best, if it beats the recorded ones by
+    :data:`MIN_GAIN`, else the recorded ones."""
+    if not result.ranked:
+        return None
+    best = result.ranked[0]
+    recorded = next((s for s in result.ranked if s.setting == result.recorded), None)
+    if recorded is not None and best.score > recorded.score * (1.0 - MIN_GAIN):
+        return recorded
+    return best
+
+
+def to_toml(result: TuneResult, opts: TuneOptions) -> str:
+    """The chosen settings as ``Runtime`` keyword arguments (docs/tune.md): top-level
+    keys only; a setting at Runtime's default of None (no concurrency limit) is absent."""
+    best = chosen(result)
+    setting = best.setting if best is not None else result.recorded
+    if setting.plain:  # a bare client cannot be configured: keep Runtime's defaults
+        setting = Setting()
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# agentrt tune: the best settings found, as Runtime keyword arguments",
+        f"# {now}; journals: {', '.join(str(p) for p in opts.journals)}",
+        f"# recorded with: {result.recorded.label()}",
+    ]
+    if best is not None:
+        p50 = ", ".join(f"{x:g}x {best.p50[x]:.2f}" for x in LOADS)
+        lines.append(f"# predicted JCT p50 ratio: {p50}")
+        lines.append(
+            f"# score {best.score:.3f} +/- {best.spread:.3f}; confidence {result.confidence}"
+        )
+    lines.append("")
+    for key, value in setting.runtime_kwargs().items():
+        if value is None:
+            lines.append(f"# {key}: none (Runtime's default)")
+        else:
+            lines.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"

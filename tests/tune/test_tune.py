@@ -1,0 +1,156 @@
+"""agentrt tune: a journal recorded on the embedded cluster comes back as the same
+workload, and the command turns it into a ranked table and a TOML file of Runtime
+keyword arguments; bad input is one line."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from agentrt import Runtime
+from agentrt.bench import BenchConfig, run_bench
+from agentrt.bench._plan import Call, JobPlan, SessionPlan
+from agentrt.bench._runner import prepare, replay_part
+from agentrt.cli import main
+from agentrt.tune._search import Setting, TwinConfig
+from agentrt.tune._workload import load, to_plans
+
+
+def _record(tmp: Path, workload: str, jobs: int, client: str = "agentrt:session") -> Path:
+    cfg = BenchConfig(
+        workload=workload,
+        jobs=jobs,
+        rate=0.5,
+        seed=4,
+        replicas=2,
+        clients=(client,),
+        stretch=False,
+        api="http",
+        journal_dir=tmp,
+    )
+    run_bench(cfg, workers=1)
+    (path,) = tmp.glob("journal-*.jsonl")
+    return path
+
+
+def _calls(session: SessionPlan) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for step in session.steps:
+        if isinstance(step, Call):
+            out.append((step.prompt_tokens, step.output_tokens))
+        else:
+            for sub in step.sessions:
+                out.extend(_calls(sub))
+    return out
+
+
+def _shape(session: SessionPlan) -> list[object]:
+    return [
+        "call" if isinstance(s, Call) else [_shape(x) for x in s.sessions] for s in session.steps
+    ]
+
+
+def _waits(session: SessionPlan) -> list[tuple[float, str | None]]:
+    out: list[tuple[float, str | None]] = []
+    for step in session.steps:
+        if isinstance(step, Call):
+            out.append((step.wait_s, step.tool))
+    return out
+
+
+def test_a_recorded_journal_comes_back_as_the_workload(tmp_path: Path) -> None:
+    path = _record(tmp_path, "mixed", 8)
+    original = {p.name: p for p in prepare(BenchConfig(workload="mixed", jobs=8, rate=0.5, seed=4))}
+    observed = load([path])
+    assert observed.recorded_known and observed.replicas == 2
+    assert Setting.of(observed.recorded) == Setting(routing="session_affinity")
+    plans = to_plans(observed.reports)
+    assert len(plans) == 8
+    by_plan = {r.metadata["plan"]: p for r, p in zip(observed.reports, to_plans_unsorted(observed))}
+    first = min(p.arrival_s for p in original.values())
+    for name, plan in by_plan.items():
+        want = original[name]
+        # The same calls (prompt and output tokens, in session order), the same tree.
+        assert sorted(_calls(plan.root)) == sorted(_calls(want.root))
+        assert _shape(plan.root) == _shape(want.root)
+        assert plan.arrival_s == pytest.approx(want.arrival_s - first, abs=1e-6)
+        # The root session's waits, tool or think, as the plan slept them.
+        for (got, tool), (exp, exp_tool) in zip(_waits(plan.root), _waits(want.root), strict=True):
+            assert got == pytest.approx(exp, abs=1e-3)
+            assert (tool is None) == (exp_tool is None or exp == 0)
+
+
+def to_plans_unsorted(observed: object) -> list[JobPlan]:
+    from agentrt.tune._workload import job_plan_root
+
+    reports = observed.reports  # type: ignore[attr-defined]
+    t0 = min(r.arrival_s for r in reports)
+    out = []
+    for i, r in enumerate(reports):
+        root = job_plan_root(r, f"j{i}")
+        assert root is not None
+        out.append(JobPlan(r.name, r.name, r.arrival_s - t0, root))
+    return out
+
+
+def test_the_twin_replays_the_recorded_jcts(tmp_path: Path) -> None:
+    path = _record(tmp_path, "react", 6)
+    observed = load([path])
+    plans = to_plans(observed.reports)
+    recorded = sorted(r.jct_s for r in observed.reports)
+    cfg = TwinConfig(clients=("agentrt:session",), replicas=2, stretch=False, api="http")
+    run = replay_part(cfg, plans, 0)
+    replayed = sorted(r.jct_s for r in run.results)  # type: ignore[union-attr]
+    for got, want in zip(replayed, recorded, strict=True):
+        assert got == pytest.approx(want, rel=0.1)
+
+
+def test_tune_end_to_end_writes_runtime_arguments(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _record(tmp_path, "react", 6)
+    out = tmp_path / "tuned.toml"
+    args = ["tune", str(path), "--out", str(out), "--sample", "4", "--seeds", "2"]
+    assert main([*args, "--workers", "1", "--top", "1"]) == 0
+    text = capsys.readouterr().out
+    table = [line for line in text.splitlines() if str(out) not in line]
+    assert all(len(line) <= 80 for line in table), text
+    assert "session+fcfs*" in text  # the recorded settings, marked
+    assert len([line for line in table if line[:2].strip().isdigit()]) >= 2  # ranked
+    assert "confidence" in text and str(out) in text
+    settings = tomllib.loads(out.read_text())
+    assert set(settings) <= {"routing", "policy", "concurrency", "send_priority", "learn_waits"}
+    assert {"routing", "policy", "send_priority", "learn_waits"} <= set(settings)
+    Runtime(["http://127.0.0.1:9/v1"], **settings)  # the loader's format: Runtime kwargs
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "does not exist"),
+        ("", "no valid job report"),
+        ('not json\n{"job_id": 1}\n', "no valid job report"),
+    ],
+    ids=["missing", "empty", "invalid"],
+)
+def test_bad_journals_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None, needle: str
+) -> None:
+    path = tmp_path / "runs.jsonl"
+    if content is not None:
+        path.write_text(content)
+    assert main(["tune", str(path), "--out", str(tmp_path / "t.toml")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith("agentrt: error:"), err
+    assert needle in err and str(path) in err
+    assert not (tmp_path / "t.toml").exists()
+
+
+def test_bad_options_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "runs.jsonl"
+    path.write_text("")
+    assert main(["tune", str(path), "--sample", "1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "--sample" in err
