@@ -4,6 +4,7 @@ the embedded engine in process, on asyncio and trio."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import anyio
@@ -81,7 +82,7 @@ async def test_a_journal_line_holds_what_a_replay_needs(tmp_path: Path) -> None:
         assert c.idle_s is not None and c.idle_s > 0
     # Each turn resends the whole conversation: it shares the previous prompt but for
     # the last, partly filled 1 KiB block (and the bytes after the messages).
-    for prev, call in zip(main_calls, main_calls[1:], strict=False):
+    for prev, call in itertools.pairwise(main_calls):
         assert prev.prompt_tokens is not None and call.prefix_prev_tokens is not None
         assert 0.7 * prev.prompt_tokens <= call.prefix_prev_tokens <= prev.prompt_tokens
     # The sub-agent starts with the same system prompt as main: shared across sessions.

@@ -68,7 +68,10 @@ def test_a_recorded_journal_comes_back_as_the_workload(tmp_path: Path) -> None:
     assert Setting.of(observed.recorded) == Setting(routing="session_affinity")
     plans = to_plans(observed.reports)
     assert len(plans) == 8
-    by_plan = {r.metadata["plan"]: p for r, p in zip(observed.reports, to_plans_unsorted(observed))}
+    by_plan = {
+        r.metadata["plan"]: p
+        for r, p in zip(observed.reports, to_plans_unsorted(observed), strict=False)
+    }
     first = min(p.arrival_s for p in original.values())
     for name, plan in by_plan.items():
         want = original[name]
