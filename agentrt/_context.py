@@ -214,15 +214,26 @@ class Session:
     """
 
     def __init__(
-        self, job: Job, name: str | None, session_id: str, parent: Session | str | None
+        self,
+        job: Job,
+        name: str | None,
+        session_id: str,
+        parent: Session | str | None,
+        blocks_parent: bool | None = None,
     ) -> None:
         self.job = job
         self.name = name
         self.id = session_id
+        self.root_id: str | None
+        """The session at the root of this session's tree of sub-agents (None: this one)."""
         if isinstance(parent, Session):
             self.parent_id: str | None = parent.id
+            self.root_id = parent.root_id or parent.id
         else:
-            self.parent_id = parent
+            self.parent_id = self.root_id = parent
+        self.blocks_parent = blocks_parent
+        """Whether the parent waits for this sub-agent's result (None: not said)."""
+        self._final_next = False
         self._closed = False
         self._turns = 0
         self._last_reply_at: float | None = None
@@ -273,52 +284,80 @@ class Session:
         """
         self._expect_idle = validate_nonneg(seconds, "expected idle seconds")
 
+    def expect_final(self) -> None:
+        """Declare the session's next call its last: no turn follows its reply.
+
+        It travels with that call (``final`` in docs/protocol.md), so that servers can
+        end the session there: vllm-router ends the program (``expected_resume: false``),
+        Dynamo reads ``X-Dynamo-Session-Final``. ``chat(..., final=True)`` says the same.
+        A later call is still allowed (it is tagged as a new turn).
+        """
+        self._final_next = True
+
     @overload
     async def chat(
-        self, *, stream: Literal[False] | None = ..., **kwargs: Unpack[ChatArgs]
+        self,
+        *,
+        stream: Literal[False] | None = ...,
+        final: bool = ...,
+        **kwargs: Unpack[ChatArgs],
     ) -> ChatCompletion: ...
     @overload
     async def chat(
-        self, *, stream: Literal[True], **kwargs: Unpack[ChatArgs]
+        self, *, stream: Literal[True], final: bool = ..., **kwargs: Unpack[ChatArgs]
     ) -> AsyncStream[ChatCompletionChunk]: ...
     @overload
     async def chat(
-        self, *, stream: bool, **kwargs: Unpack[ChatArgs]
+        self, *, stream: bool, final: bool = ..., **kwargs: Unpack[ChatArgs]
     ) -> ChatCompletion | AsyncStream[ChatCompletionChunk]: ...
-    async def chat(self, **kwargs: Any) -> ChatCompletion | AsyncStream[ChatCompletionChunk]:
+    async def chat(
+        self, *, final: bool = False, **kwargs: Any
+    ) -> ChatCompletion | AsyncStream[ChatCompletionChunk]:
         """``chat.completions.create`` through agentrt, tagged as this session's next turn.
 
         Takes the keyword arguments of ``openai.AsyncOpenAI().chat.completions.create``
         (typed as the installed openai types them). It returns a ``ChatCompletion``, or
         with ``stream=True`` the openai ``AsyncStream`` of chunks; the call's tokens are
-        counted in the job's report either way.
+        counted in the job's report either way. ``final=True`` marks the session's last
+        call (see :meth:`expect_final`).
         """
         result: ChatCompletion | AsyncStream[ChatCompletionChunk]
-        result = await self._call(self.job._core.client.chat.completions.create, kwargs)
+        create = self.job._core.client.chat.completions.create
+        result = await self._call(create, kwargs, final)
         return result
 
     @overload
     async def complete(
-        self, *, stream: Literal[False] | None = ..., **kwargs: Unpack[CompleteArgs]
+        self,
+        *,
+        stream: Literal[False] | None = ...,
+        final: bool = ...,
+        **kwargs: Unpack[CompleteArgs],
     ) -> Completion: ...
     @overload
     async def complete(
-        self, *, stream: Literal[True], **kwargs: Unpack[CompleteArgs]
+        self, *, stream: Literal[True], final: bool = ..., **kwargs: Unpack[CompleteArgs]
     ) -> AsyncStream[Completion]: ...
     @overload
     async def complete(
-        self, *, stream: bool, **kwargs: Unpack[CompleteArgs]
+        self, *, stream: bool, final: bool = ..., **kwargs: Unpack[CompleteArgs]
     ) -> Completion | AsyncStream[Completion]: ...
-    async def complete(self, **kwargs: Any) -> Completion | AsyncStream[Completion]:
+    async def complete(
+        self, *, final: bool = False, **kwargs: Any
+    ) -> Completion | AsyncStream[Completion]:
         """``completions.create`` (the legacy text API) through agentrt; typed and
         returning as :meth:`chat` does."""
         result: Completion | AsyncStream[Completion]
-        result = await self._call(self.job._core.client.completions.create, kwargs)
+        result = await self._call(self.job._core.client.completions.create, kwargs, final)
         return result
 
-    async def _call(self, create: Any, kwargs: dict[str, Any]) -> Any:
+    async def _call(self, create: Any, kwargs: dict[str, Any], final: bool = False) -> Any:
         """One openai call made as this session's turn (the transport finds it here)."""
         self._check_usable()
+        if final.__class__ is not bool:
+            raise TypeError(f"final must be a bool, got {type(final).__name__}")
+        if final:
+            self._final_next = True
         token = _CALL_SESSION.set(self)
         try:
             return await create(**kwargs)
@@ -472,10 +511,12 @@ class Session:
 
     def _begin_turn(
         self, now: float
-    ) -> tuple[int, float | None, float | None, float | None, IdleSource | None]:
-        """Claim the next turn: (turn, idle_s, idle_declared_s, idle_expected_s, and where
-        that came from: declared by ``expect_idle``, or predicted from learned waits)."""
+    ) -> tuple[int, float | None, float | None, float | None, IdleSource | None, bool]:
+        """Claim the next turn: (turn, idle_s, idle_declared_s, idle_expected_s, where
+        that came from: declared by ``expect_idle`` or predicted from learned waits, and
+        whether the caller said it is the session's last)."""
         turn = self._turns
+        final, self._final_next = self._final_next, False
         self._turns += 1
         idle = None if self._last_reply_at is None else max(0.0, now - self._last_reply_at)
         declared, self._idle_declared = self._idle_declared, None
@@ -491,7 +532,7 @@ class Session:
                 if expected is not None:
                     source = "predicted"
             self._last_tools = ()
-        return turn, idle, declared, expected, source
+        return turn, idle, declared, expected, source, final
 
     def _tool_calls(self, names: tuple[str, ...]) -> None:
         """A reply called these tools: the session's next waits are expected to be them."""
@@ -598,12 +639,15 @@ class Job:
         *,
         session_id: str | None = None,
         parent: Session | str | None = None,
+        blocks_parent: bool | None = None,
     ) -> AsyncIterator[Session]:
         """Open a session (a conversation) in this job. Sessions may run concurrently.
 
-        ``parent`` links a sub-agent's session to the session that spawned it.
+        ``parent`` links a sub-agent's session to the session that spawned it;
+        ``blocks_parent`` says whether that parent waits for the sub-agent's result
+        (sent to servers that read it, such as vllm-router's program scheduler).
         """
-        session = self._open_session(name, session_id, parent)
+        session = self._open_session(name, session_id, parent, blocks_parent)
         token = _CURRENT_SESSION.set(session)
         try:
             yield session
@@ -612,10 +656,14 @@ class Job:
             session._close()
 
     def _open_session(
-        self, name: str | None, session_id: str | None, parent: Session | str | None
+        self,
+        name: str | None,
+        session_id: str | None,
+        parent: Session | str | None,
+        blocks_parent: bool | None = None,
     ) -> Session:
         """Open a session without a block (it ends with ``session._close()``)."""
-        session = self._new_session(name, session_id, parent)
+        session = self._new_session(name, session_id, parent, blocks_parent)
         core = self._core
         if core.hooks:
             core.emit(
@@ -630,7 +678,11 @@ class Job:
         return session
 
     def _new_session(
-        self, name: str | None, session_id: str | None, parent: Session | str | None
+        self,
+        name: str | None,
+        session_id: str | None,
+        parent: Session | str | None,
+        blocks_parent: bool | None = None,
     ) -> Session:
         _check_name(name, "session name")
         sid = validate_id(session_id, "session_id") if session_id is not None else new_id("ses")
@@ -638,6 +690,11 @@ class Job:
             validate_id(parent, "parent session id")
         elif parent is not None and not isinstance(parent, Session):
             raise TypeError("parent must be a Session, a session id, or None")
+        if blocks_parent is not None:
+            if blocks_parent.__class__ is not bool:
+                raise TypeError(f"blocks_parent must be a bool, got {type(blocks_parent).__name__}")
+            if parent is None:
+                raise ValueError("blocks_parent is given for a session without a parent")
         if self._closed:
             raise JobClosedError(f"job {self.id!r} has ended; it cannot open a new session")
         self._sessions += 1
@@ -649,7 +706,7 @@ class Job:
                 start_s=anyio.current_time() - self._t0,
             )
         )
-        return Session(self, name, sid, parent)
+        return Session(self, name, sid, parent, blocks_parent)
 
     # -- lifecycle, driven by Runtime.job ----------------------------------------------
 

@@ -770,11 +770,12 @@ class SyncJob:
         *,
         session_id: str | None = None,
         parent: SyncSession | Session | str | None = None,
+        blocks_parent: bool | None = None,
     ) -> Iterator[SyncSession]:
         """Open a session in this job (see :meth:`Job.session`)."""
         if isinstance(parent, SyncSession):
             parent = parent.session
-        session = self.job._new_session(name, session_id, parent)
+        session = self.job._new_session(name, session_id, parent, blocks_parent)
         token = _CURRENT_SESSION.set(session)
         try:
             yield SyncSession(self._srt, session)
@@ -795,7 +796,12 @@ class SyncSession:
         return self.session.id
 
     def expect_idle(self, seconds: float | None) -> None:
+        """Declare the idle time expected after the next reply (see :meth:`Session.expect_idle`)."""
         self.session.expect_idle(seconds)
+
+    def expect_final(self) -> None:
+        """Declare the next call the session's last (see :meth:`Session.expect_final`)."""
+        self.session.expect_final()
 
     def _run(self, fn: Callable[..., Any], **kwargs: Any) -> Any:
         job = self.session.job
@@ -811,15 +817,19 @@ class SyncSession:
 
     @overload
     def chat(
-        self, *, stream: Literal[False] | None = ..., **kwargs: Unpack[ChatArgs]
+        self,
+        *,
+        stream: Literal[False] | None = ...,
+        final: bool = ...,
+        **kwargs: Unpack[ChatArgs],
     ) -> ChatCompletion: ...
     @overload
     def chat(
-        self, *, stream: Literal[True], **kwargs: Unpack[ChatArgs]
+        self, *, stream: Literal[True], final: bool = ..., **kwargs: Unpack[ChatArgs]
     ) -> Iterator[ChatCompletionChunk]: ...
     @overload
     def chat(
-        self, *, stream: bool, **kwargs: Unpack[ChatArgs]
+        self, *, stream: bool, final: bool = ..., **kwargs: Unpack[ChatArgs]
     ) -> ChatCompletion | Iterator[ChatCompletionChunk]: ...
     def chat(self, **kwargs: Any) -> ChatCompletion | Iterator[ChatCompletionChunk]:
         """``chat.completions.create`` through agentrt (see :meth:`Session.chat`)."""
@@ -830,15 +840,19 @@ class SyncSession:
 
     @overload
     def complete(
-        self, *, stream: Literal[False] | None = ..., **kwargs: Unpack[CompleteArgs]
+        self,
+        *,
+        stream: Literal[False] | None = ...,
+        final: bool = ...,
+        **kwargs: Unpack[CompleteArgs],
     ) -> Completion: ...
     @overload
     def complete(
-        self, *, stream: Literal[True], **kwargs: Unpack[CompleteArgs]
+        self, *, stream: Literal[True], final: bool = ..., **kwargs: Unpack[CompleteArgs]
     ) -> Iterator[Completion]: ...
     @overload
     def complete(
-        self, *, stream: bool, **kwargs: Unpack[CompleteArgs]
+        self, *, stream: bool, final: bool = ..., **kwargs: Unpack[CompleteArgs]
     ) -> Completion | Iterator[Completion]: ...
     def complete(self, **kwargs: Any) -> Completion | Iterator[Completion]:
         """``completions.create`` through agentrt (see :meth:`Session.complete`)."""

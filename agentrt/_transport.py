@@ -620,8 +620,8 @@ class _Call:
         self.clock = clock = core.clock
         now = clock()
         after_tools = bool(session._period_tools)  # tool waits since the last call
-        turn, idle_s, declared, expected, source = session._begin_turn(now)
-        self.turn = (turn, idle_s, declared, expected, source, max_out)
+        turn, idle_s, declared, expected, source, final = session._begin_turn(now)
+        self.turn = (turn, idle_s, declared, expected, source, max_out, final)
         call_id = new_id("call")
         self.state = _CallState(
             call_id,
@@ -699,7 +699,8 @@ class _Call:
         session = self.session
         job = session.job
         program = job._program
-        turn, idle_s, declared, expected, source, max_out = self.turn
+        turn, idle_s, declared, expected, source, max_out, final = self.turn
+        deadline = self.ticket.deadline_at
         # Not validated again: the ids were checked when the job and session were made,
         # the numbers are agentrt's own (tests/test_hot_path.py compares the two ways).
         return trusted_model(
@@ -710,6 +711,9 @@ class _Call:
                 "session_id": session.id,
                 "program_id": job.program_id,
                 "parent_session_id": session.parent_id,
+                "root_session_id": session.root_id,
+                "session_name": session.name,
+                "blocks_parent": session.blocks_parent,
                 "turn": turn,
                 "first_turn": turn == 0,
                 "service_s": float(program.service_s),
@@ -720,6 +724,8 @@ class _Call:
                 "idle_declared_s": None if declared is None else float(declared),
                 "priority": priority,
                 "expected_output_tokens": max_out,
+                "final": final,
+                "deadline_s": None if deadline is None else max(0.0, deadline - self.clock()),
                 "echo": dict(echo) if (echo := session.echo) else {},
             },
         )
