@@ -2,9 +2,9 @@
 
 from ._clock import VirtualTimeLoop
 from ._drivers import ClientSpec, Prompts
-from ._parallel import Workers, run_study
+from ._parallel import Workers
 from ._plan import BLOCK_TOKENS, Call, Fanout, JobPlan, SessionPlan
-from ._runner import BenchConfig, BenchResult, ClientResult, run_bench
+from ._runner import BenchConfig, BenchResult, ClientResult, run_bench, run_study
 from ._workloads import WORKLOADS, Arrivals, TraceOptions, make_workload
 
 __all__ = [

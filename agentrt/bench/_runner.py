@@ -4,34 +4,48 @@ On the embedded cluster (the default) every client gets a fresh cluster and the 
 virtual time (:class:`VirtualTimeLoop`), so results do not depend on this machine's noise and
 hours of cluster time take seconds. Against real servers (``endpoints``) it runs in
 wall-clock time.
+
+An embedded run splits into independent replays (:func:`replay_part`: each client, and the
+solo runs, in its own event loop from virtual time 0). A study of many runs
+(:func:`run_study`), or a grid of replays whose jobs the caller makes (:func:`run_parts`),
+runs them one by one or side by side on processes or Ray (``_parallel.py``), with the same
+results.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import pickle
 import re
 import statistics
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal, overload
 
 import anyio
 import httpx
 
 from .._config import redact_userinfo
 from ..sim import PRESETS, Cluster, EngineConfig
-from ._clock import VirtualTimeLoop
+from ._clock import VirtualTimeLoop, every
 from ._drivers import ClientSpec, JobResult, Prompts, make_driver
+from ._parallel import Workers, check_workers, portable, run_replays
 from ._plan import JobPlan
 from ._workloads import Arrivals, TraceOptions, make_workload
 
-if TYPE_CHECKING:
-    from ._parallel import Workers
-
-__all__ = ["BenchConfig", "BenchResult", "ClientResult", "journal_paths", "run_bench"]
+__all__ = [
+    "BenchConfig",
+    "BenchResult",
+    "ClientResult",
+    "journal_paths",
+    "run_bench",
+    "run_parts",
+    "run_study",
+]
 
 
 @dataclass(slots=True)
@@ -322,15 +336,14 @@ class _KVSampler:
         self._used: list[float] = []
         self._cached: list[float] = []
 
-    def _sample(self) -> None:
-        stats = self._cluster.stats()
-        self._used.append(statistics.fmean(s.kv_usage for s in stats))
-        self._cached.append(statistics.fmean(s.gpu_blocks_cached / s.gpu_blocks for s in stats))
+    def _sample(self, n: int = 1) -> None:
+        """Take ``n`` samples of the replicas' state now (it holds until the next event)."""
+        occupancy = [r.engine.kv_occupancy() for r in self._cluster.replicas]
+        self._used.extend([statistics.fmean(u for u, _ in occupancy)] * n)
+        self._cached.extend([statistics.fmean(c for _, c in occupancy)] * n)
 
     async def run(self) -> None:
-        while True:
-            self._sample()
-            await anyio.sleep(self._interval)
+        await every(self._interval, self._sample)
 
     def result(self) -> dict[str, float]:
         self._sample()
@@ -641,8 +654,6 @@ def run_bench(
     extra); the results are the same (see :func:`run_study`). Real servers
     (``cfg.endpoints``) are always run one client after the other, in this process."""
     if not cfg.endpoints:
-        from ._parallel import run_study
-
         (result,) = run_study([cfg], workers=workers, progress=progress)
         return result
     plans = prepare(cfg)
@@ -651,3 +662,231 @@ def run_bench(
     started = time.perf_counter()
     clients = anyio.run(_run_real, cfg, plans, report)
     return bench_result(cfg, plans, clients, time.perf_counter() - started)
+
+
+@dataclass(frozen=True, slots=True)
+class _Replay:
+    """One replay, as a pool worker or a Ray task receives it (with its jobs, pickled)."""
+
+    cfg: BenchConfig
+    part: int
+    jobs_id: str
+    """Names the pickled jobs: a worker that has unpickled them keeps them for the next
+    replay of the same workload."""
+
+
+_jobs_cache: dict[str, list[JobPlan]] = {}
+"""A worker process's last unpickled jobs (replays of the same jobs arrive together)."""
+
+
+def _run_replay(replay: _Replay, jobs: bytes) -> PartResult:
+    """A worker's entry point (a pool process or a Ray task)."""
+    plans = _jobs_cache.get(replay.jobs_id)
+    if plans is None:
+        _jobs_cache.clear()
+        plans = _jobs_cache[replay.jobs_id] = pickle.loads(jobs)
+    try:
+        return replay_part(replay.cfg, plans, replay.part)
+    except Exception as exc:
+        raise portable(exc) from None
+
+
+@dataclass(slots=True)
+class _Run:
+    """One configuration of a study: its jobs, its replays' results, its error."""
+
+    cfg: BenchConfig
+    plans: list[JobPlan] | None = None
+    parts: dict[int, PartResult | BaseException] | None = None
+    error: BaseException | None = None
+    done_s: float = 0.0
+
+
+def run_parts(
+    parts: Sequence[tuple[BenchConfig, list[JobPlan], int]],
+    done: Callable[[int, PartResult | BaseException], None],
+    *,
+    workers: Workers = "auto",
+    progress: Progress | None = None,
+) -> None:
+    """Replay each ``(config, jobs, part)`` of ``parts`` (see :func:`replay_part`:
+    :data:`ALONE` or a client's index): independent replays, in this process (``workers``
+    1, or a single part), on a pool of processes or on Ray; results are the same
+    wherever they run. ``done(index, result or exception)`` is called in this thread as
+    each ends; an exception out of it stops the replays still running and is raised.
+    A jobs list given for several parts (the same object) is pickled once and unpickled
+    once per process. ``progress`` as :func:`run_bench` (in one go as a replay ends, when
+    it ran elsewhere). The entry point for a grid of replays whose jobs are made by the
+    caller; :func:`run_study` runs :class:`BenchConfig` runs through it. Blocking."""
+    where = check_workers(workers)
+    report: Progress = progress or (lambda label: None)
+    if where == 1 or len(parts) <= 1:
+        for index, (cfg, plans, part) in enumerate(parts):
+            try:
+                result: PartResult | BaseException = replay_part(cfg, plans, part, report)
+            except Exception as exc:
+                result = exc
+            done(index, result)
+        return
+
+    def finished(index: int, result: PartResult | BaseException) -> None:
+        cfg, plans, part = parts[index]
+        done(index, result)
+        if not isinstance(result, BaseException):
+            label = part_label(cfg, part)
+            for _ in plans:
+                report(label)
+
+    batch = uuid.uuid4().hex
+    ids: dict[int, str] = {}
+    shared: dict[str, bytes] = {}
+    replays: list[tuple[_Replay, str]] = []
+    for cfg, plans, part in parts:
+        key = ids.get(id(plans))
+        if key is None:
+            key = ids[id(plans)] = f"{batch}-{len(ids)}"
+            shared[key] = pickle.dumps(plans, protocol=pickle.HIGHEST_PROTOCOL)
+        replays.append((_Replay(cfg, part, key), key))
+    run_replays(_run_replay, replays, shared, where, finished)
+
+
+@overload
+def run_study(
+    configs: Sequence[BenchConfig],
+    *,
+    workers: Workers = ...,
+    progress: Progress | None = ...,
+    return_exceptions: Literal[False] = ...,
+) -> list[BenchResult]: ...
+
+
+@overload
+def run_study(
+    configs: Sequence[BenchConfig],
+    *,
+    workers: Workers = ...,
+    progress: Progress | None = ...,
+    return_exceptions: Literal[True],
+) -> list[BenchResult | Exception]: ...
+
+
+@overload
+def run_study(
+    configs: Sequence[BenchConfig],
+    *,
+    workers: Workers = ...,
+    progress: Progress | None = ...,
+    return_exceptions: bool,
+) -> list[BenchResult] | list[BenchResult | Exception]: ...
+
+
+def run_study(
+    configs: Sequence[BenchConfig],
+    *,
+    workers: Workers = "auto",
+    progress: Progress | None = None,
+    return_exceptions: bool = False,
+) -> list[BenchResult] | list[BenchResult | Exception]:
+    """Run every configuration, their replays spread over ``workers``; one result per
+    configuration, in order, the same as ``[run_bench(c) for c in configs]`` except for
+    ``wall_s`` (here: seconds from the study's start to the configuration's last replay).
+
+    Configurations that replay the same jobs (the same workload, jobs, rate, seed, traces,
+    ...) share them: they are made once. Real servers (``endpoints``) run in this process,
+    one configuration after the other, before the rest. ``progress`` is called with the
+    replay's label (``alone`` or the client's name) once per job, as the replay ends when
+    it runs elsewhere. ``return_exceptions``: a configuration that fails (a bad option, an
+    engine error) gives its exception in its place and the others run; otherwise the first
+    error is raised and the replays not yet started are cancelled. Blocking."""
+    where = check_workers(workers)
+    runs = [_Run(cfg) for cfg in configs]
+    _check_journals(configs)
+    made: dict[tuple[object, ...], list[JobPlan]] = {}
+    for run in runs:
+        try:
+            if run.cfg.endpoints:
+                continue
+            key = workload_key(run.cfg)
+            if key not in made:
+                made[key] = prepare(run.cfg)
+            else:
+                check_config(run.cfg)
+            run.plans = made[key]
+        except Exception as exc:
+            if not return_exceptions:
+                raise
+            run.error = exc
+    results: list[BenchResult | Exception] = []
+    for run in runs:  # real servers: wall-clock time, one client at a time, here
+        if run.cfg.endpoints and run.error is None:
+            try:
+                results.append(run_bench(run.cfg, progress))
+            except Exception as exc:
+                if not return_exceptions:
+                    raise
+                run.error = exc
+
+    jobs = [
+        (i, part)
+        for i, run in enumerate(runs)
+        if run.plans is not None and run.error is None
+        for part in sim_parts(run.cfg)
+    ]
+    for run in runs:
+        if run.plans is not None and run.error is None:
+            clear_journals(run.cfg)
+            run.parts = {}
+    started = time.perf_counter()
+
+    def done(index: int, result: PartResult | BaseException) -> None:
+        i, part = jobs[index]
+        run = runs[i]
+        assert run.parts is not None
+        run.parts[part] = result
+        run.done_s = time.perf_counter() - started
+        if isinstance(result, BaseException) and not return_exceptions:
+            raise result
+
+    items = []
+    for i, part in jobs:
+        plans = runs[i].plans
+        assert plans is not None
+        items.append((runs[i].cfg, plans, part))
+    run_parts(items, done, workers=where, progress=progress)
+
+    out: list[BenchResult | Exception] = []
+    real = iter(results)
+    for run in runs:
+        if run.error is not None:
+            out.append(_as_exception(run.error))
+        elif run.cfg.endpoints:
+            out.append(next(real))
+        else:
+            assert run.parts is not None and run.plans is not None
+            failed = [r for p, r in sorted(run.parts.items()) if isinstance(r, BaseException)]
+            if failed:
+                out.append(_as_exception(failed[0]))
+            else:
+                parts = {p: r for p, r in run.parts.items() if not isinstance(r, BaseException)}
+                clients = sim_clients(run.cfg, parts)
+                out.append(bench_result(run.cfg, run.plans, clients, run.done_s))
+    return out
+
+
+def _as_exception(exc: BaseException) -> Exception:
+    return exc if isinstance(exc, Exception) else RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+def _check_journals(configs: Sequence[BenchConfig]) -> None:
+    seen: set[str] = set()
+    for cfg in configs:
+        for path in journal_paths(cfg):
+            if path is None:
+                continue
+            name = str(path.resolve())
+            if name in seen:
+                raise ValueError(
+                    f"two configurations of the study write the journal {path}: give each "
+                    "its own journal_dir"
+                )
+            seen.add(name)

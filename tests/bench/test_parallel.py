@@ -13,6 +13,7 @@ import pytest
 
 from agentrt.bench import BenchConfig, BenchResult, run_bench, run_study
 from agentrt.bench._parallel import default_workers, parse_workers
+from agentrt.bench._runner import ALONE, ClientRun, prepare, run_parts
 from agentrt.cli import main
 
 
@@ -82,6 +83,35 @@ def test_pool_gives_the_results_of_one_by_one() -> None:
 def test_run_bench_on_a_pool_matches_in_process() -> None:
     cfg = grid()[2]
     assert comparable(run_bench(cfg, workers=2)) == comparable(run_bench(cfg))
+
+
+def test_run_parts_replays_a_grid_of_given_jobs() -> None:
+    # The tuner's grid: jobs made by the caller (here: the first four of a workload),
+    # one client per configuration, the solo runs once; pool and one by one agree.
+    cfg, other = grid()[0], grid()[1]
+    plans = prepare(cfg)[:4]
+    parts = [(cfg, plans, ALONE), (cfg, plans, 1), (other, plans, 0)]
+    got: dict[int, dict[int, object]] = {1: {}, 2: {}}
+    for workers in (1, 2):
+        run_parts(parts, lambda i, r, w=workers: got[w].__setitem__(i, r), workers=workers)
+    assert set(got[1]) == set(got[2]) == {0, 1, 2}
+    assert got[1][0] == got[2][0]  # each job's JCT alone
+    for index in (1, 2):
+        one, pooled = got[1][index], got[2][index]
+        assert isinstance(one, ClientRun) and isinstance(pooled, ClientRun)
+        assert len(one.results) == 4 and all(r.status == "ok" for r in one.results)
+        assert without_session_ids(one) == without_session_ids(pooled)
+    alone = got[1][0]
+    assert isinstance(alone, dict) and sorted(alone) == sorted(p.name for p in plans)
+
+
+def without_session_ids(run: ClientRun) -> dict[str, Any]:
+    """A client's run but the session ids (random: drawn afresh by every runtime)."""
+    out = dataclasses.asdict(run)
+    for job in out["results"]:
+        for item in job["calls"] + job["tools"]:
+            item.pop("session_id")
+    return out
 
 
 def test_progress_counts_every_job_of_every_replay() -> None:
