@@ -183,31 +183,135 @@ def default_trace_dir() -> Path:
     return Path("../shared/traces/claude-code")
 
 
+_HASH_KEY: Final = b'"hash_ids":'
+_LIST: Final = "\x00blocks "
+"""What a block list the loader left unparsed reads as: this, then its index."""
+
+
+def _read_trace(path: Path) -> tuple[Any, list[bytes]]:
+    """A trace file's JSON, its block lists (``hash_ids``: most of the file, as a request's
+    list holds its whole context) left as raw bytes, for :class:`_Blocks` to read only the
+    blocks a replay keeps. Each list so left reads as ``_LIST + index`` into the raw lists
+    returned; a list with anything but scalars in it is parsed as JSON, as is the rest."""
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    lists: list[bytes] = []
+    parts: list[bytes] = []
+    pos = 0
+    while (i := raw.find(_HASH_KEY, pos)) >= 0:
+        start = i + len(_HASH_KEY)
+        while raw[start : start + 1] in (b" ", b"\n", b"\r", b"\t"):
+            start += 1
+        end = raw.find(b"]", start)
+        body = raw[start + 1 : end]
+        if (
+            end < 0
+            or raw[start : start + 1] != b"["
+            or raw[i - 1 : i] == b"\\"
+            or b"[" in body
+            or b'"' in body
+            or b"{" in body
+        ):
+            parts.append(raw[pos:start])  # JSON reads it
+            pos = start
+            continue
+        parts.append(raw[pos:start])
+        parts.append(json.dumps(f"{_LIST}{len(lists)}").encode())
+        lists.append(body)
+        pos = end + 1
+    parts.append(raw[pos:])
+    return json.loads(b"".join(parts)), lists
+
+
+class _Blocks:
+    """Reads the blocks a replay keeps of each request's block list, in a session's order.
+
+    A request's context is mostly the previous request's plus what the turn added, so when
+    a list starts with the bytes of the blocks kept from the previous one, those blocks are
+    reused and only the rest is read: the cost follows what each turn adds, not the
+    context's length. The result is what ``tuple(int(h) for h in hashes[:keep])`` gives on
+    the parsed list (a list that is not all integers is parsed as JSON, then so)."""
+
+    __slots__ = ("_cut", "_kept", "_lists", "_prefix")
+
+    def __init__(self, lists: Sequence[bytes]) -> None:
+        self._lists = lists
+        self._prefix = b""
+        """The bytes of the previous list's kept blocks (up to, not with, its comma)."""
+        self._kept: tuple[int, ...] = ()
+        self._cut = 0
+
+    def kept(self, value: Any, scale: float) -> tuple[int, ...]:
+        """The first ``round(len * scale)`` blocks (at least one) of a request's list."""
+        if not (isinstance(value, str) and value.startswith(_LIST)):
+            return self._parsed(value or [], scale)
+        body = self._lists[int(value[len(_LIST) :])]
+        n = body.count(b",") + 1 if body.strip() else 0
+        if not n:
+            return ()
+        keep = min(n, max(1, round(n * scale)))
+        try:
+            return self._read(body, keep)
+        except ValueError:  # not all integers
+            self._prefix, self._kept = b"", ()
+            return self._parsed(json.loads(b"[" + body + b"]"), scale)
+
+    def _read(self, body: bytes, keep: int) -> tuple[int, ...]:
+        prev, cut = self._kept, len(self._prefix)
+        if (
+            prev
+            and keep >= len(prev)
+            and body.startswith(self._prefix)
+            and body[cut : cut + 1] in (b",", b"")
+        ):
+            more = keep - len(prev)
+            if not more:
+                return prev
+            pieces = body[cut + 1 :].split(b",", more)[:more]
+            blocks = prev + tuple(map(int, pieces))
+            self._prefix = body[: cut + 1 + sum(map(len, pieces)) + more - 1]
+        else:
+            pieces = body.split(b",", keep)[:keep]
+            blocks = tuple(map(int, pieces))
+            self._prefix = body[: sum(map(len, pieces)) + keep - 1]
+        self._kept = blocks
+        return blocks
+
+    @staticmethod
+    def _parsed(hashes: Sequence[Any], scale: float) -> tuple[int, ...]:
+        keep = min(len(hashes), max(1, round(len(hashes) * scale))) if hashes else 0
+        return tuple(int(h) for h in hashes[:keep])
+
+
 def _trace_session(
     requests: Sequence[dict[str, Any]],
     name: str,
     namespace: str,
     shared_blocks: int,
     opts: TraceOptions,
+    lists: Sequence[bytes] = (),
 ) -> SessionPlan:
     steps: list[Step] = []
     group: list[SessionPlan] = []
     prev_stop = ""
+    reader = _Blocks(lists)
     for i, req in enumerate(requests):
         if req.get("type") == "subagent":
             sub_name = str(req.get("agent_id") or f"sub{i}")
             group.append(
-                _trace_session(req.get("requests") or [], sub_name, namespace, shared_blocks, opts)
+                _trace_session(
+                    req.get("requests") or [], sub_name, namespace, shared_blocks, opts, lists
+                )
             )
             continue
         if group:
             steps.append(Fanout(tuple(group)))
             group = []
-        hashes = req.get("hash_ids") or []
+        blocks = reader.kept(req.get("hash_ids"), opts.token_scale)
+        keep = len(blocks)
         tokens_in = int(req.get("in") or 0)
         tokens_out = max(1, int(req.get("out") or 1))
         scale = opts.token_scale
-        keep = min(len(hashes), max(1, round(len(hashes) * scale))) if hashes else 0
         tail = max(0, round(tokens_in * scale) - keep * BLOCK_TOKENS)
         tail = min(tail, BLOCK_TOKENS - 1)
         wait = float(req.get("think_time") or 0.0) * opts.time_scale
@@ -217,7 +321,7 @@ def _trace_session(
             Call(
                 wait_s=wait,
                 tool="tool" if prev_stop == "tool_use" else None,
-                blocks=tuple(int(h) for h in hashes[:keep]),
+                blocks=blocks,
                 namespace=namespace,
                 shared_blocks=min(shared_blocks, keep),
                 tail_tokens=tail,
@@ -243,13 +347,14 @@ def claude_code_jobs(opts: TraceOptions) -> list[SessionPlan]:
         files = files[: opts.limit]
     out = []
     for path in files:
-        with gzip.open(path, "rt") as f:
-            data = json.load(f)
+        data, lists = _read_trace(path)
         # The tool definitions and system prompt head every prompt of every session: their
         # blocks are shared across traces (hash ids are otherwise local to a file).
         prefix_tokens = int(data.get("tool_tokens") or 0) + int(data.get("system_tokens") or 0)
         shared = round(prefix_tokens * opts.token_scale) // BLOCK_TOKENS
-        out.append(_trace_session(data.get("requests") or [], "main", path.stem, shared, opts))
+        out.append(
+            _trace_session(data.get("requests") or [], "main", path.stem, shared, opts, lists)
+        )
     return out
 
 

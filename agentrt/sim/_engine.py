@@ -426,6 +426,15 @@ class Engine:
     def num_waiting(self) -> int:
         return self._num_waiting
 
+    def kv_occupancy(self) -> tuple[float, float]:
+        """The used and the cached fractions of the accelerator's KV blocks: ``stats()``'s
+        ``kv_usage`` and ``gpu_blocks_cached / gpu_blocks``, without the snapshot."""
+        kv = self.kv
+        cap = kv.capacity
+        if not cap:
+            return 0.0, 0.0
+        return kv.used / cap, kv.gpu_tree / cap
+
     def stats(self) -> ReplicaStats:
         """A frozen snapshot of the counters."""
         kv = self.kv
