@@ -75,6 +75,48 @@ class AsyncTransport(Protocol):
     async def aclose(self) -> None: ...
 
 
+class TimeoutLike(Protocol):
+    """An ``httpx.Timeout`` or an ``httpx2.Timeout``: each phase's limit in seconds
+    (``None``: none)."""
+
+    @property
+    def connect(self) -> float | None: ...
+    @property
+    def read(self) -> float | None: ...
+    @property
+    def write(self) -> float | None: ...
+    @property
+    def pool(self) -> float | None: ...
+
+
+_PHASES: Final = ("connect", "read", "write", "pool")
+
+
+def _timeout_phases(timeout: object) -> dict[str, float | None]:
+    """The four phases' limits of ``timeout_s``: a number is every phase's but the
+    connect's (10 s); a Timeout of either library gives its own, each checked."""
+    if isinstance(timeout, int | float) and not isinstance(timeout, bool):
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"timeout_s must be a finite number > 0, got {timeout!r}")
+        return {"connect": 10.0, "read": timeout, "write": timeout, "pool": timeout}
+    if type(timeout).__name__ != "Timeout" or not all(hasattr(timeout, p) for p in _PHASES):
+        raise TypeError(
+            "timeout_s must be a number of seconds or an httpx.Timeout (or httpx2.Timeout), "
+            f"got {timeout!r}"
+        )
+    phases: dict[str, float | None] = {}
+    for phase in _PHASES:
+        value = getattr(timeout, phase)
+        if value is not None and not (
+            isinstance(value, int | float) and math.isfinite(value) and value > 0
+        ):
+            raise ValueError(
+                f"timeout_s's {phase} timeout must be a finite number > 0 or None, got {value!r}"
+            )
+        phases[phase] = value
+    return phases
+
+
 PolicySpec = str | Policy | Callable[[], Policy]
 """A policy name (``"fcfs"``, ``"plas"``, ``"atlas"``, ``"mlfq"``, ``"edf"``), a factory
 (e.g. ``lambda: PLAS(starvation_ratio=2.0)``) or, with a single endpoint, an instance."""
@@ -202,6 +244,14 @@ class Runtime:
     each tool's typical wait from the finished ones, to expect a wait whose caller gave
     no ``expected_s`` and to predict a session's idle from the tools its replies call
     (docs/concepts.md, "Expected tool waits").
+
+    ``timeout_s`` bounds each attempt of a call: a number of seconds bounds reading the
+    reply (and writing the request, and waiting for a pooled connection), with 10 s to
+    connect; an ``httpx.Timeout`` (or ``httpx2.Timeout``) sets each phase itself, as
+    openai's clients take it (``None``: no limit). A call's own ``timeout=`` (openai's
+    per-request option) overrides it. ``api_key`` goes to every endpoint without a key
+    of its own; without one, ``rt.openai()`` clients take ``OPENAI_API_KEY`` from the
+    environment, as openai's own do (keyless local servers ignore it).
     """
 
     def __init__(
@@ -216,7 +266,7 @@ class Runtime:
         token_budget: int | None = None,
         send_priority: bool = False,
         retry: Retry = DEFAULT_RETRY,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
+        timeout_s: float | TimeoutLike = DEFAULT_TIMEOUT_S,
         transport: AsyncTransport | None = None,
         on_job_end: Callable[[JobReport], None] | None = None,
         keep_reports: int = 1000,
@@ -232,8 +282,7 @@ class Runtime:
             check_api_key(api_key)
         if not isinstance(retry, Retry):
             raise TypeError("retry must be an agentrt.Retry")
-        if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s > 0):
-            raise ValueError(f"timeout_s must be a finite number > 0, got {timeout_s!r}")
+        timeouts = _timeout_phases(timeout_s)
         if keep_reports < 0:
             raise ValueError("keep_reports must be >= 0")
         if poll_metrics_s is not None and not (
@@ -292,7 +341,7 @@ class Runtime:
         # every client this runtime builds comes from it.
         self._lib: HttpLib = http_lib(transport)
         mod = self._lib.mod
-        self._timeout: Any = mod.Timeout(timeout_s, connect=10.0)
+        self._timeout: Any = mod.Timeout(**timeouts)
         self._owns_inner = transport is None
         # At most 1,000 connections, as openai's own clients: with no cap, thousands of
         # calls at once open as many sockets, overflow a server's accept backlog and time
@@ -589,7 +638,10 @@ class Runtime:
 
         Inside ``job.session(...)`` its calls are that session's turns; outside any
         session each call is counted in an implicit one-call job. Keyword arguments go
-        to ``AsyncOpenAI`` (``max_retries`` is fixed at 0: agentrt retries).
+        to ``AsyncOpenAI`` (``max_retries`` is fixed at 0: agentrt retries). Its API key:
+        ``api_key=`` if given, else the runtime's, else ``OPENAI_API_KEY`` (as openai's
+        clients read it), else none (a placeholder that is never sent); an endpoint's
+        own key or credentials replace it on that endpoint's calls.
         """
         self._check_open()
         kwargs = self._client_kwargs(kwargs)
@@ -608,7 +660,13 @@ class Runtime:
             )
         out = dict(kwargs, max_retries=0)
         out.setdefault("base_url", self._core.endpoints[0].endpoint.url)
-        out.setdefault("api_key", self._core.api_key or PLACEHOLDER_KEY)
+        if "api_key" not in out:
+            key = self._core.api_key
+            if key is None:
+                key = os.environ.get("OPENAI_API_KEY") or None
+                if key is not None:
+                    check_api_key(key, "OPENAI_API_KEY")  # before any request, as ours
+            out["api_key"] = key or PLACEHOLDER_KEY
         return out
 
 

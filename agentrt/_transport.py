@@ -15,6 +15,7 @@ agentrt built (``rt.openai()``, ``rt.http_client()``, ``session.chat``) passes t
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import importlib
 import importlib.metadata
 import json
@@ -23,6 +24,7 @@ import operator
 import random
 import re
 from collections.abc import AsyncIterator, Callable, Collection, Iterator
+from datetime import UTC, datetime
 from functools import cache
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -89,7 +91,7 @@ _NULL_USAGE_FIELD = re.compile(rb',\s*"usage"\s*:\s*null|"usage"\s*:\s*null\s*,'
 """A ``"usage": null`` member of a JSON object, with its comma. Outside a JSON string
 only: inside one a quote is escaped, so ``,"`` and ``"usage":`` cannot occur there."""
 _FINGERPRINT = b'"system_fingerprint"'
-_EVENT_END = re.compile(rb"(\r\n\r\n|\n\n)")
+_EVENT_END = re.compile(rb"(\r\n\r\n|\n\n|\r\r)")
 _TOOL_CALLS_KEY = b'"tool_calls"'
 _NAME_KEY = b'"name"'
 _MAX_TOOL_NAMES = 16
@@ -191,7 +193,11 @@ class _RetryableError(Exception):
         self.endpoint = endpoint
 
 
-def _retry_after(headers: httpx.Headers) -> float | None:
+def _retry_after(headers: httpx.Headers, now: datetime | None = None) -> float | None:
+    """The wait a retryable reply asks for, in seconds: ``retry-after-ms`` (OpenAI's),
+    else ``Retry-After`` as seconds or as an HTTP date (RFC 9110, section 10.2.3; a date
+    in the past asks for no wait); None if absent or unreadable (then the backoff goes
+    as usual). The caller caps it at ``Retry.retry_after_max``."""
     value = headers.get("retry-after-ms")
     if value is not None:
         try:
@@ -204,7 +210,14 @@ def _retry_after(headers: httpx.Headers) -> float | None:
     try:
         return float(value)
     except ValueError:
-        return None  # HTTP-date form: fall back to exponential backoff
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # "-0000": UTC, as HTTP dates are
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
 def _usage_into(report: _CallState, usage: Any) -> None:
@@ -1248,8 +1261,20 @@ class _ObservedStream:
         for usage, text (``capture_content``) and tool names; data that is not a JSON
         object ends the call (:meth:`_malformed`)."""
         data = self._tail + chunk if self._tail else chunk
-        lines = data.split(b"\n")
-        self._tail = lines.pop()
+        if b"\r" in data:
+            # CRLF and a bare CR end a line too (the SSE spec); a CR at the very end may be
+            # the first half of a CRLF, so its line waits for the next chunk.
+            held = data[-1:] == b"\r"
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            lines = data.split(b"\n")
+            if held:
+                lines.pop()  # the empty rest after the held CR
+                self._tail = lines.pop() + b"\r"
+            else:
+                self._tail = lines.pop()
+        else:
+            lines = data.split(b"\n")
+            self._tail = lines.pop()
         for line in lines:
             if line[:5] == b"data:":
                 payload = line[5:].strip()
@@ -1379,11 +1404,15 @@ class _UsageFilter:
 
 
 def _events_end(data: bytes) -> int:
-    """Where the last complete SSE event in ``data`` ends (0: none is complete)."""
+    """Where the last complete SSE event in ``data`` ends (0: none is complete): after
+    its blank line, whose line ends are LF, CRLF or a bare CR."""
     i = data.rfind(b"\n\n")
     end = i + 2 if i >= 0 else 0
     j = data.rfind(b"\r\n\r\n")
-    return j + 4 if j >= 0 and j + 4 > end else end
+    if j >= 0 and j + 4 > end:
+        end = j + 4
+    k = data.rfind(b"\r\r")
+    return k + 2 if k >= 0 and k + 2 > end else end
 
 
 def _usage_chunk(event: bytes) -> dict[str, Any] | None:

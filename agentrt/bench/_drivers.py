@@ -498,9 +498,11 @@ async def _http_chat(
         async with http.stream("POST", url, json=body) as resp:
             resp.raise_for_status()
             async for line in resp.aiter_lines():
-                if ttft is None and line.startswith("data:"):
+                if not line.startswith("data:"):
+                    continue
+                if ttft is None:
                     ttft = anyio.current_time() - start
-                if line.startswith("data: [DONE]"):
+                if line[5:].strip() == "[DONE]":  # "data: [DONE]" or "data:[DONE]" (SSE)
                     break
     else:
         resp = await http.post(url, json=body)
