@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 
 import anyio
+import httpx
 import openai
 import pytest
 
@@ -225,3 +226,36 @@ def test_configure_replaces_its_handler() -> None:
                 root.removeHandler(h)
         root.setLevel(level)
         agentrt._log._console = None
+
+
+async def test_an_endpoint_readmitted_by_a_probe_is_info(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="agentrt")
+    engine = FakeEngine()
+    refusing = True
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "a.test" and refusing:
+            raise httpx.ConnectError("connection refused")
+        return await engine.handle(request)
+
+    urls = ["http://a.test/v1", "http://b.test/v1"]
+    transport = httpx.MockTransport(handle)
+    async with Runtime(urls, transport=transport, routing="round_robin", retry=FAST) as rt:
+        health = rt._core.endpoints[0].health
+        health.probe_interval_s = 0.01  # due at once; the prober wakes every 2 s
+        async with rt.job("j") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+        assert not health.healthy
+        refusing = False
+        for _ in range(400):  # up to 20 s: the prober's next wake-up, on a busy machine
+            if health.healthy:
+                break
+            await anyio.sleep(0.05)
+    lines = [(r.name, r.getMessage()) for r in caplog.records if r.name == "agentrt.health"]
+    assert lines == [
+        (
+            "agentrt.health",
+            f"endpoint {urls[0]} marked down (no connection); probed every 0.01 s until it answers",
+        ),
+        ("agentrt.health", f"endpoint {urls[0]} answered a probe: readmitted"),
+    ]
