@@ -39,10 +39,8 @@ ROUTER_VENV="$ENGINE_DIR/router"
 ROUTER_STAMP="$ROUTER_VENV/.agentrt-router-stamp"
 LITELLM_VERSION="${AGENTRT_LITELLM_VERSION:-1.110.2}"
 LITELLM_VENV="$ENGINE_DIR/litellm"
-LITELLM_STAMP="$LITELLM_VENV/.agentrt-litellm-stamp"
 SGLANG_ROUTER_VERSION="${AGENTRT_SGLANG_ROUTER_VERSION:-0.3.2}"
 SGLANG_ROUTER_VENV="$ENGINE_DIR/sglang-router"
-SGLANG_ROUTER_STAMP="$SGLANG_ROUTER_VENV/.agentrt-sglang-router-stamp"
 VENV_STAMP="$VENV/.agentrt-venv-stamp"
 SETUP_STAMP="$ENGINE_DIR/setup.stamp"
 REMOVE_PKGS=(torchvision torchaudio torchcodec)
@@ -159,15 +157,32 @@ else
     log "vllm-router took $(since "$T3") s"
 fi
 
-# LiteLLM's proxy, for the litellm dialect's integration test. Not litellm[proxy]: that extra
-# pulls litellm-proxy (not on every index) and cloud SDKs; the proxy runs with these. The stamp
-# holds the version; the test looks for it.
-LITELLM_PKGS=("litellm==$LITELLM_VERSION" fastapi uvicorn uvloop starlette pyyaml orjson backoff
-    python-multipart apscheduler pyjwt cryptography websockets redis semver expression
-    fastapi-sso mcp soundfile)
+# The gateways of the dialects' integration tests (tests/integrations/), each in a venv of its
+# own with a stamp holding its version, which the tests look for.
+# install_gateway NAME VERSION VENV CHECK PACKAGE...: (re)install unless CHECK passes.
+install_gateway() {
+    local name="$1" version="$2" venv="$3" check="$4" started
+    shift 4
+    if "$check"; then
+        log "$name $version up to date"
+        return
+    fi
+    started="$(now)"
+    rm -rf "$venv"
+    "$PYTHON" -m venv "$venv"
+    log "pip install $*"
+    "$venv/bin/python" -m pip install --no-input --progress-bar off --prefer-binary "$@" </dev/null
+    printf '%s\n' "$version" >"$venv/.agentrt-$name-stamp"
+    "$check" || { log "$name check failed after install"; exit 1; }
+    log "$name took $(since "$started") s"
+}
+stamped() { [[ -f "$1/.agentrt-$2-stamp" && "$(cat "$1/.agentrt-$2-stamp")" == "$3" ]]; }
+
+# LiteLLM's proxy. Not litellm[proxy]: that extra pulls litellm-proxy (not on every index)
+# and cloud SDKs; the proxy runs with these.
 litellm_ok() {
-    [[ -x "$LITELLM_VENV/bin/litellm" && -f "$LITELLM_STAMP" \
-        && "$(cat "$LITELLM_STAMP")" == "$LITELLM_VERSION" ]] || return 1
+    [[ -x "$LITELLM_VENV/bin/litellm" ]] && stamped "$LITELLM_VENV" litellm "$LITELLM_VERSION" \
+        || return 1
     # find_spec, not import: importing the proxy takes seconds.
     "$LITELLM_VENV/bin/python" - <<'EOF' >/dev/null 2>&1
 import importlib.util, sys
@@ -177,39 +192,18 @@ mods = ("litellm litellm_cli fastapi uvicorn uvloop yaml orjson backoff "
 sys.exit(any(importlib.util.find_spec(m) is None for m in mods))
 EOF
 }
-if litellm_ok; then
-    log "litellm $LITELLM_VERSION up to date"
-else
-    T4="$(now)"
-    rm -rf "$LITELLM_VENV"
-    "$PYTHON" -m venv "$LITELLM_VENV"
-    log "pip install litellm==$LITELLM_VERSION and its proxy's dependencies"
-    "$LITELLM_VENV/bin/python" -m pip install --no-input --progress-bar off --prefer-binary \
-        "${LITELLM_PKGS[@]}" </dev/null
-    printf '%s\n' "$LITELLM_VERSION" >"$LITELLM_STAMP"
-    litellm_ok || { log "litellm proxy check failed after install"; exit 1; }
-    log "litellm took $(since "$T4") s"
-fi
+install_gateway litellm "$LITELLM_VERSION" "$LITELLM_VENV" litellm_ok \
+    "litellm==$LITELLM_VERSION" fastapi uvicorn uvloop starlette pyyaml orjson backoff \
+    python-multipart apscheduler pyjwt cryptography websockets redis semver expression \
+    fastapi-sso mcp soundfile
 
-# SGLang's router (the Model Gateway's wheel), for the sglang dialect's integration test.
+# SGLang's router (the Model Gateway's wheel).
 sglang_router_ok() {
-    [[ -x "$SGLANG_ROUTER_VENV/bin/python" && -f "$SGLANG_ROUTER_STAMP" \
-        && "$(cat "$SGLANG_ROUTER_STAMP")" == "$SGLANG_ROUTER_VERSION" ]] || return 1
+    stamped "$SGLANG_ROUTER_VENV" sglang-router "$SGLANG_ROUTER_VERSION" || return 1
     "$SGLANG_ROUTER_VENV/bin/python" -c 'import sglang_router.sglang_router_rs' >/dev/null 2>&1
 }
-if sglang_router_ok; then
-    log "sglang-router $SGLANG_ROUTER_VERSION up to date"
-else
-    T5="$(now)"
-    rm -rf "$SGLANG_ROUTER_VENV"
-    "$PYTHON" -m venv "$SGLANG_ROUTER_VENV"
-    log "pip install sglang-router==$SGLANG_ROUTER_VERSION"
-    "$SGLANG_ROUTER_VENV/bin/python" -m pip install --no-input --progress-bar off --prefer-binary \
-        "sglang-router==$SGLANG_ROUTER_VERSION" </dev/null
-    printf '%s\n' "$SGLANG_ROUTER_VERSION" >"$SGLANG_ROUTER_STAMP"
-    sglang_router_ok || { log "sglang-router check failed after install"; exit 1; }
-    log "sglang-router took $(since "$T5") s"
-fi
+install_gateway sglang-router "$SGLANG_ROUTER_VERSION" "$SGLANG_ROUTER_VENV" sglang_router_ok \
+    "sglang-router==$SGLANG_ROUTER_VERSION"
 
 T2="$(now)"
 AGENTRT_ENGINE_DIR="$ENGINE_DIR" "$VENV/bin/python" "$REPO/scripts/build_tiny_model.py" \

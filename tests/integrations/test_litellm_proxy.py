@@ -7,8 +7,7 @@ of an embedded simulator, with the router's ``session_affinity`` pre-call check 
 session's calls land on one replica; with agentrt's own header only, the proxy spreads a
 session's calls over both (docs/protocol.md, ``litellm``).
 
-Marked ``engine``: it needs the environment ``scripts/engine_setup.sh`` builds. Without it
-the tests skip with the setup command, except under ``CI=true``, where they fail.
+Marked ``engine``: it needs what ``scripts/engine_setup.sh`` installs (see _gateway.py).
 """
 
 from __future__ import annotations
@@ -19,18 +18,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.integrations._gateway import (
-    READY_TIMEOUT_S,
-    clean_env,
-    find_installed,
-    free_port,
-    replicas_by_session,
-    running,
-    sim_replicas,
-    sticky,
-)
+from tests.integrations import _gateway as gw
 
-pytestmark = [pytest.mark.engine, pytest.mark.anyio, pytest.mark.timeout(READY_TIMEOUT_S + 120)]
+pytestmark = [pytest.mark.engine, pytest.mark.anyio, pytest.mark.timeout(gw.READY_TIMEOUT_S + 120)]
 
 LITELLM_VERSION = "1.110.2"
 """The version scripts/engine_setup.sh installs (AGENTRT_LITELLM_VERSION)."""
@@ -44,9 +34,9 @@ class Proxy:
 
 @pytest.fixture(scope="module")
 def litellm_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
-    binary = find_installed("litellm", "litellm", LITELLM_VERSION)
+    binary = gw.find_installed("litellm", "litellm", LITELLM_VERSION)
     folder = tmp_path_factory.mktemp("litellm")
-    with sim_replicas(folder) as origin:
+    with gw.sim_replicas(folder) as origin:
         deployments = "".join(
             f"  - model_name: m\n    litellm_params:\n      model: openai/m\n"
             f"      api_base: {origin}/replica-{i}/v1\n      api_key: none\n"
@@ -60,16 +50,16 @@ def litellm_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
             + '  optional_pre_call_checks: ["session_affinity"]\n'
         )
         key = "sk-agentrt-test-" + secrets.token_hex(16)
-        port = free_port()
+        port = gw.free_port()
         base = f"http://127.0.0.1:{port}"
         command = [str(binary), f"--config={config}", "--host=127.0.0.1", f"--port={port}"]
-        env = clean_env(
+        env = gw.clean_env(
             LITELLM_MASTER_KEY=key,
             LITELLM_LOCAL_MODEL_COST_MAP="True",  # no network
             LITELLM_TELEMETRY="False",
         )
         # One worker: the session pins live in its memory.
-        with running(
+        with gw.running(
             [*command, "--num_workers=1"],
             folder / "litellm.log",
             f"{base}/health/liveliness",
@@ -80,13 +70,13 @@ def litellm_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
 
 
 async def test_each_session_sticks_to_one_deployment(litellm_proxy: Proxy) -> None:
-    seen = await replicas_by_session(litellm_proxy.url, "litellm", api_key=litellm_proxy.key)
-    assert sticky(seen), seen
+    seen = await gw.replicas_by_session(litellm_proxy.url, "litellm", api_key=litellm_proxy.key)
+    assert gw.sticky(seen), seen
 
 
 async def test_without_the_header_sessions_are_spread(litellm_proxy: Proxy) -> None:
     """The control: the same proxy and load with agentrt's own header only. A session
     stays on one of two replicas by chance with probability 1/8 (3 shuffles after its
     first call); all six do with probability 8^-6."""
-    seen = await replicas_by_session(litellm_proxy.url, "generic", api_key=litellm_proxy.key)
-    assert not sticky(seen), seen
+    seen = await gw.replicas_by_session(litellm_proxy.url, "generic", api_key=litellm_proxy.key)
+    assert not gw.sticky(seen), seen
