@@ -16,8 +16,9 @@ import griffe
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "docs" / "reference"
-NOT_IN_REFERENCE = {"agentrt.cli", "agentrt.__main__"}
-"""Public modules that are commands, not an API (docs/telemetry.md and --help cover them)."""
+NOT_IN_REFERENCE = {"agentrt.cli", "agentrt.__main__", "agentrt.tune"}
+"""Public modules that are commands, not an API (docs/telemetry.md, docs/tune.md and --help
+cover them)."""
 
 
 def _documented_modules() -> set[str]:
