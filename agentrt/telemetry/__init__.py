@@ -19,7 +19,15 @@ from ._events import (
 )
 from ._journal import Journal, JournalWarning, iter_journal, read_journal
 from ._prometheus import PrometheusHook
-from ._report import CallReport, CallStatus, JobReport, JobStatus, ToolReport
+from ._report import (
+    CallReport,
+    CallStatus,
+    IdleCause,
+    JobReport,
+    JobStatus,
+    SessionReport,
+    ToolReport,
+)
 
 __all__ = [
     "AttemptFailed",
@@ -32,6 +40,7 @@ __all__ = [
     "Event",
     "FirstToken",
     "Hook",
+    "IdleCause",
     "JobEnded",
     "JobReport",
     "JobStarted",
@@ -42,6 +51,7 @@ __all__ = [
     "SessionClosed",
     "SessionMoved",
     "SessionOpened",
+    "SessionReport",
     "ToolEnded",
     "ToolReport",
     "ToolStarted",
