@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Literal
 from urllib.parse import unquote, urlsplit
 
 if TYPE_CHECKING:
@@ -100,8 +100,9 @@ class Endpoint:
     ``dialect`` overrides the runtime's dialect for this endpoint; ``api_key`` overrides
     the runtime's key (it never appears in ``repr``, logs or reports); ``weight`` scales
     the endpoint's share of new sessions under load-based routing; ``send_priority``
-    overrides the runtime's ``send_priority`` (engine-level priorities, only for servers
-    started with priority scheduling).
+    overrides the runtime's ``send_priority``: True for a server started with priority
+    scheduling (vLLM's ``--scheduling-policy priority``), False never, ``"auto"`` while
+    its replies advertise ``x-agentrt-accept: priority``.
 
     ``basic_auth`` is a ``(user, password)`` pair sent as HTTP Basic auth (for a server
     behind a proxy that asks for it), in place of the runtime's ``api_key``. Credentials
@@ -114,7 +115,7 @@ class Endpoint:
     dialect: DialectSpec | None = None
     api_key: str | None = field(default=None, repr=False)
     weight: float = 1.0
-    send_priority: bool | None = None
+    send_priority: bool | Literal["auto"] | None = None
     basic_auth: tuple[str, str] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -140,6 +141,13 @@ class Endpoint:
                     "user:password@ in its URL): they are both an Authorization header; "
                     "give one"
                 )
+        if not (self.send_priority is None or isinstance(self.send_priority, bool)) and (
+            self.send_priority != "auto"
+        ):
+            raise ValueError(
+                f"endpoint send_priority must be True, False, 'auto' or None, "
+                f"got {self.send_priority!r}"
+            )
         if isinstance(self.dialect, list):
             object.__setattr__(self, "dialect", tuple(self.dialect))
         if not (isinstance(self.weight, int | float) and math.isfinite(self.weight)) or (

@@ -24,6 +24,7 @@ from ._context import _CURRENT_SESSION, Job, Session
 from ._errors import AgentrtError, RuntimeClosedError
 from ._log import health_log
 from ._notice import Notices, NoticeStatistics
+from ._settings import with_config
 from ._state import PLACEHOLDER_KEY, _Core, _EndpointState
 from ._transport import CLOSED_MESSAGE, HttpLib, http_lib, loop_clock
 from .dialects import DialectOptions, DialectSpec, resolve_dialect
@@ -145,9 +146,10 @@ def _endpoints(
     endpoints: Sequence[str | Endpoint] | str | Endpoint,
     dialect: DialectSpec,
     policy: PolicySpec,
-    concurrency: int | Literal["auto"] | None,
+    concurrency: int | Literal["auto", "engine"] | None,
     token_budget: int | None,
-    send_priority: bool,
+    send_priority: bool | Literal["auto"],
+    polled: bool,
 ) -> list[_EndpointState]:
     if isinstance(endpoints, str | Endpoint):
         endpoints = [endpoints]
@@ -157,9 +159,17 @@ def _endpoints(
     seen: set[str] = set()
     new_policy = _policy_factory(policy, len(endpoints))
     if concurrency is not None and not (
-        concurrency == "auto" or (isinstance(concurrency, int) and concurrency >= 1)
+        concurrency in ("auto", "engine")
+        or (isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency >= 1)
     ):
-        raise ValueError(f"concurrency must be an int >= 1, 'auto' or None, got {concurrency!r}")
+        raise ValueError(
+            f"concurrency must be an int >= 1, 'auto', 'engine' or None, got {concurrency!r}"
+        )
+    if not (isinstance(send_priority, bool) or send_priority == "auto"):
+        raise ValueError(f"send_priority must be True, False or 'auto', got {send_priority!r}")
+    # 'engine' caps only on the engine's queue, which only polled metrics show: without
+    # polling it is no limit at all (and keeps the admission gate's fast path).
+    limit = None if concurrency == "engine" and not polled else concurrency
     if token_budget is not None and not (isinstance(token_budget, int) and token_budget >= 1):
         raise ValueError(f"token_budget must be an int >= 1 or None, got {token_budget!r}")
     for item in endpoints:
@@ -171,16 +181,16 @@ def _endpoints(
         seen.add(ep.url)
         d = resolve_dialect(ep.dialect if ep.dialect is not None else dialect)
         prio = send_priority if ep.send_priority is None else ep.send_priority
-        out.append(
-            _EndpointState(
-                ep,
-                d,
-                EndpointLoad(weight=ep.weight),
-                Admission(new_policy(), make_limit(concurrency), token_budget),
-                EndpointHealth(),
-                DialectOptions(send_priority=prio),
-            )
+        state = _EndpointState(
+            ep,
+            d,
+            EndpointLoad(weight=ep.weight),
+            Admission(new_policy(), make_limit(limit), token_budget),
+            EndpointHealth(),
+            DialectOptions(send_priority=prio is True),
         )
+        state.priority_auto = prio == "auto"
+        out.append(state)
     return out
 
 
@@ -211,13 +221,18 @@ class Runtime:
       rendezvous hashing: processes agree without talking), ``"least_loaded"`` or
       ``"round_robin"``, or a :class:`~agentrt.scheduling.Router`.
     - ``concurrency`` and ``token_budget`` bound what each endpoint has in flight (calls;
-      estimated tokens). ``"auto"`` adapts the call limit from observed latency per token
-      (a gradient limiter). ``None`` (the default) puts no client-side cap: calls go out
-      at once, as from a plain client.
+      estimated tokens). ``"engine"`` (the default) puts no client-side cap until the
+      endpoint's engine reports a waiting queue (seen through ``poll_metrics_s``; without
+      polling it never caps), then caps at about what the engine runs, so the calls it
+      could not run yet wait in the policy's order. ``"auto"`` adapts the call limit from
+      observed latency per token (a gradient limiter). ``None`` never caps: calls go out at
+      once, as from a plain client.
     - ``policy`` orders the calls waiting for room: ``"fcfs"``, ``"plas"``, ``"atlas"``,
       ``"mlfq"`` or ``"edf"``. Its queue level is also what ``send_priority`` passes
-      to engines that accept a priority (only for servers started with priority
-      scheduling; :class:`Endpoint` can override it per endpoint).
+      to engines that accept a priority: ``"auto"`` (the default) to the endpoints whose
+      replies advertise ``x-agentrt-accept: priority``, ``True`` to all (only for servers
+      started with priority scheduling), ``False`` to none; :class:`Endpoint` can
+      override it per endpoint.
 
     Endpoints that fail (connection errors, bursts of 5xx) are marked down, probed in
     the background and readmitted when they answer; their sessions fail over (the move is
@@ -252,19 +267,26 @@ class Runtime:
     per-request option) overrides it. ``api_key`` goes to every endpoint without a key
     of its own; without one, ``rt.openai()`` clients take ``OPENAI_API_KEY`` from the
     environment, as openai's own do (keyless local servers ignore it).
+
+    ``config`` names a TOML file of these keyword arguments (at its top level or in a
+    ``[runtime]`` table), such as the one ``agentrt tune`` writes; without it, the file
+    named by the ``AGENTRT_CONFIG`` environment variable, if set. Arguments passed here
+    win over the file's settings (docs/tune.md, "Applying the settings").
     """
 
+    @with_config
     def __init__(
         self,
         endpoints: Sequence[str | Endpoint] | str | Endpoint,
         *,
+        config: str | os.PathLike[str] | None = None,
         dialect: DialectSpec = "generic",
         api_key: str | None = None,
         routing: str | Router = "session_affinity",
         policy: PolicySpec = "fcfs",
-        concurrency: int | Literal["auto"] | None = None,
+        concurrency: int | Literal["auto", "engine"] | None = "engine",
         token_budget: int | None = None,
-        send_priority: bool = False,
+        send_priority: bool | Literal["auto"] = "auto",
         retry: Retry = DEFAULT_RETRY,
         timeout_s: float | TimeoutLike = DEFAULT_TIMEOUT_S,
         transport: AsyncTransport | None = None,
@@ -291,7 +313,15 @@ class Runtime:
             and poll_metrics_s > 0
         ):
             raise ValueError(f"poll_metrics_s must be a number > 0 or None, got {poll_metrics_s!r}")
-        states = _endpoints(endpoints, dialect, policy, concurrency, token_budget, send_priority)
+        states = _endpoints(
+            endpoints,
+            dialect,
+            policy,
+            concurrency,
+            token_budget,
+            send_priority,
+            polled=poll_metrics_s is not None,
+        )
         for state in states:
             state.authorization = _authorization(state.endpoint, api_key)
         self._core = _Core(states, make_router(routing), retry, api_key)
@@ -458,6 +488,7 @@ class Runtime:
                         e.load.running = signals.running
                         e.load.waiting = signals.waiting
                         e.load.kv_usage = signals.kv_usage
+                        e.admission.engine_signals(signals.running, signals.waiting)
 
     async def _fetch(self, ep: _EndpointState, path: str, *, root: bool = False) -> str | None:
         """GET ``path`` under the endpoint's base URL (``root``: under its origin, where
@@ -681,6 +712,8 @@ class SyncRuntime:
         with agentrt.SyncRuntime(["http://127.0.0.1:8000/v1"]) as rt:
             with rt.job("fix-bug") as job, job.session("main") as s:
                 reply = s.chat(model="m", messages=[...])
+
+    It takes Runtime's keyword arguments, ``config=`` and ``AGENTRT_CONFIG`` included.
     """
 
     def __init__(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 import anyio
@@ -41,6 +41,17 @@ PLACEHOLDER_KEY: Final = "agentrt-no-key"
 refuse to start without one); the transport never sends it."""
 
 
+PRIORITY_FEATURE: Final = "priority"
+"""In ``x-agentrt-accept``: the server schedules by request priority (docs/protocol.md)."""
+
+
+def accepts_feature(value: str | None, feature: str) -> bool:
+    """Whether an ``x-agentrt-accept`` value lists ``feature`` (case-insensitive)."""
+    if not value:
+        return False
+    return any(part.strip().lower() == feature for part in value.split(","))
+
+
 @dataclass(slots=True)
 class _EndpointState:
     endpoint: Endpoint
@@ -62,11 +73,18 @@ class _EndpointState:
     """It refused a notice with 405 or 501: no more are sent, whatever it advertises."""
     authorization: bytes | None = None
     """The ``Authorization`` header its calls carry (see ``_runtime._authorization``)."""
+    priority_auto: bool = False
+    """``send_priority='auto'``: priorities go to it while its replies advertise
+    ``x-agentrt-accept: priority`` (a server that schedules by priority)."""
 
     def accept_header(self, value: str | None) -> None:
         """A successful reply's ``x-agentrt-accept`` value (called when it changes)."""
         self.accept = value
         self.notices = accepts_notice(value) and not self.notices_off
+        if self.priority_auto:
+            on = accepts_feature(value, PRIORITY_FEATURE)
+            if on != self.options.send_priority:
+                self.options = replace(self.options, send_priority=on)
 
     def url_for(self, suffix: str, original: httpx.URL) -> httpx.URL:
         """This endpoint's URL for a request path suffix, keeping the query."""
@@ -111,7 +129,7 @@ class _Core:
         self.retry = retry
         self.api_key = api_key
         self.placeholder_key = PLACEHOLDER_KEY
-        self.send_priority = any(e.options.send_priority for e in endpoints)
+        self.send_priority = any(e.options.send_priority or e.priority_auto for e in endpoints)
         """Whether any endpoint takes engine-level priorities (then calls carry one)."""
         self.prefix_aware = isinstance(router, SessionAffinity) and len(endpoints) > 1
         self.programs: dict[str, _Program] = {}

@@ -776,7 +776,9 @@ class _Call:
                     f"scheduling policy {type(admission.policy).__name__}.classify returned "
                     f"{priority!r}; it must return an int (the queue level, lower first)"
                 )
-            state.priority = priority
+            # Only to an endpoint that takes priorities (send_priority, or 'auto' and it
+            # advertised a priority scheduler).
+            state.priority = priority if ep.options.send_priority else None
         ticket.enqueued_at = -1.0
         if not admission.try_admit(ticket):
             await admission.admit(ticket)

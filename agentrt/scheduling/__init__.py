@@ -8,7 +8,7 @@ from ._health import (
     EndpointHealth,
     HealthStatistics,
 )
-from ._limiter import AIMDLimit, FixedLimit, GradientLimit, Limit, make_limit
+from ._limiter import AIMDLimit, EngineQueueLimit, FixedLimit, GradientLimit, Limit, make_limit
 from ._priority import DEFAULT_LEVELS_S, plas_priority
 from ._queue import ATLAS, EDF, FCFS, MLFQ, PLAS, Policy, Ticket, make_policy
 from ._retention import DEFAULT_RETENTION_SAMPLES, MIN_CACHEABLE_TOKENS, RetentionEstimator
@@ -51,6 +51,7 @@ __all__ = [
     "AdmissionStatistics",
     "EndpointHealth",
     "EndpointLoad",
+    "EngineQueueLimit",
     "EngineSignals",
     "FixedLimit",
     "GradientLimit",

@@ -189,6 +189,18 @@ class Admission:
             self._grant(t)
             event.set()
 
+    def engine_signals(self, running: int | None, waiting: int | None) -> None:
+        """The engine's polled load (requests running and waiting there; None: not
+        reported). A limit that learns from it (``on_signals``, as
+        :class:`~agentrt.scheduling.EngineQueueLimit`) is fed, and waiting calls are
+        admitted if the limit grew."""
+        observe = getattr(self._limit, "on_signals", None)
+        if observe is None:
+            return
+        observe(running, waiting, len(self._events))
+        if self._events:
+            self._dispatch()
+
     def statistics(self) -> AdmissionStatistics:
         """A snapshot of the current state."""
         lim = self._limit

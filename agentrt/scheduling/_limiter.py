@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Literal, Protocol
 
-__all__ = ["AIMDLimit", "FixedLimit", "GradientLimit", "Limit", "make_limit"]
+__all__ = ["AIMDLimit", "EngineQueueLimit", "FixedLimit", "GradientLimit", "Limit", "make_limit"]
 
 
 class Limit(Protocol):
@@ -209,9 +209,74 @@ class AIMDLimit:
         return f"AIMDLimit(limit={self.limit}, min={self._min}, max={self._max})"
 
 
-def make_limit(spec: Limit | int | Literal["auto", "aimd"] | None) -> Limit:
+class EngineQueueLimit:
+    """No limit until the endpoint's engine reports a waiting queue; then about what the
+    engine runs (``concurrency="engine"``, Runtime's default).
+
+    A call an engine cannot run yet waits in the engine's queue, first come, first served;
+    held on the client instead, it waits in agentrt's policy, which knows jobs. Calls are
+    never held while the engine has room, so this cannot throttle throughput the way a
+    fixed cap below the engine's batch does (docs/benchmarks.md: a cap of 4 is 1.11x the
+    JCT of no cap in overload). It learns from the engine's polled metrics
+    (:meth:`on_signals`, fed by ``Runtime(poll_metrics_s=...)``); without them it never
+    limits.
+
+    - The engine reports ``waiting > 0``: the limit becomes its ``running`` count plus
+      ``headroom`` of it (at least one call), so the engine's batch stays full and a few
+      calls wait there, the rest in agentrt's queue.
+    - No waiting at the engine while calls wait in agentrt's queue: the engine has room,
+      the limit grows by ``headroom`` of itself (at least one) per poll.
+    - No waiting anywhere for ``calm_polls`` polls in a row: no limit again.
+    """
+
+    __slots__ = ("_calm", "_calm_polls", "_headroom", "_n")
+
+    def __init__(self, *, headroom: float = 0.125, calm_polls: int = 3) -> None:
+        if not (isinstance(headroom, int | float) and 0.0 <= headroom <= 1.0):
+            raise ValueError(f"headroom must be a fraction in [0, 1], got {headroom!r}")
+        if isinstance(calm_polls, bool) or not isinstance(calm_polls, int) or calm_polls < 1:
+            raise ValueError(f"calm_polls must be an int >= 1, got {calm_polls!r}")
+        self._headroom = headroom
+        self._calm_polls = calm_polls
+        self._n: int | None = None
+        self._calm = 0
+
+    @property
+    def limit(self) -> int | None:
+        return self._n
+
+    def _extra(self, n: int) -> int:
+        return max(1, math.ceil(n * self._headroom))
+
+    def on_sample(self, latency_s: float, tokens: int, in_flight: int, ok: bool) -> None:
+        pass
+
+    def on_signals(self, running: int | None, waiting: int | None, queued: int) -> None:
+        """The engine's polled load (``None``: not reported) and the calls waiting in
+        agentrt's queue for this endpoint."""
+        if running is None or waiting is None:
+            return
+        if waiting > 0:
+            self._calm = 0
+            self._n = running + self._extra(running)
+        elif self._n is not None:
+            if queued > 0:
+                self._calm = 0
+                self._n += self._extra(self._n)
+            else:
+                self._calm += 1
+                if self._calm >= self._calm_polls:
+                    self._n = None
+                    self._calm = 0
+
+    def __repr__(self) -> str:
+        return f"EngineQueueLimit(limit={self._n!r})"
+
+
+def make_limit(spec: Limit | int | Literal["auto", "aimd", "engine"] | None) -> Limit:
     """A limit from a spec: None (unlimited), a positive int (fixed), ``"auto"``
-    (:class:`GradientLimit`), ``"aimd"`` (:class:`AIMDLimit`) or a :class:`Limit`."""
+    (:class:`GradientLimit`), ``"aimd"`` (:class:`AIMDLimit`), ``"engine"``
+    (:class:`EngineQueueLimit`) or a :class:`Limit`."""
     if spec is None or isinstance(spec, int):
         return FixedLimit(spec)
     if isinstance(spec, str):
@@ -219,5 +284,9 @@ def make_limit(spec: Limit | int | Literal["auto", "aimd"] | None) -> Limit:
             return GradientLimit()
         if spec == "aimd":
             return AIMDLimit()
-        raise ValueError(f"unknown limit {spec!r}; choose None, a positive int, 'auto' or 'aimd'")
+        if spec == "engine":
+            return EngineQueueLimit()
+        raise ValueError(
+            f"unknown limit {spec!r}; choose None, a positive int, 'auto', 'aimd' or 'engine'"
+        )
     return spec

@@ -45,6 +45,9 @@ _SSE_HEADERS: Final = [
 ]
 _ACCEPT_HEADER: Final = (b"x-agentrt-accept", b"idle-notice")
 """Advertised on generation replies: this endpoint takes tool-start notices."""
+_ACCEPT_PRIORITY: Final = (b"x-agentrt-accept", b"idle-notice, priority")
+"""The same from a replica that schedules by priority (``send_priority='auto'`` then
+passes priorities to it)."""
 _NOTICE_PATH: Final = "/v1/agentrt/idle"
 """Tool-start notices: ``POST {base URL}/agentrt/idle`` (protocol v2)."""
 _NOTICE_SOURCES: Final = (None, "declared", "learned")
@@ -335,6 +338,7 @@ class ReplicaApp:
         hdr = _headers_dict(headers)
         meta = _agentrt_meta(hdr)
         priority = _priority(body, meta, cfg.scheduling == "priority")
+        accept = _ACCEPT_PRIORITY if cfg.scheduling == "priority" else _ACCEPT_HEADER
         session = body.get("session_id")
         if not isinstance(session, str) or not session:
             session = meta.session_id if meta is not None else hdr.get("x-session-id")
@@ -366,7 +370,7 @@ class ReplicaApp:
             include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
             return Reply(
                 200,
-                [*_SSE_HEADERS, rid_header, _ACCEPT_HEADER],
+                [*_SSE_HEADERS, rid_header, accept],
                 stream=SSEStream(engine, req, prompt, rid, model, chat, include_usage, script),
             )
         try:
@@ -378,7 +382,7 @@ class ReplicaApp:
         if req.status == ABORTED:  # pragma: no cover - only when the engine shuts down
             raise _HTTPError(500, "the request was aborted")
         body_out = _completion_body(req, prompt, rid, model, chat, script)
-        return _json_reply(200, body_out, [rid_header, _ACCEPT_HEADER, _timing(req, entered)])
+        return _json_reply(200, body_out, [rid_header, accept, _timing(req, entered)])
 
 
 def _timing(req: SimRequest, entered: float) -> tuple[bytes, bytes]:

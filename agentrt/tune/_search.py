@@ -66,7 +66,7 @@ class Setting:
             routing if routing in (*ROUTINGS, "hash") else "session_affinity",
             policy if policy in (*POLICIES, "atlas", "edf") else "fcfs",
             concurrency,
-            bool(settings.get("send_priority")),
+            settings.get("send_priority") is True,  # "auto": none to a plain replica
             settings.get("learn_waits") is not False,
         )
 
