@@ -101,6 +101,31 @@ async def test_sglang_sessions_are_closed_on_every_worker() -> None:
 
 
 @pytest.mark.anyio
+async def test_session_ends_carry_the_api_key() -> None:
+    auth: list[str | None] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        auth.append(request.headers.get("authorization"))
+        return httpx.Response(200)
+
+    fake = FakeEngine()
+    mock = httpx.MockTransport(server)
+    async with (
+        sglang_session_ends("http://w.test", api_key="sk-close", transport=mock) as close,
+        vllm_router_session_ends("http://r.test", transport=mock) as finish,
+    ):
+        async with Runtime(
+            [URL], transport=fake.transport(), retry=FAST, dialect=SGLANG, hooks=[close, finish]
+        ) as rt:
+            async with rt.job("j") as job, job.session() as s:
+                await s.chat(model="m", messages=MSG)
+    assert sorted(auth, key=str) == ["Bearer sk-close", None]
+    with pytest.raises(ValueError, match="CR/LF"):
+        async with sglang_session_ends("http://w.test", api_key="sk\r\nx-evil: 1"):
+            pass
+
+
+@pytest.mark.anyio
 async def test_session_end_hooks_check_their_urls() -> None:
     with pytest.raises(ValueError, match="at least one URL"):
         async with sglang_session_ends([]):

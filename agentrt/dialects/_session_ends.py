@@ -72,17 +72,21 @@ async def session_ends(
     *,
     what: str,
     timeout_s: float,
+    api_key: str | None,
     transport: httpx.AsyncBaseTransport | None,
 ) -> AsyncIterator[Hook]:
     """A hook that sends ``request`` to every root of ``urls`` when a session that made a
-    call closes. Ends still pending when the block exits are sent before it returns; a
-    failed request is dropped (the server then expires the session itself)."""
+    call closes (with ``Authorization: Bearer <api_key>`` when given). Ends still pending
+    when the block exits are sent before it returns; a failed request is dropped (the
+    server then expires the session itself)."""
     import anyio
     import httpx
 
+    from .._config import check_api_key
     from ..telemetry._events import CallSent, SessionClosed
 
     roots = _roots(urls, what)
+    headers = {} if api_key is None else {"authorization": f"Bearer {check_api_key(api_key)}"}
     if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s > 0):
         raise ValueError(f"timeout_s must be a finite number > 0, got {timeout_s!r}")
     send, receive = anyio.create_memory_object_stream[str](max_buffer_size=math.inf)
@@ -98,7 +102,10 @@ async def session_ends(
             send.send_nowait(event.session_id)
 
     async def post_ends() -> None:
-        async with httpx.AsyncClient(timeout=timeout_s, transport=transport) as http, receive:
+        async with (
+            httpx.AsyncClient(timeout=timeout_s, headers=headers, transport=transport) as http,
+            receive,
+        ):
             async for session_id in receive:
                 kwargs = request.send_kwargs(session_id)
                 for root in roots:
@@ -123,6 +130,7 @@ def vllm_router_session_ends(
     router_url: str,
     *,
     timeout_s: float = 5.0,
+    api_key: str | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> AbstractAsyncContextManager[Hook]:
     """A hook that tells the vllm-router at ``router_url`` (its root; a trailing ``/v1``
@@ -139,8 +147,9 @@ def vllm_router_session_ends(
     and sends a new session to the worker with the fewest; a session it is never told of
     holds its count for two hours (vllm-router 0.1.17, ``src/policies/sticky_least_loaded.rs``;
     ``src/server.rs``, ``finish_session``). Ends still pending when the block exits are
-    sent before it returns; a failed post is dropped. Async runtimes only: the hook must
-    run on this block's event loop.
+    sent before it returns; a failed post is dropped. ``api_key``, for a router started
+    with one, goes in ``Authorization: Bearer``. Async runtimes only: the hook must run on
+    this block's event loop.
     """
     if not isinstance(router_url, str):
         raise TypeError(f"router_url must be a str, got {type(router_url).__name__}")
@@ -149,6 +158,7 @@ def vllm_router_session_ends(
         _FINISH_SESSION,
         what="router_url",
         timeout_s=timeout_s,
+        api_key=api_key,
         transport=transport,
     )
 
@@ -157,6 +167,7 @@ def sglang_session_ends(
     server_urls: str | Sequence[str],
     *,
     timeout_s: float = 5.0,
+    api_key: str | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> AbstractAsyncContextManager[Hook]:
     """A hook that closes each agentrt session on the SGLang server(s) at ``server_urls``
@@ -165,13 +176,15 @@ def sglang_session_ends(
     Use it with ``sglang_dialect(send_session_id=True)`` against servers started with
     ``--enable-session-radix-cache`` (SGLang 0.5.15 or later): each session's KV stays
     referenced (evicted after unreferenced KV) until it is closed. Behind the Model Gateway,
-    list every worker's URL: a worker that never saw the session ignores the close. Use
-    it as an async context manager, as :func:`vllm_router_session_ends`.
+    list every worker's URL: a worker that never saw the session ignores the close.
+    ``api_key``, for servers started with ``--api-key``, goes in ``Authorization: Bearer``.
+    Use it as an async context manager, as :func:`vllm_router_session_ends`.
     """
     return session_ends(
         server_urls,
         _CLOSE_SESSION,
         what="server_urls",
         timeout_s=timeout_s,
+        api_key=api_key,
         transport=transport,
     )
