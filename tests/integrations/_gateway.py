@@ -132,7 +132,9 @@ async def replicas_by_session(
     async with Runtime(url, dialect=dialect, api_key=api_key) as rt:
 
         async def session(index: int) -> None:
-            async with job.session(f"agent-{index}", session_id=f"{dialect}-{index}") as s:
+            # Letters, digits and '-' only: LiteLLM reads some headers only with such values.
+            sid = re.sub(r"[^a-z0-9]+", "-", f"{dialect}-{index}")
+            async with job.session(f"agent-{index}", session_id=sid) as s:
                 history = [{"role": "user", "content": f"task {index}: " + "step " * 50}]
                 for _ in range(TURNS):
                     reply = await s.chat(model="m", messages=history, max_tokens=4)

@@ -74,6 +74,16 @@ async def test_each_session_sticks_to_one_deployment(litellm_proxy: Proxy) -> No
     assert gw.sticky(seen), seen
 
 
+async def test_a_generic_session_header_sticks_too(litellm_proxy: Proxy) -> None:
+    """LiteLLM 1.110 also reads a bare ``x-session-id`` (sent by opencode) when its value
+    is 8 or more letters, digits, '_' or '-' (``get_chain_id_from_headers``): the generic
+    ``session-header`` dialect works through it as well."""
+    seen = await gw.replicas_by_session(
+        litellm_proxy.url, "session-header:x-session-id", api_key=litellm_proxy.key
+    )
+    assert gw.sticky(seen), seen
+
+
 async def test_without_the_header_sessions_are_spread(litellm_proxy: Proxy) -> None:
     """The control: the same proxy and load with agentrt's own header only. A session
     stays on one of two replicas by chance with probability 1/8 (3 shuffles after its
