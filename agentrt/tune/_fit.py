@@ -7,7 +7,8 @@ each call's prefill seconds and decode seconds as if it ran alone; a non-negativ
 prefill`` over the streamed ones) scales the preset's prefill terms by ``p`` and its
 decode terms by ``d``, and puts what is left of ``fixed`` in ``request_overhead_s``.
 Calls slowed by load (queueing, large batches) would inflate the fit, so it is refitted
-twice on the calls at or below the fit (the lower envelope: the engine nearly idle).
+on the fastest quarter of the calls relative to the fit (the lower envelope: the engine
+nearly idle).
 
 From ``--endpoint``: :func:`agentrt.sim.probe_engine` measures the idle engine and
 :func:`agentrt.sim.calibrate` fits the whole cost model.
@@ -66,9 +67,12 @@ def _features(engine: EngineConfig, prompt: int, cached: int, output: int) -> tu
 def from_journal(reports: Sequence[JobReport], engine: EngineConfig) -> tuple[EngineConfig, Fit]:
     """``engine`` with its costs fitted to the journal's call latencies."""
     rows: list[tuple[float, float, float, float]] = []  # (fixed, prefill, decode, seconds)
+    quiet = _quiet_calls(reports)
     for r in reports:
         for c in r.call_reports:
             if c.status != "ok" or not c.latency_s or c.prompt_tokens is None:
+                continue
+            if quiet is not None and c.call_id not in quiet:
                 continue
             latency = c.latency_s - c.queue_s
             out = c.completion_tokens or 1
@@ -88,7 +92,7 @@ def from_journal(reports: Sequence[JobReport], engine: EngineConfig) -> tuple[En
         # Relative errors: each row weighted by 1 / its seconds.
         coef = _nnls([[f / row[3] for f in row[:3]] for row in kept], [1.0] * len(kept))
         ratios = [row[3] / max(1e-12, _predict(coef, row)) for row in rows]
-        cut = statistics.median(ratios)
+        cut = sorted(ratios)[len(ratios) // 4]  # the fastest quarter: nearly idle
         low = [row for row, q in zip(rows, ratios, strict=True) if q <= cut]
         if len(low) >= MIN_CALLS:
             kept = low
@@ -107,6 +111,37 @@ def from_journal(reports: Sequence[JobReport], engine: EngineConfig) -> tuple[En
     errors = [abs(row[3] / max(1e-12, _predict(coef, row)) - 1.0) for row in kept]
     fit = Fit("journal", p, d, overhead, statistics.median(errors), len(rows))
     return engine.replace(cost=fitted, request_overhead_s=overhead), fit
+
+
+def _quiet_calls(reports: Sequence[JobReport]) -> set[str] | None:
+    """The calls that started with the fewest others in flight at their endpoint (the
+    quietest quarter, from the jobs' ``arrival_s``): batching slows the others down. None
+    when the journal has no arrivals (then all calls are used)."""
+    if any(r.arrival_s is None for r in reports):
+        return None
+    events: dict[str | None, list[tuple[float, int, str]]] = {}
+    for r in reports:
+        t0 = r.arrival_s or 0.0
+        for c in r.call_reports:
+            if c.latency_s is None:
+                continue
+            start = t0 + c.start_s + c.queue_s
+            lane = events.setdefault(c.endpoint, [])
+            lane.append((start, 1, c.call_id))
+            lane.append((t0 + c.start_s + c.latency_s, -1, c.call_id))
+    busy: list[tuple[int, str]] = []
+    for lane in events.values():
+        lane.sort(key=lambda e: (e[0], e[1]))  # ends before starts at the same time
+        running = 0
+        for _, delta, call_id in lane:
+            if delta > 0:
+                busy.append((running, call_id))
+            running += delta
+    if len(busy) < 4 * MIN_CALLS:
+        return None
+    busy.sort()
+    cut = busy[len(busy) // 4][0]
+    return {call_id for n, call_id in busy if n <= cut}
 
 
 def _predict(coef: Sequence[float], row: tuple[float, float, float, float]) -> float:

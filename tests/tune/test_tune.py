@@ -14,6 +14,8 @@ from agentrt.bench import BenchConfig, run_bench
 from agentrt.bench._plan import Call, JobPlan, SessionPlan
 from agentrt.bench._runner import prepare, replay_part
 from agentrt.cli import main
+from agentrt.sim import PRESETS, CostModel
+from agentrt.tune._fit import from_journal
 from agentrt.tune._search import Setting, TwinConfig
 from agentrt.tune._workload import load, to_plans
 
@@ -157,3 +159,37 @@ def test_bad_options_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["tune", str(path), "--sample", "1"]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "--sample" in err
+
+
+def test_the_engine_is_calibrated_to_the_journals_latencies(tmp_path: Path) -> None:
+    base = PRESETS["h100-8b"]
+    c = base.cost
+    # Recorded on an engine whose prefill is twice and whose decode half the preset's.
+    slower = base.replace(
+        cost=CostModel(
+            step_s=c.step_s * 0.5,
+            prefill_token_s=c.prefill_token_s * 2,
+            decode_seq_s=c.decode_seq_s * 0.5,
+            decode_context_token_s=c.decode_context_token_s * 0.5,
+            prefill_pair_s=c.prefill_pair_s * 2,
+        )
+    )
+    cfg = TwinConfig(
+        workload="react",
+        jobs=8,
+        rate=0.5,
+        seed=5,
+        replicas=2,
+        clients=("agentrt:session",),
+        stretch=False,
+        api="http",
+        journal_dir=tmp_path,
+        engine=slower,
+    )
+    run_bench(cfg, workers=1)
+    (path,) = tmp_path.glob("journal-*.jsonl")
+    engine, fit = from_journal(load([path]).reports, base)
+    assert fit.source == "journal"
+    assert fit.prefill_scale == pytest.approx(2.0, rel=0.2)
+    assert fit.decode_scale == pytest.approx(0.5, rel=0.2)
+    assert engine.cost.prefill_token_s == pytest.approx(c.prefill_token_s * fit.prefill_scale)
