@@ -1,4 +1,4 @@
-"""The ``agentrt`` command: ``demo``, ``bench``, ``report`` and ``sim serve``.
+"""The ``agentrt`` command: ``demo``, ``bench``, ``report``, ``tune`` and ``sim serve``.
 
 Only the standard library is imported up front, so ``agentrt --help`` starts fast; each
 subcommand imports what it needs when it runs. Errors are one line on stderr (exit status
