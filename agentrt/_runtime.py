@@ -866,7 +866,10 @@ class SyncJob:
         """Open a session in this job (see :meth:`Job.session`)."""
         if isinstance(parent, SyncSession):
             parent = parent.session
-        session = self.job._new_session(name, session_id, parent, blocks_parent)
+        # Made on the runtime's event loop thread, whose clock stamps its start.
+        session = self._srt._call(
+            partial(self.job._new_session, name, session_id, parent, blocks_parent)
+        )
         token = _CURRENT_SESSION.set(session)
         try:
             yield SyncSession(self._srt, session)
