@@ -96,8 +96,13 @@ def test_the_home_page_is_the_readme_with_working_links() -> None:
     spec.loader.exec_module(hooks)
     index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
     assert hooks.INCLUDE in index.splitlines()
-    home = hooks.readme_for_site()
+    repo = "https://example.org/repo"
+    home = hooks.readme_for_site(repo)
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert home.count("```") == readme.count("```")  # the quick start and example, whole
-    links = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", home)
+    links = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", home)  # relative: into docs/
     assert links and all((ROOT / "docs" / link).is_file() for link in links), links
+    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", readme):
+        if not target.startswith("docs/"):  # another file of the repository
+            assert f"]({repo}/blob/main/{target})" in home
+            assert (ROOT / target).exists(), target
