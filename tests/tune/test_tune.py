@@ -4,6 +4,7 @@ keyword arguments; bad input is one line."""
 
 from __future__ import annotations
 
+import pickle
 import tomllib
 from pathlib import Path
 
@@ -12,11 +13,11 @@ import pytest
 from agentrt import Runtime
 from agentrt.bench import BenchConfig, run_bench
 from agentrt.bench._plan import Call, JobPlan, SessionPlan
-from agentrt.bench._runner import prepare, replay_part
+from agentrt.bench._runner import ClientRun, prepare, replay_part
 from agentrt.cli import main
 from agentrt.sim import PRESETS, CostModel
 from agentrt.tune._fit import from_journal
-from agentrt.tune._search import Setting, TwinConfig
+from agentrt.tune._search import Setting, TwinConfig, replay
 from agentrt.tune._workload import load, to_plans
 
 
@@ -193,3 +194,16 @@ def test_the_engine_is_calibrated_to_the_journals_latencies(tmp_path: Path) -> N
     assert fit.prefill_scale == pytest.approx(2.0, rel=0.2)
     assert fit.decode_scale == pytest.approx(0.5, rel=0.2)
     assert engine.cost.prefill_token_s == pytest.approx(c.prefill_token_s * fit.prefill_scale)
+
+
+def test_a_replay_travels_to_a_pool_worker(tmp_path: Path) -> None:
+    """What a pool worker receives (its description and the pickled jobs) pickles, and
+    gives the replay's result as in this process."""
+    path = _record(tmp_path, "react", 3)
+    plans = to_plans(load([path]).reports)
+    cfg = TwinConfig(clients=("agentrt:session",), replicas=2, stretch=False, api="http")
+    description = pickle.loads(pickle.dumps((cfg, 0, "k")))
+    got = replay(description, pickle.dumps(plans))
+    want = replay_part(cfg, plans, 0)
+    assert isinstance(got, ClientRun) and isinstance(want, ClientRun)
+    assert [r.jct_s for r in got.results] == [r.jct_s for r in want.results]
