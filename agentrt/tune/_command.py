@@ -77,7 +77,10 @@ def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
     seeds = 1 if sample >= len(plans) else opts.seeds
     coarse_set = neighbours(recorded)
     fine_max = 2 + opts.top
-    total = (len(coarse_set) * len(LOADS) + 1) + seeds * (fine_max * len(LOADS) + 1)
+    # (the fine round skips the coarse window's replays of the recorded and top settings)
+    kept = min(opts.top, len(coarse_set) - 1) + 1
+    total = len(coarse_set) * len(LOADS) + 1 + seeds * (fine_max * len(LOADS) + 1)
+    total -= kept * len(LOADS) + 1
     echo(_intro(opts, observed, len(plans), fit, recorded, replicas, sample, seeds))
     from ..bench._output import progress_bar
 
@@ -91,8 +94,8 @@ def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
             advance("tune: replays")
 
         twin = Twin(plans, engine, replicas, sample, opts.workers, tick)
-        # Coarse: one-setting changes, on the middle window.
-        middle = [(1, 3)] if seeds > 1 else [(0, 1)]
+        # Coarse: one-setting changes, on one of the fine round's windows (the middle).
+        middle = [(seeds // 2, seeds)]
         coarse_out = twin.run(coarse_set, middle)
         base = next(o for o in coarse_out if o.setting == recorded)
         coarse = score(coarse_out, base, twin.alone)
