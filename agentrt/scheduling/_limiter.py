@@ -10,6 +10,7 @@ when the engine's batch gets too large (see ``docs/scheduling.md``).
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import Literal, Protocol
 
 __all__ = ["AIMDLimit", "EngineQueueLimit", "FixedLimit", "GradientLimit", "Limit", "make_limit"]
@@ -221,21 +222,26 @@ class EngineQueueLimit:
     (:meth:`on_signals`, fed by ``Runtime(poll_metrics_s=...)``); without them it never
     limits.
 
-    - The engine reports ``waiting > 0``: the limit becomes its ``running`` count plus
-      ``headroom`` of it (at least one call), so the engine's batch stays full and a few
-      calls wait there, the rest in agentrt's queue.
+    - The engine reports ``waiting > 0``: the limit becomes its batch (the most it ran
+      over the last ``window`` polls: a poll can land between two steps, when arrivals
+      wait and few run) plus ``headroom`` of it (at least one call), so the engine's batch
+      stays full and a few calls wait there, the rest in agentrt's queue. A queue with
+      nothing run yet is not a full batch: no limit from it.
     - No waiting at the engine while calls wait in agentrt's queue: the engine has room,
       the limit grows by ``headroom`` of itself (at least one) per poll.
     - No waiting anywhere for ``calm_polls`` polls in a row: no limit again.
     """
 
-    __slots__ = ("_calm", "_calm_polls", "_headroom", "_n")
+    __slots__ = ("_calm", "_calm_polls", "_headroom", "_n", "_recent")
 
-    def __init__(self, *, headroom: float = 0.125, calm_polls: int = 3) -> None:
+    def __init__(self, *, headroom: float = 0.125, calm_polls: int = 3, window: int = 8) -> None:
         if not (isinstance(headroom, int | float) and 0.0 <= headroom <= 1.0):
             raise ValueError(f"headroom must be a fraction in [0, 1], got {headroom!r}")
         if isinstance(calm_polls, bool) or not isinstance(calm_polls, int) or calm_polls < 1:
             raise ValueError(f"calm_polls must be an int >= 1, got {calm_polls!r}")
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be an int >= 1, got {window!r}")
+        self._recent: deque[int] = deque(maxlen=window)
         self._headroom = headroom
         self._calm_polls = calm_polls
         self._n: int | None = None
@@ -256,9 +262,11 @@ class EngineQueueLimit:
         agentrt's queue for this endpoint."""
         if running is None or waiting is None:
             return
-        if waiting > 0:
+        self._recent.append(running)
+        batch = max(self._recent)
+        if waiting > 0 and batch > 0:
             self._calm = 0
-            self._n = running + self._extra(running)
+            self._n = batch + self._extra(batch)
         elif self._n is not None:
             if queued > 0:
                 self._calm = 0
