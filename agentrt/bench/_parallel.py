@@ -35,7 +35,7 @@ Workers = int | Literal["auto", "ray"]
 """Where a study's replays run: N processes (1: one by one in this process), ``"auto"``
 (one process per core) or ``"ray"``."""
 
-RAY_MISSING: Final = "running replays on Ray needs the ray extra: pip install 'agentrt[ray]'"
+RAY_MISSING: Final = "running replays on Ray needs the ray extra: pip install 'agentjct[ray]'"
 
 D = TypeVar("D")
 R = TypeVar("R")
