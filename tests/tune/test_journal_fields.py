@@ -66,7 +66,7 @@ async def test_a_journal_line_holds_what_a_replay_needs(tmp_path: Path) -> None:
         "policy": "plas",
         "concurrency": 4,
         "token_budget": None,
-        "send_priority": False,
+        "send_priority": "auto",  # Runtime's default
         "learn_waits": True,
         "endpoints": 2,
     }
