@@ -78,3 +78,10 @@ async def openai_client(rt: agentrt.Runtime) -> str | None:
             model="m", messages=[{"role": "user", "content": "hi"}]
         )
     return reply.choices[0].message.content
+
+
+def configured(path: str) -> agentrt.Runtime:
+    """A settings file, with an explicit argument that wins over it."""
+    return agentrt.Runtime(
+        ["http://127.0.0.1:8000/v1"], config=path, concurrency="engine", send_priority="auto"
+    )
