@@ -231,6 +231,14 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
         "--top", type=int, default=3, metavar="N", help="coarse settings kept for the fine round"
     )
     p.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        metavar="JOBS",
+        help="jobs replayed before each window to load the cluster, not counted "
+        "(default: a third of --sample)",
+    )
+    p.add_argument(
         "--workers",
         type=_workers,
         default="auto",
@@ -635,6 +643,7 @@ def _tune(args: argparse.Namespace) -> int:
         sample=args.sample,
         seeds=args.seeds,
         top=args.top,
+        warmup=args.warmup,
         workers=args.workers,
     )
     tune(opts)

@@ -37,6 +37,8 @@ class TuneOptions:
     sample: int = 200
     seeds: int = 3
     top: int = 3
+    warmup: int | None = None
+    """Jobs replayed before each window, not counted (None: a third of ``sample``)."""
     workers: Workers = "auto"
     progress: bool | None = None
 
@@ -63,6 +65,8 @@ def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
         raise ValueError(f"unknown preset {opts.preset!r}; known: {', '.join(PRESETS)}")
     if opts.sample < 2 or opts.seeds < 1 or opts.top < 1:
         raise ValueError("--sample must be >= 2, --seeds and --top >= 1")
+    if opts.warmup is not None and opts.warmup < 0:
+        raise ValueError(f"--warmup must be 0 or more, got {opts.warmup}")
     started = time.perf_counter()
     observed = load(opts.journals)
     plans = to_plans(observed.reports)
@@ -93,7 +97,8 @@ def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
             replays += 1
             advance("tune: replays")
 
-        twin = Twin(plans, engine, replicas, sample, opts.workers, tick)
+        warmup = sample // 3 if opts.warmup is None else opts.warmup
+        twin = Twin(plans, engine, replicas, sample, opts.workers, tick, warmup=warmup)
         # Coarse: one-setting changes, on one of the fine round's windows (the middle).
         middle = [(seeds // 2, seeds)]
         coarse_out = twin.run(coarse_set, middle)

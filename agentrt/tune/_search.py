@@ -205,6 +205,8 @@ class Twin:
     """Per sample: each job's JCT alone on an idle cluster."""
     done: dict[tuple[Setting, int, int, float], dict[str, float]] = field(default_factory=dict)
     """Replays run so far, by (setting, window index, windows, load): their JCTs."""
+    warmup: int = 0
+    """Jobs replayed before each window (not counted), so that it starts loaded."""
 
     def _cfg(self, spec: str, stretch: bool = False) -> TwinConfig:
         return TwinConfig(
@@ -216,8 +218,8 @@ class Twin:
             engine=self.engine,
         )
 
-    def jobs(self, index: int, count: int) -> list[JobPlan]:
-        return window(self.plans, self.sample, index, count)
+    def jobs(self, index: int, count: int) -> tuple[list[JobPlan], set[str]]:
+        return window(self.plans, self.sample, index, count, self.warmup)
 
     def run(self, settings: Sequence[Setting], samples: Sequence[tuple[int, int]]) -> list[Outcome]:
         """Replay every setting on every sample (``(index, count)`` windows) at every
@@ -225,11 +227,13 @@ class Twin:
         replays: list[tuple[tuple[TwinConfig, int, str], str]] = []
         shared: dict[str, bytes] = {}
         keys: list[tuple[int, int, float]] = []  # (setting, sample, load); -1: alone
+        counted: dict[int, set[str]] = {}
         for index, count in samples:
-            plans = self.jobs(index, count)
+            plans, counted[index] = self.jobs(index, count)
             if index not in self.alone:
                 key = f"a{index}-{count}"
-                shared[key] = pickle.dumps(plans, protocol=pickle.HIGHEST_PROTOCOL)
+                mine = [p for p in plans if p.name in counted[index]]
+                shared[key] = pickle.dumps(mine, protocol=pickle.HIGHEST_PROTOCOL)
                 replays.append(((self._cfg("agentrt:session"), ALONE, key), key))
                 keys.append((-1, index, 1.0))
             for load in LOADS:
@@ -259,7 +263,10 @@ class Twin:
                 self.alone[sample] = result
             else:
                 assert isinstance(result, ClientRun)
-                jct = {r.name: r.jct_s for r in result.results if r.status == "ok"}
+                names = counted[sample]
+                jct = {
+                    r.name: r.jct_s for r in result.results if r.status == "ok" and r.name in names
+                }
                 outcomes[k].jct[(sample, load)] = jct
                 self.done[(outcomes[k].setting, sample, counts[sample], load)] = jct
             self.progress()

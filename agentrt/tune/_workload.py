@@ -309,14 +309,20 @@ def scale_arrivals(plans: Sequence[JobPlan], load: float) -> list[JobPlan]:
     return [replace(p, arrival_s=p.arrival_s / load) for p in plans]
 
 
-def window(plans: Sequence[JobPlan], size: int, index: int, count: int) -> list[JobPlan]:
+def window(
+    plans: Sequence[JobPlan], size: int, index: int, count: int, warmup: int = 0
+) -> tuple[list[JobPlan], set[str]]:
     """``size`` consecutive jobs (by arrival), the ``index``-th of ``count`` windows
     spread evenly over the workload, their arrivals from 0: a sample at the observed
-    load and burstiness."""
+    load and burstiness; after up to ``warmup`` jobs that precede it, replayed to load
+    the cluster as the window found it, but not counted. Returns the jobs to replay and
+    the names of those counted."""
     if size >= len(plans):
-        return list(plans)
+        return list(plans), {p.name for p in plans}
     span = len(plans) - size
     start = 0 if count <= 1 else round(span * index / (count - 1))
-    part = plans[start : start + size]
+    first = max(0, start - warmup)
+    part = plans[first : start + size]
     t0 = part[0].arrival_s
-    return [replace(p, arrival_s=p.arrival_s - t0) for p in part]
+    counted = {p.name for p in plans[start : start + size]}
+    return [replace(p, arrival_s=p.arrival_s - t0) for p in part], counted

@@ -18,7 +18,7 @@ from agentrt.cli import main
 from agentrt.sim import PRESETS, CostModel
 from agentrt.tune._fit import from_journal
 from agentrt.tune._search import Setting, TwinConfig, replay
-from agentrt.tune._workload import load, to_plans
+from agentrt.tune._workload import load, to_plans, window
 
 
 def _record(tmp: Path, workload: str, jobs: int, client: str = "agentrt:session") -> Path:
@@ -207,3 +207,14 @@ def test_a_replay_travels_to_a_pool_worker(tmp_path: Path) -> None:
     want = replay_part(cfg, plans, 0)
     assert isinstance(got, ClientRun) and isinstance(want, ClientRun)
     assert [r.jct_s for r in got.results] == [r.jct_s for r in want.results]
+
+
+def test_a_window_starts_after_its_warm_up_jobs() -> None:
+    root = SessionPlan("main", ())
+    plans = [JobPlan(f"j{i}", "react", 2.0 * i, root) for i in range(10)]
+    jobs, counted = window(plans, 3, 1, 2, warmup=2)  # the last window: jobs 7-9
+    assert [p.name for p in jobs] == ["j5", "j6", "j7", "j8", "j9"]
+    assert counted == {"j7", "j8", "j9"}
+    assert [p.arrival_s for p in jobs] == [0.0, 2.0, 4.0, 6.0, 8.0]  # gaps kept
+    jobs, counted = window(plans, 3, 0, 2, warmup=2)  # the first: nothing before it
+    assert [p.name for p in jobs] == ["j0", "j1", "j2"] and len(counted) == 3
