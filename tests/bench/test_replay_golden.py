@@ -2,8 +2,12 @@
 
 ``replay_golden.json`` holds every client's full summary (JCTs per job, latencies, cache
 hits, KV occupancy samples, engine counters) of four small fixed-seed replays, recorded
-with the code before the replay was made faster (commit c39da34). Each test replays one
-again and compares every figure exactly: a speed-up must not move a single float.
+before the replay was made faster. Each test replays one again and compares every figure
+exactly: a speed-up must not move a single float. The one-client slices (``claude-code``,
+``longtail``) are commit c39da34's figures; in the two-client ones, the second client's
+replay starts at virtual time 0 (each client's replay runs in its own event loop since the
+parallel replays of issue 18), where c39da34 started it at the first client's end, which
+moves its figures in the last digits only.
 
 Regenerate the file only for a change that is meant to change results
 (``python tests/bench/test_replay_golden.py > tests/bench/replay_golden.json``), and say
