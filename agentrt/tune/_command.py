@@ -211,9 +211,10 @@ def table(result: TuneResult) -> list[str]:
     lines.append(f"{LOADS[-1]:g}x the observed.")
     pick = chosen(result)
     if best is not None and pick is not None:
+        lines.append(f"best: {best.setting.label()}; confidence {result.confidence}")
         lines.append(
-            f"best: {best.setting.label()}, score {best.score:.3f} +/- {best.spread:.3f} "
-            f"over {len(best.samples)} sample(s); confidence {result.confidence}"
+            f"  score {best.score:.3f} +/- {best.spread:.3f} over {len(best.samples)} "
+            "window(s), lower is better"
         )
         if pick is not best:
             lines.append(f"chosen: the recorded settings (the best gains under {MIN_GAIN:.0%})")
@@ -243,7 +244,7 @@ def chosen(result: TuneResult) -> Score | None:
 
 def to_toml(result: TuneResult, opts: TuneOptions) -> str:
     """The chosen settings as ``Runtime`` keyword arguments (docs/tune.md): top-level
-    keys only; a setting at Runtime's default of None (no concurrency limit) is absent."""
+    keys only, ``"none"`` for None (TOML has no null; the loader reads it back)."""
     best = chosen(result)
     setting = best.setting if best is not None else result.recorded
     if setting.plain:  # a bare client cannot be configured: keep Runtime's defaults
@@ -262,8 +263,5 @@ def to_toml(result: TuneResult, opts: TuneOptions) -> str:
         )
     lines.append("")
     for key, value in setting.runtime_kwargs().items():
-        if value is None:
-            lines.append(f"# {key}: none (Runtime's default)")
-        else:
-            lines.append(f"{key} = {_toml_value(value)}")
+        lines.append(f"{key} = {_toml_value('none' if value is None else value)}")
     return "\n".join(lines) + "\n"

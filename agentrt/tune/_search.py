@@ -35,7 +35,11 @@ __all__: list[str] = []
 
 ROUTINGS: tuple[str, ...] = ("session_affinity", "least_loaded", "round_robin")
 POLICIES: tuple[str, ...] = ("fcfs", "plas", "mlfq")
-CONCURRENCY: tuple[int | Literal["auto"] | None, ...] = (None, "auto", 4)
+Concurrency = int | Literal["auto", "engine"] | None
+CONCURRENCY: tuple[Concurrency, ...] = ("engine", "auto", 4)
+"""Per-endpoint limits tried. ``engine`` (Runtime's default: no client-side cap unless
+the engine's metrics show a queue) replays as no cap: the twin's clients do not poll
+metrics."""
 LOADS: tuple[float, ...] = (1.0, 1.5, 2.0)
 STRETCH_SLO = 2.0
 """Throughput is the highest load at which the p90 stretch stays at or below this."""
@@ -48,8 +52,8 @@ class Setting:
 
     routing: str = "session_affinity"
     policy: str = "fcfs"
-    concurrency: int | Literal["auto"] | None = None
-    send_priority: bool = False
+    concurrency: Concurrency = "engine"
+    send_priority: bool | Literal["auto"] = "auto"
     learn_waits: bool = True
     plain: bool = False
 
@@ -58,15 +62,23 @@ class Setting:
         if settings.get("plain"):
             return Setting(plain=True)
         concurrency = settings.get("concurrency")
-        if not (concurrency is None or concurrency == "auto" or isinstance(concurrency, int)):
-            concurrency = None
+        if not (
+            concurrency is None
+            or concurrency in ("auto", "engine")
+            or (isinstance(concurrency, int) and not isinstance(concurrency, bool))
+        ):
+            concurrency = "engine"
+        priority = settings.get("send_priority")
+        send_priority: bool | Literal["auto"] = "auto" if priority == "auto" else bool(priority)
         routing = str(settings.get("routing") or "session_affinity")
         policy = str(settings.get("policy") or "fcfs")
         return Setting(
             routing if routing in (*ROUTINGS, "hash") else "session_affinity",
             policy if policy in (*POLICIES, "atlas", "edf") else "fcfs",
             concurrency,
-            settings.get("send_priority") is True,  # "auto": none to a plain replica
+            # "auto" is kept (and written back); the twin replays it as off: its
+            # replicas schedule FCFS, so "auto" would send them no priorities.
+            send_priority,
             settings.get("learn_waits") is not False,
         )
 
@@ -74,10 +86,11 @@ class Setting:
         """The bench client that runs with these settings."""
         if self.plain:
             return "plain"
-        limit = "none" if self.concurrency is None else str(self.concurrency)
+        # The twin's replicas schedule FCFS unless priorities are sent: "auto" sends none.
+        limit = "none" if self.concurrency in (None, "engine") else str(self.concurrency)
         return (
             f"agentrt:routing={self.routing},policy={self.policy},concurrency={limit},"
-            f"priority={'on' if self.send_priority else 'off'},"
+            f"priority={'on' if self.send_priority is True else 'off'},"
             f"declare={'learned' if self.learn_waits else 'none'}"
         )
 
@@ -87,10 +100,12 @@ class Setting:
             return "plain client"
         short = {"session_affinity": "session", "least_loaded": "least", "round_robin": "rr"}
         text = f"{short.get(self.routing, self.routing)}+{self.policy}"
-        if self.concurrency is not None:
-            text += f"@{self.concurrency}"
-        if self.send_priority:
+        if self.concurrency != "engine":
+            text += f"@{'none' if self.concurrency is None else self.concurrency}"
+        if self.send_priority is True:
             text += ",prio"
+        elif self.send_priority is False:
+            text += ",noprio"
         if not self.learn_waits:
             text += ",nolearn"
         return text
@@ -118,7 +133,7 @@ def neighbours(base: Setting) -> list[Setting]:
         out.append(_with(start, policy=p))
     for c in CONCURRENCY:
         out.append(_with(start, concurrency=c))
-    out.append(_with(start, send_priority=not start.send_priority))
+    out.append(_with(start, send_priority=start.send_priority is not True))
     out.append(_with(start, learn_waits=not start.learn_waits))
     return list(dict.fromkeys(out))
 

@@ -32,15 +32,19 @@ from ..telemetry._report import CallReport, JobReport, SessionReport
 
 __all__: list[str] = []
 
-RECORDED_DEFAULTS: dict[str, Any] = {
-    "routing": "session_affinity",
-    "policy": "fcfs",
-    "concurrency": None,
-    "send_priority": False,
-    "learn_waits": True,
-}
-"""``Runtime``'s defaults for the settings tune varies: what a journal without its
-runtime's settings is taken to have been recorded with."""
+TUNED: tuple[str, ...] = ("routing", "policy", "concurrency", "send_priority", "learn_waits")
+"""The ``Runtime`` keyword arguments tune varies."""
+
+
+def runtime_defaults() -> dict[str, Any]:
+    """``Runtime``'s defaults for :data:`TUNED`: what a journal without its runtime's
+    settings is taken to have been recorded with."""
+    import inspect
+
+    from .._runtime import Runtime
+
+    params = inspect.signature(Runtime.__init__).parameters
+    return {name: params[name].default for name in TUNED}
 
 
 class JournalError(ValueError):
@@ -109,12 +113,12 @@ def _recorded(reports: list[JobReport]) -> tuple[dict[str, Any], bool]:
     for r in reports:
         settings = r.runtime or _from_client(r.metadata.get("client"))
         if settings:
-            key = tuple(sorted((k, settings.get(k)) for k in RECORDED_DEFAULTS))
+            key = tuple(sorted((k, settings.get(k)) for k in TUNED))
             counts[key] = counts.get(key, 0) + 1
     if not counts:
-        return dict(RECORDED_DEFAULTS), False
+        return runtime_defaults(), False
     best = max(counts, key=lambda k: counts[k])
-    return {**RECORDED_DEFAULTS, **dict(best)}, True
+    return {**runtime_defaults(), **dict(best)}, True
 
 
 def _from_client(client: object) -> dict[str, Any] | None:

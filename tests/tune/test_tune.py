@@ -68,7 +68,9 @@ def test_a_recorded_journal_comes_back_as_the_workload(tmp_path: Path) -> None:
     original = {p.name: p for p in prepare(BenchConfig(workload="mixed", jobs=8, rate=0.5, seed=4))}
     observed = load([path])
     assert observed.recorded_known and observed.replicas == 2
-    assert Setting.of(observed.recorded) == Setting(routing="session_affinity")
+    # The bench's client: no concurrency limit, no priorities (its journal's runtime).
+    recorded = Setting(routing="session_affinity", concurrency=None, send_priority=False)
+    assert Setting.of(observed.recorded) == recorded
     plans = to_plans(observed.reports)
     assert len(plans) == 8
     by_plan = {
@@ -123,13 +125,13 @@ def test_tune_end_to_end_writes_runtime_arguments(
     text = capsys.readouterr().out
     table = [line for line in text.splitlines() if str(out) not in line]
     assert all(len(line) <= 80 for line in table), text
-    assert "session+fcfs*" in text  # the recorded settings, marked
+    assert "session+fcfs@none,noprio*" in text  # the recorded settings, marked
     assert len([line for line in table if line[:2].strip().isdigit()]) >= 2  # ranked
     assert "confidence" in text and str(out) in text
     settings = tomllib.loads(out.read_text())
-    assert set(settings) <= {"routing", "policy", "concurrency", "send_priority", "learn_waits"}
-    assert {"routing", "policy", "send_priority", "learn_waits"} <= set(settings)
-    Runtime(["http://127.0.0.1:9/v1"], **settings)  # the loader's format: Runtime kwargs
+    assert set(settings) == {"routing", "policy", "concurrency", "send_priority", "learn_waits"}
+    rt = Runtime(["http://127.0.0.1:9/v1"], config=out)  # the loader takes it
+    assert rt._core.settings is not None and rt._core.settings["routing"] == settings["routing"]
 
 
 @pytest.mark.parametrize(
