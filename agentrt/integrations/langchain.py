@@ -222,6 +222,7 @@ class AgentrtCallbackHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        """A chain (a graph, a node, an agent) started: mapped as the class docstring says."""
         name = _run_name(serialized, kwargs, "chain")
         self._on_loop(self._start, run_id, parent_run_id, "chain", name, metadata or {})
 
@@ -236,6 +237,7 @@ class AgentrtCallbackHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        """A chat model call started: it becomes a call of the run's session."""
         name = _run_name(serialized, kwargs, "chat_model")
         self._on_loop(self._start, run_id, parent_run_id, "llm", name, metadata or {})
         _STARTED.set((self, run_id))
@@ -251,6 +253,7 @@ class AgentrtCallbackHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        """A completion model call started: it becomes a call of the run's session."""
         name = _run_name(serialized, kwargs, "llm")
         self._on_loop(self._start, run_id, parent_run_id, "llm", name, metadata or {})
         _STARTED.set((self, run_id))
@@ -267,6 +270,7 @@ class AgentrtCallbackHandler(BaseCallbackHandler):
         inputs: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        """A tool started: the session's tool wait begins."""
         name = _run_name(serialized, kwargs, "tool")
         self._on_loop(self._start, run_id, parent_run_id, "tool", name, metadata or {})
 
@@ -281,31 +285,40 @@ class AgentrtCallbackHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        """A retriever started: treated as a chain run (not a tool wait)."""
         name = _run_name(serialized, kwargs, "retriever")
         self._on_loop(self._start, run_id, parent_run_id, "chain", name, metadata or {})
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        """A chain ended: what it opened (a job, a session) ends with it."""
         self._end_soon(run_id, None)
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        """A chain failed: what it opened (a job, a session) ends with the error."""
         self._end_soon(run_id, error)
 
     def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        """A model call ended."""
         self._end_soon(run_id, None)
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        """A model call failed."""
         self._end_soon(run_id, error)
 
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        """A tool ended: the session's tool wait ends."""
         self._end_soon(run_id, None)
 
     def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        """A tool failed: the session's tool wait ends with the error."""
         self._end_soon(run_id, error)
 
     def on_retriever_end(self, documents: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        """A retriever ended, as a chain run ends."""
         self._end_soon(run_id, None)
 
     def on_retriever_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        """A retriever failed, as a chain run fails."""
         self._end_soon(run_id, error)
 
     # -- the run tree, in the runtime's loop -------------------------------------------

@@ -111,6 +111,7 @@ class AgentrtTracingProcessor(TracingProcessor):
     # -- traces: jobs ----------------------------------------------------------------
 
     def on_trace_start(self, trace: Trace) -> None:
+        """A trace (one agent run) started: it opens a job."""
         if self._closed or not _in_event_loop():
             return  # a trace opened outside async code: its calls are implicit jobs
         metadata: dict[str, Any] = {"trace_id": trace.trace_id}
@@ -121,6 +122,7 @@ class AgentrtTracingProcessor(TracingProcessor):
             self._traces[trace.trace_id] = _TraceState(sys.exc_info()[1])
 
     def on_trace_end(self, trace: Trace) -> None:
+        """A trace ended: its job ends, with its report."""
         state = self._traces.pop(trace.trace_id, None)
         if state is None:
             return
@@ -134,6 +136,7 @@ class AgentrtTracingProcessor(TracingProcessor):
     # -- spans: sessions, calls, tool waits --------------------------------------------
 
     def on_span_start(self, span: Span[Any]) -> None:
+        """A span started: an agent span opens a session, a function span a tool wait."""
         state = self._traces.get(span.trace_id)
         if state is None:
             return
@@ -167,6 +170,7 @@ class AgentrtTracingProcessor(TracingProcessor):
             state.session_ids[span.span_id] = session.id
 
     def on_span_end(self, span: Span[Any]) -> None:
+        """A span ended: its session or tool wait ends."""
         state = self._traces.get(span.trace_id)
         if state is None:
             return
