@@ -52,12 +52,16 @@ CLIENT_HELP: Final = (
     "round-robin over replicas. 'agentrt[:OPTIONS]': OPTIONS are names joined by '+' "
     "(a routing: round_robin, least_loaded, session_affinity, hash, or the aliases "
     "round-robin, session; a policy: fcfs, plas, atlas, mlfq, edf), then optionally "
-    "'@LIMIT' (per-endpoint concurrency: an int >= 1, auto or none), then ',key=value' "
+    "'@LIMIT' (per-endpoint concurrency: an int >= 1, auto, none, or engine: a cap "
+    "only while an engine's /metrics show a queue, polled every 1 s), then ',key=value' "
     "options: routing=, policy=, concurrency=, token_budget= (int), priority= (on/off: "
     "send each call's queue level as the engine priority), dialect= (default vllm), "
-    "declare= (learned, the default; oracle; none). Examples: agentrt:session, "
-    "agentrt:plas+round_robin@auto, agentrt:mlfq@16, agentrt:routing=hash,policy=plas. "
-    "Defaults: round_robin, fcfs, no limit"
+    "declare= (learned, the default; oracle; none), config=FILE (a settings file, as "
+    "agentrt tune writes: it sets routing, policy, concurrency, token budget, priority "
+    "and learned waits, so those options cannot be given with it). Examples: "
+    "agentrt:session, agentrt:plas+round_robin@auto, agentrt:mlfq@16, "
+    "agentrt:session+mlfq@engine, agentrt:routing=hash,policy=plas, "
+    "agentrt:config=agentrt-tuned.toml. Defaults: round_robin, fcfs, no limit"
 )
 
 _EXTRAS: Final = {

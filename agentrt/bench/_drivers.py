@@ -153,15 +153,28 @@ CLIENT_SPEC_HELP: Final = (
     "'agentrt[:OPTIONS]'. OPTIONS: names joined by '+' (a routing: round_robin, "
     "least_loaded, session_affinity, hash, or the aliases round-robin, session; a policy: "
     "fcfs, plas, atlas, mlfq, edf), then optionally '@LIMIT' (per-endpoint concurrency: an "
-    "int >= 1, auto or none), then ',key=value' options: routing=, policy=, concurrency=, "
+    "int >= 1, auto, engine (Runtime's default: a cap only while an engine's /metrics "
+    "show a queue; the client then polls them every 1 s) or none), then ',key=value' "
+    "options: routing=, policy=, concurrency=, "
     "token_budget= (int), priority= (on/off: send each call's queue level as the engine "
     "priority; embedded replicas then schedule by priority), dialect= (default vllm), "
     "declare= (tool waits the sessions declare: learned, the default: each tool's wait "
-    "learned online; oracle: the exact next wait; none: nothing). "
+    "learned online; oracle: the exact next wait; none: nothing), config=FILE (a settings "
+    "file such as agentrt tune writes: Runtime(config=FILE) decides routing, policy, "
+    "concurrency, token_budget, priorities and learned waits, so none of those options "
+    "may be given with it; declare= and dialect= may). "
     "Examples: agentrt:session, agentrt:plas+round_robin@auto, agentrt:mlfq@16, "
-    "agentrt:plas+round_robin,priority=on, agentrt:routing=hash,policy=plas,concurrency=8. "
+    "agentrt:session+mlfq@engine, agentrt:plas+round_robin,priority=on, "
+    "agentrt:routing=hash,policy=plas,concurrency=8, agentrt:config=agentrt-tuned.toml. "
     "Defaults: round_robin, fcfs, no limit."
 )
+
+ENGINE_POLL_S: Final = 1.0
+"""The metrics poll interval of a client with ``concurrency="engine"`` (``@engine``):
+Runtime's adaptive cap sees an engine's queue only through its polled ``/metrics``."""
+
+_FILE_DECIDES: Final = ("routing", "policy", "concurrency", "token_budget", "send_priority")
+"""The spec options a settings file (``config=``) sets instead."""
 
 
 def _spec_error(text: str, why: str) -> ValueError:
@@ -184,16 +197,16 @@ def _policy_name(value: str, text: str) -> str:
     return value
 
 
-def _concurrency(value: str, text: str) -> int | Literal["auto"] | None:
+def _concurrency(value: str, text: str) -> int | Literal["auto", "engine"] | None:
     if value in ("none", ""):
         return None
-    if value == "auto":
-        return "auto"
+    if value in ("auto", "engine"):
+        return "auto" if value == "auto" else "engine"
     try:
         n = int(value)
     except ValueError:
         raise _spec_error(
-            text, f"concurrency must be an int >= 1, auto or none, not {value!r}"
+            text, f"concurrency must be an int >= 1, auto, engine or none, not {value!r}"
         ) from None
     if n < 1:
         raise _spec_error(text, f"concurrency must be >= 1, not {n}")
@@ -210,13 +223,22 @@ class ClientSpec:
     routing: str = "round_robin"
     dialect: str = "vllm"
     policy: str = "fcfs"
-    concurrency: int | Literal["auto"] | None = None
+    concurrency: int | Literal["auto", "engine"] | None = None
+    """``"engine"``: Runtime's adaptive cap, with the engines' metrics polled every
+    :data:`ENGINE_POLL_S` seconds (without polling it never caps)."""
     token_budget: int | None = None
     send_priority: bool = False
     declare: Declare = "learned"
     """Tool-wait declarations: ``learned`` (the runtime learns each tool's wait, as by
     default), ``oracle`` (the exact next tool wait, declared before the call it follows;
-    nothing learned), ``none`` (``learn_waits=False``, nothing declared)."""
+    nothing learned), ``none`` (``learn_waits=False``, nothing declared). With
+    ``config``, ``learn_waits`` is the file's: ``none`` and ``learned`` then only mean
+    that nothing is declared."""
+    config: str | None = None
+    """A settings file (``config=FILE``): the runtime is built with
+    ``Runtime(config=FILE)`` and none of the options above but ``dialect`` and
+    ``declare``, so the file decides as where it is applied. The fields above then show
+    what the file sets (Runtime's defaults where it is silent)."""
 
     @staticmethod
     def parse(text: str) -> ClientSpec:
@@ -281,10 +303,46 @@ class ClientSpec:
 
                 get_dialect(value)  # fails on an unknown dialect
                 put("dialect", value)
+            elif key == "config":
+                if not value:
+                    raise _spec_error(text, "config= needs a settings file's path")
+                put("config", value)
             else:
                 raise _spec_error(text, f"unknown option {key!r}")
+        if "config" in fields:
+            fields.update(_from_file(text, fields))
         name = text if rest else "agentrt:round-robin"
         return ClientSpec(name, "agentrt", **fields)
+
+
+def _from_file(text: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """A ``config=FILE`` spec's fields from the file (checked now, before anything
+    runs): what it sets, else Runtime's defaults."""
+    both = [k for k in _FILE_DECIDES if k in fields]
+    if both:
+        raise _spec_error(
+            text,
+            f"config= sets {both[0].replace('send_', '')} from the file; give either "
+            "the file or the options (declare= and dialect= may be combined with it)",
+        )
+    from .._settings import load_config
+
+    try:
+        settings = load_config(fields["config"])
+    except (OSError, ValueError, TypeError) as exc:
+        raise ValueError(f"bad client {text!r}: {exc}") from None
+    if "dialect" in fields and "dialect" in settings:
+        raise _spec_error(text, "dialect= given and the file sets dialect too")
+    out: dict[str, Any] = {
+        "routing": settings.get("routing", "session_affinity"),
+        "policy": settings.get("policy", "fcfs"),
+        "concurrency": settings.get("concurrency", "engine"),
+        "token_budget": settings.get("token_budget"),
+        # "auto" sends priorities only to replicas that advertise a priority scheduler;
+        # the bench gives those only to a client that sends them always.
+        "send_priority": settings.get("send_priority") is True,
+    }
+    return out
 
 
 class Driver(Protocol):
@@ -560,20 +618,34 @@ class AgentrtDriver:
         self._http: httpx.AsyncClient | None = None
         self._resumed: dict[str, set[tuple[str, int]]] = {}
         """Per job id: the (session id, turn) of calls that follow a tool wait."""
-        self._rt = Runtime(
-            urls,
-            routing=spec.routing,
-            dialect=spec.dialect,
-            policy=spec.policy,
-            concurrency=spec.concurrency,
-            token_budget=spec.token_budget,
-            send_priority=spec.send_priority,
-            transport=transport,
-            timeout_s=3600.0,
-            keep_reports=0,
-            journal=journal,
-            learn_waits=spec.declare == "learned",
-        )
+        common: dict[str, Any] = {
+            "transport": transport,
+            "timeout_s": 3600.0,
+            "keep_reports": 0,
+            "journal": journal,
+        }
+        if spec.config is not None:
+            # As where the file is applied: the file's settings, Runtime's defaults
+            # where it is silent (the bench's dialect unless it names one).
+            from .._settings import load_config
+
+            if "dialect" not in load_config(spec.config):
+                common["dialect"] = spec.dialect
+            self._rt = Runtime(urls, config=spec.config, **common)
+        else:
+            poll = ENGINE_POLL_S if spec.concurrency == "engine" else None
+            self._rt = Runtime(
+                urls,
+                routing=spec.routing,
+                dialect=spec.dialect,
+                policy=spec.policy,
+                concurrency=spec.concurrency,
+                token_budget=spec.token_budget,
+                send_priority=spec.send_priority,
+                poll_metrics_s=poll,
+                learn_waits=spec.declare == "learned",
+                **common,
+            )
         self._model = model
         self._prompts = prompts
         self._extra = _extra(real_engine)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -108,3 +110,79 @@ def test_queueing_policies_complete_in_virtual_time() -> None:
 def test_cli_rejects_bad_specs_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--client", "agentrt:plas@0", "--jobs", "1"]) == 2
     assert "concurrency must be >= 1" in capsys.readouterr().err
+
+
+def _journal_runtime(path: Path) -> dict[str, object]:
+    """The settings the runtime of a bench journal's first job ran with."""
+    first = json.loads(path.read_text().splitlines()[0])
+    runtime = first["runtime"]
+    assert isinstance(runtime, dict)
+    return runtime
+
+
+def test_a_settings_file_decides_the_bench_client(tmp_path: Path) -> None:
+    """``agentrt:config=FILE``: the runtime runs with the file's settings (Runtime's
+    defaults where it is silent), as where the file is applied."""
+    tuned = tmp_path / "tuned.toml"
+    tuned.write_text('routing = "least_loaded"\npolicy = "plas"\nconcurrency = 3\n')
+    text = f"agentrt:config={tuned}"
+    spec = ClientSpec.parse(text)
+    assert (spec.name, spec.config) == (text, str(tuned))
+    assert (spec.routing, spec.policy, spec.concurrency) == ("least_loaded", "plas", 3)
+    assert ClientSpec.parse(f"{text},declare=oracle").declare == "oracle"
+    cfg = BenchConfig(
+        workload="react",
+        jobs=3,
+        replicas=2,
+        clients=(text,),
+        stretch=False,
+        api="http",
+        journal_dir=tmp_path,
+    )
+    result = run_bench(cfg, workers=1)
+    (client,) = result.clients
+    assert client.client == text and client.jobs == 3 and client.failed == 0
+    assert client.journal is not None
+    runtime = _journal_runtime(Path(client.journal))
+    assert (runtime["routing"], runtime["policy"], runtime["concurrency"]) == (
+        "least_loaded",
+        "plas",
+        3,
+    )
+    # What the file does not set is Runtime's default, not the bench spec's.
+    assert runtime["send_priority"] == "auto" and runtime["learn_waits"] is True
+
+
+@pytest.mark.parametrize(
+    ("options", "why"),
+    [
+        ("policy=mlfq", "config= sets policy from the file"),
+        ("concurrency=4", "config= sets concurrency from the file"),
+        ("priority=on", "config= sets priority from the file"),
+        ("token_budget=100", "config= sets token_budget from the file"),
+    ],
+)
+def test_a_settings_file_and_options_do_not_mix(tmp_path: Path, options: str, why: str) -> None:
+    tuned = tmp_path / "tuned.toml"
+    tuned.write_text('policy = "plas"\n')
+    with pytest.raises(ValueError, match=why):
+        ClientSpec.parse(f"agentrt:config={tuned},{options}")
+    with pytest.raises(ValueError, match="config= sets routing"):
+        ClientSpec.parse(f"agentrt:session,config={tuned}")
+
+
+def test_a_bad_settings_file_is_one_line_before_any_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gone = tmp_path / "gone.toml"
+    assert main(["bench", "--client", f"agentrt:config={gone}", "--jobs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "gone.toml" in err and "not found" in err, err
+    bad = tmp_path / "bad.toml"
+    bad.write_text('policy = "fastest"\n')
+    out = tmp_path / "out"
+    args = ["bench", "--client", f"agentrt:config={bad}", "--jobs", "1", "--out", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "bad.toml" in err and "fastest" in err, err
+    assert not out.exists() or not any(out.iterdir())  # nothing ran
