@@ -76,6 +76,9 @@ class _EndpointState:
     priority_auto: bool = False
     """``send_priority='auto'``: priorities go to it while its replies advertise
     ``x-agentrt-accept: priority`` (a server that schedules by priority)."""
+    priority_refused: int = 0
+    """Calls it refused for their priority (a vLLM not started with priority scheduling),
+    each resent without one; after the first, it gets no more priorities."""
 
     def accept_header(self, value: str | None) -> None:
         """A successful reply's ``x-agentrt-accept`` value (called when it changes)."""
@@ -85,6 +88,16 @@ class _EndpointState:
             on = accepts_feature(value, PRIORITY_FEATURE)
             if on != self.options.send_priority:
                 self.options = replace(self.options, send_priority=on)
+
+    def refuse_priority(self) -> bool:
+        """It refused a call for its priority: send it none from now on, whatever it
+        advertises. True the first time (then the caller warns)."""
+        self.priority_refused += 1
+        self.priority_auto = False
+        if not self.options.send_priority:
+            return False
+        self.options = replace(self.options, send_priority=False)
+        return True
 
     def url_for(self, suffix: str, original: httpx.URL) -> httpx.URL:
         """This endpoint's URL for a request path suffix, keeping the query."""

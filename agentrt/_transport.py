@@ -92,6 +92,13 @@ _NULL_USAGE_FIELD = re.compile(rb',\s*"usage"\s*:\s*null|"usage"\s*:\s*null\s*,'
 only: inside one a quote is escaped, so ``,"`` and ``"usage":`` cannot occur there."""
 _FINGERPRINT = b'"system_fingerprint"'
 _EVENT_END = re.compile(rb"(\r\n\r\n|\n\n|\r\r)")
+_PRIORITY_REFUSED = re.compile(rb"priority scheduling is not enabled", re.IGNORECASE)
+"""In a 400 to a call that carried a priority: vLLM refuses a non-zero priority with
+``Got priority {priority} but Priority scheduling is not enabled.`` when it was not
+started with ``--scheduling-policy priority`` (``LLMEngine.add_request`` and the async
+engine's ``add_request_async``); a proxy in front of it (LiteLLM) keeps that text."""
+_MAX_ERROR_SCAN = 64 * 1024
+"""Bytes of an error body searched for that text (vLLM's whole error object is ~150)."""
 _TOOL_CALLS_KEY = b'"tool_calls"'
 _NAME_KEY = b'"name"'
 _MAX_TOOL_NAMES = 16
@@ -789,19 +796,8 @@ class _Call:
                 if queued:
                     state.queue_s += now - ticket.enqueued_at
             state.attempts += 1
-            state.endpoint = base = endpoint.url
-            enc = ep.dialect.encode(self._metadata(state.priority), ep.options)
-            if core.hooks:
-                self._sending(ep, queued, enc.headers)
-            content = None
-            if enc.body and self.body is not None:
-                send_body = dict(self.body)
-                _merge_body(send_body, enc.body)
-                content = json.dumps(send_body, separators=(",", ":")).encode()
-            request = self.request
-            url = request.url if base == self.base else ep.url_for(self.suffix, request.url)
-            transport = self.transport
-            out = transport._prepare(request, url, enc.headers, ep.authorization, content)
+            state.endpoint = endpoint.url
+            out = self._build(ep, queued)
         except BaseException:
             admission.release(ticket, latency_s=None, tokens=0, ok=True)
             raise
@@ -809,22 +805,42 @@ class _Call:
         load.in_flight += 1
         load.outstanding_tokens += ticket.tokens
         self.ep = ep
+        transport = self.transport
+        resent = False
+        while True:
+            try:
+                response = await transport._inner.handle_async_request(out)
+            except transport._lib.transport_errors as exc:
+                self._release(ok=False)
+                core.record_health(ep, False, connect=True)
+                self.failed.add(index)
+                if core.hooks:
+                    self._failed(ep, f"{type(exc).__name__}: {exc}")
+                if transport_log.isEnabledFor(_DEBUG):
+                    self._log_attempt(ep, f"{type(exc).__name__}: {exc}")
+                raise _RetryableError(exc, index) from exc
+            except BaseException:
+                self._release(ok=True)
+                raise
+            status = response.status_code
+            if (
+                status != 400
+                or resent
+                or state.priority is None
+                or not await self._priority_refused(ep, response)
+            ):
+                break
+            # Resent at once without the priority, in the same attempt (it holds its
+            # room and its retries): once per call, so a second 400 goes to the caller.
+            resent = True
+            try:
+                self.sent_at = self.clock()
+                out = self._build(ep, False)
+            except BaseException:
+                self._release(ok=True)
+                raise
         try:
-            response = await transport._inner.handle_async_request(out)
-        except transport._lib.transport_errors as exc:
-            self._release(ok=False)
-            core.record_health(ep, False, connect=True)
-            self.failed.add(index)
-            if core.hooks:
-                self._failed(ep, f"{type(exc).__name__}: {exc}")
-            if transport_log.isEnabledFor(_DEBUG):
-                self._log_attempt(ep, f"{type(exc).__name__}: {exc}")
-            raise _RetryableError(exc, index) from exc
-        except BaseException:
-            self._release(ok=True)
-            raise
-        try:
-            state.http_status = status = response.status_code
+            state.http_status = status
             if transport_log.isEnabledFor(_DEBUG):  # one dict lookup when off
                 self._log_attempt(ep, f"HTTP {status}")
             if status in RETRY_STATUS:
@@ -849,6 +865,54 @@ class _Call:
             if value is not None and len(value) <= 1024 and "\r" not in value:
                 session.echo[name] = value
         return response
+
+    def _build(self, ep: _EndpointState, queued: bool) -> httpx.Request:
+        """The request of the attempt to ``ep``: the dialect's headers and body fields for
+        the call's metadata (its priority where ``ep`` takes one), the hooks' headers."""
+        enc = ep.dialect.encode(self._metadata(self.state.priority), ep.options)
+        if self.core.hooks:
+            self._sending(ep, queued, enc.headers)
+        content = None
+        if enc.body and self.body is not None:
+            send_body = dict(self.body)
+            _merge_body(send_body, enc.body)
+            content = json.dumps(send_body, separators=(",", ":")).encode()
+        request = self.request
+        base = ep.endpoint.url
+        url = request.url if base == self.base else ep.url_for(self.suffix, request.url)
+        return self.transport._prepare(request, url, enc.headers, ep.authorization, content)
+
+    async def _priority_refused(self, ep: _EndpointState, response: httpx.Response) -> bool:
+        """Whether a 400 to a call that carried a priority refuses the priority itself
+        (vLLM not started with ``--scheduling-policy priority``). If so, the reply is
+        closed and ``ep`` gets no more priorities; the call's priority is cleared (its
+        report shows none was sent). Any other 400 stays as it is, read, for the caller."""
+        try:
+            body = await response.aread()
+        except BaseException:
+            self._release(ok=True)
+            await response.aclose()
+            raise
+        if _PRIORITY_REFUSED.search(body[:_MAX_ERROR_SCAN]) is None:
+            return False
+        await response.aclose()
+        state = self.state
+        state.http_status = 400
+        if transport_log.isEnabledFor(_DEBUG):
+            self._log_attempt(ep, "HTTP 400 (priority scheduling is not enabled)")
+        if self.core.hooks:
+            self._failed(ep, "HTTP 400", will_retry=True)
+        state.priority = None
+        if ep.refuse_priority():
+            transport_log.warning(
+                "endpoint %s refused a call's priority (HTTP 400: priority scheduling is "
+                "not enabled there); the call was resent without one, and this runtime "
+                "sends that endpoint no more priorities. To silence this, set "
+                "send_priority=False for it (Endpoint(url, send_priority=False)), or start "
+                "the server with --scheduling-policy priority",
+                ep.endpoint.url,
+            )
+        return True
 
     def _secrets(self, ep: _EndpointState | None) -> tuple[str | None, ...]:
         """What must never be logged: the runtime's and the endpoint's keys and password."""
@@ -918,7 +982,7 @@ class _Call:
                 value, f"header {name!r} from a hook"
             )
 
-    def _failed(self, ep: _EndpointState, error: str) -> None:
+    def _failed(self, ep: _EndpointState, error: str, *, will_retry: bool = False) -> None:
         state, ticket = self.state, self.ticket
         self.core.emit(
             AttemptFailed(
@@ -929,7 +993,7 @@ class _Call:
                 endpoint=ep.endpoint.url,
                 attempt=state.attempts,
                 error=error,
-                will_retry=state.attempts < self.core.retry.attempts,
+                will_retry=will_retry or state.attempts < self.core.retry.attempts,
             )
         )
 
