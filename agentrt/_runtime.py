@@ -365,6 +365,7 @@ class Runtime:
             "token_budget": token_budget,
             "send_priority": send_priority,
             "learn_waits": learn_waits,
+            "poll_metrics_s": poll_metrics_s,  # "engine" caps only when polled
             "endpoints": len(states),
         }
         # The HTTP library (legacy httpx or httpx2), chosen once: everything below and

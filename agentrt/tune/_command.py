@@ -225,8 +225,8 @@ def table(result: TuneResult) -> list[str]:
 def _toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
+    if isinstance(value, int | float):
+        return repr(value)
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
@@ -244,7 +244,8 @@ def chosen(result: TuneResult) -> Score | None:
 
 def to_toml(result: TuneResult, opts: TuneOptions) -> str:
     """The chosen settings as ``Runtime`` keyword arguments (docs/tune.md): top-level
-    keys only, ``"none"`` for None (TOML has no null; the loader reads it back)."""
+    keys only, ``"none"`` for None (TOML has no null; the loader reads it back), and
+    ``poll_metrics_s`` beside ``concurrency = "engine"``, as the twin replayed it."""
     best = chosen(result)
     setting = best.setting if best is not None else result.recorded
     if setting.plain:  # a bare client cannot be configured: keep Runtime's defaults
@@ -263,5 +264,9 @@ def to_toml(result: TuneResult, opts: TuneOptions) -> str:
         )
     lines.append("")
     for key, value in setting.runtime_kwargs().items():
+        if key == "poll_metrics_s":
+            lines.append(
+                '# "engine" caps only while it polls the engines\' /metrics (as vLLM serves)'
+            )
         lines.append(f"{key} = {_toml_value('none' if value is None else value)}")
     return "\n".join(lines) + "\n"

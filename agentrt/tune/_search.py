@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..bench._drivers import ENGINE_POLL_S
 from ..bench._parallel import Workers, check_workers, portable, run_replays
 from ..bench._plan import JobPlan
 from ..bench._runner import ALONE, BenchConfig, ClientRun, PartResult, replay_part
@@ -38,8 +39,9 @@ POLICIES: tuple[str, ...] = ("fcfs", "plas", "mlfq")
 Concurrency = int | Literal["auto", "engine"] | None
 CONCURRENCY: tuple[Concurrency, ...] = ("engine", "auto", 4)
 """Per-endpoint limits tried. ``engine`` (Runtime's default: no client-side cap unless
-the engine's metrics show a queue) replays as no cap: the twin's clients do not poll
-metrics."""
+the engine's metrics show a queue) is the real adaptive cap: the twin's client polls the
+replicas' metrics every :data:`~agentrt.bench._drivers.ENGINE_POLL_S` seconds, and the
+file tune writes sets ``poll_metrics_s`` beside it (without polling it never caps)."""
 LOADS: tuple[float, ...] = (1.0, 1.5, 2.0)
 STRETCH_SLO = 2.0
 """Throughput is the highest load at which the p90 stretch stays at or below this."""
@@ -59,6 +61,9 @@ class Setting:
 
     @staticmethod
     def of(settings: dict[str, Any]) -> Setting:
+        """The setting of ``Runtime`` keyword arguments (a journal's ``runtime``, a
+        settings file's keys). ``concurrency="engine"`` with no ``poll_metrics_s`` never
+        capped: it is the setting with no cap."""
         if settings.get("plain"):
             return Setting(plain=True)
         concurrency = settings.get("concurrency")
@@ -68,6 +73,8 @@ class Setting:
             or (isinstance(concurrency, int) and not isinstance(concurrency, bool))
         ):
             concurrency = "engine"
+        if concurrency == "engine" and not settings.get("poll_metrics_s"):
+            concurrency = None
         priority = settings.get("send_priority")
         send_priority: bool | Literal["auto"] = "auto" if priority == "auto" else bool(priority)
         routing = str(settings.get("routing") or "session_affinity")
@@ -87,7 +94,8 @@ class Setting:
         if self.plain:
             return "plain"
         # The twin's replicas schedule FCFS unless priorities are sent: "auto" sends none.
-        limit = "none" if self.concurrency in (None, "engine") else str(self.concurrency)
+        # "engine": the adaptive cap, the client polling the replicas' metrics.
+        limit = "none" if self.concurrency is None else str(self.concurrency)
         return (
             f"agentrt:routing={self.routing},policy={self.policy},concurrency={limit},"
             f"priority={'on' if self.send_priority is True else 'off'},"
@@ -111,14 +119,18 @@ class Setting:
         return text
 
     def runtime_kwargs(self) -> dict[str, Any]:
-        """The settings as ``Runtime`` keyword arguments."""
-        return {
+        """The settings as ``Runtime`` keyword arguments (``"engine"`` with the metrics
+        polled, as the twin replayed it)."""
+        out: dict[str, Any] = {
             "routing": self.routing,
             "policy": self.policy,
             "concurrency": self.concurrency,
-            "send_priority": self.send_priority,
-            "learn_waits": self.learn_waits,
         }
+        if self.concurrency == "engine":
+            out["poll_metrics_s"] = ENGINE_POLL_S
+        out["send_priority"] = self.send_priority
+        out["learn_waits"] = self.learn_waits
+        return out
 
 
 def neighbours(base: Setting) -> list[Setting]:

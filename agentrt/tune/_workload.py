@@ -113,7 +113,8 @@ def _recorded(reports: list[JobReport]) -> tuple[dict[str, Any], bool]:
     for r in reports:
         settings = r.runtime or _from_client(r.metadata.get("client"))
         if settings:
-            key = tuple(sorted((k, settings.get(k)) for k in TUNED))
+            # poll_metrics_s: whether "engine" capped (it caps only when polled)
+            key = tuple(sorted((k, settings.get(k)) for k in (*TUNED, "poll_metrics_s")))
             counts[key] = counts.get(key, 0) + 1
     if not counts:
         return runtime_defaults(), False
@@ -125,7 +126,7 @@ def _from_client(client: object) -> dict[str, Any] | None:
     """A bench journal's client (``metadata.client``) as Runtime settings."""
     if not isinstance(client, str):
         return None
-    from ..bench._drivers import ClientSpec
+    from ..bench._drivers import ENGINE_POLL_S, ClientSpec
 
     try:
         spec = ClientSpec.parse(client)
@@ -139,6 +140,7 @@ def _from_client(client: object) -> dict[str, Any] | None:
         "concurrency": spec.concurrency,
         "send_priority": spec.send_priority,
         "learn_waits": spec.declare == "learned",
+        "poll_metrics_s": ENGINE_POLL_S if spec.concurrency == "engine" else None,
     }
 
 

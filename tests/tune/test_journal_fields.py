@@ -68,6 +68,7 @@ async def test_a_journal_line_holds_what_a_replay_needs(tmp_path: Path) -> None:
         "token_budget": None,
         "send_priority": "auto",  # Runtime's default
         "learn_waits": True,
+        "poll_metrics_s": None,
         "endpoints": 2,
     }
     sessions = {s.name: s for s in report.session_reports}

@@ -129,7 +129,10 @@ def test_tune_end_to_end_writes_runtime_arguments(
     assert len([line for line in table if line[:2].strip().isdigit()]) >= 2  # ranked
     assert "confidence" in text and str(out) in text
     settings = tomllib.loads(out.read_text())
-    assert set(settings) == {"routing", "policy", "concurrency", "send_priority", "learn_waits"}
+    keys = {"routing", "policy", "concurrency", "send_priority", "learn_waits"}
+    if settings["concurrency"] == "engine":  # the adaptive cap, polling as replayed
+        keys.add("poll_metrics_s")
+    assert set(settings) == keys
     rt = Runtime(["http://127.0.0.1:9/v1"], config=out)  # the loader takes it
     assert rt._core.settings is not None and rt._core.settings["routing"] == settings["routing"]
 
