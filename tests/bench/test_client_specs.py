@@ -130,18 +130,21 @@ def test_a_settings_file_decides_the_bench_client(tmp_path: Path) -> None:
     assert (spec.name, spec.config) == (text, str(tuned))
     assert (spec.routing, spec.policy, spec.concurrency) == ("least_loaded", "plas", 3)
     assert ClientSpec.parse(f"{text},declare=oracle").declare == "oracle"
+    same = "agentrt:least_loaded+plas@3"  # the same settings as spec options
     cfg = BenchConfig(
         workload="react",
-        jobs=3,
+        jobs=4,
         replicas=2,
-        clients=(text,),
+        clients=(text, same),
         stretch=False,
         api="http",
         journal_dir=tmp_path,
     )
     result = run_bench(cfg, workers=1)
-    (client,) = result.clients
-    assert client.client == text and client.jobs == 3 and client.failed == 0
+    client, twin = result.clients
+    assert client.client == text and client.jobs == 4 and client.failed == 0
+    # Virtual time: the same settings replay the same jobs identically.
+    assert client.jct == twin.jct and client.makespan_s == twin.makespan_s
     assert client.journal is not None
     runtime = _journal_runtime(Path(client.journal))
     assert (runtime["routing"], runtime["policy"], runtime["concurrency"]) == (
