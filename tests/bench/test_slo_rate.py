@@ -1,0 +1,107 @@
+"""Throughput at SLO (benchmarks/slo_rate.py, issue 19): the rate search, and a small
+real run on the embedded cluster in virtual time (about 20 replays of 40 ReAct jobs)."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@functools.cache
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("slo_rate", ROOT / "benchmarks" / "slo_rate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _search(bench: ModuleType, stretch: Any, **kw: Any) -> Any:
+    search = bench.Search(**kw)
+    while (rate := search.next_rate()) is not None:
+        assert rate not in search.tried
+        search.tried[rate] = stretch(rate)
+    return search
+
+
+@pytest.mark.parametrize("start", [0.01, 1.7, 300.0])
+def test_the_search_brackets_then_narrows_to_the_slo(start: float) -> None:
+    bench = _bench()
+
+    def stretch(rate: float) -> float:  # crosses 2 at rate 2
+        return 1 + rate**2 / 4
+
+    search = _search(bench, stretch, start=start, tol=1.05, max_tries=20)
+    lo, hi = search.bracket()
+    assert stretch(lo) <= bench.SLO < stretch(hi)
+    assert hi / lo <= 1.05
+    assert lo <= search.rate() <= hi
+    assert search.rate() == pytest.approx(2.0, rel=0.01)
+
+
+def test_the_search_stops_at_its_limits() -> None:
+    bench = _bench()
+    never = _search(bench, lambda r: 1.5, start=1.0, ceiling=64.0)
+    assert never.bracket() == (64.0, None) and never.rate() == 64.0
+    always = _search(bench, lambda r: 9.0, start=1.0, floor=0.1)
+    assert always.bracket() == (None, 0.125) and always.rate() == 0.0
+    capped = _search(bench, lambda r: 1 + r**2 / 4, start=1e-3, max_tries=3)
+    assert len(capped.tried) == 3 and capped.bracket()[1] is None
+
+
+def test_a_failed_job_counts_as_an_infinite_stretch() -> None:
+    bench = _bench()
+    from agentrt.bench._drivers import JobResult
+    from agentrt.bench._runner import ClientRun
+
+    jobs = [JobResult(f"j{i}", "react", 0.0, 0.0, 2.0, "ok") for i in range(9)]
+    jobs.append(JobResult("j9", "react", 0.0, 0.0, 1.0, "error"))
+    alone = {f"j{i}": 1.0 for i in range(10)}
+    p50, p90 = bench.p90_stretch(ClientRun(jobs, 1.0, {}, {}), alone)
+    assert p50 == 2.0 and p90 == 2.0
+    jobs[0] = JobResult("j0", "react", 0.0, 0.0, 2.0, "error")
+    assert bench.p90_stretch(ClientRun(jobs, 1.0, {}, {}), alone)[1] == math.inf
+
+
+@pytest.mark.timeout(600)  # ~15 s of CPU; far more wall time on a busy shared machine
+def test_a_small_run_finds_each_rate_and_session_routing_sustains_plains(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = _bench()
+    out = tmp_path / "slo.json"
+    result = bench.main(["--quick", "--out", str(out)])
+    assert json.loads(out.read_text())["summary"] == result["summary"]
+    runs = result["runs"]["react"]["0"]
+    for client, run in runs.items():
+        tries = run["tries"]
+        by_rate = {t["rate"]: t["p90_stretch"] for t in tries}
+        lo, hi = run["lo"], run["hi"]
+        # The rate found meets the SLO, and a higher rate tried misses it.
+        assert lo is not None and hi is not None and lo < hi, client
+        assert by_rate[lo] <= 2.0 < by_rate[hi], client
+        assert lo <= run["rate"] <= hi, client
+        assert all(s <= 2.0 for r, s in by_rate.items() if r < lo), client
+        # Stretch grows with the rate (not strictly: p90 over 32 jobs is noisy).
+        first, last = tries[0], tries[-1]
+        assert first["p90_stretch"] <= 2.0 < last["p90_stretch"], client
+        assert first["p50_stretch"] < last["p50_stretch"], client
+    # Session routing keeps each conversation's prefix cached on one replica: at least
+    # plain's rate (round-robin over the replicas).
+    assert runs["agentrt:session"]["rate"] >= runs["plain"]["rate"]
+    # Without a client-side cap nothing waits in agentrt's queue, so the ordering policy
+    # has nothing to order: the same replays as fcfs.
+    assert runs["agentrt:session+mlfq"]["tries"] == runs["agentrt:session"]["tries"]
+    printed = capsys.readouterr().out
+    assert "session" in printed and "x plain" in printed
+    assert max(len(line) for line in printed.splitlines()) <= 80
