@@ -46,7 +46,7 @@ from agentrt.bench import Arrivals, Call, ClientSpec, Fanout, JobPlan, SessionPl
 from agentrt.bench._drivers import JobResult, Prompts, make_driver
 from agentrt.testing.vllm_cpu import SETUP_MESSAGE, Replica, ReplicaSpec, find_engine, launch
 from agentrt.tune._command import TuneOptions, TuneResult, chosen, tune
-from agentrt.tune._search import Setting
+from agentrt.tune._workload import runtime_defaults
 
 TEXT_TOKENS_PER_TOKEN = 0.7
 """Real tokens per nominal token of ``Prompts("text")`` on the tiny model's tokenizer
@@ -118,10 +118,11 @@ def describe(plans: Sequence[JobPlan]) -> dict[str, Any]:
 # -- the client ----------------------------------------------------------------------------
 
 
-def settings_file(path: Path, setting: Setting) -> Path:
-    """``setting`` as a Runtime settings file (the keys ``agentrt tune`` writes)."""
-    lines = [f"# {setting.label()}"]
-    for key, value in setting.runtime_kwargs().items():
+def defaults_file(path: Path) -> Path:
+    """A settings file of Runtime's own defaults for the keys tune sets (read from its
+    signature: ``concurrency="engine"`` without ``poll_metrics_s``, which never caps)."""
+    lines = ["# Runtime's defaults"]
+    for key, value in runtime_defaults().items():
         if isinstance(value, bool):
             text = "true" if value else "false"
         elif isinstance(value, int):
@@ -279,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     work.mkdir(parents=True, exist_ok=True)
     journal = work / "journal-defaults.jsonl"
     journal.unlink(missing_ok=True)
-    defaults = settings_file(work / "defaults.toml", Setting())
+    defaults = defaults_file(work / "defaults.toml")
     shape_args = (args.tool_wait, args.max_model_len, args.output_scale)
     recorded_plans = workload(args.workload, args.jobs, args.rate, args.seed, *shape_args)
     fresh_plans = workload(args.workload, args.jobs, args.rate, args.seed + 1, *shape_args)

@@ -21,6 +21,8 @@ import agentrt
 from agentrt.cli import main
 from agentrt.telemetry import read_journal
 from agentrt.testing.vllm_cpu import Replica
+from agentrt.tune._search import Setting
+from agentrt.tune._workload import runtime_defaults
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]
 
@@ -91,7 +93,9 @@ async def test_record_tune_apply_on_two_replicas(
     code = await anyio.to_thread.run_sync(main, args)
     text = capsys.readouterr().out
     assert code == 0, text
-    assert "session+fcfs*" in text  # the recorded settings are Runtime's defaults
+    defaults = Setting.of(runtime_defaults()).label()
+    assert f"recorded with: {defaults}" in text, text  # Runtime's defaults, from the journal
+    assert f"{defaults}*" in text, text  # and marked in the ranked table
     settings = tomllib.loads(out.read_text())
     assert KEYS <= set(settings) <= {*KEYS, "poll_metrics_s"}, settings
 
