@@ -203,6 +203,20 @@ class Check:
     defaults: str = field(default_factory=lambda: default_setting().label())
     best: str = ""
 
+    @staticmethod
+    def of(saved: dict[str, Any]) -> Check:
+        """A workload's check as ``main`` wrote it to the JSON file."""
+        return Check(
+            Workload(**saved["workload"]),
+            saved["recorded_with"],
+            saved["tune"],
+            saved["measured"],
+            saved["applied"],
+            saved["chosen"],
+            saved["predicted_p50_ratio"],
+            best=saved["best"],
+        )
+
     def summary(self) -> dict[str, Any]:
         base = self.measured[self.defaults]["p50"]
         best = self.measured[self.best]["p50"]
@@ -403,7 +417,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "tune_check.json")
     ap.add_argument("--workers", default="auto")
     ap.add_argument("--work", type=Path, default=None, help="folder for journals and files")
+    ap.add_argument("--show", type=Path, default=None, help="print the tables of a saved run")
     args = ap.parse_args(argv)
+    if args.show is not None:
+        saved = json.loads(args.show.read_text())["workloads"]
+        checks = [Check.of(v) for v in saved.values()]
+        for c in checks:
+            print("\n".join(grid_table(c)) + "\n")
+        print("\n".join(table(checks)))
+        return 0
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     for n in names:
         if n not in WORKLOADS:

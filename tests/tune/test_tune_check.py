@@ -30,6 +30,7 @@ def _check() -> ModuleType:
     return module
 
 
+@pytest.mark.timeout(300)  # ~20 s of CPU; far more wall time on a busy shared machine
 def test_the_loop_records_tunes_applies_and_measures(tmp_path: Path) -> None:
     tc = _check()
     assert tc.config_supported()
