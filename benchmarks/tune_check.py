@@ -3,7 +3,7 @@
 On workloads tune was not developed on, each on an embedded cluster in virtual time:
 
 1. **record** a journal with Runtime's defaults (a bench agentrt client built from a
-   settings file holding Runtime's defaults, ``journal_dir``);
+   settings file that sets nothing, so Runtime's defaults, ``journal_dir``);
 2. **tune** it (:func:`agentrt.tune._command.tune`, the CLI's entry, with its defaults but
    a smaller ``--sample`` / ``--seeds``: see ``WORKLOADS``);
 3. **apply** the file tune wrote (``agentrt:config=FILE``: ``Runtime(config=FILE)``) and
