@@ -243,6 +243,21 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
         "(default: a third of --sample)",
     )
     p.add_argument(
+        "--gpu-blocks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="KV blocks per replica of the engines the journal ran on (vLLM logs "
+        "'# GPU blocks: N'; default: --endpoint's metrics, else the preset's)",
+    )
+    p.add_argument(
+        "--host-blocks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="host-tier KV blocks per replica (default: the preset's)",
+    )
+    p.add_argument(
         "--workers",
         type=_workers,
         default="auto",
@@ -631,6 +646,8 @@ def _tune(args: argparse.Namespace) -> int:
         ("--sample", args.sample),
         ("--seeds", args.seeds),
         ("--top", args.top),
+        ("--gpu-blocks", args.gpu_blocks),
+        ("--host-blocks", args.host_blocks),
     ):
         _positive(value, option)
     if args.sample < 2:
@@ -648,6 +665,8 @@ def _tune(args: argparse.Namespace) -> int:
         seeds=args.seeds,
         top=args.top,
         warmup=args.warmup,
+        gpu_blocks=args.gpu_blocks,
+        host_blocks=args.host_blocks,
         workers=args.workers,
     )
     tune(opts)

@@ -627,6 +627,15 @@ def render_metrics(engine: Engine) -> str:
         "Number of requests waiting to be processed.",
         s.waiting,
     )
+    cfg = engine.config
+    metric(
+        "vllm:cache_config_info",
+        "gauge",
+        "Information of the LLMEngine CacheConfig.",
+        1,
+        f'block_size="{cfg.block_size}",num_gpu_blocks="{cfg.num_gpu_blocks}",'
+        'enable_prefix_caching="True"',
+    )
     metric(
         "vllm:kv_cache_usage_perc",
         "gauge",

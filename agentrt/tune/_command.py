@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ..bench._parallel import Workers
-from ..sim import PRESETS
-from ._fit import Fit, from_journal, from_probe
+from ..sim import PRESETS, EngineConfig
+from ._fit import Fit, from_journal, from_probe, read_cache_config
 from ._search import LOADS, Score, Setting, Twin, combine, neighbours, score
 from ._workload import Observed, load, to_plans
 
@@ -39,6 +39,13 @@ class TuneOptions:
     top: int = 3
     warmup: int | None = None
     """Jobs replayed before each window, not counted (None: a third of ``sample``)."""
+    gpu_blocks: int | None = None
+    """The twin's KV blocks per replica, in the engine's blocks of ``block_size`` tokens
+    (vLLM's ``# GPU blocks``); None: read from ``endpoint``'s metrics, else the preset's."""
+    host_blocks: int | None = None
+    """The twin's host-tier KV blocks per replica (same units); None: the preset's."""
+    block_size: int | None = None
+    """Tokens per block of ``gpu_blocks`` / ``host_blocks`` (None: the preset's)."""
     workers: Workers = "auto"
     progress: bool | None = None
 
@@ -57,6 +64,8 @@ class TuneResult:
     replays: int
     wall_s: float
     confidence: str
+    capacity: str = ""
+    """The twin's KV capacity per replica and where it came from (one line)."""
 
 
 def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
@@ -67,6 +76,13 @@ def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
         raise ValueError("--sample must be >= 2, --seeds and --top >= 1")
     if opts.warmup is not None and opts.warmup < 0:
         raise ValueError(f"--warmup must be 0 or more, got {opts.warmup}")
+    for name, blocks in (
+        ("--gpu-blocks", opts.gpu_blocks),
+        ("--host-blocks", opts.host_blocks),
+        ("block_size", opts.block_size),
+    ):
+        if blocks is not None and (isinstance(blocks, bool) or blocks < 1):
+            raise ValueError(f"{name} must be a whole number of blocks >= 1, got {blocks}")
     started = time.perf_counter()
     observed = load(opts.journals)
     plans = to_plans(observed.reports)
@@ -75,6 +91,7 @@ def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
         engine, fit = from_probe(opts.endpoint, engine, opts.model)
     else:
         engine, fit = from_journal(observed.reports, engine)
+    engine, capacity = kv_capacity(opts, engine)
     recorded = Setting.of(observed.recorded)
     replicas = opts.replicas or observed.replicas
     sample = min(opts.sample, len(plans))
@@ -86,6 +103,7 @@ def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
     total = len(coarse_set) * len(LOADS) + 1 + seeds * (fine_max * len(LOADS) + 1)
     total -= kept * len(LOADS) + 1
     echo(_intro(opts, observed, len(plans), fit, recorded, replicas, sample, seeds))
+    echo(capacity)
     from ..bench._output import progress_bar
 
     on = sys.stderr.isatty() if opts.progress is None else opts.progress
@@ -123,6 +141,7 @@ def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
         replays,
         time.perf_counter() - started,
         _confidence(ranked, recorded),
+        capacity,
     )
     for line in table(result):
         echo(line)
@@ -130,6 +149,43 @@ def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
     opts.out.write_text(to_toml(result, opts))
     echo(f"best settings: {opts.out}")
     return result
+
+
+def kv_capacity(opts: TuneOptions, engine: EngineConfig) -> tuple[EngineConfig, str]:
+    """``engine`` with the KV capacity the journal's engines had, and a line saying it:
+    ``--gpu-blocks`` / ``--host-blocks`` where given (in blocks of ``block_size`` tokens,
+    the preset's by default), else the ``vllm:cache_config_info`` gauge of
+    ``--endpoint``'s ``/metrics``, else the preset's. The twin counts blocks of its own
+    ``block_size`` tokens: other sizes are converted (whole blocks, rounded down)."""
+    gpu, host, size = opts.gpu_blocks, opts.host_blocks, opts.block_size
+    source = "--gpu-blocks"
+    if gpu is None and opts.endpoint:
+        info = read_cache_config(opts.endpoint)
+        if info is not None:
+            gpu, size, source = info.gpu_blocks, info.block_size, f"{opts.endpoint} metrics"
+            if host is None and info.host_blocks:
+                host = info.host_blocks
+    if gpu is None and host is None:
+        why = " (no vllm:cache_config_info in its metrics)" if opts.endpoint else ""
+        return engine, (
+            f"kv: {engine.num_gpu_blocks:,} blocks of {engine.block_size} tokens per "
+            f"replica, the {opts.preset} preset's{why}; set --gpu-blocks to the engine's"
+        )
+    size = size or engine.block_size
+    changes: dict[str, int] = {}
+    if gpu is not None:
+        changes["num_gpu_blocks"] = max(1, gpu * size // engine.block_size)
+    if host is not None:
+        changes["num_host_blocks"] = max(0, host * size // engine.block_size)
+    engine = engine.replace(**changes)
+    unit = "" if size == engine.block_size else f" ({size}-token blocks converted)"
+    host_text = f" + {engine.num_host_blocks:,} host" if engine.num_host_blocks else ""
+    if gpu is None:
+        source = "--host-blocks"
+    return engine, (
+        f"kv: {engine.num_gpu_blocks:,}{host_text} blocks of {engine.block_size} tokens "
+        f"per replica, from {source}{unit}"
+    )
 
 
 def _intro(
@@ -256,6 +312,8 @@ def to_toml(result: TuneResult, opts: TuneOptions) -> str:
         f"# {now}; journals: {', '.join(str(p) for p in opts.journals)}",
         f"# recorded with: {result.recorded.label()}",
     ]
+    if result.capacity:
+        lines.append(f"# twin {result.capacity}")
     if best is not None:
         p50 = ", ".join(f"{x:g}x {best.p50[x]:.2f}" for x in LOADS)
         lines.append(f"# predicted JCT p50 ratio: {p50}")

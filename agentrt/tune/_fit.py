@@ -11,11 +11,13 @@ on the fastest quarter of the calls relative to the fit (the lower envelope: the
 nearly idle).
 
 From ``--endpoint``: :func:`agentrt.sim.probe_engine` measures the idle engine and
-:func:`agentrt.sim.calibrate` fits the whole cost model.
+:func:`agentrt.sim.calibrate` fits the whole cost model; :func:`read_cache_config` reads
+its KV capacity from vLLM's ``vllm:cache_config_info`` gauge.
 """
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -185,3 +187,50 @@ def from_probe(
         len(samples),
     )
     return engine.replace(cost=cost), fit
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """An engine's KV capacity, as its ``vllm:cache_config_info`` gauge labels it."""
+
+    gpu_blocks: int
+    block_size: int
+    host_blocks: int | None = None
+
+
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_cache_config(text: str) -> CacheConfig | None:
+    """The first ``vllm:cache_config_info`` series of a Prometheus page with a whole
+    ``num_gpu_blocks`` >= 1 and ``block_size`` >= 1 (vLLM writes ``None`` before the
+    engine has profiled its memory); None when there is none."""
+    for line in text.splitlines():
+        if not line.startswith("vllm:cache_config_info{"):
+            continue
+        labels = dict(_LABEL.findall(line.split("{", 1)[1].rsplit("}", 1)[0]))
+        try:
+            gpu = int(labels.get("num_gpu_blocks", ""))
+            size = int(labels.get("block_size", ""))
+        except ValueError:
+            continue
+        if gpu >= 1 and size >= 1:
+            return CacheConfig(gpu, size)
+    return None
+
+
+def read_cache_config(url: str) -> CacheConfig | None:
+    """The KV capacity the server at ``url`` (an OpenAI base URL) reports on
+    ``/metrics`` at its origin, where vLLM serves it; None when it has no such gauge or
+    does not answer."""
+    import httpx
+
+    u = httpx.URL(url)
+    origin = f"{u.scheme}://{u.netloc.decode('ascii')}"
+    try:
+        resp = httpx.get(origin + "/metrics", timeout=10.0)
+    except httpx.HTTPError:
+        return None
+    if resp.status_code != 200:
+        return None
+    return parse_cache_config(resp.text)
