@@ -383,13 +383,11 @@ def report(summary: dict[str, Any], fits: dict[str, dict[str, Any]]) -> str:
     lines = []
     for source, f in fits.items():
         p50 = f["predicted_p50_ratio"]
-        lines.append(
-            f"tune ({source}): chose {f['label']} (best {f['best']}, recorded "
-            f"{f['recorded']}, confidence {f['confidence']})"
-        )
+        lines.append(f"tune ({source}): chose {f['label']}, recorded {f['recorded']}")
+        lines.append(f"  best in the twin {f['best']}, confidence {f['confidence']}")
         lines.append(
             f"  fit prefill x{f['fit']['prefill_scale']:.2f} decode "
-            f"x{f['fit']['decode_scale']:.2f}; predicted JCT p50 ratio "
+            f"x{f['fit']['decode_scale']:.2f}; predicted p50 ratio "
             + ", ".join(f"{k} {v:.2f}" for k, v in p50.items())
         )
     lines.append(f"{'medians':10} {'JCT p50':>8} {'p90':>8} {'mean':>8}")
