@@ -387,7 +387,7 @@ def report(summary: dict[str, Any], fits: dict[str, dict[str, Any]]) -> str:
         lines.append(f"  best in the twin {f['best']}, confidence {f['confidence']}")
         lines.append(
             f"  fit prefill x{f['fit']['prefill_scale']:.2f} decode "
-            f"x{f['fit']['decode_scale']:.2f}; predicted p50 ratio "
+            f"x{f['fit']['decode_scale']:.2f}; p50 predicted "
             + ", ".join(f"{k} {v:.2f}" for k, v in p50.items())
         )
     lines.append(f"{'medians':10} {'JCT p50':>8} {'p90':>8} {'mean':>8}")
