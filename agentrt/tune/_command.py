@@ -162,14 +162,14 @@ def kv_capacity(opts: TuneOptions, engine: EngineConfig) -> tuple[EngineConfig, 
     if gpu is None and opts.endpoint:
         info = read_cache_config(opts.endpoint)
         if info is not None:
-            gpu, size, source = info.gpu_blocks, info.block_size, f"{opts.endpoint} metrics"
+            gpu, size, source = info.gpu_blocks, info.block_size, "--endpoint's metrics"
             if host is None and info.host_blocks:
                 host = info.host_blocks
     if gpu is None and host is None:
-        why = " (no vllm:cache_config_info in its metrics)" if opts.endpoint else ""
+        why = "no vllm:cache_config_info at --endpoint; " if opts.endpoint else ""
         return engine, (
             f"kv: {engine.num_gpu_blocks:,} blocks of {engine.block_size} tokens per "
-            f"replica, the {opts.preset} preset's{why}; set --gpu-blocks to the engine's"
+            f"replica, the {opts.preset} preset's\n    ({why}--gpu-blocks N: the engine's)"
         )
     size = size or engine.block_size
     changes: dict[str, int] = {}
@@ -178,7 +178,9 @@ def kv_capacity(opts: TuneOptions, engine: EngineConfig) -> tuple[EngineConfig, 
     if host is not None:
         changes["num_host_blocks"] = max(0, host * size // engine.block_size)
     engine = engine.replace(**changes)
-    unit = "" if size == engine.block_size else f" ({size}-token blocks converted)"
+    unit = ""
+    if size != engine.block_size:
+        unit = f"\n    (the engine's {size}-token blocks, converted)"
     host_text = f" + {engine.num_host_blocks:,} host" if engine.num_host_blocks else ""
     if gpu is None:
         source = "--host-blocks"
@@ -313,7 +315,7 @@ def to_toml(result: TuneResult, opts: TuneOptions) -> str:
         f"# recorded with: {result.recorded.label()}",
     ]
     if result.capacity:
-        lines.append(f"# twin {result.capacity}")
+        lines += [f"# twin {line.strip()}" for line in result.capacity.splitlines()]
     if best is not None:
         p50 = ", ".join(f"{x:g}x {best.p50[x]:.2f}" for x in LOADS)
         lines.append(f"# predicted JCT p50 ratio: {p50}")

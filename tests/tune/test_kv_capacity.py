@@ -71,6 +71,7 @@ def test_without_a_capacity_the_preset_is_kept_and_said() -> None:
     engine, line = kv_capacity(_opts(), H100)
     assert engine == H100
     assert "26,624" in line and "preset" in line and "--gpu-blocks" in line
+    assert all(len(row) <= 80 for row in line.splitlines())
 
 
 def test_the_gauge_is_parsed_as_vllm_writes_it() -> None:
@@ -132,6 +133,7 @@ def test_tune_says_and_writes_the_capacity(
     args = ["tune", str(journal), "--out", str(out), "--sample", "2", "--seeds", "1"]
     assert main([*args, "--top", "1", "--workers", "1", "--gpu-blocks", "4096"]) == 0
     text = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in text.splitlines() if str(out) not in line), text
     assert "kv: 4,096 blocks of 16 tokens per replica, from --gpu-blocks" in text
     assert "# twin kv: 4,096 blocks" in out.read_text()
 
