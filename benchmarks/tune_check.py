@@ -15,12 +15,17 @@ On workloads tune was not developed on, each on an embedded cluster in virtual t
    setting tune's fine round scored;
 5. compare: the applied choice's JCT p50 against the grid's best (goal: within 5%), and
    tune's predicted JCT p50 ratio (chosen over recorded, at 1x load) against the measured
-   one (applied over the defaults on the fresh jobs; goal: within 15%).
+   one (applied over the recorded settings on the fresh jobs; goal: within 15%).
+
+``react-longtail-kv-told`` passes the recording's KV capacity to tune (``--gpu-blocks``);
+``mixed-cap4`` is recorded with a poor setting (a fixed cap of 4) that tune must change.
+``--merge`` keeps the other workloads already in ``--out``.
 
 Prints a table and writes ``results/tune_check.json``::
 
     .venv/bin/python benchmarks/tune_check.py
     .venv/bin/python benchmarks/tune_check.py --workloads mixed --out /tmp/tc.json
+    .venv/bin/python benchmarks/tune_check.py --workloads mixed-cap4 --merge
 """
 
 from __future__ import annotations
@@ -71,6 +76,12 @@ class Workload:
     token_scale: float = 1.0
     max_wait_s: float | None = None
     note: str = ""
+    tell_blocks: bool = False
+    """Pass ``gpu_blocks`` to tune (``--gpu-blocks``), as a user who knows their
+    engine's KV capacity would; else tune's twin keeps the preset's."""
+    record_with: tuple[tuple[str, Any], ...] = ()
+    """Changes to Runtime's defaults the journal is recorded with (``Setting`` fields):
+    a poor setting that tune must change; the measured ratio is then over this one."""
 
 
 WORKLOADS: dict[str, Workload] = {
@@ -87,6 +98,16 @@ WORKLOADS: dict[str, Workload] = {
         "react-longtail-kv", "react-longtail", rate=0.3, record_jobs=72, fresh_jobs=40,
         sample=24, seeds=1, gpu_blocks=4096,
         note="long tool loops, heavy-tailed waits; 4,096 KV blocks per replica, no host tier",
+    ),
+    "react-longtail-kv-told": Workload(
+        "react-longtail-kv-told", "react-longtail", rate=0.3, record_jobs=72, fresh_jobs=40,
+        sample=24, seeds=1, gpu_blocks=4096, tell_blocks=True,
+        note="react-longtail-kv with tune told the capacity (--gpu-blocks 4096)",
+    ),
+    "mixed-cap4": Workload(
+        "mixed-cap4", "mixed", rate=1.0, record_jobs=72, fresh_jobs=40, sample=24, seeds=1,
+        record_with=(("concurrency", 4),),
+        note="mixed recorded with a poor setting: a fixed cap of 4 per endpoint",
     ),
 }  # fmt: skip
 
@@ -126,6 +147,11 @@ def settings_of(path: Path) -> Setting:
 
     data = tomllib.loads(path.read_text())
     return Setting.of({k: (None if v == "none" else v) for k, v in data.items()})
+
+
+def recorded_setting(w: Workload) -> Setting:
+    """The settings ``w``'s journal is recorded with."""
+    return replace(default_setting(), **dict(w.record_with))
 
 
 def client(setting: Setting, folder: Path, use_config: bool, file: Path | None = None) -> str:
@@ -201,6 +227,8 @@ class Check:
     chosen: str = ""
     predicted: float = math.nan
     defaults: str = field(default_factory=lambda: default_setting().label())
+    """The measured ratios' base: the recorded settings (Runtime's defaults unless the
+    workload says otherwise)."""
     best: str = ""
 
     @staticmethod
@@ -214,6 +242,7 @@ class Check:
             saved["applied"],
             saved["chosen"],
             saved["predicted_p50_ratio"],
+            defaults=saved.get("base", default_setting().label()),
             best=saved["best"],
         )
 
@@ -225,6 +254,7 @@ class Check:
         error = self.predicted / ratio - 1.0
         gap = applied / best - 1.0
         return {
+            "base": self.defaults,
             "chosen": self.chosen,
             "predicted_p50_ratio": self.predicted,
             "measured_p50_ratio": ratio,
@@ -247,7 +277,9 @@ def record(checks: list[Check], work: Path, use_config: bool, workers: Any) -> l
         w = c.workload
         folder = work / w.name
         folder.mkdir(parents=True, exist_ok=True)
-        spec = client(default_setting(), folder, use_config)
+        setting = recorded_setting(w)
+        c.defaults = setting.label()
+        spec = client(setting, folder, use_config)
         c.recorded_with = spec
         opts = traces(w, 0, w.record_jobs, folder / "traces-recorded")
         cfgs.append(
@@ -275,7 +307,13 @@ def run_tune(c: Check, journal: Path, work: Path, workers: Any) -> tuple[TuneRes
     out = work / w.name / "agentrt-tuned.toml"
     lines: list[str] = []
     opts = TuneOptions(
-        [journal], out=out, sample=w.sample, seeds=w.seeds, workers=workers, progress=False
+        [journal],
+        out=out,
+        sample=w.sample,
+        seeds=w.seeds,
+        workers=workers,
+        progress=False,
+        gpu_blocks=w.gpu_blocks if w.tell_blocks else None,
     )
     result = tune(opts, echo=lines.append)
     pick = chosen(result)
@@ -289,6 +327,7 @@ def run_tune(c: Check, journal: Path, work: Path, workers: Any) -> tuple[TuneRes
             "replays": result.replays,
             "wall_s": result.wall_s,
             "confidence": result.confidence,
+            "capacity": result.capacity,
             "recorded": result.recorded.label(),
             "fit": {"prefill": result.fit.prefill_scale, "decode": result.fit.decode_scale},
             "chosen": c.chosen,
@@ -327,7 +366,7 @@ def measure(
         folder.mkdir(parents=True, exist_ok=True)
         fine = [s.setting for s in result.ranked]
         settings = grid(fine) if only is None else list(dict.fromkeys([*only, *fine]))
-        settings = list(dict.fromkeys([default_setting(), *settings]))
+        settings = list(dict.fromkeys([default_setting(), recorded_setting(w), *settings]))
         labels = [s.label() for s in settings]
         clients = [client(s, folder, use_config) for s in settings]
         clients.append(client(settings_of(file), folder, use_config, file))  # as applied
@@ -371,19 +410,20 @@ def _pct(x: float) -> str:
 
 def table(checks: list[Check]) -> list[str]:
     lines = [
-        f"{'workload':<18}{'pick (chosen)':<22}{'pred':>5}{'meas':>6}{'err':>5}  "
-        f"{'grid best':<16}{'gap':>5}",
+        f"{'workload':<23}{'pick (chosen)':<19}{'pred':>5}{'meas':>6}{'err':>5}  "
+        f"{'grid best':<15}{'gap':>5}",
     ]
     for c in checks:
         s = c.summary()
         lines.append(
-            f"{c.workload.name:<18}{c.chosen[:21]:<22}{s['predicted_p50_ratio']:>5.2f}"
+            f"{c.workload.name[:22]:<23}{c.chosen[:18]:<19}{s['predicted_p50_ratio']:>5.2f}"
             f"{s['measured_p50_ratio']:>6.2f}{_pct(s['prediction_error']):>5}  "
-            f"{s['best'][:15]:<16}{_pct(s['gap_to_best']):>5}"
+            f"{s['best'][:15]:<15}{_pct(s['gap_to_best']):>5}"
         )
     lines.append("")
-    lines.append("pred / meas: JCT p50 of the pick over the defaults' (tune's prediction at 1x,")
-    lines.append(f"measured on fresh jobs); err: pred/meas - 1 (goal within {GOAL_ERROR:.0%});")
+    lines.append("pred / meas: JCT p50 of the pick over the recorded settings' (tune's")
+    lines.append("prediction at 1x, measured on fresh jobs); err: pred/meas - 1 (goal within")
+    lines.append(f"{GOAL_ERROR:.0%});")
     lines.append(f"gap: the pick's p50 over the grid's best p50 - 1 (goal <= {GOAL_GAP:.0%}).")
     return lines
 
@@ -391,14 +431,14 @@ def table(checks: list[Check]) -> list[str]:
 def grid_table(c: Check) -> list[str]:
     base = c.measured[c.defaults]["p50"]
     lines = [f"{c.workload.name}: measured on {c.workload.fresh_jobs} fresh jobs, best first"]
-    lines.append(f"  {'setting':<28}{'p50 s':>8}{'p90 s':>8}{'x def':>7}  tune")
+    lines.append(f"  {'setting':<28}{'p50 s':>8}{'p90 s':>8}{'x rec':>7}  tune")
     predicted = {r["setting"]: r["p50"]["1x"] for r in c.tune["ranked"]}
     for label, m in sorted(c.measured.items(), key=lambda kv: kv[1]["p50"]):
         marks = []
         if label == c.chosen:
             marks.append("pick")
         if label == c.defaults:
-            marks.append("defaults")
+            marks.append("recorded")
         if label in predicted:
             marks.append(f"pred {predicted[label]:.2f}")
         if m["failed"]:
@@ -418,6 +458,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", default="auto")
     ap.add_argument("--work", type=Path, default=None, help="folder for journals and files")
     ap.add_argument("--show", type=Path, default=None, help="print the tables of a saved run")
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the other workloads already in --out (this run's replace their namesakes)",
+    )
     args = ap.parse_args(argv)
     if args.show is not None:
         saved = json.loads(args.show.read_text())["workloads"]
@@ -466,6 +511,12 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.merge and args.out.exists():
+        merged = json.loads(args.out.read_text())
+        for entry in out["workloads"].values():
+            entry.update(command=out["command"], commit=commit, wall_s=wall, cpu_s=cpu)
+        merged["workloads"].update(out["workloads"])
+        out = merged
     args.out.write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}")
     return 0
