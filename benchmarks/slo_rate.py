@@ -57,8 +57,10 @@ client, so there is nothing to order; the test checks it), so it is left out."""
 
 WORKLOADS: dict[str, dict[str, Any]] = {
     # name: jobs per replay and the rate each search starts from (jobs/s)
-    "mixed-cc": {"jobs": 120, "start": 2.0},
-    "claude-code": {"jobs": 60, "start": 0.1},
+    # Fewer jobs than these arrive faster than one job lasts at the rates where p90
+    # stretch nears 2, so the cluster absorbs them whatever the rate (docs/benchmarks.md).
+    "mixed-cc": {"jobs": 300, "start": 2.0},
+    "claude-code": {"jobs": 150, "start": 0.1},
 }
 
 
@@ -330,7 +332,8 @@ def table(rows: list[dict[str, Any]], workloads: Sequence[str]) -> str:
                 if r["seeds"] > 1 and math.isfinite(r["x_plain_min"])
                 else ""
             )
-            cells.append(f"{r['rate']:7.3g} {r['x_plain']:6.2f}x {spread:>8}")
+            ratio = f"{r['x_plain']:6.2f}x" if math.isfinite(r["x_plain"]) else f"{'-':>7}"
+            cells.append(f"{r['rate']:7.3g} {ratio} {spread:>8}")
         lines.append(f"{_short(client)[:30]:<31}" + "".join(cells))
     return "\n".join(lines)
 
