@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -102,7 +103,17 @@ def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
     kept = min(opts.top, len(coarse_set) - 1) + 1
     total = len(coarse_set) * len(LOADS) + 1 + seeds * (fine_max * len(LOADS) + 1)
     total -= kept * len(LOADS) + 1
+    warmup = sample // 3 if opts.warmup is None else opts.warmup
+    # The jobs that arrive while a window's jobs run compete with them: replayed too,
+    # for the recorded median job's time after the window's last arrival.
+    jcts = sorted(r.jct_s for r in observed.reports if r.jct_s is not None)
+    cooldown_s = statistics.median(jcts) if jcts else 0.0
     echo(_intro(opts, observed, len(plans), fit, recorded, replicas, sample, seeds))
+    if sample < len(plans):
+        echo(
+            f"  each after {warmup} earlier jobs and with those arriving {cooldown_s:.0f} s"
+            " after it\n  (the recorded JCT p50), replayed but not counted"
+        )
     echo(capacity)
     from ..bench._output import progress_bar
 
@@ -115,8 +126,16 @@ def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
             replays += 1
             advance("tune: replays")
 
-        warmup = sample // 3 if opts.warmup is None else opts.warmup
-        twin = Twin(plans, engine, replicas, sample, opts.workers, tick, warmup=warmup)
+        twin = Twin(
+            plans,
+            engine,
+            replicas,
+            sample,
+            opts.workers,
+            tick,
+            warmup=warmup,
+            cooldown_s=cooldown_s,
+        )
         # Coarse: one-setting changes, on one of the fine round's windows (the middle).
         middle = [(seeds // 2, seeds)]
         coarse_out = twin.run(coarse_set, middle)

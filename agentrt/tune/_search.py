@@ -234,6 +234,9 @@ class Twin:
     """Replays run so far, by (setting, window index, windows, load): their JCTs."""
     warmup: int = 0
     """Jobs replayed before each window (not counted), so that it starts loaded."""
+    cooldown_s: float = 0.0
+    """Seconds after a window's last arrival whose arrivals are replayed too (not
+    counted), so that its jobs compete with the later ones as when recorded."""
 
     def _cfg(self, spec: str, stretch: bool = False) -> TwinConfig:
         return TwinConfig(
@@ -246,7 +249,7 @@ class Twin:
         )
 
     def jobs(self, index: int, count: int) -> tuple[list[JobPlan], set[str]]:
-        return window(self.plans, self.sample, index, count, self.warmup)
+        return window(self.plans, self.sample, index, count, self.warmup, self.cooldown_s)
 
     def run(self, settings: Sequence[Setting], samples: Sequence[tuple[int, int]]) -> list[Outcome]:
         """Replay every setting on every sample (``(index, count)`` windows) at every

@@ -316,19 +316,30 @@ def scale_arrivals(plans: Sequence[JobPlan], load: float) -> list[JobPlan]:
 
 
 def window(
-    plans: Sequence[JobPlan], size: int, index: int, count: int, warmup: int = 0
+    plans: Sequence[JobPlan],
+    size: int,
+    index: int,
+    count: int,
+    warmup: int = 0,
+    cooldown_s: float = 0.0,
 ) -> tuple[list[JobPlan], set[str]]:
     """``size`` consecutive jobs (by arrival), the ``index``-th of ``count`` windows
     spread evenly over the workload, their arrivals from 0: a sample at the observed
     load and burstiness; after up to ``warmup`` jobs that precede it, replayed to load
-    the cluster as the window found it, but not counted. Returns the jobs to replay and
-    the names of those counted."""
+    the cluster as the window found it, and before the jobs that arrive within
+    ``cooldown_s`` of its last arrival, replayed so that the window's jobs compete with
+    them as they did when recorded; neither counted. Returns the jobs to replay and the
+    names of those counted."""
     if size >= len(plans):
         return list(plans), {p.name for p in plans}
     span = len(plans) - size
     start = 0 if count <= 1 else round(span * index / (count - 1))
     first = max(0, start - warmup)
-    part = plans[first : start + size]
+    stop = start + size
+    last = plans[stop - 1].arrival_s + cooldown_s
+    while stop < len(plans) and plans[stop].arrival_s <= last:
+        stop += 1
+    part = plans[first:stop]
     t0 = part[0].arrival_s
     counted = {p.name for p in plans[start : start + size]}
     return [replace(p, arrival_s=p.arrival_s - t0) for p in part], counted

@@ -223,3 +223,16 @@ def test_a_window_starts_after_its_warm_up_jobs() -> None:
     assert [p.arrival_s for p in jobs] == [0.0, 2.0, 4.0, 6.0, 8.0]  # gaps kept
     jobs, counted = window(plans, 3, 0, 2, warmup=2)  # the first: nothing before it
     assert [p.name for p in jobs] == ["j0", "j1", "j2"] and len(counted) == 3
+
+
+def test_a_window_ends_with_the_jobs_arriving_while_its_jobs_run() -> None:
+    """The jobs arriving within ``cooldown_s`` of the window's last arrival are replayed
+    (they compete with the window's jobs, as when recorded) but not counted."""
+    root = SessionPlan("main", ())
+    plans = [JobPlan(f"j{i}", "react", 2.0 * i, root) for i in range(10)]
+    jobs, counted = window(plans, 3, 0, 2, warmup=2, cooldown_s=4.0)  # jobs 0-2, then 3-4
+    assert [p.name for p in jobs] == ["j0", "j1", "j2", "j3", "j4"]
+    assert counted == {"j0", "j1", "j2"}
+    jobs, counted = window(plans, 3, 1, 2, warmup=2, cooldown_s=100.0)  # none after j9
+    assert [p.name for p in jobs] == ["j5", "j6", "j7", "j8", "j9"]
+    assert counted == {"j7", "j8", "j9"}
