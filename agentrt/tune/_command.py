@@ -111,7 +111,7 @@ def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
     echo(_intro(opts, observed, len(plans), fit, recorded, replicas, sample, seeds))
     if sample < len(plans):
         echo(
-            f"  each after {warmup} earlier jobs and with those arriving {cooldown_s:.0f} s"
+            f"  each after up to {warmup} earlier jobs, with those arriving {cooldown_s:.0f} s"
             " after it\n  (the recorded JCT p50), replayed but not counted"
         )
     echo(capacity)
