@@ -40,10 +40,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from router import _pct, replay  # this folder: run as a script
 
 from agentrt import Runtime
 from agentrt.bench import Arrivals, Call, ClientSpec, Fanout, JobPlan, SessionPlan, make_workload
-from agentrt.bench._drivers import JobResult, Prompts, make_driver
+from agentrt.bench._drivers import Prompts, make_driver
 from agentrt.testing.vllm_cpu import SETUP_MESSAGE, Replica, ReplicaSpec, find_engine, launch
 from agentrt.tune._command import TuneOptions, TuneResult, chosen, tune
 from agentrt.tune._workload import runtime_defaults
@@ -155,27 +156,6 @@ def driver_for(config: Path, urls: list[str], model: str, journal: Path | None) 
     return driver
 
 
-async def _replay(driver: Any, plans: Sequence[JobPlan]) -> tuple[list[JobResult], float]:
-    results: list[JobResult] = []
-    t0 = anyio.current_time()
-
-    async def one(plan: JobPlan) -> None:
-        await anyio.sleep_until(t0 + plan.arrival_s)
-        results.append(await driver.run_job(plan, t0))
-
-    async with driver, anyio.create_task_group() as tg:
-        for plan in plans:
-            tg.start_soon(one, plan)
-    return results, anyio.current_time() - t0
-
-
-def _pct(values: Sequence[float], q: float) -> float:
-    if not values:
-        return math.nan
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
-
-
 def run_one(
     label: str,
     config: Path,
@@ -188,7 +168,7 @@ def run_one(
     before = [r.metrics() for r in replicas]
     load_before = os.getloadavg()[0]
     driver = driver_for(config, [r.base_url for r in replicas], replicas[0].model, journal)
-    results, makespan = anyio.run(_replay, driver, plans)
+    results, makespan = anyio.run(replay, driver, plans)
     after = [r.metrics() for r in replicas]
     ok = [r for r in results if r.status == "ok"]
     jct = [r.jct_s for r in ok]
