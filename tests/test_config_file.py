@@ -203,23 +203,11 @@ async def test_the_journal_records_the_applied_settings(tmp_path: Path) -> None:
 def test_the_file_tune_writes_loads_back(tmp_path: Path) -> None:
     """Round trip: a journal recorded with a settings file, tuned (on the embedded
     cluster, in virtual time), and the tuned file applied."""
-    from agentrt.bench import BenchConfig, run_bench
     from agentrt.cli import main
     from agentrt.tune._search import Setting
+    from tests.tune._helpers import record_journal
 
-    cfg = BenchConfig(
-        workload="react",
-        jobs=6,
-        rate=0.5,
-        seed=4,
-        replicas=2,
-        clients=("agentrt:session",),
-        stretch=False,
-        api="http",
-        journal_dir=tmp_path,
-    )
-    run_bench(cfg, workers=1)
-    (journal,) = tmp_path.glob("journal-*.jsonl")
+    journal = record_journal(tmp_path, "react", 6)
     out = tmp_path / "tuned.toml"
     args = ["tune", str(journal), "--out", str(out), "--sample", "4", "--seeds", "1"]
     assert main([*args, "--workers", "1", "--top", "1"]) == 0

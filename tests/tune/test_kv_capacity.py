@@ -10,13 +10,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agentrt.bench import BenchConfig, run_bench
 from agentrt.bench._runner import ClientRun, prepare, replay_part
 from agentrt.cli import main
 from agentrt.sim import PRESETS, serve_async
 from agentrt.tune._command import TuneOptions, kv_capacity, tune
 from agentrt.tune._fit import parse_cache_config, read_cache_config
 from agentrt.tune._search import TwinConfig
+from tests.tune._helpers import record_journal
 
 H100 = PRESETS["h100-8b"]
 
@@ -116,19 +116,7 @@ def test_an_endpoint_without_the_gauge_keeps_the_preset() -> None:
 def test_tune_says_and_writes_the_capacity(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cfg = BenchConfig(
-        workload="react",
-        jobs=4,
-        rate=0.5,
-        seed=4,
-        replicas=1,
-        clients=("agentrt:session",),
-        stretch=False,
-        api="http",
-        journal_dir=tmp_path,
-    )
-    run_bench(cfg, workers=1)
-    (journal,) = tmp_path.glob("journal-*.jsonl")
+    journal = record_journal(tmp_path, "react", 4, replicas=1)
     out = tmp_path / "tuned.toml"
     args = ["tune", str(journal), "--out", str(out), "--sample", "2", "--seeds", "1"]
     assert main([*args, "--top", "1", "--workers", "1", "--gpu-blocks", "4096"]) == 0

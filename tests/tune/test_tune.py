@@ -19,23 +19,9 @@ from agentrt.sim import PRESETS, CostModel
 from agentrt.tune._fit import from_journal
 from agentrt.tune._search import Setting, TwinConfig, replay
 from agentrt.tune._workload import load, to_plans, window
+from tests.tune._helpers import record_journal
 
-
-def _record(tmp: Path, workload: str, jobs: int, client: str = "agentrt:session") -> Path:
-    cfg = BenchConfig(
-        workload=workload,
-        jobs=jobs,
-        rate=0.5,
-        seed=4,
-        replicas=2,
-        clients=(client,),
-        stretch=False,
-        api="http",
-        journal_dir=tmp,
-    )
-    run_bench(cfg, workers=1)
-    (path,) = tmp.glob("journal-*.jsonl")
-    return path
+_record = record_journal
 
 
 def _calls(session: SessionPlan) -> list[tuple[int, int]]:
