@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeVar, cast, 
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 import httpx
 import openai
 from anyio.from_thread import BlockingPortal, start_blocking_portal
@@ -57,6 +58,30 @@ _MAX_CONNECTIONS: Final = 1000
 """Connections the default HTTP pool opens at most (openai's clients cap theirs alike)."""
 
 _T = TypeVar("_T")
+
+_openai_platform: Any = None
+"""openai's platform tag (its ``X-Stainless-OS`` header), found once per process."""
+
+
+async def _find_openai_platform() -> Any:
+    """openai's platform tag, probed in a worker thread the first time (it may read
+    ``/etc/os-release``), then kept.
+
+    An ``AsyncOpenAI`` client probes it on its first request, in a worker thread, and
+    every request sent before that probe returns probes again: a burst of N first calls
+    makes N thread hops (40 at a time, anyio's default), and in virtual time (trio's
+    ``MockClock``) the clock jumps while they run, so the burst reaches the transport
+    spread over seconds, in an order the threads decide. Found here, when a runtime
+    opens, and given to every client the runtime builds, it costs one hop per process.
+    """
+    global _openai_platform
+    if _openai_platform is None:
+        try:
+            from openai._base_client import get_platform
+        except ImportError:  # pragma: no cover - a future openai without it
+            return None
+        _openai_platform = await anyio.to_thread.run_sync(get_platform)
+    return _openai_platform
 
 
 def _outcome(exc: BaseException | None) -> tuple[JobStatus, str | None]:
@@ -391,6 +416,7 @@ class Runtime:
         self._core.notices = self._notices
         self._poll_metrics_s = poll_metrics_s
         self._polled_at = -math.inf
+        self._platform: Any = None
 
     def __repr__(self) -> str:
         # Endpoint URLs carry no credentials (Endpoint keeps them apart).
@@ -443,6 +469,7 @@ class Runtime:
         if self._opened:
             raise AgentrtError("a Runtime can be entered only once")
         self._opened = True
+        self._platform = await _find_openai_platform()
         self._http = self.http_client()
         self._core.client = self.openai()
         self._core.clock = loop_clock()
@@ -679,7 +706,10 @@ class Runtime:
         kwargs = self._client_kwargs(kwargs)
         http = self._http or self.http_client()
         # openai 3.x types its client as httpx2.AsyncClient and accepts legacy httpx clients.
-        return openai.AsyncOpenAI(http_client=http, **kwargs)  # type: ignore[arg-type,unused-ignore]
+        client = openai.AsyncOpenAI(http_client=http, **kwargs)  # type: ignore[arg-type,unused-ignore]
+        if self._platform is not None and getattr(client, "_platform", self) is None:
+            client._platform = self._platform  # see _find_openai_platform
+        return client
 
     def _client_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Keyword arguments for an openai client that agentrt builds."""
