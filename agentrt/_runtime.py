@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeVar, cast, 
 
 import anyio
 import anyio.abc
-import anyio.to_thread
 import httpx
 import openai
 from anyio.from_thread import BlockingPortal, start_blocking_portal
@@ -25,6 +24,7 @@ from ._context import _CURRENT_SESSION, Job, Session
 from ._errors import AgentrtError, RuntimeClosedError
 from ._log import health_log
 from ._notice import Notices, NoticeStatistics
+from ._platform import give_platform, openai_platform
 from ._settings import with_config
 from ._state import PLACEHOLDER_KEY, _Core, _EndpointState
 from ._transport import CLOSED_MESSAGE, HttpLib, http_lib, loop_clock
@@ -58,30 +58,6 @@ _MAX_CONNECTIONS: Final = 1000
 """Connections the default HTTP pool opens at most (openai's clients cap theirs alike)."""
 
 _T = TypeVar("_T")
-
-_openai_platform: Any = None
-"""openai's platform tag (its ``X-Stainless-OS`` header), found once per process."""
-
-
-async def _find_openai_platform() -> Any:
-    """openai's platform tag, probed in a worker thread the first time (it may read
-    ``/etc/os-release``), then kept.
-
-    An ``AsyncOpenAI`` client probes it on its first request, in a worker thread, and
-    every request sent before that probe returns probes again: a burst of N first calls
-    makes N thread hops (40 at a time, anyio's default), and in virtual time (trio's
-    ``MockClock``) the clock jumps while they run, so the burst reaches the transport
-    spread over seconds, in an order the threads decide. Found here, when a runtime
-    opens, and given to every client the runtime builds, it costs one hop per process.
-    """
-    global _openai_platform
-    if _openai_platform is None:
-        try:
-            from openai._base_client import get_platform
-        except ImportError:  # pragma: no cover - a future openai without it
-            return None
-        _openai_platform = await anyio.to_thread.run_sync(get_platform)
-    return _openai_platform
 
 
 def _outcome(exc: BaseException | None) -> tuple[JobStatus, str | None]:
@@ -416,7 +392,7 @@ class Runtime:
         self._core.notices = self._notices
         self._poll_metrics_s = poll_metrics_s
         self._polled_at = -math.inf
-        self._platform: Any = None
+        self._platform: Any = openai_platform()  # with the pool, not per first call
 
     def __repr__(self) -> str:
         # Endpoint URLs carry no credentials (Endpoint keeps them apart).
@@ -469,7 +445,6 @@ class Runtime:
         if self._opened:
             raise AgentrtError("a Runtime can be entered only once")
         self._opened = True
-        self._platform = await _find_openai_platform()
         self._http = self.http_client()
         self._core.client = self.openai()
         self._core.clock = loop_clock()
@@ -707,8 +682,7 @@ class Runtime:
         http = self._http or self.http_client()
         # openai 3.x types its client as httpx2.AsyncClient and accepts legacy httpx clients.
         client = openai.AsyncOpenAI(http_client=http, **kwargs)  # type: ignore[arg-type,unused-ignore]
-        if self._platform is not None and getattr(client, "_platform", self) is None:
-            client._platform = self._platform  # see _find_openai_platform
+        give_platform(client, self._platform)  # found once, not per client (_platform.py)
         return client
 
     def _client_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from .._config import redact_userinfo
 from .._context import new_id
+from .._platform import give_platform, openai_platform
 from .._runtime import Runtime
 from ..sim import prompt_for_blocks
 from ..telemetry import CallReport, JobReport, Journal, ToolReport
@@ -387,6 +388,9 @@ class PlainDriver:
             )
             for u in urls
         ]
+        tag = openai_platform()  # no thread hop per first call (agentrt/_platform.py)
+        for client in self._clients:
+            give_platform(client, tag)
         self._rr = itertools.cycle(range(len(urls)))
         self._model = model
         self._prompts = prompts

@@ -6,7 +6,7 @@ and again for every request sent before that probe returns. Under trio's
 first calls used to reach agentrt's transport spread over virtual seconds, in an order
 the threads decided: a workload limited to 2 calls per replica sometimes never queued
 (tests/telemetry/test_report.py saw it in CI). The runtime now finds the tag once, when
-it opens, and hands it to its clients.
+it is built, and hands it to its clients.
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
-import pytest
 import trio
 from trio.testing import MockClock
 
 import agentrt
-import agentrt._runtime
+import agentrt._platform
 from agentrt.sim import PRESETS, Cluster
 from agentrt.telemetry import JobReport, read_journal
 
@@ -51,11 +50,9 @@ def _run(path: Path) -> list[JobReport]:
     return sorted(read_journal(path), key=lambda r: r.jct_s)
 
 
-def test_a_burst_of_first_calls_is_sent_at_once_and_replays_alike(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_burst_of_first_calls_is_sent_at_once_and_replays_alike(tmp_path: Path) -> None:
     # As in a fresh process: the runtime must find the platform tag itself.
-    monkeypatch.setattr(agentrt._runtime, "_openai_platform", None)
+    agentrt._platform.openai_platform.cache_clear()
     first = _run(tmp_path / "a.jsonl")
     assert len(first) == 8
     calls = [c for r in first for c in r.call_reports]
