@@ -45,6 +45,7 @@ PRESETS: Final = {
 
 KV_POLICIES: Final = ("lru", "keep", "pin", "offload", "drop", "adaptive", "resume")
 SCHEDULING: Final = ("fcfs", "priority")
+FINAL_POLICIES: Final = ("lru", "drop")
 
 CLIENT_HELP: Final = (
     "a client to compare (repeatable; default: plain, agentrt:round-robin, "
@@ -180,6 +181,16 @@ def _engine_args(p: argparse.ArgumentParser, *, serve: bool) -> None:
             choices=SCHEDULING,
             help="the replicas' queue order: fcfs, or priority (the request's priority "
             "field, as vLLM's --scheduling-policy priority)",
+        )
+        p.add_argument(
+            "--final-policy",
+            default=None,
+            choices=FINAL_POLICIES,
+            metavar="POLICY",
+            help="what a replica does with a session's KV when its declared last call "
+            "(final) finishes: lru (leave it to LRU, as vLLM) or drop (free the "
+            "session's own blocks at once; shared prefixes stay) (default: the preset's, "
+            "lru; docs/sim.md)",
         )
 
 
@@ -706,6 +717,7 @@ def _sim_serve(args: argparse.Namespace) -> int:
         "num_gpu_blocks": args.gpu_blocks,
         "num_host_blocks": args.host_blocks,
         "tool_wait_policy": args.tool_wait_policy,
+        "final_policy": args.final_policy,
     }
     config = resolve_config(args.preset).replace(
         replies=args.replies,

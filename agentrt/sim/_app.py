@@ -343,6 +343,7 @@ class ReplicaApp:
         if not isinstance(session, str) or not session:
             session = meta.session_id if meta is not None else hdr.get("x-session-id")
         idle = None if meta is None else meta.idle_expected_s
+        final = meta is not None and meta.final
         rid = hdr.get("x-request-id") or f"sim-{engine.name}-{next(self._ids)}"
         stream = bool(body.get("stream", False))
         model = body.get("model")
@@ -361,6 +362,7 @@ class ReplicaApp:
                 session=session,
                 idle_expected=idle,
                 stream=stream,
+                final=final,
             )
         except RequestRejected as e:
             raise _HTTPError(400, str(e)) from None
@@ -694,7 +696,8 @@ def render_metrics(engine: Engine) -> str:
 def _host_tier_metrics(
     metric: Callable[..., None], out: list[str], labels: str, s: ReplicaStats
 ) -> None:
-    """Host-tier traffic, prefetches and tool-wait decisions (``agentrt_sim:`` counters)."""
+    """Host-tier traffic, prefetches, tool-wait decisions and final calls (``agentrt_sim:``
+    counters)."""
     for name, help_text, value in (
         ("host_blocks_out_total", "KV blocks written to the host tier.", s.offloaded_blocks),
         ("host_blocks_in_total", "KV blocks loaded back at admission.", s.loaded_blocks),
@@ -702,6 +705,12 @@ def _host_tier_metrics(
         ("host_bytes_out_total", "Bytes written to the host tier.", s.host_bytes_out),
         ("host_bytes_in_total", "Bytes read back from the host tier.", s.host_bytes_in),
         ("idle_notices_total", "Tool-start notices accepted.", s.idle_notices),
+        ("final_calls_total", "Finished calls declared their session's last.", s.final_calls),
+        (
+            "final_blocks_dropped_total",
+            "KV blocks freed when a session's last call finished.",
+            s.final_blocks_dropped,
+        ),
     ):
         metric(f"agentrt_sim:{name}", "counter", help_text, value)
     pending = s.prefetches - s.prefetches_useful - s.prefetches_wasted

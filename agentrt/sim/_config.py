@@ -11,13 +11,24 @@ from typing import Final, Literal
 
 from ._cost import CostModel
 
-__all__ = ["PRESETS", "EngineConfig", "KVPolicy", "Replies", "SchedulingPolicy", "resolve_config"]
+__all__ = [
+    "PRESETS",
+    "EngineConfig",
+    "FinalPolicy",
+    "KVPolicy",
+    "Replies",
+    "SchedulingPolicy",
+    "resolve_config",
+]
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 Replies = Literal["filler", "agent"]
 KVPolicy = Literal["lru", "keep", "pin", "offload", "drop", "adaptive", "resume"]
 
+FinalPolicy = Literal["lru", "drop"]
+
 _KV_POLICIES: Final = ("lru", "keep", "pin", "offload", "drop", "adaptive", "resume")
+_FINAL_POLICIES: Final = ("lru", "drop")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +73,12 @@ class EngineConfig:
     ``adaptive`` choose among these by KV memory pressure; ``resume`` leave the KV in place
     but evict by declared resume time (the leaf expected back last first, Belady-like) and
     prefetch what was spilled to the host tier for the expected resume (docs/sim.md)."""
+    final_policy: FinalPolicy = "lru"
+    """What happens to a session's KV when its declared last call (``final`` in
+    ``x-agentrt``: ``session.chat(..., final=True)`` or ``expect_final()``) finishes:
+    ``lru`` nothing, LRU decides (today's engines, vLLM's); ``drop`` free the session's own
+    blocks at once (those no other session used: a shared prefix stays cached) and forget
+    the session, superseding a pending tool-wait pin or prefetch (docs/sim.md)."""
     pin_margin_s: float = 2.0
     """Extra seconds a pin lasts beyond the expected wait (also for prefetched blocks)."""
     offload_margin_s: float = 1.0
@@ -134,6 +151,10 @@ class EngineConfig:
         if self.tool_wait_policy not in _KV_POLICIES:
             raise ValueError(
                 f"tool_wait_policy must be one of {_KV_POLICIES}, got {self.tool_wait_policy!r}"
+            )
+        if self.final_policy not in _FINAL_POLICIES:
+            raise ValueError(
+                f"final_policy must be one of {_FINAL_POLICIES}, got {self.final_policy!r}"
             )
         if self.tool_wait_policy == "offload" and self.num_host_blocks == 0:
             raise ValueError("tool_wait_policy='offload' needs a host tier: set num_host_blocks")

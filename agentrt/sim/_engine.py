@@ -57,6 +57,7 @@ class SimRequest:
         "arrival",
         "cached_tokens",
         "deepest",
+        "final",
         "finish_time",
         "first_token_time",
         "host_cached_tokens",
@@ -96,6 +97,7 @@ class SimRequest:
         stream_interval: int,
         arrival: float,
         seq: int,
+        final: bool = False,
     ) -> None:
         self.request_id = request_id
         self.prompt = prompt
@@ -111,6 +113,8 @@ class SimRequest:
         self.resumed = False
         """Its session's KV was kept (pinned) for it: FCFS admits it ahead of the queue."""
         self.idle_expected = idle_expected
+        self.final = final
+        """The caller declared this its session's last call (``final`` in ``x-agentrt``)."""
         self.stream = stream
         self.notify_every = stream_interval if stream else max_tokens
         self.arrival = arrival
@@ -233,6 +237,11 @@ class ReplicaStats:
     """Tool waits whose expected resume was declared to eviction (``resume``)."""
     tool_wait_fallbacks: int = 0
     """Offloads not done because the host tier had no room (left to LRU)."""
+    final_calls: int = 0
+    """Finished calls their session declared its last (``final``)."""
+    final_blocks_dropped: int = 0
+    """KV blocks freed at the end of those calls (``final_policy='drop'``): the sessions'
+    own blocks, on either tier."""
     idle_notices: int = 0
     """Tool-start notices accepted (``POST /v1/agentrt/idle``)."""
 
@@ -244,7 +253,10 @@ class Engine:
         self.config = config
         self.name = name
         self.tokenizer = Tokenizer(config.block_size)
-        track = config.tool_wait_policy in ("drop", "offload", "adaptive")
+        track = (
+            config.tool_wait_policy in ("drop", "offload", "adaptive")
+            or config.final_policy == "drop"
+        )
         self.kv = KVCache(config.num_gpu_blocks, config.num_host_blocks, track)
         self._paths: OrderedDict[Any, Node] = OrderedDict()
         """Each named session's last finished path (its deepest node), for notices."""
@@ -286,6 +298,8 @@ class Engine:
         self.tool_waits = dict.fromkeys(("pin", "offload", "drop", "lru", "fallback", "resume"), 0)
         self.idle_notices = 0
         self.resumed_first = 0
+        self.final_calls = 0
+        self.final_blocks_dropped = 0
 
     # ------------------------------------------------------------ requests
 
@@ -299,8 +313,12 @@ class Engine:
         session: Any = None,
         idle_expected: float | None = None,
         stream: bool = False,
+        final: bool = False,
     ) -> SimRequest:
-        """Queue a request (raises :class:`RequestRejected` when it can never run)."""
+        """Queue a request (raises :class:`RequestRejected` when it can never run).
+
+        ``final``: the caller declared it its session's last call; ``final_policy`` applies
+        when it finishes."""
         cfg = self.config
         total = prompt.num_tokens + max_tokens
         if prompt.num_tokens <= 0:
@@ -329,6 +347,7 @@ class Engine:
             stream_interval=cfg.stream_interval,
             arrival=anyio.current_time(),
             seq=next(self._seq),
+            final=final,
         )
         req.anonymous = session is None
         if cfg.tool_wait_policy == "resume" and session is not None:
@@ -480,6 +499,8 @@ class Engine:
             tool_waits_lru=tw["lru"],
             tool_waits_resume=tw["resume"],
             tool_wait_fallbacks=tw["fallback"],
+            final_calls=self.final_calls,
+            final_blocks_dropped=self.final_blocks_dropped,
             idle_notices=self.idle_notices,
         )
 
@@ -982,10 +1003,28 @@ class Engine:
             paths.move_to_end(req.session)
             if len(paths) > _MAX_SESSIONS:
                 paths.popitem(last=False)
+        self.final_calls += req.final
         idle = req.idle_expected
-        if idle is not None and idle > 0 and cfg.tool_wait_policy != "lru":
+        if req.final and cfg.final_policy == "drop" and not req.anonymous:
+            self._end_session(req.session, deepest)
+        elif idle is not None and idle > 0 and cfg.tool_wait_policy != "lru":
             self._tool_wait(req.session, deepest, idle, now)
         req._notify()
+
+    def _end_session(self, session: Any, deepest: Node) -> None:
+        """``final_policy='drop'``: ``session`` ended with its call to ``deepest``. Free its
+        own tail (pinned, offloaded or not; shared ancestors stay cached, with any pins
+        other sessions put on them), cancel a pending prefetch and forget the session, so
+        a later tool-start notice for it is refused."""
+        kv = self.kv
+        if self._prefetch_of:
+            self._cancel_prefetch(session)
+        self._paths.pop(session, None)
+        if deepest is kv.root or not deepest.alive:
+            return
+        top, _ = kv.own_tail(deepest, session)
+        if top is not None:
+            self.final_blocks_dropped += kv.drop_tail(top)
 
     # ------------------------------------------------------------ tool waits
 
