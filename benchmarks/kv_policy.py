@@ -19,6 +19,11 @@ and arrivals through agentrt with session routing:
   ``resume`` also with ``declare=none`` (what it does without declarations: LRU, with the
   prefixes of queued requests evicted last).
 
+With ``--final-drop``, also ``EngineConfig.final_policy="drop"`` (free a session's own KV
+when its declared last call ends; the oracle declares it): ``lru`` and each policy with
+``declare=oracle`` again under it (labelled ``+final``), beside ``lru`` with
+``declare=oracle`` under the default ``final_policy="lru"``. ``--policies`` runs a subset.
+
 Per configuration: JCT mean/p50/p99 and their ratio to the baseline, the hit rate of calls
 that resume a session after a tool wait, host-tier traffic, KV occupancy, and the gap
 between learned and oracle declarations.
@@ -28,6 +33,8 @@ processes (default: one per core; 1: one by one; ray: on Ray), with the same res
 
     .venv/bin/python benchmarks/kv_policy.py              # ~4 min; results/kv_policy.json
     .venv/bin/python benchmarks/kv_policy.py --workloads react-longtail --loads base
+    .venv/bin/python benchmarks/kv_policy.py --workloads react-longtail --loads heavy \
+        --policies pin --final-drop
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +74,7 @@ H100 holds for Llama-3.1-8B)."""
 HOST_BLOCKS = 4 * GPU_BLOCKS
 POLICIES = ("pin", "offload", "drop", "adaptive", "resume")
 BASELINE = "agentrt:session,declare=none"
+ORACLE = "agentrt:session,declare=oracle"
 NO_HOST = "lru, no host tier"
 
 
@@ -78,15 +87,30 @@ def has_policy(name: str, host: int) -> bool:
     return True
 
 
-def configs(host: int) -> list[tuple[str, str, int, list[str]]]:
-    """(label, engine policy, host blocks, clients) per run."""
+@dataclass(slots=True)
+class KVBenchConfig(BenchConfig):
+    """A bench run whose embedded replicas also get ``final_policy``."""
+
+    final_policy: str = "lru"
+
+    def engine_config(self) -> EngineConfig:
+        return BenchConfig.engine_config(self).replace(final_policy=self.final_policy)
+
+
+def configs(
+    host: int, policies: tuple[str, ...] = POLICIES, final_drop: bool = False
+) -> list[tuple[str, str, int, list[str], str]]:
+    """(label, engine policy, host blocks, clients, final policy) per run."""
     both = [f"agentrt:session,declare={d}" for d in ("learned", "oracle")]
-    out = [("lru", "lru", host, [BASELINE])]
+    known = [p for p in policies if has_policy(p, host)]
+    out = [("lru", "lru", host, [BASELINE, ORACLE] if final_drop else [BASELINE], "lru")]
     if host:
-        out.append((NO_HOST, "lru", 0, [BASELINE]))
-    out += [(p, p, host, both) for p in POLICIES if has_policy(p, host)]
-    if has_policy("resume", host):  # without declarations: LRU, queued prefixes last
-        out[-1] = ("resume", "resume", host, [BASELINE, *both])
+        out.append((NO_HOST, "lru", 0, [BASELINE], "lru"))
+    out += [(p, p, host, both, "lru") for p in known]
+    if "resume" in known:  # without declarations: LRU, queued prefixes last
+        out[-1] = ("resume", "resume", host, [BASELINE, *both], "lru")
+    if final_drop:
+        out += [(f"{p} +final", p, host, [ORACLE], "drop") for p in ("lru", *known)]
     return out
 
 
@@ -111,9 +135,15 @@ def wait_floor(workload: str, rate: float, args: argparse.Namespace) -> float:
 
 
 def bench_config(
-    workload: str, rate: float, args: argparse.Namespace, policy: str, host: int, clients: list[str]
+    workload: str,
+    rate: float,
+    args: argparse.Namespace,
+    policy: str,
+    host: int,
+    clients: list[str],
+    final: str = "lru",
 ) -> BenchConfig:
-    return BenchConfig(
+    return KVBenchConfig(
         workload=workload,
         jobs=args.jobs or JOBS[workload],
         rate=rate,
@@ -126,6 +156,7 @@ def bench_config(
         tool_wait_policy=policy,
         gpu_blocks=args.gpu_blocks,
         host_blocks=host,
+        final_policy=final,
     )
 
 
@@ -213,6 +244,14 @@ def main() -> int:
     parser.add_argument(
         "--host-blocks", type=int, default=HOST_BLOCKS, help="per replica (0: no host tier)"
     )
+    parser.add_argument(
+        "--policies", nargs="*", default=list(POLICIES), choices=list(POLICIES), help="subset"
+    )
+    parser.add_argument(
+        "--final-drop",
+        action="store_true",
+        help="also run final_policy=drop (lru and each policy, declare=oracle)",
+    )
     parser.add_argument("--out", type=Path, default=Path("results/kv_policy.json"))
     parser.add_argument(
         "--workers",
@@ -232,9 +271,11 @@ def main() -> int:
         ).items()
     ]
     study = [
-        (group, label, bench_config(group[0], group[2], args, policy, host, clients))
+        (group, label, bench_config(group[0], group[2], args, policy, host, clients, final))
         for group in groups
-        for label, policy, host, clients in configs(args.host_blocks)
+        for label, policy, host, clients, final in configs(
+            args.host_blocks, tuple(args.policies), args.final_drop
+        )
     ]
     # Every configuration replays on its own clusters: all of them run side by side.
     outcomes = run_study([cfg for _, _, cfg in study], workers=args.workers, return_exceptions=True)
@@ -279,6 +320,8 @@ def main() -> int:
         "max_wait_s": args.max_wait,
         "seed": args.seed,
         "workers": args.workers,
+        "policies": args.policies,
+        "final_drop": args.final_drop,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"setup": setup, "rows": rows, "failures": failures}, indent=1))
