@@ -8,7 +8,6 @@ share a KV prefix. A tool wait (``session.tool(...)``) is an idle gap in a sessi
 from __future__ import annotations
 
 import contextvars
-import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ import anyio
 from pydantic_core import to_json
 
 from ._errors import EndpointError, JobClosedError, SessionClosedError
+from ._ids import random_bytes
 from ._protocol import IdleSource, trusted_model, validate_id, validate_nonneg
 from .telemetry._events import (
     JobEnded,
@@ -105,7 +105,7 @@ def _check_name(value: str | None, what: str) -> str | None:
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}-{os.urandom(8).hex()}"
+    return f"{prefix}-{random_bytes(8).hex()}"
 
 
 @dataclass(slots=True, eq=False)
@@ -220,10 +220,15 @@ class Session:
         session_id: str,
         parent: Session | str | None,
         blocks_parent: bool | None = None,
+        *,
+        stable: bool = False,
     ) -> None:
         self.job = job
         self.name = name
         self.id = session_id
+        self._stable = stable
+        """The caller gave the id (the conversation may go on in another process): its
+        first turn here is placed by hashing it, as every process places it."""
         self.root_id: str | None
         """The session at the root of this session's tree of sub-agents (None: this one)."""
         if isinstance(parent, Session):
@@ -706,7 +711,7 @@ class Job:
                 start_s=anyio.current_time() - self._t0,
             )
         )
-        return Session(self, name, sid, parent, blocks_parent)
+        return Session(self, name, sid, parent, blocks_parent, stable=session_id is not None)
 
     # -- lifecycle, driven by Runtime.job ----------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import math
 import os
+import random
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
@@ -22,6 +23,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from ._config import DEFAULT_RETRY, Endpoint, Retry, check_api_key
 from ._context import _CURRENT_SESSION, Job, Session
 from ._errors import AgentrtError, RuntimeClosedError
+from ._ids import random_bytes
 from ._log import health_log
 from ._notice import Notices, NoticeStatistics
 from ._platform import give_platform, openai_platform
@@ -32,9 +34,10 @@ from .dialects import DialectOptions, DialectSpec, resolve_dialect
 from .scheduling._admission import Admission, AdmissionStatistics
 from .scheduling._health import DEFAULT_PROBE_INTERVAL_S, EndpointHealth
 from .scheduling._limiter import make_limit
+from .scheduling._poll import AUTO_POLL_S, PollSchedule
 from .scheduling._queue import Policy, make_policy
 from .scheduling._routing import EndpointLoad, Router, make_router
-from .scheduling._signals import parse_vllm_metrics
+from .scheduling._signals import EngineSignals, parse_vllm_metrics
 from .telemetry._events import Hook
 from .telemetry._journal import Journal, JournalStatistics
 from .telemetry._prefix import PrefixTracker
@@ -67,6 +70,22 @@ def _outcome(exc: BaseException | None) -> tuple[JobStatus, str | None]:
     if isinstance(exc, anyio.get_cancelled_exc_class()):
         return "cancelled", "cancelled"
     return "error", f"{type(exc).__name__}: {exc}"
+
+
+def _poll_interval(
+    poll: float | Literal["auto"] | None,
+    n_endpoints: int,
+    concurrency: object,
+    policy: object,
+) -> float | None:
+    """The metrics polls' (base) interval, or None for none. ``"auto"`` polls where a
+    decision reads the engines' load: routing among several endpoints, or an
+    ``"engine"`` cap that holds calls for a policy other than FCFS."""
+    if poll != "auto":
+        return poll
+    if n_endpoints > 1 or (concurrency == "engine" and policy != "fcfs"):
+        return AUTO_POLL_S
+    return None
 
 
 class AsyncTransport(Protocol):
@@ -293,7 +312,7 @@ class Runtime:
         transport: AsyncTransport | None = None,
         on_job_end: Callable[[JobReport], None] | None = None,
         keep_reports: int = 1000,
-        poll_metrics_s: float | None = None,
+        poll_metrics_s: float | Literal["auto"] | None = "auto",
         hooks: Sequence[Hook] = (),
         journal: str | os.PathLike[str] | None = None,
         otel: bool = True,
@@ -308,12 +327,21 @@ class Runtime:
         timeouts = _timeout_phases(timeout_s)
         if keep_reports < 0:
             raise ValueError("keep_reports must be >= 0")
-        if poll_metrics_s is not None and not (
-            isinstance(poll_metrics_s, int | float)
-            and math.isfinite(poll_metrics_s)
-            and poll_metrics_s > 0
+        if (
+            poll_metrics_s is not None
+            and poll_metrics_s != "auto"
+            and not (
+                isinstance(poll_metrics_s, int | float)
+                and not isinstance(poll_metrics_s, bool)
+                and math.isfinite(poll_metrics_s)
+                and poll_metrics_s > 0
+            )
         ):
-            raise ValueError(f"poll_metrics_s must be a number > 0 or None, got {poll_metrics_s!r}")
+            raise ValueError(
+                f"poll_metrics_s must be 'auto', a number > 0 or None, got {poll_metrics_s!r}"
+            )
+        n_endpoints = 1 if isinstance(endpoints, str | Endpoint) else len(endpoints)
+        poll = _poll_interval(poll_metrics_s, n_endpoints, concurrency, policy)
         states = _endpoints(
             endpoints,
             dialect,
@@ -321,11 +349,12 @@ class Runtime:
             concurrency,
             token_budget,
             send_priority,
-            polled=poll_metrics_s is not None,
+            polled=poll is not None,
         )
         for state in states:
             state.authorization = _authorization(state.endpoint, api_key)
-        self._core = _Core(states, make_router(routing), retry, api_key)
+        urls = [state.endpoint.url for state in states]
+        self._core = _Core(states, make_router(routing, endpoints=urls), retry, api_key)
         for hook in hooks:
             if not callable(hook):
                 raise TypeError(f"a hook must be a callable taking one event, got {hook!r}")
@@ -368,6 +397,11 @@ class Runtime:
             "learn_waits": learn_waits,
             "poll_metrics_s": poll_metrics_s,  # "engine" caps only when polled
             "endpoints": len(states),
+            # Whose load routing compares: "engine" (polled metrics: the fleet's),
+            # "local" (this process's calls only) or "mixed"; kept current by the polls.
+            "load_view": "local",
+            # This runtime, so that journals written by a fleet tell its processes apart.
+            "runtime_id": random_bytes(6).hex(),
         }
         # The HTTP library (legacy httpx or httpx2), chosen once: everything below and
         # every client this runtime builds comes from it.
@@ -390,8 +424,8 @@ class Runtime:
         self._tasks: anyio.abc.TaskGroup | None = None
         self._notices = Notices(mod, self._inner)
         self._core.notices = self._notices
-        self._poll_metrics_s = poll_metrics_s
-        self._polled_at = -math.inf
+        self._poll_metrics_s = poll
+        self._poll_adaptive = poll_metrics_s == "auto"
         self._platform: Any = openai_platform()  # with the pool, not per first call
 
     def __repr__(self) -> str:
@@ -464,34 +498,80 @@ class Runtime:
         return self
 
     async def _maintain(self) -> None:
-        """Probe endpoints marked down until they answer; poll engine metrics if asked."""
+        """Probe endpoints marked down until they answer; poll engine metrics if asked
+        (scheduling/_poll.py says when)."""
         core = self._core
+        endpoints = core.endpoints
         poll = self._poll_metrics_s
         probe_every = DEFAULT_PROBE_INTERVAL_S
+        schedule = None
+        if poll is not None:
+            rng = random.Random(random_bytes(16))
+            schedule = PollSchedule(
+                len(endpoints),
+                poll,
+                adaptive=self._poll_adaptive,
+                start=anyio.current_time(),
+                rng=rng,
+            )
+        admitted = 0  # calls admitted anywhere, at the previous poll
+        probe_at = -math.inf
         while True:
-            if poll is None and all(e.health.healthy for e in core.endpoints):
+            down = not all(e.health.healthy for e in endpoints)
+            if schedule is None and not down:
                 core.health_changed = event = anyio.Event()
                 await event.wait()
                 continue
-            await anyio.sleep(probe_every if poll is None else min(poll, probe_every))
             now = anyio.current_time()
-            for e in core.endpoints:
-                if not e.health.healthy and e.health.probe_due(now):
-                    ok = await self._fetch(e, "/models") is not None
-                    e.health.probed(anyio.current_time(), ok)
-                    e.load.healthy = e.health.healthy
-                    if ok:
-                        health_log.info("endpoint %s answered a probe: readmitted", e.endpoint.url)
-            if poll is not None and now - self._polled_at >= poll:
-                self._polled_at = now
-                for e in core.endpoints:
-                    text = await self._fetch(e, "/metrics", root=True)
-                    if text is not None:
-                        signals = parse_vllm_metrics(text)
-                        e.load.running = signals.running
-                        e.load.waiting = signals.waiting
-                        e.load.kv_usage = signals.kv_usage
-                        e.admission.engine_signals(signals.running, signals.waiting)
+            if down and probe_at == -math.inf:
+                probe_at = now + probe_every
+            wake = min(schedule.next_at() if schedule else math.inf, probe_at if down else math.inf)
+            await anyio.sleep(max(0.0, wake - now))
+            now = anyio.current_time()
+            if down and now >= probe_at:
+                probe_at = -math.inf
+                for e in endpoints:
+                    if not e.health.healthy and e.health.probe_due(now):
+                        ok = await self._fetch(e, "/models") is not None
+                        e.health.probed(anyio.current_time(), ok)
+                        e.load.healthy = e.health.healthy
+                        if ok:
+                            health_log.info(
+                                "endpoint %s answered a probe: readmitted", e.endpoint.url
+                            )
+            if schedule is None:
+                continue
+            due = schedule.due(now)
+            if not due:
+                continue
+            total = sum(e.admission.admitted for e in endpoints)
+            busy = total != admitted or any(e.load.in_flight for e in endpoints)
+            admitted = total
+            for i in due:
+                e = endpoints[i]
+                text = await self._fetch(e, "/metrics", root=True)
+                if text is not None:
+                    signals: EngineSignals | None = parse_vllm_metrics(text)
+                elif self._poll_adaptive:
+                    signals = EngineSignals()  # no answer: its load is unknown now
+                else:
+                    signals = None  # a fixed interval keeps the last reading
+                if signals is not None:
+                    e.load.running = signals.running
+                    e.load.waiting = signals.waiting
+                    e.load.kv_usage = signals.kv_usage
+                    e.admission.engine_signals(signals.running, signals.waiting)
+                reading = None if text is None or signals is None else signals.reading
+                schedule.polled(i, anyio.current_time(), reading, busy)
+            self._note_view()
+
+    def _note_view(self) -> None:
+        """Record whose load routing compares now, in the settings jobs report."""
+        views = {e.load.view for e in self._core.endpoints}
+        view = views.pop() if len(views) == 1 else "mixed"
+        settings = self._core.settings
+        if settings is not None and settings.get("load_view") != view:
+            settings["load_view"] = view
 
     async def _fetch(self, ep: _EndpointState, path: str, *, root: bool = False) -> str | None:
         """GET ``path`` under the endpoint's base URL (``root``: under its origin, where

@@ -514,7 +514,7 @@ def _route(
             retention = endpoints[home].retention
             if retention.dirty:
                 endpoints[home].load.retention_s = retention.estimate()
-        key = RouteKey(session.id, home, home is None, prefix, tokens, idle)
+        key = RouteKey(session.id, home, home is None, prefix, tokens, idle, session._stable)
         index = core.router.choose([e.load for e in endpoints], key, avoid)
         core.router.served(index, key)
     if home == index:

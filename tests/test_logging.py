@@ -18,6 +18,7 @@ import pytest
 import agentrt._log
 import agentrt._transport
 from agentrt import Endpoint, EndpointError, Retry, Runtime
+from agentrt.scheduling import RoundRobin
 from tests._fake import MSG, FakeEngine
 from tests.faults._faultserver import Fault, fault_server, refused_url
 from tests.sim._helpers import small_config
@@ -68,7 +69,8 @@ async def test_calls_through_a_live_server_log_each_stage_and_no_secret(
     async with anyio.create_task_group() as tg:
         (live,) = await tg.start(serve_async, 1, "127.0.0.1", 0, small_config())
         endpoints = [Endpoint(dead), Endpoint(live, api_key=ENDPOINT_KEY)]
-        async with Runtime(endpoints, api_key=KEY, routing="round_robin", retry=FAST) as rt:
+        rr = RoundRobin(start=0)  # the dead one first
+        async with Runtime(endpoints, api_key=KEY, routing=rr, retry=FAST) as rt:
             async with rt.job("j") as job, job.session("s") as s:
                 await s.chat(model="m", messages=MSG, max_tokens=4)
                 await s.chat(model="m", messages=MSG, max_tokens=4)
@@ -245,7 +247,8 @@ async def test_an_endpoint_readmitted_by_a_probe_is_info(caplog: pytest.LogCaptu
         health = rt._core.endpoints[0].health
         health.probe_interval_s = 0.01  # due at once; the prober wakes every 2 s
         async with rt.job("j") as job, job.session() as s:
-            await s.chat(model="m", messages=MSG)
+            for _ in range(2):  # round-robin from a random start: one of them tries a
+                await s.chat(model="m", messages=MSG)
         assert not health.healthy
         refusing = False
         for _ in range(400):  # up to 20 s: the prober's next wake-up, on a busy machine

@@ -460,7 +460,8 @@ async def test_session_affinity_and_round_robin() -> None:
         async with rt.job("j") as job, job.session() as s:
             for _ in range(4):
                 await s.chat(model="m", messages=MSG)
-    assert [httpx.URL(x.url).host for x in fake2.seen] == ["a.test", "b.test"] * 2
+    hosts2 = [httpx.URL(x.url).host for x in fake2.seen]  # in turn, from a random start
+    assert hosts2 in (["a.test", "b.test"] * 2, ["b.test", "a.test"] * 2)
 
 
 async def test_http_client_for_frameworks_is_tagged() -> None:

@@ -12,9 +12,12 @@ from __future__ import annotations
 import asyncio
 import selectors
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import anyio
+
+from .._ids import seeded
 
 __all__ = ["VirtualTimeLoop", "every", "next_wakes"]
 
@@ -51,6 +54,18 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         super().__init__(selector)
         selector.loop = self
         self._virtual_now = 0.0
+        # Ids and routing salts from a seeded source while the loop lives, so that a
+        # replay (routing ties broken by them included) is the same on every run.
+        ids = seeded(0)
+        ids.__enter__()
+        self._ids: AbstractContextManager[None] | None = ids
+
+    def close(self) -> None:
+        """As asyncio's; ids come from ``os.urandom`` again."""
+        super().close()
+        ids, self._ids = self._ids, None
+        if ids is not None:
+            ids.__exit__(None, None, None)
 
     def time(self) -> float:
         """The virtual clock's time, in seconds."""

@@ -91,6 +91,11 @@ class Admission:
         """The in-flight limit (None: unlimited)."""
         return self._limit
 
+    @property
+    def admitted(self) -> int:
+        """Calls admitted so far."""
+        return self._admitted
+
     def _fits(self, ticket: Ticket) -> bool:
         """Room for ``ticket`` under the token budget."""
         budget = self._budget
@@ -192,12 +197,13 @@ class Admission:
     def engine_signals(self, running: int | None, waiting: int | None) -> None:
         """The engine's polled load (requests running and waiting there; None: not
         reported). A limit that learns from it (``on_signals``, as
-        :class:`~agentrt.scheduling.EngineQueueLimit`) is fed, and waiting calls are
-        admitted if the limit grew."""
+        :class:`~agentrt.scheduling.EngineQueueLimit`) is fed it with this gate's
+        waiting calls and calls in flight, and waiting calls are admitted if the limit
+        grew."""
         observe = getattr(self._limit, "on_signals", None)
         if observe is None:
             return
-        observe(running, waiting, len(self._events))
+        observe(running, waiting, len(self._events), self._in_flight)
         if self._events:
             self._dispatch()
 

@@ -222,12 +222,16 @@ class EngineQueueLimit:
     (:meth:`on_signals`, fed by ``Runtime(poll_metrics_s=...)``); without them it never
     limits.
 
-    - The engine reports ``waiting > 0``: the limit becomes its batch (the most it ran
-      over the last ``window`` polls: a poll can land between two steps, when arrivals
-      wait and few run; a first poll there can still set a limit below the batch, which
-      the next rule raises) plus ``headroom`` of it (at least one call), so the engine's
-      batch stays full and a few calls wait there, the rest in agentrt's queue. A queue with
-      nothing run yet is not a full batch: no limit from it.
+    - The engine reports ``waiting > 0``: the limit becomes this process's share of its
+      batch (the most it ran over the last ``window`` polls: a poll can land between two
+      steps, when arrivals wait and few run; a first poll there can still set a limit
+      below the batch, which the next rule raises) plus ``headroom`` of it (at least one
+      call), so the engine's batch stays full and a few calls wait there, the rest in
+      agentrt's queue. A queue with nothing run yet is not a full batch: no limit from
+      it. The share is this process's demand (its calls in flight there and waiting in
+      its queue) over the engine's (running, waiting, and this process's queue): alone
+      on the engine it is the whole batch; in a fleet of K equal processes about 1/K of
+      it each, so that together they do not let K batches into the engine's queue.
     - No waiting at the engine while calls wait in agentrt's queue: the engine has room,
       the limit grows by ``headroom`` of itself (at least one) per poll.
     - No waiting anywhere for ``calm_polls`` polls in a row: no limit again.
@@ -258,15 +262,22 @@ class EngineQueueLimit:
     def on_sample(self, latency_s: float, tokens: int, in_flight: int, ok: bool) -> None:
         pass
 
-    def on_signals(self, running: int | None, waiting: int | None, queued: int) -> None:
-        """The engine's polled load (``None``: not reported) and the calls waiting in
-        agentrt's queue for this endpoint."""
+    def on_signals(
+        self, running: int | None, waiting: int | None, queued: int, in_flight: int | None = None
+    ) -> None:
+        """The engine's polled load (``None``: not reported), the calls waiting in
+        agentrt's queue for this endpoint and this process's calls in flight there
+        (None: unknown, the whole engine is taken to be this process's)."""
         if running is None or waiting is None:
             return
         self._recent.append(running)
         batch = max(self._recent)
         if waiting > 0 and batch > 0:
             self._calm = 0
+            if in_flight is not None:
+                engine = running + waiting + queued
+                share = min(1.0, (in_flight + queued) / engine)
+                batch = max(1, math.ceil(batch * share))
             self._n = batch + self._extra(batch)
         elif self._n is not None:
             if queued > 0:

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import math
+import random
 import zlib
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final, Literal, Protocol
+
+from .._ids import random_bytes
 
 __all__ = [
     "DEFAULT_CALL_COST_TOKENS",
@@ -80,6 +83,13 @@ class EndpointLoad:
     estimated from its replies' cached tokens (:class:`RetentionEstimator`); None until
     there is evidence."""
 
+    @property
+    def view(self) -> Literal["engine", "local"]:
+        """Whose calls the routers count here: ``"engine"`` while the engine's polled
+        metrics give its running and waiting requests (every client's, the whole
+        fleet's), ``"local"`` when only this process's own calls in flight are known."""
+        return "local" if self.running is None and self.waiting is None else "engine"
+
 
 @dataclass(slots=True, frozen=True)
 class RouteKey:
@@ -95,6 +105,10 @@ class RouteKey:
     """Estimated tokens of this call (0 when unknown)."""
     idle_s: float | None = None
     """Seconds since the session's last reply (None before its first)."""
+    stable: bool = False
+    """The session's id was given by the caller, so another process may continue the
+    session: routers that place by it (:class:`SessionAffinity`) place its first turn
+    here by hashing the id, as every process does."""
 
 
 class Router(Protocol):
@@ -170,21 +184,67 @@ def _candidates(loads: Sequence[EndpointLoad], avoid: Collection[int]) -> list[i
     return healthy or pool
 
 
-def _least_loaded(loads: Sequence[EndpointLoad], pool: Sequence[int], tokens: int) -> int:
+def _least_loaded(
+    loads: Sequence[EndpointLoad],
+    pool: Sequence[int],
+    tokens: int,
+    offset: int = 0,
+    prefer: int | None = None,
+) -> int:
     """The least-loaded index of ``pool``: by weighted outstanding tokens (this call's
-    included), then weighted calls, then weighted pinned sessions, then index."""
+    included), then weighted calls, then weighted pinned sessions; equal loads go to
+    ``prefer`` if it is among them, else by index counted from ``offset`` (a router draws
+    it at random for each call, so that processes that see the same loads, every replica
+    idle when they start, do not all pick the same one)."""
+    n = len(loads)
 
-    def order(i: int) -> tuple[float, float, float, int]:
+    def order(i: int) -> tuple[float, float, float, bool, int]:
         load = loads[i]
         w = load.weight
         return (
             (load.outstanding_tokens + tokens) / w,
             (_calls(load) + 1) / w,
             load.sessions / w,
-            i,
+            i != prefer,
+            (i - offset) % n,
         )
 
     return min(pool, key=order)
+
+
+def _salted(salt: bytes | None) -> random.Random:
+    """A router's generator for breaking ties: seeded from ``salt``, else from fresh
+    random bytes (each process its own, see ``agentrt/_ids.py``)."""
+    return random.Random(salt if salt is not None else random_bytes(16))
+
+
+def _names(names: list[bytes] | None, n: int) -> list[bytes]:
+    """The endpoints' names for rendezvous hashing: those given, else their indices."""
+    if names is None:
+        return [str(i).encode() for i in range(n)]
+    if len(names) != n:
+        raise ValueError(f"router knows {len(names)} endpoints, got {n} loads")
+    return names
+
+
+def _check_names(endpoints: Sequence[str] | None) -> list[bytes] | None:
+    if endpoints is None:
+        return None
+    if len(set(endpoints)) != len(endpoints):
+        raise ValueError("endpoint names must be distinct")
+    return [e.encode() for e in endpoints]
+
+
+def _rendezvous(key: str, names: list[bytes], loads: Sequence[EndpointLoad]) -> list[int]:
+    """All indices, highest weighted rendezvous score of ``key`` first (the same order in
+    every process given the same names and weights)."""
+    sid = key.encode() + b"\x00"
+    scores: list[tuple[float, int]] = []
+    for i, (name, load) in enumerate(zip(names, loads, strict=True)):
+        digest = hashlib.blake2b(sid + name, digest_size=8).digest()
+        u = ((int.from_bytes(digest, "big") >> 11) + 0.5) / 2.0**53  # exact, in (0, 1)
+        scores.append((-load.weight / math.log(u), -i))
+    return [-neg_i for _, neg_i in sorted(scores, reverse=True)]
 
 
 def _coerce_key(key: Any) -> RouteKey:
@@ -205,12 +265,16 @@ def _coerce_key(key: Any) -> RouteKey:
 
 class RoundRobin:
     """Each call to the next endpoint in turn, ignoring sessions and load (what plain
-    clients and most load balancers do). Skips avoided and unhealthy endpoints."""
+    clients and most load balancers do). Skips avoided and unhealthy endpoints. The turn
+    starts at endpoint ``start``, by default a random one (drawn from ``salt``, else per
+    process), so that processes of a fleet do not all start at the first."""
 
     name = "round_robin"
 
-    def __init__(self) -> None:
-        self._next = 0
+    def __init__(self, *, start: int | None = None, salt: bytes | None = None) -> None:
+        if start is not None and (isinstance(start, bool) or not isinstance(start, int)):
+            raise TypeError(f"start must be an int or None, got {start!r}")
+        self._next = _salted(salt).randrange(1 << 30) if start is None else start
 
     def choose(self, loads: Sequence[EndpointLoad], key: RouteKey, avoid: Collection[int]) -> int:
         """The next allowed endpoint after the previous choice."""
@@ -231,16 +295,21 @@ class LeastLoaded:
     """Each call to the least-loaded endpoint, ignoring sessions.
 
     Least loaded: fewest estimated outstanding tokens (this call's included) per unit of
-    weight, then fewest calls in flight per unit of weight, then fewest pinned sessions,
-    then the lowest index. Unhealthy and avoided endpoints are skipped.
+    weight, then fewest calls per unit of weight (the engine's count where polled, see
+    :attr:`EndpointLoad.view`), then fewest pinned sessions; equal loads are broken at
+    random (from ``salt``, else per process). Unhealthy and avoided endpoints are skipped.
     """
 
     name = "least_loaded"
 
+    def __init__(self, *, salt: bytes | None = None) -> None:
+        self._rng = _salted(salt)
+
     def choose(self, loads: Sequence[EndpointLoad], key: RouteKey, avoid: Collection[int]) -> int:
         """The least-loaded allowed endpoint."""
         key = _coerce_key(key)
-        return _least_loaded(loads, _candidates(loads, avoid), key.tokens)
+        offset = self._rng.randrange(len(loads)) if loads else 0
+        return _least_loaded(loads, _candidates(loads, avoid), key.tokens, offset)
 
     def served(self, index: int, key: RouteKey) -> None:
         """Nothing to learn."""
@@ -254,11 +323,15 @@ class SessionAffinity:
       ``max(overload * mean, call_cost)``, the mean taken over the healthy endpoints (all
       of them if none is healthy). An endpoint carrying at most one call's worth is never
       overloaded.
+    * A first turn of a session whose id the caller gave (``key.stable``: another
+      process may hold its earlier turns) goes where every process sends it: the first
+      endpoint in the rendezvous order of its id (:class:`HashAffinity`'s, by endpoint
+      name) that is allowed and not overloaded.
     * Otherwise (first turn, or the session moves) the call goes to the allowed endpoint
       that last served the longest known prefix of the prompt (``key.prefix``, learned
       through :meth:`served`) if its load is at most the allowed endpoints' mean plus
       one call's cost; else to the least-loaded allowed endpoint (:class:`LeastLoaded`'s
-      order). A session that moves leaves its home
+      order, equal loads broken at random). A session that moves leaves its home
       unless no other endpoint is allowed.
     * A session returning from a wait longer than its home likely keeps its cache
       (``key.idle_s > retention_margin * loads[home].retention_s``) has nothing left to
@@ -269,6 +342,12 @@ class SessionAffinity:
 
     The prefix index maps fingerprint -> endpoint, holds at most ``prefix_capacity``
     entries and forgets the least recently used first.
+
+    Loads are compared as this process sees them (:attr:`EndpointLoad.view`): the
+    engines' running and waiting requests where their metrics are polled (the whole
+    fleet's calls), else only this process's own calls in flight. Ties are broken at
+    random (``salt``, else fresh per process): in a fleet of processes that all start
+    seeing idle replicas, first turns spread instead of all going to the first replica.
     """
 
     name = "session_affinity"
@@ -280,6 +359,8 @@ class SessionAffinity:
         call_cost: float = DEFAULT_CALL_COST_TOKENS,
         prefix_capacity: int = DEFAULT_PREFIX_CAPACITY,
         retention_margin: float = DEFAULT_RETENTION_MARGIN,
+        endpoints: Sequence[str] | None = None,
+        salt: bytes | None = None,
     ) -> None:
         if not overload >= 1.0:
             raise ValueError(f"overload factor must be >= 1.0, got {overload!r}")
@@ -293,6 +374,8 @@ class SessionAffinity:
         self.call_cost = call_cost
         self.prefix_capacity = prefix_capacity
         self.retention_margin = retention_margin
+        self._names = _check_names(endpoints)
+        self._rng = _salted(salt)
         self._prefixes: OrderedDict[int, int] = OrderedDict()
         self._moves: Counter[str] = Counter()
         self.move_reason: str | None = None
@@ -334,7 +417,8 @@ class SessionAffinity:
             return self._place(loads, key, pool)
         if home in pool and self.expired(loads[home], key):
             reason = "retention"
-            index = _least_loaded(loads, pool, key.tokens)
+            offset = self._rng.randrange(len(loads))
+            index = _least_loaded(loads, pool, key.tokens, offset, prefer=home)
         elif home in pool and not self.overloaded(loads, home):
             return home
         else:
@@ -347,8 +431,14 @@ class SessionAffinity:
         return index
 
     def _place(self, loads: Sequence[EndpointLoad], key: RouteKey, pool: list[int]) -> int:
-        """A first turn's or a moving session's endpoint: the prefix holder, if it is not
-        loaded above the mean, else the least loaded."""
+        """A first turn's or a moving session's endpoint: a caller-given id's rendezvous
+        choice; else the prefix holder, if it is not loaded above the mean; else the
+        least loaded."""
+        if key.stable and key.home is None:
+            allowed = set(pool)
+            for i in _rendezvous(key.session_id, _names(self._names, len(loads)), loads):
+                if i in allowed and not self.overloaded(loads, i):
+                    return i
         if key.prefix:
             # A replica that holds the prompt's prefix wins only while it carries no more
             # than the pool's mean load: every session of an agent shares its system
@@ -359,7 +449,7 @@ class SessionAffinity:
                 holder = self._prefixes.get(fingerprint)
                 if holder is not None and holder in scores and scores[holder] <= ceiling:
                     return holder
-        return _least_loaded(loads, pool, key.tokens)
+        return _least_loaded(loads, pool, key.tokens, self._rng.randrange(len(loads)))
 
     def served(self, index: int, key: RouteKey) -> None:
         """Remember that endpoint ``index`` now holds each of the prompt's prefixes."""
@@ -385,53 +475,50 @@ class HashAffinity:
     loads, Mirrokni, Thorup and Zadimoghaddam 2018; with equal weights the cap is
     ``ceil(c * (m + 1) / n)``). Some allowed endpoint is always below its cap.
 
+    The calls counted are those this process can see (:attr:`EndpointLoad.view`): the
+    engines' running and waiting requests where their metrics are polled, so that the
+    bound holds for the whole fleet; else only this process's own calls in flight (in a
+    fleet of K processes each then sees about 1/K of the load, and the bound binds late).
+
     The choice depends only on the session id, the endpoint names and the loads, so
     independent processes configured with the same endpoints agree without talking (up to
-    their differing in-flight counts). Name the endpoints (``endpoints=[url, ...]``) so that
-    the order they are listed in does not matter and adding one moves only its share of
-    sessions; without names, endpoints are named by index.
+    their differing views of the load). Name the endpoints (``endpoints=[url, ...]``, as
+    the Runtime does) so that the order they are listed in does not matter and adding one
+    moves only its share of sessions; without names, endpoints are named by index.
     """
 
     name = "hash"
 
-    def __init__(self, *, endpoints: Sequence[str] | None = None, balance: float = 1.25) -> None:
+    def __init__(
+        self,
+        *,
+        endpoints: Sequence[str] | None = None,
+        balance: float = 1.25,
+        salt: bytes | None = None,
+    ) -> None:
         if not balance >= 1.0:
             raise ValueError(f"balance must be >= 1.0, got {balance!r}")
-        if endpoints is not None and len(set(endpoints)) != len(endpoints):
-            raise ValueError("endpoint names must be distinct")
         self.balance = balance
-        self._names = None if endpoints is None else [e.encode() for e in endpoints]
+        self._names = _check_names(endpoints)
+        del salt  # nothing random: the hash is the agreement
 
     def _ranked(self, session_id: str, loads: Sequence[EndpointLoad]) -> list[int]:
         """All indices, highest rendezvous score first."""
-        if self._names is None:
-            names = [str(i).encode() for i in range(len(loads))]
-        elif len(self._names) == len(loads):
-            names = self._names
-        else:
-            raise ValueError(f"router knows {len(self._names)} endpoints, got {len(loads)} loads")
-        sid = session_id.encode() + b"\x00"
-        scores: list[tuple[float, int]] = []
-        for i, (name, load) in enumerate(zip(names, loads, strict=True)):
-            digest = hashlib.blake2b(sid + name, digest_size=8).digest()
-            u = ((int.from_bytes(digest, "big") >> 11) + 0.5) / 2.0**53  # exact, in (0, 1)
-            scores.append((-load.weight / math.log(u), -i))
-        return [-neg_i for _, neg_i in sorted(scores, reverse=True)]
+        return _rendezvous(session_id, _names(self._names, len(loads)), loads)
 
     def choose(self, loads: Sequence[EndpointLoad], key: RouteKey, avoid: Collection[int]) -> int:
         """The highest-ranked allowed endpoint below its cap."""
         key = _coerce_key(key)
         pool = _candidates(loads, avoid)
         allowed = set(pool)
-        room = self.balance * (sum(loads[i].in_flight for i in pool) + 1)
+        calls = [_calls(load) for load in loads]
+        room = self.balance * (sum(calls[i] for i in pool) + 1)
         weight = math.fsum(loads[i].weight for i in pool)
         for i in self._ranked(key.session_id, loads):
-            if i in allowed and loads[i].in_flight < math.ceil(room * loads[i].weight / weight):
+            if i in allowed and calls[i] < math.ceil(room * loads[i].weight / weight):
                 return i
         # Unreachable while balance >= 1 (the caps add up to more than the calls).
-        return min(
-            pool, key=lambda i: (loads[i].in_flight / loads[i].weight, i)
-        )  # pragma: no cover
+        return min(pool, key=lambda i: (calls[i] / loads[i].weight, i))  # pragma: no cover
 
     def served(self, index: int, key: RouteKey) -> None:
         """Nothing to learn: the hash is the memory."""
@@ -448,19 +535,29 @@ _ROUTERS: Final[dict[str, Callable[..., Router]]] = {
 _ALIASES: Final = {"session": "session_affinity", "round-robin": "round_robin"}
 
 
-def make_router(routing: str | Router, **options: Any) -> Router:
+_NAMED: Final = frozenset({"session_affinity", "hash"})
+"""Routers that hash by endpoint name (they take ``endpoints=``)."""
+
+
+def make_router(
+    routing: str | Router, *, endpoints: Sequence[str] | None = None, **options: Any
+) -> Router:
     """A router from its name (see ``docs/routing.md``) and constructor options, or
     ``routing`` itself if it is already a router.
 
     ``"session"`` and ``"round-robin"`` are accepted as aliases of ``"session_affinity"``
-    and ``"round_robin"``.
+    and ``"round_robin"``. ``endpoints`` (their URLs) names the endpoints for the
+    routers that hash by name; the others ignore it.
     """
     if not isinstance(routing, str):
         if options:
             raise ValueError("router options apply only to a router given by name")
         return routing
-    factory = _ROUTERS.get(_ALIASES.get(routing, routing))
+    name = _ALIASES.get(routing, routing)
+    factory = _ROUTERS.get(name)
     if factory is None:
         names = ", ".join(repr(n) for n in [*_ROUTERS, *_ALIASES])
         raise ValueError(f"unknown routing {routing!r}; choose one of {names}")
+    if endpoints is not None and name in _NAMED:
+        options.setdefault("endpoints", endpoints)
     return factory(**options)

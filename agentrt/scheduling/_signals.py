@@ -35,6 +35,11 @@ class EngineSignals:
     kv_usage: float | None = None
     """Fraction of the KV cache in use, 0..1."""
 
+    @property
+    def reading(self) -> tuple[int | None, int | None, float | None]:
+        """``(running, waiting, kv_usage)``, to compare two polls."""
+        return (self.running, self.waiting, self.kv_usage)
+
 
 def _samples(text: str) -> dict[str, list[float]]:
     """Prometheus text format to ``{sample name: [value per label set]}``, finite values

@@ -73,12 +73,18 @@ class Setting:
             or (isinstance(concurrency, int) and not isinstance(concurrency, bool))
         ):
             concurrency = "engine"
-        if concurrency == "engine" and not settings.get("poll_metrics_s"):
+        routing = str(settings.get("routing") or "session_affinity")
+        policy = str(settings.get("policy") or "fcfs")
+        poll = settings.get("poll_metrics_s")
+        if poll == "auto":  # Runtime's default: polled where a decision reads the load
+            endpoints = settings.get("endpoints")
+            polled = (isinstance(endpoints, int) and endpoints > 1) or policy != "fcfs"
+        else:
+            polled = bool(poll)
+        if concurrency == "engine" and not polled:
             concurrency = None
         priority = settings.get("send_priority")
         send_priority: bool | Literal["auto"] = "auto" if priority == "auto" else bool(priority)
-        routing = str(settings.get("routing") or "session_affinity")
-        policy = str(settings.get("policy") or "fcfs")
         return Setting(
             routing if routing in (*ROUTINGS, "hash") else "session_affinity",
             policy if policy in (*POLICIES, "atlas", "edf") else "fcfs",

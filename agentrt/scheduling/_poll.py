@@ -1,0 +1,110 @@
+"""When to poll each endpoint's metrics: a pure schedule, driven by the runtime.
+
+A fleet of K processes, each polling N engines, sends K x N requests per interval to
+the engines' ``/metrics``. The default schedule (``poll_metrics_s="auto"``) keeps that
+small without losing what routing needs:
+
+- each endpoint is polled about every :data:`AUTO_POLL_S` seconds, at a random phase and
+  with a random jitter of +-20% per poll, so that processes started together do not poll
+  in step;
+- while an endpoint's reading does not change, or while the process has no call in
+  flight and started none since the previous poll (nothing to route), its interval
+  doubles, up to :data:`AUTO_MAX_BACKOFF` times the base; a changed reading resets it;
+- an endpoint that serves no engine metrics (a 404, a page without vLLM's gauges, or
+  no answer) :data:`NO_METRICS_POLLS` times in a row is asked again only every
+  :data:`NO_METRICS_S` seconds; its load is then this process's own calls only
+  (:attr:`~agentrt.scheduling.EndpointLoad.view` ``"local"``).
+
+A fixed interval (``poll_metrics_s=1.0``) polls every endpoint at exactly that interval,
+all together, as it always did.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Final
+
+__all__ = [
+    "AUTO_MAX_BACKOFF",
+    "AUTO_POLL_S",
+    "NO_METRICS_POLLS",
+    "NO_METRICS_S",
+    "PollSchedule",
+    "Reading",
+]
+
+AUTO_POLL_S: Final = 1.0
+"""The default schedule's base interval per endpoint, seconds."""
+
+AUTO_MAX_BACKOFF: Final = 8
+"""The default schedule's longest interval, in base intervals (unchanged readings)."""
+
+NO_METRICS_POLLS: Final = 3
+"""Polls in a row without engine metrics after which an endpoint is asked rarely."""
+
+NO_METRICS_S: Final = 60.0
+"""How often an endpoint that serves no engine metrics is asked again, seconds."""
+
+Reading = tuple[int | None, int | None, float | None]
+"""What one poll read: the engine's running and waiting requests and its KV usage."""
+
+
+class PollSchedule:
+    """When each of ``n`` endpoints' metrics is due next.
+
+    ``adaptive=False``: every ``interval`` seconds, all endpoints together, from
+    ``start``. ``adaptive=True``: the default schedule described in the module's
+    docstring, its randomness drawn from ``rng``.
+    """
+
+    __slots__ = ("_adaptive", "_base", "_interval", "_last", "_misses", "_next", "_rng")
+
+    def __init__(
+        self, n: int, interval: float, *, adaptive: bool, start: float, rng: random.Random
+    ) -> None:
+        if not (math.isfinite(interval) and interval > 0):
+            raise ValueError(f"interval must be a finite number > 0, got {interval!r}")
+        self._adaptive = adaptive
+        self._base = interval
+        self._rng = rng
+        self._interval = [interval] * n
+        self._misses = [0] * n
+        self._last: list[Reading | None] = [None] * n
+        # Adaptive: a random phase each, so that processes started together spread
+        # their first polls.
+        self._next = [start + (interval * rng.random() if adaptive else interval) for _ in range(n)]
+
+    def next_at(self) -> float:
+        """The earliest time a poll is due."""
+        return min(self._next, default=math.inf)
+
+    def due(self, now: float) -> list[int]:
+        """The endpoints whose poll is due at ``now``."""
+        return [i for i, t in enumerate(self._next) if t <= now]
+
+    def interval(self, index: int) -> float:
+        """Endpoint ``index``'s current interval, seconds (before jitter)."""
+        return self._interval[index]
+
+    def polled(self, index: int, now: float, reading: Reading | None, busy: bool) -> None:
+        """Endpoint ``index`` was polled at ``now``: it read ``reading`` (None: no engine
+        metrics); ``busy``: the process had calls in flight or started some since the
+        previous poll."""
+        if not self._adaptive:
+            self._next[index] = now + self._base
+            return
+        base = self._base
+        if reading is None or reading == (None, None, None):
+            self._misses[index] += 1
+            interval = NO_METRICS_S if self._misses[index] >= NO_METRICS_POLLS else base
+        else:
+            self._misses[index] = 0
+            unchanged = reading == self._last[index]
+            if unchanged or not busy:
+                interval = min(self._interval[index] * 2, base * AUTO_MAX_BACKOFF)
+            else:
+                interval = base
+            self._last[index] = reading
+        self._interval[index] = interval
+        self._next[index] = now + interval * self._rng.uniform(0.8, 1.2)

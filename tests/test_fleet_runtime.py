@@ -1,0 +1,141 @@
+"""Runtimes in a fleet: each process's own Runtime, the same replicas.
+
+Runs in virtual time on the embedded cluster (agentrt.bench's VirtualTimeLoop), where
+the replicas serve vLLM's /metrics, so minutes of polling take a moment.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+
+from agentrt import Runtime
+from agentrt.bench._clock import VirtualTimeLoop
+from agentrt.sim import PRESETS, Cluster
+
+MSG: Any = [{"role": "user", "content": "hello " * 40}]
+
+
+def virtual(main: Callable[[], Awaitable[None]]) -> None:
+    anyio.run(main, backend_options={"loop_factory": VirtualTimeLoop})
+
+
+class Counting:
+    """A transport that counts the GETs of /metrics per host, then passes them on."""
+
+    def __init__(self, inner: Any, metrics: bool = True) -> None:
+        self.inner = inner
+        self.metrics = metrics
+        self.gets: dict[str, int] = {}
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET" and request.url.path == "/metrics":
+            host = request.url.host
+            self.gets[host] = self.gets.get(host, 0) + 1
+            if not self.metrics:
+                return httpx.Response(404, text="Not Found")
+        return await self.inner.handle_async_request(request)  # type: ignore[no-any-return]
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def _work(rt: Runtime, seconds: float, session_id: str | None = None) -> None:
+    async with rt.job("work") as job, job.session(session_id=session_id) as s:
+        end = anyio.current_time() + seconds
+        while anyio.current_time() < end:
+            await s.chat(model="sim-llama-3.1-8b", messages=MSG, max_tokens=32)
+            await anyio.sleep(0.5)
+
+
+def test_runtimes_poll_engine_load_by_default_and_report_the_view(tmp_path: Path) -> None:
+    journal = tmp_path / "j.jsonl"
+
+    async def main() -> None:
+        async with Cluster(4, PRESETS["h100-8b"]) as cluster:
+            counting = Counting(cluster.transport())
+            async with Runtime(cluster.base_urls, transport=counting, journal=journal) as rt:
+                assert {load.view for load in rt.endpoint_loads()} == {"local"}
+                await anyio.sleep(3.0)
+                await _work(rt, 20.0)
+                assert {load.view for load in rt.endpoint_loads()} == {"engine"}
+                loads = rt.endpoint_loads()
+                assert all(load.running is not None for load in loads)
+            # Each endpoint polled, the busy one about every second (23 s), the idle
+            # ones (unchanged readings) less and less often.
+            assert set(counting.gets) == {httpx.URL(u).host for u in cluster.base_urls}
+            assert max(counting.gets.values()) >= 12, counting.gets
+            assert all(3 <= n <= 30 for n in counting.gets.values()), counting.gets
+
+    virtual(main)
+    runtime = json.loads(journal.read_text().splitlines()[-1])["runtime"]
+    assert runtime["poll_metrics_s"] == "auto"
+    assert runtime["load_view"] == "engine"
+    assert len(runtime["runtime_id"]) == 12
+
+
+def test_an_idle_runtime_polls_less_and_one_endpoint_is_not_polled() -> None:
+    async def main() -> None:
+        async with Cluster(2, PRESETS["h100-8b"]) as cluster:
+            busy, idle = Counting(cluster.transport()), Counting(cluster.transport())
+            async with Runtime(cluster.base_urls, transport=busy) as rt:
+                await _work(rt, 60.0)
+            async with Runtime(cluster.base_urls, transport=idle):
+                await anyio.sleep(60.0)  # nothing to route: it backs off to every 8 s
+            # 1 + 2 + 4 + 8 + 8 + ... s: about 10 polls a minute each, not 60.
+            assert all(n <= 12 for n in idle.gets.values()), idle.gets
+            assert max(busy.gets.values()) >= 25, busy.gets
+            one = Counting(cluster.transport())
+            async with Runtime(cluster.base_urls[:1], transport=one) as rt:
+                await _work(rt, 10.0)
+            assert one.gets == {}  # nothing to choose between: no polls
+
+    virtual(main)
+
+
+def test_an_endpoint_without_metrics_is_routed_by_local_load_and_asked_rarely() -> None:
+    async def main() -> None:
+        async with Cluster(2, PRESETS["h100-8b"]) as cluster:
+            counting = Counting(cluster.transport(), metrics=False)
+            async with Runtime(cluster.base_urls, transport=counting) as rt:
+                await _work(rt, 120.0)
+                assert {load.view for load in rt.endpoint_loads()} == {"local"}
+                assert all(r.status == "ok" for r in rt.reports())
+            # Three tries each, then once a minute.
+            assert all(n <= 6 for n in counting.gets.values()), counting.gets
+
+    virtual(main)
+
+
+def test_a_session_continued_by_another_process_finds_its_replica() -> None:
+    """The same caller-given session id in a new Runtime (another worker) goes to the
+    replica that served its earlier turns, for any number of such sessions."""
+
+    async def main() -> None:
+        async with Cluster(8, PRESETS["h100-8b"]) as cluster:
+            placed: dict[str, set[str]] = {}
+            for worker in range(3):
+                async with Runtime(cluster.base_urls, transport=cluster.transport()) as rt:
+                    for n in range(12):
+                        sid = f"thread-{n}"
+                        async with rt.job("turn") as job, job.session(session_id=sid) as s:
+                            await s.chat(model="sim-llama-3.1-8b", messages=MSG, max_tokens=8)
+                        call = job.report.call_reports[0]
+                        placed.setdefault(sid, set()).add(call.endpoint or "")
+                        if worker:  # a later worker: the replica still holds the prefix
+                            assert (call.cached_tokens or 0) > 0, (sid, worker)
+            assert all(len(urls) == 1 for urls in placed.values()), placed
+            assert len({next(iter(u)) for u in placed.values()}) >= 4  # spread over replicas
+
+    virtual(main)
+
+
+def test_two_runtimes_have_distinct_ids() -> None:
+    a, b = Runtime(["http://a.test/v1"]), Runtime(["http://a.test/v1"])
+    assert a._core.settings is not None and b._core.settings is not None
+    assert a._core.settings["runtime_id"] != b._core.settings["runtime_id"]
