@@ -17,6 +17,8 @@ new jobs.
 from __future__ import annotations
 
 import contextvars
+import hashlib
+from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -56,6 +58,20 @@ class _OpenJob:
     job: Job
     sessions: dict[Hashable, Session] = field(default_factory=dict)
     tools: dict[Hashable, tuple[Session, _ToolWait]] = field(default_factory=dict)
+    thread: str | None = None
+    """The conversation the job continues (a LangGraph ``thread_id``, an Agents SDK
+    ``group_id``): its sessions get ids derived from it (:func:`thread_session_id`)."""
+    names: Counter[str | None] = field(default_factory=Counter)
+    """Sessions opened so far, by name (the n-th of a name gets its own id)."""
+
+
+def thread_session_id(thread: str, name: str | None, n: int) -> str:
+    """The id of the ``n``-th session named ``name`` in a job of conversation ``thread``:
+    the same in every run of the thread and in every process, so that a later run,
+    wherever it runs, is routed to the replica holding the thread's KV (a caller-given
+    id is placed by hashing it: docs/routing.md, "Fleets")."""
+    key = f"{thread}\x00{name or ''}\x00{n}".encode("utf-8", "surrogatepass")
+    return "thr-" + hashlib.blake2b(key, digest_size=12).hexdigest()
 
 
 class Bridge:
@@ -87,14 +103,17 @@ class Bridge:
         job_id: str | None = None,
         program_id: str | None = None,
         metadata: dict[str, Any] | None = None,
+        thread: str | None = None,
     ) -> Job | None:
-        """Start a job (``rt.job(name)`` without a block); None if the runtime is closed."""
+        """Start a job (``rt.job(name)`` without a block); None if the runtime is closed.
+        ``thread``: the conversation it continues, whose sessions keep their ids from
+        run to run (:func:`thread_session_id`)."""
         if not self.active:
             return None
         if key in self._jobs:
             raise ValueError(f"a job with key {key!r} is already open")
         job = self.rt._open_job(name, job_id=job_id, program_id=program_id, metadata=metadata)
-        self._jobs[key] = _OpenJob(job)
+        self._jobs[key] = _OpenJob(job, thread=thread or None)
         return job
 
     def job(self, key: Hashable) -> Job | None:
@@ -138,7 +157,12 @@ class Bridge:
             return None
         if key in self._job_of:
             raise ValueError(f"a session or tool wait with key {key!r} is already open")
-        session = state.job._open_session(name, None, parent)
+        session_id = None
+        if state.thread is not None:
+            n = state.names[name]
+            state.names[name] = n + 1
+            session_id = thread_session_id(state.thread, name, n)
+        session = state.job._open_session(name, session_id, parent)
         state.sessions[key] = session
         self._job_of[key] = job_key
         return session

@@ -343,7 +343,9 @@ class AgentrtCallbackHandler(BaseCallbackHandler):
                 for k, v in metadata.items()
                 if isinstance(v, str | int | float | bool) and not k.startswith(_FRAMEWORK_KEYS)
             }
-            if self._bridge.start_job(run_id, name, metadata=job_metadata) is None:
+            thread = metadata.get("thread_id")  # LangGraph's, from config["configurable"]
+            thread = str(thread) if isinstance(thread, str | int) and thread != "" else None
+            if self._bridge.start_job(run_id, name, metadata=job_metadata, thread=thread) is None:
                 return  # the runtime is closed
             agent = _Agent(run_id, run_id, name, None)
         elif parent.kind == "tool":

@@ -118,7 +118,11 @@ class AgentrtTracingProcessor(TracingProcessor):
         group_id = getattr(trace, "group_id", None)
         if group_id is not None:
             metadata["group_id"] = group_id
-        if self._bridge.start_job(trace.trace_id, trace.name, metadata=metadata) is not None:
+        thread = group_id if isinstance(group_id, str) else None  # the conversation
+        started = self._bridge.start_job(
+            trace.trace_id, trace.name, metadata=metadata, thread=thread
+        )
+        if started is not None:
             self._traces[trace.trace_id] = _TraceState(sys.exc_info()[1])
 
     def on_trace_end(self, trace: Trace) -> None:

@@ -362,3 +362,34 @@ async def test_the_example_runs_on_the_embedded_engine(
         "calculator",
         "word_count",
     ]
+
+
+async def test_a_thread_keeps_its_session_ids_from_run_to_run(
+    served: tuple[agentrt.Runtime, Recorder],
+) -> None:
+    """Runs of one LangGraph thread (``configurable.thread_id``) give their agent's
+    session the same id, wherever they run: a later run, on another worker too, is
+    routed to the replica that holds the thread's KV (docs/routing.md, "Fleets")."""
+    rt, _ = served
+    agent = react_agent(lc.chat_model(rt, model="m"), [add], "solver")
+    handler = lc.callbacks(rt)
+
+    async def run(thread: str | None) -> str:
+        configurable = {} if thread is None else {"thread_id": thread}
+        await agent.ainvoke(
+            task("ANSWER ok"),
+            config={"callbacks": [handler], "configurable": configurable},
+        )
+        (session_id,) = {c.session_id for c in rt.reports()[-1].call_reports}
+        return session_id
+
+    first, again, other = await run("t-1"), await run("t-1"), await run("t-2")
+    assert first == again and first.startswith("thr-") and other != first
+    assert (await run(None)) != (await run(None))  # no thread: a fresh id per run
+    assert lc_thread_id("t-1", "solver/agent", 0) == first
+
+
+def lc_thread_id(thread: str, name: str, n: int) -> str:
+    from agentrt.integrations._bridge import thread_session_id
+
+    return thread_session_id(thread, name, n)

@@ -288,3 +288,18 @@ async def test_the_example_runs_on_the_embedded_engine(env: Env) -> None:
     assert answer.startswith("391") and report.name == "assistant"
     assert (report.status, report.calls, report.sessions) == ("ok", 5, 2)
     assert [t.name for t in report.tool_reports] == ["calculator", "word_count", "ask_researcher"]
+
+
+async def test_a_conversation_group_keeps_its_session_ids(env: Env) -> None:
+    """Runs with one ``group_id`` (the conversation, e.g. a thread or an SQLiteSession's
+    id) give their agent's session the same id in every run and every process."""
+    agent = env.agent("coder", [add])
+
+    async def run(group: str | None) -> str:
+        await Runner.run(agent, "ANSWER ok", run_config=RunConfig(group_id=group))
+        (session_id,) = {c.session_id for c in env.rt.reports()[-1].call_reports}
+        return session_id
+
+    first, again, other = await run("chat-1"), await run("chat-1"), await run("chat-2")
+    assert first == again and first.startswith("thr-") and other != first
+    assert (await run(None)) != (await run(None))
