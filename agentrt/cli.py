@@ -309,6 +309,23 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
         help=CLIENT_HELP,
     )
     p.add_argument("--replicas", type=int, default=4, metavar="N", help="embedded engine replicas")
+    p.add_argument(
+        "--fleet",
+        type=int,
+        default=1,
+        metavar="K",
+        help="run each client as a fleet of K independent clients, as a service's K worker "
+        "processes: each its own Runtime (its own router, admission and learned waits; "
+        "plain: its own round-robin, from a random replica), all on the same replicas, "
+        "one event loop",
+    )
+    p.add_argument(
+        "--fleet-assign",
+        choices=("round_robin", "hash"),
+        default="round_robin",
+        help="how a fleet's jobs are dealt to its members: round_robin (the i-th job to "
+        "arrive to member i mod K) or hash (a stable hash of the job's name)",
+    )
     _engine_args(p, serve=False)
     p.add_argument(
         "--endpoint",
@@ -437,6 +454,7 @@ def _parser() -> argparse.ArgumentParser:
         _examples(
             "agentrt bench --workload coding --jobs 32 --rate 0.2 --replicas 8",
             "agentrt bench --client plain --client agentrt:plas+session@auto",
+            "agentrt bench --client plain --client agentrt:session --fleet 4",
             "agentrt bench --endpoint http://127.0.0.1:8000/v1 --workload react --jobs 8",
         ),
     )
@@ -614,6 +632,7 @@ def _bench(args: argparse.Namespace) -> int:
         ("--rate", args.rate),
         ("--users", args.users),
         ("--replicas", args.replicas),
+        ("--fleet", args.fleet),
         ("--gpu-blocks", args.gpu_blocks),
         ("--token-scale", args.token_scale),
         ("--time-scale", args.time_scale),
@@ -644,6 +663,8 @@ def _bench(args: argparse.Namespace) -> int:
         tool_wait_policy=args.tool_wait_policy,
         gpu_blocks=args.gpu_blocks,
         host_blocks=args.host_blocks,
+        fleet=args.fleet,
+        fleet_assign=args.fleet_assign,
     )
     title = f"agentrt bench: {args.workload}"
     return _run_bench(cfg, args.out, not args.no_plots, title, not args.no_journal, args.workers)

@@ -135,6 +135,8 @@ class JobResult:
     tools: list[ToolResult] = field(default_factory=list)
     sessions: int = 0
     error: str | None = None
+    worker: int = 0
+    """The fleet member that ran the job (``BenchConfig.fleet``; 0 without a fleet)."""
 
 
 _ROUTINGS: Final = ("round_robin", "least_loaded", "session_affinity", "hash")
@@ -359,7 +361,12 @@ def _extra(real_engine: bool) -> dict[str, Any]:
 
 class PlainDriver:
     """Today's baseline: one bare ``openai.AsyncOpenAI`` per replica, every call sent at
-    once, round-robin over replicas, no tags, no job awareness."""
+    once, round-robin over replicas, no tags, no job awareness.
+
+    The round-robin begins at replica ``start`` (0 by default). A plain fleet's workers
+    (``BenchConfig.fleet``) begin theirs at independent random replicas, as independent
+    client-side balancers do: K workers all starting at replica 0 would send their first
+    calls to the same replicas in step."""
 
     def __init__(
         self,
@@ -370,6 +377,7 @@ class PlainDriver:
         real_engine: bool,
         api: Api = "openai",
         journal: Path | None = None,
+        start: int = 0,
     ) -> None:
         self._urls = urls
         self._api = api
@@ -391,7 +399,8 @@ class PlainDriver:
         tag = openai_platform()  # no thread hop per first call (agentrt/_platform.py)
         for client in self._clients:
             give_platform(client, tag)
-        self._rr = itertools.cycle(range(len(urls)))
+        n = len(urls)
+        self._rr = itertools.cycle([(start + i) % n for i in range(n)])
         self._model = model
         self._prompts = prompts
         self._extra = _extra(real_engine)
@@ -769,14 +778,18 @@ def make_driver(
     real_engine: bool,
     api: Api = "openai",
     journal: Path | None = None,
+    *,
+    start: int = 0,
 ) -> Driver:
     """A driver for ``spec``. ``api="openai"`` calls through the openai client (what agent
     code does); ``api="http"`` posts the same JSON through an HTTP client (agentrt's
     ``rt.http_client()``), skipping openai's per-call object parsing, for large replays.
     ``journal``: a JSON-lines file that receives one :class:`JobReport` per job (agentrt's
-    own journal; for ``plain``, reports built from what the driver measured)."""
+    own journal; for ``plain``, reports built from what the driver measured).
+    ``start``: the replica a plain client's round-robin begins at (agentrt routes by its
+    own router)."""
     if api not in ("openai", "http"):
         raise ValueError(f"api must be 'openai' or 'http', got {api!r}")
     if spec.kind == "plain":
-        return PlainDriver(urls, transport, model, prompts, real_engine, api, journal)
+        return PlainDriver(urls, transport, model, prompts, real_engine, api, journal, start)
     return AgentrtDriver(spec, urls, transport, model, prompts, real_engine, api, journal)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import shutil
 import sys
+import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +20,7 @@ __all__ = [
     "HEADERS",
     "LINE_STYLES",
     "bench_table",
+    "fleet_lines",
     "plot",
     "print_table",
     "progress_bar",
@@ -133,8 +135,37 @@ def show_tables(tables: Sequence[TextTable], echo: Callable[[str], None] | None 
             echo(line)
 
 
+def fleet_lines(result: BenchResult, width: int = 80) -> list[str]:
+    """For a fleet run (``BenchConfig.fleet`` > 1): a line saying the fleet's size, then
+    per client the sessions' first turns per replica and the calls' imbalance, wrapped to
+    ``width``. Empty without a fleet."""
+    fleet = max((c.fleet for c in result.clients), default=1)
+    if fleet <= 1:
+        return []
+    assign = result.config.get("fleet_assign", "round_robin")
+    lines = [
+        f"fleet: each client ran as {fleet} independent clients on the same replicas "
+        f"(jobs dealt {assign}); first turns: sessions started on each replica"
+    ]
+    for c in result.clients:
+        if c.replicas:
+            first = " ".join(str(int(r["first_turns"])) for r in c.replicas)
+            imbalance = _f(c.call_imbalance)
+            lines.append(f"{c.client}: first turns [{first}], calls/replica max/mean {imbalance}")
+    wrap = textwrap.TextWrapper(width=width, subsequent_indent="  ", break_on_hyphens=False)
+    return [part for line in lines for part in wrap.wrap(line)]
+
+
 def print_table(result: BenchResult, title: str, echo: Callable[[str], None] | None = None) -> None:
+    """The benchmark's table (:func:`bench_table`), then a fleet's lines
+    (:func:`fleet_lines`), through ``echo`` as :func:`show_tables`."""
     show_tables([bench_table(result, title)], echo)
+    lines = fleet_lines(result, min(terminal_width(), 80))
+    if lines:
+        out = echo or print
+        out("")
+        for line in lines:
+            out(line)
 
 
 @contextmanager

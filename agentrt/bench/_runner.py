@@ -32,7 +32,8 @@ import httpx
 from .._config import redact_userinfo
 from ..sim import PRESETS, Cluster, EngineConfig
 from ._clock import VirtualTimeLoop, every
-from ._drivers import ClientSpec, JobResult, Prompts, make_driver
+from ._drivers import ClientSpec, Driver, JobResult, Prompts, make_driver
+from ._fleet import FLEET_ASSIGNS, Fleet, FleetAssign, plain_starts
 from ._parallel import Workers, check_workers, portable, run_replays
 from ._plan import JobPlan
 from ._workloads import Arrivals, TraceOptions, make_workload
@@ -81,7 +82,9 @@ class BenchConfig:
     journal_dir: Path | None = None
     """Write one journal per client there (``journal-<client>.jsonl``: a JobReport per
     line, as ``Runtime(journal=...)`` writes them), replacing the previous run's;
-    None: no journals."""
+    None: no journals. A fleet's members all append to their client's one file: each
+    line is one unbuffered ``O_APPEND`` write made from the event loop's thread, so the
+    members' lines never mix."""
     tool_wait_policy: str | None = None
     """The embedded replicas' tool-wait KV policy (``EngineConfig.tool_wait_policy``:
     lru, keep, pin, offload, drop, ...); None: the preset's."""
@@ -91,6 +94,14 @@ class BenchConfig:
     """KV blocks in each embedded replica's host tier; None: the preset's."""
     kv_sample_s: float = 1.0
     """Embedded runs: seconds between samples of the replicas' KV occupancy."""
+    fleet: int = 1
+    """Each client runs as a fleet of this many independent members, as a service's
+    worker processes: for agentrt each its own Runtime (router, admission, learned
+    waits), for ``plain`` each its own round-robin (starting at a random replica when
+    ``fleet > 1``), all in one event loop on the same replicas."""
+    fleet_assign: FleetAssign = "round_robin"
+    """How a fleet's jobs are dealt to its members: ``round_robin`` (the i-th job to
+    arrive to member ``i % fleet``) or ``hash`` (a stable hash of the job's name)."""
 
     def engine_config(self) -> EngineConfig:
         """The embedded replicas' configuration: the preset with this run's changes."""
@@ -140,6 +151,17 @@ class ClientResult:
     waits: dict[str, float | None] | None = None
     """Tool waits: ``count``, ``expected_share`` (the share whose expected duration was
     known when they began) and ``abs_error_median`` / ``rel_error_median`` of those."""
+    fleet: int = 1
+    """The client ran as a fleet of this many members (``BenchConfig.fleet``); each job
+    row's ``worker`` says which member ran it."""
+    replicas: list[dict[str, float]] | None = None
+    """Embedded runs: per replica, in the cluster's order, ``calls`` (requests the engine
+    served), ``prefill_tokens`` (prompt tokens it computed: not found in its prefix cache
+    nor in its host tier), ``busy_s`` and ``first_turns`` (sessions whose first call,
+    turn 0, it served)."""
+    call_imbalance: float | None = None
+    """Embedded runs: the replica that served the most calls, over the mean (beside
+    ``load_imbalance``, the same for busy time)."""
 
 
 @dataclass(slots=True)
@@ -254,6 +276,8 @@ def _summarize(
     engine: dict[str, float | None],
     journal: Path | None = None,
     kv: dict[str, float] | None = None,
+    fleet: int = 1,
+    replicas: list[dict[str, float]] | None = None,
 ) -> ClientResult:
     ok = [r for r in results if r.status == "ok"]
     jcts = [r.jct_s for r in ok]
@@ -274,6 +298,7 @@ def _summarize(
             "calls": len(r.calls),
             "call_latency_p50": _pct([c.latency_s for c in r.calls], 0.5),
             "alone_jct_s": alone.get(r.name) if alone else None,
+            "worker": r.worker,
         }
         for r in sorted(results, key=lambda r: r.arrival_s)
     ]
@@ -296,6 +321,9 @@ def _summarize(
         resumed_hit_rate=_resumed_hit_rate(ok),
         kv=kv,
         waits=_wait_stats(ok),
+        fleet=fleet,
+        replicas=replicas,
+        call_imbalance=_imbalance([r["calls"] for r in replicas]) if replicas else None,
     )
 
 
@@ -379,12 +407,40 @@ def _sim_engine_stats(
     tokens = sum(s.prompt_tokens + s.generation_tokens for s in stats)
     return {
         "hit_rate": hits / queries if queries else None,
-        "imbalance": max(busy) / mean_busy if mean_busy > 0 else None,
+        "imbalance": _imbalance(busy),
         "utilization": (window[1] / window[0])
         if window and window[0] > 0
         else (mean_busy / makespan if makespan > 0 else None),
         "tokens_per_s": tokens / makespan if makespan > 0 else None,
     }
+
+
+def _imbalance(values: Sequence[float]) -> float | None:
+    """The largest of ``values`` over their mean (None when the mean is 0)."""
+    mean = statistics.fmean(values)
+    return max(values) / mean if mean > 0 else None
+
+
+def _replica_figures(cluster: Cluster, results: Sequence[JobResult]) -> list[dict[str, float]]:
+    """Per replica: the calls it served, the prompt tokens it computed, its busy time and
+    the sessions whose first call (turn 0) landed there (by the calls' endpoints)."""
+    index = {url.rstrip("/"): i for i, url in enumerate(cluster.base_urls)}
+    first = [0] * len(index)
+    for r in results:
+        for c in r.calls:
+            if c.turn == 0 and c.endpoint is not None:
+                i = index.get(c.endpoint.rstrip("/"))
+                if i is not None:
+                    first[i] += 1
+    return [
+        {
+            "calls": s.requests_finished,
+            "prefill_tokens": s.prefix_cache_queries - s.prefix_cache_hits - s.host_cache_hits,
+            "busy_s": s.busy_s,
+            "first_turns": first[i],
+        }
+        for i, s in enumerate(cluster.stats())
+    ]
 
 
 ALONE: Final = -1
@@ -400,6 +456,8 @@ class ClientRun:
     makespan: float
     engine: dict[str, float | None]
     kv: dict[str, float]
+    replicas: list[dict[str, float]] = field(default_factory=list)
+    """Per replica: see :attr:`ClientResult.replicas`."""
 
 
 PartResult = dict[str, float] | ClientRun
@@ -443,6 +501,34 @@ async def _alone(cfg: BenchConfig, plans: list[JobPlan], progress: Progress) -> 
     return alone
 
 
+def _driver(
+    cfg: BenchConfig,
+    spec: ClientSpec,
+    plans: Sequence[JobPlan],
+    urls: list[str],
+    transport: httpx.AsyncBaseTransport | None,
+    model: str,
+    prompts: Prompts,
+    journal: Path | None,
+) -> Driver:
+    """The client's driver (:func:`make_driver`; no ``transport``: real servers), or a
+    :class:`Fleet` of ``cfg.fleet`` of them, plain members starting their round-robin at
+    random replicas."""
+    real = transport is None
+
+    def member(start: int) -> Driver:
+        return make_driver(
+            spec, urls, transport, model, prompts, real, cfg.api, journal, start=start
+        )
+
+    if cfg.fleet == 1:
+        return member(0)
+    starts = [0] * cfg.fleet
+    if spec.kind == "plain":
+        starts = plain_starts(cfg.fleet, len(urls), cfg.seed)
+    return Fleet([member(start) for start in starts], plans, cfg.fleet_assign)
+
+
 async def _client(
     cfg: BenchConfig, plans: list[JobPlan], index: int, progress: Progress
 ) -> ClientRun:
@@ -454,16 +540,9 @@ async def _client(
     # vLLM server started with --scheduling-policy priority); the others keep FCFS.
     engine = preset.replace(scheduling="priority") if spec.send_priority else preset
     async with Cluster(cfg.replicas, engine) as cluster:
-        driver = make_driver(
-            spec,
-            list(cluster.base_urls),
-            cluster.transport(),
-            model,
-            Prompts("sim"),
-            False,
-            cfg.api,
-            journal,
-        )
+        urls = list(cluster.base_urls)
+        prompts = Prompts("sim")
+        driver = _driver(cfg, spec, plans, urls, cluster.transport(), model, prompts, journal)
         window: list[tuple[float, float]] = []
 
         def snapshot(elapsed: float) -> None:
@@ -482,7 +561,8 @@ async def _client(
             span = (window[1][0] - window[0][0], window[1][1] - window[0][1])
         stats = _sim_engine_stats(cluster, makespan, span)
         kv = sampler.result()
-    return ClientRun(results, makespan, stats, kv)
+        replicas = _replica_figures(cluster, results)
+    return ClientRun(results, makespan, stats, kv, replicas)
 
 
 def replay_part(
@@ -507,7 +587,19 @@ def sim_clients(cfg: BenchConfig, parts: dict[int, PartResult]) -> list[ClientRe
         run = parts[index]
         assert isinstance(run, ClientRun)
         name = ClientSpec.parse(cfg.clients[index]).name
-        out.append(_summarize(name, run.results, run.makespan, alone, run.engine, journal, run.kv))
+        out.append(
+            _summarize(
+                name,
+                run.results,
+                run.makespan,
+                alone,
+                run.engine,
+                journal,
+                run.kv,
+                cfg.fleet,
+                run.replicas,
+            )
+        )
     return out
 
 
@@ -544,7 +636,7 @@ async def _run_real(
             spec = ClientSpec.parse(name)
             before = [await _metrics(http, u) for u in urls]
             prompts = Prompts("text")
-            driver = make_driver(spec, urls, None, model, prompts, True, cfg.api, journal)
+            driver = _driver(cfg, spec, plans, urls, None, model, prompts, journal)
             async with driver:
                 results, makespan = await _replay(
                     plans, driver.run_job, progress, spec.name, None, cfg.users
@@ -574,7 +666,9 @@ async def _run_real(
                 "utilization": None,
                 "tokens_per_s": total / makespan if makespan > 0 and total else None,
             }
-            out.append(_summarize(spec.name, results, makespan, None, engine, journal))
+            out.append(
+                _summarize(spec.name, results, makespan, None, engine, journal, fleet=cfg.fleet)
+            )
     return out
 
 
@@ -586,6 +680,12 @@ def check_config(cfg: BenchConfig) -> None:
         raise ValueError("users must be >= 1")
     if cfg.rate is not None and not cfg.rate > 0:
         raise ValueError("rate must be > 0 jobs per second")
+    if isinstance(cfg.fleet, bool) or not isinstance(cfg.fleet, int) or cfg.fleet < 1:
+        raise ValueError(f"fleet must be an int >= 1 (clients per client spec), not {cfg.fleet!r}")
+    if cfg.fleet_assign not in FLEET_ASSIGNS:
+        raise ValueError(
+            f"fleet_assign must be one of {', '.join(FLEET_ASSIGNS)}, not {cfg.fleet_assign!r}"
+        )
     if not cfg.endpoints:
         cfg.engine_config()  # fails on an unknown preset or a bad engine option
 
