@@ -59,8 +59,10 @@ CLIENT_HELP: Final = (
     "send each call's queue level as the engine priority), dialect= (default vllm), "
     "declare= (learned, the default; oracle; none), config=FILE (a settings file, as "
     "agentrt tune writes: it sets routing, policy, concurrency, token budget, priority "
-    "and learned waits, so those options cannot be given with it). Examples: "
-    "agentrt:session, agentrt:plas+round_robin@auto, agentrt:mlfq@16, "
+    "and learned waits, so those options cannot be given with it). 'agentrt:defaults': "
+    "Runtime(urls) as a user gets it, none of those options passed, so Runtime's "
+    "defaults of this version are measured (no other option with it). Examples: "
+    "agentrt:session, agentrt:defaults, agentrt:plas+round_robin@auto, agentrt:mlfq@16, "
     "agentrt:session+mlfq@engine, agentrt:routing=hash,policy=plas, "
     "agentrt:config=agentrt-tuned.toml. Defaults: round_robin, fcfs, no limit"
 )
@@ -454,7 +456,7 @@ def _parser() -> argparse.ArgumentParser:
         _examples(
             "agentrt bench --workload coding --jobs 32 --rate 0.2 --replicas 8",
             "agentrt bench --client plain --client agentrt:plas+session@auto",
-            "agentrt bench --client plain --client agentrt:session --fleet 4",
+            "agentrt bench --client plain --client agentrt:defaults --fleet 4",
             "agentrt bench --endpoint http://127.0.0.1:8000/v1 --workload react --jobs 8",
         ),
     )

@@ -166,8 +166,10 @@ CLIENT_SPEC_HELP: Final = (
     "file such as agentrt tune writes: Runtime(config=FILE) decides routing, policy, "
     "concurrency, token_budget, priorities and learned waits, so none of those options "
     "may be given with it; declare= and dialect= may). "
-    "Examples: agentrt:session, agentrt:plas+round_robin@auto, agentrt:mlfq@16, "
-    "agentrt:session+mlfq@engine, agentrt:plas+round_robin,priority=on, "
+    "'agentrt:defaults': Runtime(urls) as a user gets it, none of those options passed, "
+    "so whatever Runtime's defaults are is what is measured (no other option with it). "
+    "Examples: agentrt:session, agentrt:defaults, agentrt:plas+round_robin@auto, "
+    "agentrt:mlfq@16, agentrt:session+mlfq@engine, agentrt:plas+round_robin,priority=on, "
     "agentrt:routing=hash,policy=plas,concurrency=8, agentrt:config=agentrt-tuned.toml. "
     "Defaults: round_robin, fcfs, no limit."
 )
@@ -178,6 +180,14 @@ Runtime's adaptive cap sees an engine's queue only through its polled ``/metrics
 
 _FILE_DECIDES: Final = ("routing", "policy", "concurrency", "token_budget", "send_priority")
 """The spec options a settings file (``config=``) sets instead."""
+
+_RUNTIME_DEFAULTS: Final = {
+    "routing": "session_affinity",
+    "policy": "fcfs",
+    "concurrency": "engine",
+}
+"""Runtime's defaults, shown by a spec that leaves them to Runtime (``config=`` where the
+file is silent, ``agentrt:defaults``)."""
 
 
 def _spec_error(text: str, why: str) -> ValueError:
@@ -242,6 +252,11 @@ class ClientSpec:
     ``Runtime(config=FILE)`` and none of the options above but ``dialect`` and
     ``declare``, so the file decides as where it is applied. The fields above then show
     what the file sets (Runtime's defaults where it is silent)."""
+    defaults: bool = False
+    """``agentrt:defaults``: the runtime is built as a user gets it, ``Runtime(urls)``
+    with only the bench's plumbing (transport, timeout, journal, the vllm dialect), so
+    what is measured is whatever Runtime's defaults are. The fields above then show
+    Runtime's defaults as of this version, for display only."""
 
     @staticmethod
     def parse(text: str) -> ClientSpec:
@@ -263,7 +278,9 @@ class ClientSpec:
         if parts and "=" not in parts[0]:
             names, at, limit = parts.pop(0).partition("@")
             for word in filter(None, (w.strip().lower() for w in names.split("+"))):
-                if word in _POLICIES:
+                if word == "defaults":
+                    put("defaults", True)
+                elif word in _POLICIES:
                     put("policy", word)
                 elif _ROUTING_ALIASES.get(word, word) in _ROUTINGS:
                     put("routing", _routing_name(word, text))
@@ -312,6 +329,12 @@ class ClientSpec:
                 put("config", value)
             else:
                 raise _spec_error(text, f"unknown option {key!r}")
+        if fields.get("defaults") and len(fields) > 1:
+            raise _spec_error(
+                text, "defaults is Runtime as a user gets it: give no other option with it"
+            )
+        if "defaults" in fields:
+            fields.update(_RUNTIME_DEFAULTS)
         if "config" in fields:
             fields.update(_from_file(text, fields))
         name = text if rest else "agentrt:round-robin"
@@ -337,9 +360,7 @@ def _from_file(text: str, fields: dict[str, Any]) -> dict[str, Any]:
     if "dialect" in fields and "dialect" in settings:
         raise _spec_error(text, "dialect= given and the file sets dialect too")
     out: dict[str, Any] = {
-        "routing": settings.get("routing", "session_affinity"),
-        "policy": settings.get("policy", "fcfs"),
-        "concurrency": settings.get("concurrency", "engine"),
+        **{key: settings.get(key, default) for key, default in _RUNTIME_DEFAULTS.items()},
         "token_budget": settings.get("token_budget"),
         # "auto" sends priorities only to replicas that advertise a priority scheduler;
         # the bench gives those only to a client that sends them always.
@@ -645,6 +666,9 @@ class AgentrtDriver:
             if "dialect" not in load_config(spec.config):
                 common["dialect"] = spec.dialect
             self._rt = Runtime(urls, config=spec.config, **common)
+        elif spec.defaults:
+            # As a user gets it: nothing but the bench's plumbing and dialect.
+            self._rt = Runtime(urls, dialect=spec.dialect, **common)
         else:
             poll = ENGINE_POLL_S if spec.concurrency == "engine" else None
             self._rt = Runtime(

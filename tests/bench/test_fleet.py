@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import pickle
 from collections import Counter
 from functools import cache
@@ -12,11 +13,13 @@ from typing import Any
 
 import pytest
 
+from agentrt import Runtime
 from agentrt.bench import (
     BenchConfig,
     BenchResult,
     ClientResult,
     ClientSpec,
+    _drivers,
     _runner,
     run_bench,
     run_study,
@@ -147,6 +150,40 @@ def test_plain_fleet_members_start_at_seeded_random_replicas() -> None:
         first.setdefault(job.worker, call.endpoint)
     urls = [f"http://replica-{i}.sim/v1" for i in range(4)]
     assert [first[m] for m in range(K)] == [urls[s] for s in starts]
+
+
+def test_defaults_spec_parses_alone() -> None:
+    spec = ClientSpec.parse("agentrt:defaults")
+    assert (spec.name, spec.kind, spec.defaults) == ("agentrt:defaults", "agentrt", True)
+    assert (spec.routing, spec.policy, spec.concurrency) == ("session_affinity", "fcfs", "engine")
+    for text in ("agentrt:defaults+plas", "agentrt:defaults@4", "agentrt:defaults,declare=none"):
+        with pytest.raises(ValueError, match="give no other option with it") as err:
+            ClientSpec.parse(text)
+        assert "\n" not in str(err.value)
+    assert "agentrt:defaults" in _drivers.CLIENT_SPEC_HELP
+
+
+def test_defaults_spec_builds_runtime_as_a_user_gets_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    given: list[set[str]] = []
+    real = Runtime
+
+    def recording(*args: Any, **kwargs: Any) -> Runtime:
+        given.append(set(kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_drivers, "Runtime", recording)
+    cfg = small(jobs=3, clients=("agentrt:defaults",), journal_dir=tmp_path)
+    (client,) = run_bench(cfg, workers=1).clients
+    assert client.client == "agentrt:defaults" and client.failed == 0
+    assert given == [{"transport", "timeout_s", "keep_reports", "journal", "dialect"}]
+    defaults = inspect.signature(Runtime).parameters
+    assert client.journal is not None
+    for report in read_journal(client.journal):
+        assert report.runtime is not None
+        for key in ("routing", "policy", "concurrency"):
+            assert report.runtime[key] == defaults[key].default
 
 
 def test_fleet_members_share_their_clients_journal(tmp_path: Path) -> None:
