@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -162,7 +163,9 @@ CLIENT_SPEC_HELP: Final = (
     "token_budget= (int), priority= (on/off: send each call's queue level as the engine "
     "priority; embedded replicas then schedule by priority), dialect= (default vllm), "
     "declare= (tool waits the sessions declare: learned, the default: each tool's wait "
-    "learned online; oracle: the exact next wait; none: nothing), config=FILE (a settings "
+    "learned online; oracle: the exact next wait; none: nothing), poll= (the engines' "
+    "/metrics: none, the default but with @engine; auto, Runtime's default; or seconds), "
+    "config=FILE (a settings "
     "file such as agentrt tune writes: Runtime(config=FILE) decides routing, policy, "
     "concurrency, token_budget, priorities and learned waits, so none of those options "
     "may be given with it; declare= and dialect= may). "
@@ -210,6 +213,20 @@ def _policy_name(value: str, text: str) -> str:
     return value
 
 
+def _poll(value: str, text: str) -> float | Literal["auto"] | None:
+    if value in ("none", ""):
+        return None
+    if value == "auto":
+        return "auto"
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise _spec_error(text, f"poll must be none, auto or seconds > 0, not {value!r}")
+    return seconds
+
+
 def _concurrency(value: str, text: str) -> int | Literal["auto", "engine"] | None:
     if value in ("none", ""):
         return None
@@ -241,6 +258,9 @@ class ClientSpec:
     :data:`ENGINE_POLL_S` seconds (without polling it never caps)."""
     token_budget: int | None = None
     send_priority: bool = False
+    poll: float | Literal["auto"] | None = None
+    """``poll_metrics_s`` (``poll=``): None (no polls; with ``@engine``,
+    :data:`ENGINE_POLL_S`), ``"auto"`` (Runtime's default) or seconds."""
     declare: Declare = "learned"
     """Tool-wait declarations: ``learned`` (the runtime learns each tool's wait, as by
     default), ``oracle`` (the exact next tool wait, declared before the call it follows;
@@ -312,6 +332,8 @@ class ClientSpec:
                 if low not in _TRUE + _FALSE:
                     raise _spec_error(text, f"priority must be on or off, not {value!r}")
                 put("send_priority", low in _TRUE)
+            elif key in ("poll", "poll_metrics_s"):
+                put("poll", _poll(low, text))
             elif key == "declare":
                 if low not in _DECLARES:
                     raise _spec_error(
@@ -670,7 +692,9 @@ class AgentrtDriver:
             # As a user gets it: nothing but the bench's plumbing and dialect.
             self._rt = Runtime(urls, dialect=spec.dialect, **common)
         else:
-            poll = ENGINE_POLL_S if spec.concurrency == "engine" else None
+            poll = spec.poll
+            if poll is None and spec.concurrency == "engine":
+                poll = ENGINE_POLL_S
             self._rt = Runtime(
                 urls,
                 routing=spec.routing,
