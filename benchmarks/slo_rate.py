@@ -152,6 +152,9 @@ class Setup:
     tol: float = 1.1
     max_tries: int = 8
     workers: Any = "auto"
+    fleet: int = 1
+    """Each client as a fleet of this many independent members (``agentrt bench
+    --fleet``); the alone JCTs stay a lone client's."""
 
 
 def measure(
@@ -220,7 +223,7 @@ def measure(
             rate = search.next_rate()
             if rate is None:
                 continue
-            cfg = replace(cfgs[wl, seed], clients=(client,), rate=rate)
+            cfg = replace(cfgs[wl, seed], clients=(client,), rate=rate, fleet=setup.fleet)
             items.append((cfg, at_rate(base[wl, seed], rate), 0))
             keys.append((wl, seed, client, rate))
         if not items:
@@ -365,6 +368,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--token-scale", type=float, default=0.25)
     ap.add_argument("--max-wait", type=float, default=30.0)
     ap.add_argument("--workers", type=parse_workers, default="auto")
+    ap.add_argument("--fleet", type=int, default=1, help="each client as K processes")
     ap.add_argument(
         "--append",
         action="store_true",
@@ -389,6 +393,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.client and args.quick:
         setup.clients = tuple(args.client)
     setup.workers = args.workers
+    if args.fleet < 1:
+        sys.exit("--fleet must be >= 1")
+    setup.fleet = args.fleet
     described = {
         "workloads": setup.workloads,
         "replicas": setup.replicas,
@@ -400,6 +407,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "slo_p90_stretch": SLO,
         "tol": setup.tol,
         "max_tries": setup.max_tries,
+        **({"fleet": setup.fleet} if setup.fleet != 1 else {}),
     }
     old: dict[str, Any] = {}
     cache: dict[tuple[str, int], dict[str, float]] = {}
