@@ -8,9 +8,16 @@ import os
 import random
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
+from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, wait
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    contextmanager,
+)
 from dataclasses import replace
 from functools import partial
+from inspect import isawaitable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeVar, cast, overload
 
@@ -29,7 +36,7 @@ from ._notice import Notices, NoticeStatistics
 from ._platform import give_platform, openai_platform
 from ._settings import with_config
 from ._state import PLACEHOLDER_KEY, _Core, _EndpointState
-from ._transport import CLOSED_MESSAGE, HttpLib, http_lib, loop_clock
+from ._transport import CLOSED_MESSAGE, ClientClosedError, HttpLib, http_lib, loop_clock
 from .dialects import DialectOptions, DialectSpec, resolve_dialect
 from .scheduling._admission import Admission, AdmissionStatistics
 from .scheduling._health import DEFAULT_PROBE_INTERVAL_S, EndpointHealth
@@ -86,6 +93,15 @@ def _poll_interval(
     if n_endpoints > 1 or (concurrency == "engine" and policy != "fcfs"):
         return AUTO_POLL_S
     return None
+
+
+def _still_running(running: list[str]) -> AgentrtError:
+    """The error of a runtime's block that ended while jobs (their ids) still ran."""
+    names = ", ".join(repr(job_id) for job_id in running[:5])
+    return AgentrtError(
+        f"Runtime closed while {len(running)} job(s) were still running ({names}); "
+        "end every job's block before leaving the Runtime's block"
+    )
 
 
 class AsyncTransport(Protocol):
@@ -619,11 +635,7 @@ class Runtime:
             if self._journal is not None:
                 self._journal.close()
         if running and exc is None:
-            names = ", ".join(repr(job_id) for job_id in running[:5])
-            raise AgentrtError(
-                f"Runtime closed while {len(running)} job(s) were still running ({names}); "
-                "end every job's block before leaving the Runtime's block"
-            )
+            raise _still_running(running)
 
     def _check_open(self) -> None:
         if not self._opened:
@@ -788,6 +800,35 @@ class Runtime:
 
 # -- the synchronous facade --------------------------------------------------------------
 
+_CALL, _TOOL, _JOB = 0, 1, 2
+"""What a thread of a SyncRuntime runs in the runtime's loop: a call (or any other
+operation), a tool wait's block, a job's block; closing cuts them in this order."""
+
+_CUT_BOUND_S: Final = 10.0
+"""How long closing waits for what it cut to end (it ends at once; the portal's stop
+cancels whatever is left after this)."""
+
+
+class _Held:
+    """A task that a thread of a SyncRuntime runs in the runtime's loop: a call, cut by
+    cancelling its scope, or the block of a job or tool wait, left when the thread leaves
+    it or, with :class:`RuntimeClosedError`, when the runtime closes under it. Made and
+    used in the loop's thread only."""
+
+    __slots__ = ("error", "left", "scope", "tier")
+
+    def __init__(self, tier: int) -> None:
+        self.tier = tier
+        self.scope: anyio.CancelScope | None = None
+        self.left: anyio.Event | None = None
+        self.error: BaseException | None = None
+
+    def leave(self, error: BaseException | None) -> None:
+        """End the block (the first time only), with the block's exception or None."""
+        if self.left is not None and not self.left.is_set():
+            self.error = error
+            self.left.set()
+
 
 class SyncRuntime:
     """The same shape as :class:`Runtime` for code that is not async.
@@ -819,6 +860,11 @@ class SyncRuntime:
         self._rt: Runtime | None = None
         self._rt_cm: AbstractContextManager[Runtime] | None = None
         self._closed = False
+        # What the threads run in the runtime's loop, and whether its close has begun
+        # (the loop's thread only: the close cuts them, SyncRuntime._cut).
+        self._held: set[_Held] = set()
+        self._cutting = False
+        self._wake: anyio.Event | None = None
 
     def __repr__(self) -> str:
         rt = self._rt or self._checked
@@ -846,13 +892,48 @@ class SyncRuntime:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        assert self._portal_cm is not None and self._rt_cm is not None
+        assert self._portal is not None and self._portal_cm is not None
+        assert self._rt_cm is not None
         self._closed = True  # before the runtime closes: no call reaches its loop after
+        portal = self._portal
+        running: list[str] = []
         try:
+            # Other threads' jobs still running are cut first, so that their reports
+            # reach the journal and the hooks before the runtime closes them.
+            running = portal.call(self._cut)
             self._rt_cm.__exit__(exc_type, exc, tb)
         finally:
             self._portal = None
+            try:  # nothing is left by now; nothing left may keep the loop's thread alive
+                portal.call(portal.stop, True)
+            except RuntimeError:  # pragma: no cover (already stopped)
+                pass
             self._portal_cm.__exit__(None, None, None)
+        if running and exc_type is None:
+            raise _still_running(running)  # as the async Runtime's block raises it
+
+    async def _cut(self) -> list[str]:
+        """Cut what other threads still run in the runtime's loop as its block ends (the
+        loop's thread): their calls in flight (cancelled: their threads get
+        ``RuntimeClosedError``), then their tool waits' and jobs' blocks, each left with
+        ``RuntimeClosedError``, so that a job ends as an async job whose runtime closed
+        under its next call does (status ``error``). Returns the ids of the jobs that
+        were still running."""
+        self._cutting = True  # what a thread starts from now on is refused (_run)
+        running = list(self.runtime._core.active_jobs)
+        with anyio.move_on_after(_CUT_BOUND_S):
+            for tier in (_CALL, _TOOL, _JOB):
+                doomed = [held for held in self._held if held.tier == tier]
+                for held in doomed:
+                    if held.scope is not None:
+                        held.scope.cancel()
+                    else:
+                        held.leave(RuntimeClosedError(CLOSED_MESSAGE))
+                while any(held in self._held for held in doomed):
+                    self._wake = anyio.Event()
+                    await self._wake.wait()
+        self._wake = None
+        return running
 
     @property
     def runtime(self) -> Runtime:
@@ -864,14 +945,106 @@ class SyncRuntime:
     def _open_portal(self) -> BlockingPortal:
         """The portal into the runtime's loop, while the runtime's block lasts."""
         portal = self._portal
-        if portal is None:
+        if portal is None or self._closed:
             if self._closed:
-                raise RuntimeClosedError(CLOSED_MESSAGE)
+                # As its clients raise it: an openai client passes it on as it is.
+                raise ClientClosedError(CLOSED_MESSAGE)
             raise AgentrtError("use the SyncRuntime inside 'with SyncRuntime(...) as rt:'")
         return portal
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return self._open_portal().call(fn, *args)
+        """``fn(*args)`` run in the runtime's loop (awaited if it is async), from this
+        thread; ``RuntimeClosedError`` if the runtime closes first or meanwhile."""
+        return self._result(self._start(self._open_portal(), _CALL, fn, args))
+
+    def _start(
+        self, portal: BlockingPortal, tier: int, fn: Callable[..., Any], args: tuple[Any, ...]
+    ) -> Future[Any]:
+        try:
+            return portal.start_task_soon(self._run, tier, fn, args)
+        except RuntimeError:  # the portal stopped since it was looked up: closed
+            if self._closed:
+                raise ClientClosedError(CLOSED_MESSAGE) from None
+            raise
+
+    def _result(self, future: Future[Any]) -> Any:
+        try:
+            return future.result()
+        except CancelledError:  # the portal cancelled it as it stopped: closed
+            if self._closed:
+                raise ClientClosedError(CLOSED_MESSAGE) from None
+            raise
+
+    async def _run(self, tier: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """(The loop's thread.) A thread's call, or ``fn(held, *args)`` for a block,
+        counted where the runtime's close finds it to cut it (:meth:`_cut`)."""
+        if self._cutting:
+            raise ClientClosedError(CLOSED_MESSAGE)
+        held = _Held(tier)
+        self._held.add(held)
+        try:
+            if tier != _CALL:
+                return await fn(held, *args)
+            with anyio.CancelScope() as held.scope:
+                result = fn(*args)
+                if isawaitable(result):
+                    result = await result
+                return result
+            raise ClientClosedError(CLOSED_MESSAGE)  # cut by the close
+        finally:
+            self._held.discard(held)
+            if self._wake is not None:
+                self._wake.set()
+
+    async def _hold(
+        self, held: _Held, cm: AbstractAsyncContextManager[Any], entered: Future[Any]
+    ) -> None:
+        """(The loop's thread.) Hold ``cm`` open while a thread runs its block: entered
+        here, and left when :meth:`_Held.leave` says, with the block's exception thrown
+        in as ``async with`` would (or the close's ``RuntimeClosedError``)."""
+        held.left = anyio.Event()
+        async with cm as value:
+            entered.set_result((value, held))
+            await held.left.wait()
+            if held.error is not None:
+                raise held.error
+
+    @contextmanager
+    def _block(self, tier: int, cm: AbstractAsyncContextManager[_T]) -> Iterator[_T]:
+        """Run this thread's block inside ``cm``, which is entered and left in one task
+        of the runtime's loop (as anyio's ``wrap_async_context_manager`` does). If the
+        runtime closes under the block, ``cm`` is left then, with
+        ``RuntimeClosedError``, and leaving the block raises it (an exception of the
+        block's own goes on instead)."""
+        portal = self._open_portal()
+        entered: Future[Any] = Future()
+        done = self._start(portal, tier, self._hold, (cm, entered))
+        wait((entered, done), return_when=FIRST_COMPLETED)
+        if not entered.done():
+            self._result(done)  # raises: entering failed, or the runtime closed
+        value, held = entered.result()
+        try:
+            yield value
+        except BaseException as exc:
+            self._leave(portal, held, done, exc)
+            raise
+        self._leave(portal, held, done, None)
+
+    def _leave(
+        self, portal: BlockingPortal, held: _Held, done: Future[Any], error: BaseException | None
+    ) -> None:
+        """Leave a block of :meth:`_block`; raises what ``cm`` raised on leaving."""
+        if not self._closed:  # else the close leaves it (or has)
+            try:
+                portal.call(held.leave, error)
+            except RuntimeError:  # the portal stopped meanwhile: the close left it
+                if not self._closed:
+                    raise
+        try:
+            self._result(done)
+        except RuntimeClosedError:
+            if error is None:
+                raise
 
     def _refuses(self) -> bool:
         """Whether its block has ended (its sync clients refuse calls from then on)."""
@@ -894,8 +1067,7 @@ class SyncRuntime:
         """Run one job (see :meth:`Runtime.job`)."""
         rt = self.runtime
         job = rt._new_job(name, job_id, program_id, deadline_s, metadata)
-        portal = self._open_portal()
-        with portal.wrap_async_context_manager(rt._run_job(job, enforce_deadline=False)):
+        with self._block(_JOB, rt._run_job(job, enforce_deadline=False)):
             yield SyncJob(self, job)
 
     def http_client(self) -> httpx.Client:
@@ -1043,9 +1215,7 @@ class SyncSession:
     @contextmanager
     def tool(self, name: str, *, expected_s: float | None = None) -> Iterator[None]:
         """Mark a tool's execution (see :meth:`Session.tool`)."""
-        portal = self._srt._open_portal()
-        cm = self.session.tool(name, expected_s=expected_s)
-        with portal.wrap_async_context_manager(cm):
+        with self._srt._block(_TOOL, self.session.tool(name, expected_s=expected_s)):
             yield
 
 
@@ -1058,4 +1228,5 @@ def _sync_iter(srt: SyncRuntime, stream: AsyncStream[_T]) -> Iterator[_T]:
             except StopAsyncIteration:
                 return
     finally:
-        srt._call(stream.close)
+        if not srt._closed:  # else the runtime's close has ended it
+            srt._call(stream.close)
