@@ -746,8 +746,8 @@ class Job:
     def _finish(self, status: JobStatus, error: str | None) -> JobReport:
         """The job ends: its report is built and handed on (``on_job_end``, the hooks),
         and the runtime's policies and its program forget it."""
-        report = self._final_report(status, error)
         core = self._core
+        report = self._final_report(status, error if error is None else core.redact(error))
         core.active_jobs.pop(self.id, None)
         for e in core.endpoints:
             e.admission.policy.on_job_end(self.id, self.program_id)

@@ -23,6 +23,7 @@ No line carries a secret: endpoint URLs are kept without their userinfo
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import sys
@@ -54,13 +55,60 @@ _console: logging.Handler | None = None
 """The stderr handler ``AGENTRT_LOG`` added, if any."""
 
 
-def redact(text: str, *secrets: str | None) -> str:
-    """``text`` without userinfo in its URLs and without any of ``secrets`` (API keys)."""
-    text = redact_userinfo(text)
+MIN_SECRET_CHARS: Final = 4
+"""Secrets shorter than this are not looked for in texts (they would match anywhere)."""
+
+
+def secret_forms(*secrets: str | None) -> tuple[str, ...]:
+    """Every form in which ``secrets`` (API keys, passwords, ``user:password`` pairs)
+    travel: as they are and base64-encoded (HTTP Basic auth), longest first."""
+    forms: set[str] = set()
     for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
+        if secret and len(secret) >= MIN_SECRET_CHARS:
+            forms.add(secret)
+            forms.add(base64.b64encode(secret.encode()).decode())
+    return tuple(sorted(forms, key=len, reverse=True))
+
+
+def credential_forms(authorization: str | None) -> tuple[str, ...]:
+    """The secret forms of an ``Authorization`` header's value: a bearer token, or a
+    Basic pair (encoded, and decoded: ``user:password`` and the password)."""
+    if not authorization:
+        return ()
+    scheme, _, credential = authorization.strip().partition(" ")
+    credential = credential.strip()
+    if scheme.lower() != "basic":
+        return secret_forms(credential)
+    try:
+        pair = base64.b64decode(credential, validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        return secret_forms(credential)
+    return secret_forms(pair, pair.partition(":")[2])
+
+
+def scrub(text: str, forms: tuple[str, ...]) -> str:
+    """``text`` without userinfo in its URLs and without any of ``forms`` (from
+    :func:`secret_forms`)."""
+    text = redact_userinfo(text)
+    for form in forms:
+        if form in text:
+            text = text.replace(form, "***")
     return text
+
+
+def scrub_bytes(data: bytes, forms: tuple[str, ...]) -> bytes:
+    """``data`` (an error reply's body) without any of ``forms``."""
+    for form in forms:
+        raw = form.encode()
+        if raw in data:
+            data = data.replace(raw, b"***")
+    return data
+
+
+def redact(text: str, *secrets: str | None) -> str:
+    """``text`` without userinfo in its URLs and without any of ``secrets`` (API keys,
+    passwords, ``user:password`` pairs), as they are or base64-encoded."""
+    return scrub(text, secret_forms(*secrets))
 
 
 def configure(value: str | None) -> logging.Handler | None:

@@ -21,7 +21,7 @@ import httpx
 import openai
 
 from ._config import Endpoint, Retry
-from ._log import health_log, hooks_log
+from ._log import health_log, hooks_log, scrub, secret_forms
 from ._notice import Notices, Sender, accepts_notice
 from ._waits import WaitEstimator
 from .dialects import Dialect, DialectOptions
@@ -142,6 +142,15 @@ class _Core:
         self.retry = retry
         self.api_key = api_key
         self.placeholder_key = PLACEHOLDER_KEY
+        pairs = [e.endpoint.basic_auth for e in endpoints if e.endpoint.basic_auth]
+        self.secrets = secret_forms(
+            api_key,
+            *(e.endpoint.api_key for e in endpoints),
+            *(password for _, password in pairs),
+            *(f"{user}:{password}" for user, password in pairs),
+        )
+        """The runtime's and its endpoints' keys and passwords, in every form they are
+        sent (:meth:`redact` takes them out of every error text agentrt stores)."""
         self.send_priority = any(e.options.send_priority or e.priority_auto for e in endpoints)
         """Whether any endpoint takes engine-level priorities (then calls carry one)."""
         self.prefix_aware = isinstance(router, SessionAffinity) and len(endpoints) > 1
@@ -152,6 +161,9 @@ class _Core:
         self.closed = False
         """Set when the runtime's block ends: every client it built then refuses calls
         (one attribute read per call, in the transport)."""
+        self.loop_thread = 0
+        """The thread of the event loop the runtime was entered in (set then): a call made
+        in another thread comes from another event loop, and is refused (the transport)."""
         self.on_report: Callable[[JobReport], None] = lambda report: None
         self.hooks: tuple[Hook, ...] = ()
         """Event hooks (set by Runtime). Emission points test ``if core.hooks:`` first, so
@@ -188,6 +200,14 @@ class _Core:
             self._paths.setdefault(origin, []).append((path, e.endpoint.url))
         for paths in self._paths.values():
             paths.sort(key=lambda p: -len(p[0]))
+
+    def redact(self, text: str, extra: tuple[str, ...] = ()) -> str:
+        """``text`` (an error) without the runtime's secrets (:attr:`secrets`), the
+        ``extra`` forms (:func:`~agentrt._log.credential_forms`) or URL userinfo."""
+        forms = self.secrets
+        if extra:
+            forms = tuple(sorted(set(forms + extra), key=len, reverse=True))
+        return scrub(text, forms)
 
     def match(self, url: httpx.URL) -> tuple[str, str] | None:
         """(base URL, path suffix) of a request addressed to an endpoint, else None.

@@ -26,6 +26,7 @@ import re
 from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from datetime import UTC, datetime
 from functools import cache
+from threading import get_ident
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -35,8 +36,8 @@ import openai
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
 from ._context import _CALL_SESSION, Job, Session, _CallState, current_session, new_id
-from ._errors import EndpointError, RuntimeClosedError
-from ._log import redact, routing_log, transport_log
+from ._errors import AgentrtError, EndpointError, RuntimeClosedError
+from ._log import credential_forms, routing_log, scrub_bytes, transport_log
 from ._notice import accept_header
 from ._protocol import CallMetadata, trusted_model
 from .dialects._generic import check_header_name, check_header_value
@@ -58,12 +59,34 @@ from .telemetry._report import CallStatus
 if TYPE_CHECKING:
     from ._state import _Core, _EndpointState
 
-__all__ = ["CLOSED_MESSAGE", "AgentTransport", "ClientClosedError", "HttpLib", "http_lib"]
+__all__ = [
+    "CLOSED_MESSAGE",
+    "WRONG_LOOP_MESSAGE",
+    "AgentTransport",
+    "ClientClosedError",
+    "HttpLib",
+    "WrongLoopError",
+    "http_lib",
+]
 
 CLOSED_MESSAGE = (
     "this Runtime is closed: its block has ended, and neither it nor the clients it built "
     "(rt.openai(), rt.http_client(), framework models) take new calls"
 )
+
+
+WRONG_LOOP_MESSAGE = (
+    "this Runtime was used from another event loop than the one it was entered in (another "
+    "thread's asyncio.run or trio.run, say): a Runtime, its jobs, sessions and clients live "
+    "in that one loop. Use one Runtime per event loop, or a SyncRuntime to share one "
+    "runtime between threads"
+)
+
+
+class WrongLoopError(AgentrtError, openai.OpenAIError):
+    """A runtime (or a client it built) used from an event loop other than its own: an
+    ``AgentrtError`` that openai's clients pass on as it is (see
+    :class:`ClientClosedError`)."""
 
 
 class ClientClosedError(RuntimeClosedError, openai.OpenAIError):
@@ -378,8 +401,10 @@ class AgentTransport:
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         core = self._core
-        if core.closed:  # before anything is counted or sent
-            raise ClientClosedError(CLOSED_MESSAGE)
+        if core.closed or get_ident() != core.loop_thread:  # before anything is counted or sent
+            if core.closed:
+                raise ClientClosedError(CLOSED_MESSAGE)
+            raise WrongLoopError(WRONG_LOOP_MESSAGE)
         route = core.match(request.url)
         if route is None:
             # Not addressed to agentrt or one of its endpoints: pass through untouched.
@@ -481,8 +506,10 @@ class AgentTransport:
         """The reply, read, handed on with its (decoded) body."""
         lib = self._lib.mod
         if not _encoded(response.headers):
-            # Nothing was decoded: the read response itself can go on, its body in place.
+            # Nothing was decoded: the read response itself can go on, its body in place
+            # (an error's as scrubbed: the read body is kept apart from the stream).
             response.stream = lib.ByteStream(content)
+            response._content = content
             return response
         headers = lib.Headers(response.headers)
         for h in ("content-encoding", "content-length", "transfer-encoding"):
@@ -914,12 +941,12 @@ class _Call:
             )
         return True
 
-    def _secrets(self, ep: _EndpointState | None) -> tuple[str | None, ...]:
-        """What must never be logged: the runtime's and the endpoint's keys and password."""
-        if ep is None:
-            return (self.core.api_key,)
-        basic = ep.endpoint.basic_auth
-        return (self.core.api_key, ep.endpoint.api_key, basic[1] if basic else None)
+    def _scrubbed(self, body: bytes) -> bytes:
+        """An error reply's body without the runtime's secrets or the credential the call
+        carried, before the caller's client reads it: servers echo them (OpenAI's 401
+        quotes the key), and the exception, the job's error and the journal would."""
+        own = credential_forms(self.request.headers.get("authorization"))
+        return scrub_bytes(body, tuple(sorted({*self.core.secrets, *own}, key=len, reverse=True)))
 
     def _log_attempt(self, ep: _EndpointState, outcome: str) -> None:
         """One attempt's outcome, at DEBUG on ``agentrt.transport``."""
@@ -933,7 +960,7 @@ class _Call:
             self.core.retry.attempts,
             ep.endpoint.url,
             self.suffix,
-            redact(outcome, *self._secrets(ep)),
+            self.core.redact(outcome),
             self.clock() - self.sent_at,
         )
 
@@ -992,7 +1019,7 @@ class _Call:
                 call_id=state.call_id,
                 endpoint=ep.endpoint.url,
                 attempt=state.attempts,
-                error=error,
+                error=self.core.redact(error),
                 will_retry=will_retry or state.attempts < self.core.retry.attempts,
             )
         )
@@ -1083,10 +1110,10 @@ class _Call:
                     state.attempts,
                     state.endpoint,
                 )
-                return transport._rebuild(response, response.content)
+                return transport._rebuild(response, self._scrubbed(response.content))
             except _RetryableError as exc:
                 url = self.core.endpoints[exc.endpoint].endpoint.url
-                message = (
+                message = self.core.redact(
                     f"endpoint {url} failed after {state.attempts} attempt(s): "
                     f"{type(exc.error).__name__}: {exc.error}"
                 )
@@ -1096,7 +1123,7 @@ class _Call:
                     state.call_id,
                     self.ticket.job_id,
                     state.session_id,
-                    redact(message, *self._secrets(self.core.endpoints[exc.endpoint])),
+                    message,
                 )
                 raise EndpointError(message, endpoint=url, attempts=state.attempts) from (exc.error)
         except anyio.get_cancelled_exc_class():
@@ -1125,13 +1152,14 @@ class _Call:
                 self._end("error", f"{type(exc).__name__}: {exc}")
             raise
         if response.status_code >= 300:
+            raw = self._scrubbed(raw)
             self._end("error", f"HTTP {response.status_code}")
         elif (data := _reply_object(raw, self.suffix))[0] is None or state.stream:
             if state.stream:  # a JSON reply to a streamed call: no client can read it
                 data = (None, "a JSON body, not an event stream, to a streamed call")
             url = self.ep.endpoint.url if self.ep is not None else self.base
             ctype = response.headers.get("content-type", "?")
-            message = (
+            message = self.core.redact(
                 f"endpoint {url} did not answer like an OpenAI-compatible server: "
                 f"{data[1]}; HTTP {response.status_code}, content-type {ctype}, "
                 f"body starts {raw[:80]!r}"
@@ -1192,7 +1220,7 @@ class _Call:
             state.done = True
             state.latency_s = latency = now - state.started
             state.status = status
-            state.error = error
+            state.error = error if error is None else self.core.redact(error)
             core, session, ticket = self.core, self.session, self.ticket
             job = session.job
             program = job._program
@@ -1294,7 +1322,7 @@ class _ObservedStream:
             self._call._end("cancelled", why if why != "cancelled" else "cancelled mid-stream")
             raise
         except self._lib.transport_errors as exc:
-            message = f"endpoint {self._url} broke off the stream: {exc!r}"
+            message = self._call.core.redact(f"endpoint {self._url} broke off the stream: {exc!r}")
             self._call._end("error", message)
             raise EndpointError(message, endpoint=self._url, attempts=state.attempts) from exc
         if state.ttft_s is None and chunk:
@@ -1381,7 +1409,7 @@ class _ObservedStream:
     def _malformed(self, raw: bytes, problem: str) -> NoReturn:
         """An event the caller's client cannot parse: the call ends in an error that
         says so (not a ``JSONDecodeError`` from deep inside the client)."""
-        message = (
+        message = self._call.core.redact(
             f"endpoint {self._url} sent a malformed stream event: its data is {problem}; "
             f"data starts {raw[:80]!r}"
         )

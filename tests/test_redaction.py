@@ -374,3 +374,17 @@ async def test_tool_start_notices_carry_the_credentials_and_show_none() -> None:
     assert notice_url == "http://engine.test/v1/agentrt/idle"
     assert headers["authorization"] == basic(USER, SECRET)
     assert SECRET not in repr(stats)
+
+
+def test_redact_takes_secrets_out_in_plain_and_base64() -> None:
+    from agentrt._log import credential_forms, redact
+
+    pair = base64.b64encode(f"{USER}:{SECRET}".encode()).decode()
+    key64 = base64.b64encode(b"sk-key-1").decode()
+    text = f"key sk-key-1 ({key64}), Basic {pair}, password {SECRET}"
+    out = redact(text, "sk-key-1", SECRET, f"{USER}:{SECRET}")
+    assert out == "key *** (***), Basic ***, password ***"
+    assert redact("a b c", "a", "") == "a b c"  # too short to look for
+    assert set(credential_forms(f"Basic {pair}")) >= {pair, f"{USER}:{SECRET}", SECRET}
+    assert "sk-key-1" in credential_forms("Bearer sk-key-1")
+    assert credential_forms(None) == ()
