@@ -792,12 +792,14 @@ class Job:
     def _build_report(self, status: JobStatus, error: str | None, end: float) -> JobReport:
         calls = [c.to_report() for c in self._calls]
         settle_idle(calls, self._session_reports)
-        intervals = []
+        intervals = []  # while a call is served: its queueing in agentrt (first) left out
         for c in self._calls:
+            served = c.started + c.queue_s
             if c.latency_s is not None:
-                intervals.append((c.started, c.started + c.latency_s))
-            elif not c.done:
-                intervals.append((c.started, end))
+                if c.latency_s > c.queue_s:
+                    intervals.append((served, c.started + c.latency_s))
+            elif not c.done and end > served:
+                intervals.append((served, end))
         return JobReport(
             job_id=self.id,
             name=self.name,

@@ -33,15 +33,17 @@ SUMMARY_HEADERS = (
     "queue",
     "LLM",
     "tool",
+    "other",
     "cached",
     "retries",
     "moves",
     "errors",
 )
 SUMMARY_CAPTION = (
-    "Times in seconds. JCT: job completion time; call: per-call latency. queue, LLM, tool: "
-    "shares of JCT spent only queued in agentrt, with a call being served (the LLM critical "
-    "path), in tool waits only. cached: prompt tokens served from the prefix cache."
+    "Times in seconds. JCT: job completion time; call: per-call latency. queue, LLM, tool, "
+    "other: shares of JCT spent only queued in agentrt, with a call being served (the LLM "
+    "critical path), in tool waits only, and in none (the agent's own code); they add up "
+    "to 100%. cached: prompt tokens served from the prefix cache."
 )
 
 
@@ -79,6 +81,7 @@ def summary_table(summaries: Sequence[NameSummary], title: str) -> TextTable:
             _share(s.queue_share),
             _share(s.llm_share),
             _share(s.tool_share),
+            _share(s.other_share),
             _share(s.cache_share),
             str(s.retries),
             str(s.session_moves),

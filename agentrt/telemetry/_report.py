@@ -132,8 +132,9 @@ class JobReport(BaseModel):
     llm_s: float
     """Sum of the calls' latencies (concurrent calls each count)."""
     critical_llm_s: float
-    """Time during which at least one of the job's calls was in flight: the LLM time on
-    the job's critical path. Never more than ``jct_s``."""
+    """Time during which at least one of the job's calls was being served (sent, not
+    waiting in agentrt's admission queue): the LLM time on the job's critical path, as
+    ``agentrt report``'s LLM share counts it. Never more than ``jct_s``."""
     queue_s: float
     tool_s: float
     """Sum of the tool waits' durations."""

@@ -181,6 +181,16 @@ def test_the_real_run_has_queues_tools_concurrent_sessions_and_cache(
         assert parts.queue_s >= 0 and parts.tool_s >= 0 and parts.other_s >= 0
 
 
+def test_llm_time_excludes_queueing_in_agentrt_everywhere(journals: tuple[Path, Path]) -> None:
+    """The report's ``critical_llm_s`` (the summary's "LLM") is the report's LLM share:
+    time with a call being served, not waiting in agentrt's admission queue."""
+    reports = read_journal(journals[0])
+    assert any(r.queue_s > 0.1 * r.jct_s for r in reports)
+    for r in reports:
+        assert r.critical_llm_s == pytest.approx(breakdown(r).llm_s, abs=1e-6), r.name
+        assert r.critical_llm_s + breakdown(r).queue_s <= r.jct_s + 1e-6
+
+
 def test_breakdown_partitions_the_jct_and_the_critical_path_walks_back() -> None:
     # a: queued 0-1, served 1-4; tool 4-6 in a; b: served 5-7; nothing after 7 (JCT 10).
     job = _job("x", 10.0, calls=[("a", 0.0, 1.0, 4.0), ("b", 5.0, 0.0, 2.0)], tools=[("a", 4, 2)])
@@ -234,6 +244,27 @@ def test_the_table_shows_each_job_name_and_its_numbers(
         # a share below 1% but above 0 prints as "<1%" (the fixture's queue time varies)
         assert (f"{share:.0%}" if share == 0 or share >= 0.01 else "<1%") in line
     assert "8 jobs from" in out
+
+
+@needs_extra
+def test_the_terminal_split_adds_up_to_the_jct(capsys: pytest.CaptureFixture[str]) -> None:
+    """queue, LLM, tool and other: the four shares of the JCT, in the terminal too."""
+    # queued 0-1, served 1-4; tool 4-6; nothing 6-10: 10% + 30% + 20% + 40%
+    job = _job("x", 10.0, calls=[("a", 0.0, 1.0, 4.0)], tools=[("a", 4, 2)])
+    from agentrt.report._tables import print_tables, summary_table
+
+    print_tables([summary_table(summarize([job]), "t")], width=200)
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "JCT p50" in line)
+    row = next(line for line in out.splitlines() if " x " in line)
+    cells = dict(
+        zip(
+            [h.strip() for h in header.strip("┃│ ").split("┃")],
+            [c.strip() for c in row.strip("│ ").split("│")],
+            strict=True,
+        )
+    )
+    assert [cells[k] for k in ("queue", "LLM", "tool", "other")] == ["10%", "30%", "20%", "40%"]
 
 
 @needs_extra

@@ -127,7 +127,7 @@ def test_compare_and_the_critical_path_fit(
 
 
 def test_fit_width_splits_columns_and_repeats_the_labels() -> None:
-    rows = (("a-rather-long-job-name", *(f"{k}.{k}{k}" for k in range(13))),)
+    rows = (("a-rather-long-job-name", *(f"{k}.{k}{k}" for k in range(len(SUMMARY_HEADERS) - 1))),)
     t = TextTable("title", SUMMARY_HEADERS, rows, "caption")
     parts = fit_width(t, 80)
     assert len(parts) >= 2
@@ -140,7 +140,10 @@ def test_fit_width_splits_columns_and_repeats_the_labels() -> None:
 
 @pytest.mark.parametrize("width", [60, 80, 100])
 def test_plain_text_fits_and_folds_long_labels(width: int) -> None:
-    rows = tuple((name, *(f"{k * 11.111:.2f}" for k in range(13))) for name in (*NAMES, "x" * 90))
+    rows = tuple(
+        (name, *(f"{k * 11.111:.2f}" for k in range(len(SUMMARY_HEADERS) - 1)))
+        for name in (*NAMES, "x" * 90)
+    )
     lines = text_lines(TextTable("a title " * 20, SUMMARY_HEADERS, rows, "a caption " * 30), width)
     _check("\n".join(lines), width)
     # labels have no spaces: the first word of each line is the label column's text
