@@ -176,6 +176,7 @@ def progress_bar(jobs: int, enabled: bool = True) -> Iterator[Callable[[str], No
     try:
         if not enabled:
             raise ImportError
+        from rich.markup import escape
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
     except ImportError:
         yield lambda label: None
@@ -192,7 +193,7 @@ def progress_bar(jobs: int, enabled: bool = True) -> Iterator[Callable[[str], No
         def advance(label: str) -> None:
             if label not in tasks:
                 name = "alone (each job on an idle cluster)" if label == "alone" else label
-                tasks[label] = bar.add_task(name, total=jobs)
+                tasks[label] = bar.add_task(escape(name), total=jobs)  # not markup
             bar.update(tasks[label], advance=1)
 
         yield advance

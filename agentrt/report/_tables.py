@@ -224,30 +224,32 @@ def text_lines(t: TextTable, width: int = 80) -> list[str]:
 def print_tables(tables: Sequence[TextTable], width: int | None = None) -> None:
     """Print with rich, each table split to fit the console (``width``, else the
     terminal's or ``$COLUMNS``, else 80 when the output is not a terminal): labels fold
-    rather than being cut with an ellipsis."""
+    rather than being cut with an ellipsis. Every cell, title and caption is shown as it
+    is, never read as rich markup (job names and paths are the user's: ``triage[v2]``)."""
     require("rich")
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(width=width)
     for t in tables:
         for part in fit_width(t, console.width):
             table = Table(
-                title=part.title or None,
+                title=escape(part.title) or None,
                 title_justify="left",
-                caption=part.caption or None,
+                caption=escape(part.caption) or None,
                 caption_justify="left",
             )
             for i, h in enumerate(part.headers):
                 label = i < part.label_columns
                 table.add_column(
-                    h,
+                    escape(h),
                     justify="left" if label else "right",
                     overflow="fold",
                     no_wrap=not label,
                 )
             for row in part.rows:
-                table.add_row(*row)
+                table.add_row(*(escape(cell) for cell in row))
             console.print(table)
 
 

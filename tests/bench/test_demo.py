@@ -231,6 +231,28 @@ def test_the_progress_bar_counts_jobs_per_run() -> None:
     assert totals[2][1:] == (4, 1)
 
 
+def test_run_labels_show_as_written_in_the_progress_bar() -> None:
+    """A client's label is user text (a spec, a file name): rich shows it, never reads it
+    as markup (``[/]`` raised MarkupError)."""
+    if not HAVE_RICH:
+        return
+    from rich.progress import Progress, TextColumn
+
+    shown: list[str] = []
+    real_stop = Progress.stop
+
+    def stop(self: Progress) -> None:
+        shown.extend(TextColumn("{task.description}").render(t).plain for t in self.tasks)
+        real_stop(self)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Progress, "stop", stop)
+        with progress_bar(2) as advance:
+            for label in ("[/]", "agentrt:config=tuned[v2].toml", "[bold]x"):
+                advance(label)
+    assert shown == ["[/]", "agentrt:config=tuned[v2].toml", "[bold]x"]
+
+
 def test_headline_ratios_and_summary_follow_the_numbers(bench_result: Any) -> None:
     h = headline(bench_result)
     p, a = bench_result.clients[0], bench_result.clients[1]

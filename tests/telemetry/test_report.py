@@ -268,6 +268,28 @@ def test_the_terminal_split_adds_up_to_the_jct(capsys: pytest.CaptureFixture[str
 
 
 @needs_extra
+def test_names_print_as_written_not_as_markup(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Job and session names, and the journal's path, are the user's text: rich shows them
+    as they are (``triage[v2]`` stayed ``triage``; ``[/]`` crashed the command)."""
+    names = ["triage[v2]", "[/]", "[bold]loud[/bold]"]
+    folder = tmp_path / "runs[1]"
+    folder.mkdir()
+    jobs = [
+        _job(n, 1.0 + i, calls=[("[red]s", 0.0, 0.0, 0.5)], job_id=f"j{i}")
+        for i, n in enumerate(names)
+    ]
+    path = _write(folder / "journal.jsonl", jobs)
+    assert main(["report", str(path), "--job", "j2"]) == 0
+    out = capsys.readouterr().out
+    for name in names:
+        assert f" {name} " in out
+    assert "runs[1]" in out and "[red]s" in out
+    assert "Critical path of [bold]loud[/bold] j2" in " ".join(out.split())
+
+
+@needs_extra
 def test_several_journals_are_pooled(
     journals: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
