@@ -507,10 +507,20 @@ class Session:
         """End the session (what leaving ``job.session(...)``'s block does); idempotent."""
         if self._closed:
             return
-        self._closed = True
+        self._unpin()
         core = self.job._core
         if core.hooks:
             core.emit(SessionClosed(t=anyio.current_time(), job_id=self.job.id, session_id=self.id))
+
+    def _unpin(self) -> None:
+        """The session ends: it no longer counts in its endpoint's ``load.sessions``
+        (a call still in flight may move it: the transport counts closed sessions
+        nowhere). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.endpoint_index is not None:
+            self.job._core.endpoints[self.endpoint_index].load.sessions -= 1
 
     # -- used by the transport -----------------------------------------------------------
 

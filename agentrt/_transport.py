@@ -423,6 +423,7 @@ class AgentTransport:
             return await call.run_bounded(deadline)
         except BaseException:
             if implicit is not None:
+                session._unpin()
                 implicit._end_implicit()
             raise
 
@@ -546,11 +547,13 @@ def _route(
         core.router.served(index, key)
     if home == index:
         return index, None
-    endpoints[index].load.sessions += 1
     session.endpoint_index = index
+    if not session._closed:  # an ended session counts nowhere (Session._unpin)
+        endpoints[index].load.sessions += 1
+        if home is not None:
+            endpoints[home].load.sessions -= 1
     if home is None:
         return index, None
-    endpoints[home].load.sessions -= 1
     if home in avoid or not endpoints[home].load.healthy:
         return index, "unavailable"
     reason: str | None = getattr(core.router, "move_reason", None)
@@ -1258,6 +1261,7 @@ class _Call:
                     )
                 )
         if self.implicit is not None:
+            self.session._unpin()
             self.implicit._end_implicit()
 
 

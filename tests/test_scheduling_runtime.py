@@ -155,16 +155,21 @@ async def test_priority_pass_through_follows_the_policy_per_endpoint() -> None:
     assert job.report.call_reports[0].priority == 0
 
 
-async def test_session_move_is_counted_when_its_replica_fails() -> None:
-    down = {"a.test"}
+def refusing(down: set[str]) -> httpx.MockTransport:
+    """A fake engine whose hosts in ``down`` (the caller may change it) refuse connections."""
 
     async def handler(request: httpx.Request) -> httpx.Response:
         if request.url.host in down:
             raise httpx.ConnectError("refused", request=request)
         return await FakeEngine().handle(request)
 
+    return httpx.MockTransport(handler)
+
+
+async def test_session_move_is_counted_when_its_replica_fails() -> None:
+    down = {"a.test"}
     eps = ["http://a.test/v1", "http://b.test/v1"]
-    async with Runtime(eps, transport=httpx.MockTransport(handler), retry=FAST) as rt:
+    async with Runtime(eps, transport=refusing(down), retry=FAST) as rt:
         async with rt.job("r") as job, job.session() as s:
             down.clear()
             await s.chat(model="m", messages=MSG)  # lands somewhere, fine
@@ -354,3 +359,57 @@ async def test_a_session_back_after_its_replica_likely_evicted_it_is_routed_by_l
     assert job.report.session_moves == 1
     moves = [e for e in events if isinstance(e, SessionMoved)]
     assert [(e.session_id, e.reason) for e in moves] == [(x.id, "retention")]
+
+
+@pytest.mark.parametrize("routing", ["session_affinity", "hash", "least_loaded"])
+async def test_endpoint_sessions_count_the_sessions_pinned_now(routing: str) -> None:
+    """``EndpointLoad.sessions`` counts the open sessions whose KV is on each endpoint: a
+    session counts where it moved to, and stops counting when it ends (it only grew:
+    5,000 after 5,000 ended jobs)."""
+    urls = ["http://a.test/v1", "http://b.test/v1"]
+    async with Runtime(urls, transport=FakeEngine().transport(), routing=routing) as rt:
+
+        def pinned() -> int:
+            return sum(load.sessions for load in rt.endpoint_loads())
+
+        for i in range(100):
+            async with rt.job(f"j{i}") as job, job.session() as s, job.session() as t:
+                await s.chat(model="m", messages=MSG)
+                await t.chat(model="m", messages=MSG)
+                await s.chat(model="m", messages=MSG)
+                assert pinned() == 2
+            assert pinned() == 0
+        async with rt.job("opened") as job, job.session() as s:
+            assert pinned() == 0  # no turn yet: pinned nowhere
+            await s.chat(model="m", messages=MSG)
+            # a call outside any session is a one-call job: pinned only while it runs
+            await rt.openai().chat.completions.create(model="m", messages=MSG)
+            assert pinned() == 1
+        assert pinned() == 0
+
+
+async def test_a_moved_session_counts_once_and_ends_at_its_new_home() -> None:
+    urls = ["http://a.test/v1", "http://b.test/v1"]
+    async with Runtime(
+        urls, transport=refusing({"a.test"}), routing="round_robin", retry=FAST
+    ) as rt:
+        async with rt.job("moved") as job, job.session() as s:
+            for _ in range(4):
+                await s.chat(model="m", messages=MSG)
+                assert [load.sessions for load in rt.endpoint_loads()] == [0, 1]
+        assert [load.sessions for load in rt.endpoint_loads()] == [0, 0]
+
+
+async def test_a_failed_call_outside_a_session_unpins_its_one_call_job() -> None:
+    urls = ["http://a.test/v1", "http://b.test/v1"]
+    retry = Retry(attempts=1, wait_initial=0.0, wait_jitter=0.0)
+    async with Runtime(
+        urls, transport=refusing({"a.test"}), routing="round_robin", retry=retry
+    ) as rt:
+        client = rt.openai()
+        for _ in range(6):
+            try:
+                await client.chat.completions.create(model="m", messages=MSG)
+            except Exception:
+                pass
+        assert [load.sessions for load in rt.endpoint_loads()] == [0, 0]

@@ -67,7 +67,8 @@ class EndpointLoad:
     in_flight: int = 0
     """Calls this client has sent there and not yet seen finish."""
     sessions: int = 0
-    """Sessions currently pinned to this endpoint."""
+    """Sessions currently pinned to this endpoint: open sessions whose last turn went
+    there (a session that moves counts at its new endpoint; one that ends, nowhere)."""
     outstanding_tokens: int = 0
     """Estimated tokens (prompt + expected output) of the calls in flight."""
     healthy: bool = True
