@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AgentrtError",
     "EndpointError",
@@ -27,6 +29,13 @@ class EndpointError(AgentrtError):
         self.endpoint = endpoint
         self.attempts = attempts
 
+    def __reduce__(self) -> tuple[Any, ...]:  # keyword arguments: pickled by hand
+        return (_endpoint_error, (str(self), self.endpoint, self.attempts))
+
+
+def _endpoint_error(message: str, endpoint: str, attempts: int) -> EndpointError:
+    return EndpointError(message, endpoint=endpoint, attempts=attempts)
+
 
 class JobClosedError(AgentrtError):
     """A session or tool wait was used after its job ended."""
@@ -40,3 +49,9 @@ class RuntimeClosedError(AgentrtError):
 
 class SessionClosedError(AgentrtError):
     """A session was used after its ``async with`` block ended."""
+
+
+for _cls in (AgentrtError, EndpointError, JobClosedError, RuntimeClosedError, SessionClosedError):
+    # Named by the public module, as httpx names its own: tracebacks and reprs say
+    # ``agentrt.EndpointError``, and pickles find the class there (``agentrt.__all__``).
+    _cls.__module__ = "agentrt"

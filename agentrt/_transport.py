@@ -524,6 +524,25 @@ class AgentTransport:
         )
 
 
+def _what_to_do(error: BaseException, url: str, lib: Any) -> str:
+    """What the caller can do about the transport error that ended a call on ``url``
+    (the end of :class:`EndpointError`'s message, so that it stands on its own)."""
+    if isinstance(error, lib.ConnectError | lib.ConnectTimeout | OSError):
+        return (
+            f"is a server running at {url}? Check the URL (scheme, host, port and path), "
+            "and that the server is up and listening there"
+        )
+    if isinstance(error, lib.TimeoutException):
+        return (
+            f"the server at {url} did not answer within the timeout; if it is busy or its "
+            "replies are long, raise Runtime(timeout_s=...)"
+        )
+    return (
+        f"the server at {url} closed the connection or broke off its reply; is it an "
+        "OpenAI-compatible server, and healthy?"
+    )
+
+
 def _route(
     core: _Core, session: Session, avoid: Collection[int], prefix: tuple[int, ...], tokens: int
 ) -> tuple[int, str | None]:
@@ -1118,7 +1137,8 @@ class _Call:
                 url = self.core.endpoints[exc.endpoint].endpoint.url
                 message = self.core.redact(
                     f"endpoint {url} failed after {state.attempts} attempt(s): "
-                    f"{type(exc.error).__name__}: {exc.error}"
+                    f"{type(exc.error).__name__}: {exc.error}; "
+                    + _what_to_do(exc.error, url, transport._lib.mod)
                 )
                 self._end("error", message)
                 transport_log.warning(

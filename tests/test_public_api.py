@@ -55,3 +55,27 @@ def test_import_is_lazy() -> None:
         "assert 'Runtime' in dir(agentrt)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_public_exceptions_are_named_by_the_public_module() -> None:
+    """Tracebacks and reprs say ``agentrt.EndpointError`` (as httpx's say
+    ``httpx.ConnectError``), and the exceptions pickle by that name."""
+    import pickle
+    import traceback
+
+    errors = [getattr(agentrt, n) for n in agentrt.__all__ if n.endswith("Error")]
+    assert len(errors) >= 5
+    for cls in errors:
+        assert issubclass(cls, agentrt.AgentrtError)
+        assert cls.__module__ == "agentrt", cls
+    exc = agentrt.EndpointError("endpoint http://h/v1 failed", endpoint="http://h/v1", attempts=3)
+    line = traceback.format_exception_only(type(exc), exc)[-1]
+    assert line == "agentrt.EndpointError: endpoint http://h/v1 failed\n"
+    back = pickle.loads(pickle.dumps(exc))
+    assert (type(back), str(back), back.endpoint, back.attempts) == (
+        agentrt.EndpointError,
+        str(exc),
+        "http://h/v1",
+        3,
+    )
+    assert isinstance(pickle.loads(pickle.dumps(agentrt.JobClosedError("x"))), agentrt.AgentrtError)

@@ -176,7 +176,10 @@ def from_probe(
     try:
         samples, _ = anyio.run(_probe_async, url, model)
     except httpx.HTTPError as exc:
-        raise ValueError(f"probing {url} failed: {type(exc).__name__}: {exc}") from None
+        hint = ""
+        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+            hint = f"; is a server running at {url}? Check --endpoint"
+        raise ValueError(f"probing {url} failed: {type(exc).__name__}: {exc}{hint}") from None
     cost = calibrate([s for s in samples if isinstance(s, StepSample)])
     fit = Fit(
         "probe",

@@ -32,3 +32,15 @@ async def test_a_probe_fits_the_served_engines_costs() -> None:
     got = engine.cost.step_s + engine.cost.decode_seq_s
     assert got == pytest.approx(want, rel=0.5)
     assert fit.decode_scale < 0.5
+
+
+def test_a_probe_of_no_server_says_what_to_do() -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    with pytest.raises(ValueError) as info:
+        from_probe(url, PRESETS["h100-8b"])
+    assert str(info.value).startswith(f"probing {url} failed: ConnectError")
+    assert f"is a server running at {url}? Check --endpoint" in str(info.value)
