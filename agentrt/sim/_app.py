@@ -54,11 +54,23 @@ _NOTICE_SOURCES: Final = (None, "declared", "learned")
 
 
 class _HTTPError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        kind: str | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.kind = kind
+        """The error's ``type`` (default: by status, as vLLM names them)."""
+        self.code = code
+        """The error's ``code`` (default: the status)."""
 
 
 _ERROR_TYPES: Final = {
@@ -69,17 +81,36 @@ _ERROR_TYPES: Final = {
 }
 
 
-def _error_body(status: int, message: str, param: str | None = None) -> bytes:
+def _error_body(e: _HTTPError) -> bytes:
     return json.dumps(
         {
             "error": {
-                "message": message,
-                "type": _ERROR_TYPES.get(status, "InternalServerError"),
-                "param": param,
-                "code": status,
+                "message": e.message,
+                "type": e.kind or _ERROR_TYPES.get(e.status, "InternalServerError"),
+                "param": e.param,
+                "code": e.code or e.status,
             }
         }
     ).encode()
+
+
+NO_DIRECTIVES_HINT: Final = (
+    "[agentrt sim: no CALL/ANSWER directive in the last user message, so filler text "
+    'follows; see docs/sim.md, "Scripted replies"]'
+)
+"""The first line of a ``replies="agent"`` reply to a chat without directives."""
+_HINT_HEADER: Final = (
+    b"x-agentrt-sim-hint",
+    b'no CALL/ANSWER directive in the last user message: filler text (docs/sim.md, "Scripted '
+    b'replies")',
+)
+
+
+def _filler(num_tokens: int, hint: bool) -> str:
+    """A reply's filler text, starting with :data:`NO_DIRECTIVES_HINT` when ``hint``
+    (the same length either way: 4 characters a token)."""
+    text = output_text(num_tokens)
+    return (NO_DIRECTIVES_HINT + "\n" + text)[: len(text)] if hint else text
 
 
 async def _send_bytes(
@@ -248,7 +279,7 @@ class ReplicaApp:
                 return _json_reply(200, b'{"version":"agentrt-sim"}')
             raise _HTTPError(404, f"no route {path}")
         except _HTTPError as e:
-            return _json_reply(e.status, _error_body(e.status, e.message, e.param))
+            return _json_reply(e.status, _error_body(e))
 
     def _idle_notice(self, raw: bytes) -> Reply:
         """A tool-start notice: 204, 400 (bad body), 404 (unknown session), 503."""
@@ -295,7 +326,7 @@ class ReplicaApp:
                 "object": "list",
                 "data": [
                     {
-                        "id": cfg.model_name,
+                        "id": name,
                         "object": "model",
                         "created": _CREATED_EPOCH,
                         "owned_by": "agentrt-sim",
@@ -303,6 +334,7 @@ class ReplicaApp:
                         "parent": None,
                         "max_model_len": cfg.max_model_len or cfg.num_gpu_blocks * cfg.block_size,
                     }
+                    for name in cfg.served_model_names or (cfg.model_name,)
                 ],
             }
         ).encode()
@@ -313,6 +345,16 @@ class ReplicaApp:
         cfg = engine.config
         chat = path == "/v1/chat/completions"
         body = _json_object(engine, raw, "the body")
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            model = cfg.model_name
+        elif cfg.served_model_names is not None and model not in cfg.served_model_names:
+            raise _HTTPError(
+                404,
+                f"The model `{model}` does not exist. Served: {', '.join(cfg.served_model_names)}",
+                kind="invalid_request_error",
+                code="model_not_found",
+            )
         try:
             if chat:
                 prompt = engine.tokenizer.chat(body.get("messages"))
@@ -332,6 +374,7 @@ class ReplicaApp:
         script = agent_reply(body) if chat and cfg.replies == "agent" else None
         if script is not None:
             max_tokens = min(max_tokens, script.num_tokens)
+        hint = script is None and chat and cfg.replies == "agent"
         n = body.get("n", 1)
         if n not in (1, None):
             raise _HTTPError(400, "the simulator only supports n=1", param="n")
@@ -339,6 +382,7 @@ class ReplicaApp:
         meta = _agentrt_meta(hdr)
         priority = _priority(body, meta, cfg.scheduling == "priority")
         accept = _ACCEPT_PRIORITY if cfg.scheduling == "priority" else _ACCEPT_HEADER
+        extra = [_HINT_HEADER] if hint else []
         session = body.get("session_id")
         if not isinstance(session, str) or not session:
             session = meta.session_id if meta is not None else hdr.get("x-session-id")
@@ -346,9 +390,6 @@ class ReplicaApp:
         final = meta is not None and meta.final
         rid = hdr.get("x-request-id") or f"sim-{engine.name}-{next(self._ids)}"
         stream = bool(body.get("stream", False))
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            model = cfg.model_name
         if cfg.request_overhead_s > 0:
             # The API server's share of a request (HTTP, parsing, tokenizing) before the
             # engine sees it.
@@ -372,8 +413,10 @@ class ReplicaApp:
             include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
             return Reply(
                 200,
-                [*_SSE_HEADERS, rid_header, accept],
-                stream=SSEStream(engine, req, prompt, rid, model, chat, include_usage, script),
+                [*_SSE_HEADERS, rid_header, accept, *extra],
+                stream=SSEStream(
+                    engine, req, prompt, rid, model, chat, include_usage, script, hint=hint
+                ),
             )
         try:
             while not req.done:
@@ -383,8 +426,8 @@ class ReplicaApp:
                 engine.abort(req)
         if req.status == ABORTED:  # pragma: no cover - only when the engine shuts down
             raise _HTTPError(500, "the request was aborted")
-        body_out = _completion_body(req, prompt, rid, model, chat, script)
-        return _json_reply(200, body_out, [rid_header, accept, _timing(req, entered)])
+        body_out = _completion_body(req, prompt, rid, model, chat, script, hint=hint)
+        return _json_reply(200, body_out, [rid_header, accept, _timing(req, entered), *extra])
 
 
 def _timing(req: SimRequest, entered: float) -> tuple[bytes, bytes]:
@@ -423,6 +466,8 @@ def _completion_body(
     model: str,
     chat: bool,
     script: ScriptedReply | None = None,
+    *,
+    hint: bool = False,
 ) -> bytes:
     created = _CREATED_EPOCH + int(anyio.current_time())
     usage = _usage(req, prompt)
@@ -432,7 +477,7 @@ def _completion_body(
         choice["message"] = script.message()
         finish = script.finish_reason
     elif chat:
-        text = output_text(req.max_tokens)
+        text = _filler(req.max_tokens, hint)
         choice["message"] = {"role": "assistant", "content": text, "tool_calls": []}
     else:
         choice["text"] = output_text(req.max_tokens)
@@ -465,6 +510,8 @@ class SSEStream:
         chat: bool,
         include_usage: bool,
         script: ScriptedReply | None = None,
+        *,
+        hint: bool = False,
     ) -> None:
         self._engine = engine
         self._script = script
@@ -485,7 +532,7 @@ class SSEStream:
             f'data: {{"id":{ident},"object":"{kind}","created":{self._created},'
             f'"model":{json.dumps(model)},"choices":[{{"index":0,"{field}":'
         )
-        self._text = output_text(req.max_tokens) if script is None else script.content
+        self._text = _filler(req.max_tokens, hint) if script is None else script.content
 
     def __aiter__(self) -> SSEStream:
         return self
@@ -810,7 +857,7 @@ class ClusterApp:
             if path != "/metrics"
             else f"metrics are per replica: {where}"
         )
-        await _send_bytes(send, 404, _error_body(404, message), _JSON_HEADERS)
+        await _send_bytes(send, 404, _error_body(_HTTPError(404, message)), _JSON_HEADERS)
 
     async def _notice(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A tool-start notice at the front door: to the replica that knows its session
@@ -828,7 +875,7 @@ class ClusterApp:
             if reply.status != 404:
                 break
         if reply is None:  # pragma: no cover - replicas only
-            reply = _json_reply(404, _error_body(404, "no replica takes notices"))
+            reply = _json_reply(404, _error_body(_HTTPError(404, "no replica takes notices")))
         await send(
             {"type": "http.response.start", "status": reply.status, "headers": reply.headers}
         )

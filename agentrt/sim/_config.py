@@ -41,7 +41,13 @@ class EngineConfig:
 
     cost: CostModel = field(default_factory=lambda: CostModel(6.2e-3, 32e-6, 120e-6, 51e-9, 1.0e-9))
     model_name: str = "sim-model"
-    """The name ``/v1/models`` lists. Requests may name any model; it is echoed back."""
+    """The name ``/v1/models`` lists (first). Requests name it, one of
+    ``served_model_names``, or (when that is None) any model; the reply echoes it."""
+    served_model_names: tuple[str, ...] | None = None
+    """The model names requests may ask for (vLLM's ``--served-model-name``; the first
+    is ``model_name``): another is answered 404 ``model_not_found``, as vLLM and OpenAI
+    answer. None: any name (the in-process default, which tests and the bench use).
+    ``agentrt sim serve`` serves the preset's name only."""
     block_size: int = 16
     """Tokens per KV block (vLLM's ``--block-size``); prefix caching works per block."""
     num_gpu_blocks: int = 26_624
@@ -144,6 +150,17 @@ class EngineConfig:
             )
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ValueError("max_model_len must be > 0 or None")
+        names = self.served_model_names
+        if names is not None:
+            if not names or not all(isinstance(n, str) and n for n in names):
+                raise ValueError(
+                    f"served_model_names must be non-empty names or None, got {names!r}"
+                )
+            if names[0] != self.model_name:
+                raise ValueError(
+                    f"served_model_names[0] must be the model_name {self.model_name!r}, "
+                    f"got {names!r}"
+                )
         if self.replies not in ("filler", "agent"):
             raise ValueError(f"replies must be 'filler' or 'agent', got {self.replies!r}")
         if self.scheduling not in ("fcfs", "priority"):

@@ -15,7 +15,8 @@ Which line is due is counted from the conversation: the assistant messages with 
 calls after the last user message are the turns already taken. When every line has
 been played, the reply is the ``ANSWER`` text (or ``done``), ``finish_reason="stop"``.
 A tool not offered in the request's ``tools`` is not called: the reply says so, in text.
-Requests without directives get the engine's usual filler text.
+Requests without directives get the engine's usual filler text, its first line a hint
+that says so (and the header ``x-agentrt-sim-hint``: ``agentrt.sim._app``).
 
 The engine still models the reply's timing: its output length is the scripted reply's
 size (about 4 characters a token), at most ``max_tokens``.

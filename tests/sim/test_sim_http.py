@@ -332,3 +332,38 @@ async def test_error_replies_can_be_streamed_raw() -> None:
         async with http.stream("POST", cluster.base_urls[0] + "/chat/completions", json={}) as r:
             raw = b"".join([c async for c in r.aiter_raw()])
         assert r.status_code == 400 and b"messages" in raw
+
+
+async def test_a_served_name_list_answers_other_models_404_as_openai_does() -> None:
+    """``served_model_names`` (what ``agentrt sim serve`` sets): another name is a 404 in
+    OpenAI's shape (``model_not_found``), as vLLM and OpenAI answer; a served name, or
+    none, is answered; ``/v1/models`` lists every served name."""
+    config = small_config(model_name="sim-a", served_model_names=("sim-a", "alias-b"))
+    async with Cluster(1, config) as cluster:
+        http = httpx.AsyncClient(transport=cluster.transport())
+        url = cluster.base_urls[0]
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        wrong = await http.post(f"{url}/chat/completions", json={**body, "model": "gpt-4o"})
+        assert wrong.status_code == 404
+        assert wrong.json() == {
+            "error": {
+                "message": "The model `gpt-4o` does not exist. Served: sim-a, alias-b",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "model_not_found",
+            }
+        }
+        text = await http.post(f"{url}/completions", json={"model": "x", "prompt": "hi"})
+        assert text.status_code == 404
+        for name in ("sim-a", "alias-b"):
+            ok = await http.post(f"{url}/chat/completions", json={**body, "model": name})
+            assert ok.status_code == 200 and ok.json()["model"] == name
+        listed = (await http.get(f"{url}/models")).json()["data"]
+        assert [m["id"] for m in listed] == ["sim-a", "alias-b"]
+        client = openai.AsyncOpenAI(base_url=url, api_key="x", http_client=http)  # type: ignore[arg-type,unused-ignore]
+        with pytest.raises(openai.NotFoundError, match=r"does not exist\. Served: sim-a"):
+            await client.chat.completions.create(model="nope", **body)
+    with pytest.raises(ValueError, match="served_model_names"):
+        small_config(served_model_names=())
+    with pytest.raises(ValueError, match="model_name"):
+        small_config(model_name="a", served_model_names=("b",))

@@ -109,3 +109,36 @@ async def test_an_openai_client_gets_tool_calls(stream: bool) -> None:
             for c in tool_calls:
                 messages.append({"role": "tool", "tool_call_id": c["id"], "content": "ok"})
         assert names == [["get_weather"], ["add", "mul"]]
+
+
+async def test_a_request_without_directives_gets_a_hint() -> None:
+    """With ``replies="agent"``, a prompt without CALL/ANSWER lines still gets filler (of
+    the requested length), whose first line, and a response header, say why."""
+    from agentrt.sim import output_text
+    from agentrt.sim._app import NO_DIRECTIVES_HINT
+
+    async with Cluster(1, PRESETS["h100-8b"].replace(replies="agent")) as cluster:
+        http = httpx.AsyncClient(transport=cluster.transport())
+        url = f"{cluster.base_urls[0]}/chat/completions"
+        plain = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40}
+        reply = await http.post(url, json=plain)
+        content = reply.json()["choices"][0]["message"]["content"]
+        assert content.startswith(NO_DIRECTIVES_HINT + "\n")
+        assert len(content) == len(output_text(40))  # the same length: the same timing
+        assert "docs/sim.md" in reply.headers["x-agentrt-sim-hint"]
+        async with http.stream("POST", url, json={**plain, "stream": True}) as streamed:
+            assert "x-agentrt-sim-hint" in streamed.headers
+            events = [line async for line in streamed.aiter_lines() if line.startswith("data: {")]
+        text = "".join(
+            json.loads(e[6:])["choices"][0]["delta"].get("content") or "" for e in events
+        )
+        assert text == content
+        scripted = {**plain, "messages": [{"role": "user", "content": "ANSWER 42"}]}
+        answered = await http.post(url, json=scripted)
+        assert answered.json()["choices"][0]["message"]["content"] == "42"
+        assert "x-agentrt-sim-hint" not in answered.headers
+    async with Cluster(1, PRESETS["h100-8b"]) as cluster:  # filler replies: no hint
+        http = httpx.AsyncClient(transport=cluster.transport())
+        reply = await http.post(f"{cluster.base_urls[0]}/chat/completions", json=plain)
+        assert reply.json()["choices"][0]["message"]["content"] == output_text(40)
+        assert "x-agentrt-sim-hint" not in reply.headers
