@@ -18,6 +18,7 @@ from contextlib import (
 from dataclasses import replace
 from functools import partial
 from inspect import isawaitable
+from threading import get_ident
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeVar, cast, overload
 
@@ -36,7 +37,15 @@ from ._notice import Notices, NoticeStatistics
 from ._platform import give_platform, openai_platform
 from ._settings import with_config
 from ._state import PLACEHOLDER_KEY, _Core, _EndpointState
-from ._transport import CLOSED_MESSAGE, ClientClosedError, HttpLib, http_lib, loop_clock
+from ._transport import (
+    CLOSED_MESSAGE,
+    WRONG_LOOP_MESSAGE,
+    ClientClosedError,
+    HttpLib,
+    WrongLoopError,
+    http_lib,
+    loop_clock,
+)
 from .dialects import DialectOptions, DialectSpec, resolve_dialect
 from .scheduling._admission import Admission, AdmissionStatistics
 from .scheduling._health import DEFAULT_PROBE_INTERVAL_S, EndpointHealth
@@ -498,6 +507,7 @@ class Runtime:
         self._http = self.http_client()
         self._core.client = self.openai()
         self._core.clock = loop_clock()
+        self._core.loop_thread = get_ident()  # its loop's: other loops are refused
         self._core.opened_at = self._core.clock()
         self._notices.open = True
         # Background work (with several endpoints or metrics polling: health probes and
@@ -661,6 +671,8 @@ class Runtime:
         after the block, whatever happened inside.
         """
         job = self._new_job(name, job_id, program_id, deadline_s, metadata)
+        if get_ident() != self._core.loop_thread:  # before the job starts
+            raise WrongLoopError(WRONG_LOOP_MESSAGE)
         async with self._run_job(job, enforce_deadline=True):
             yield job
 

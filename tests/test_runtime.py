@@ -728,3 +728,45 @@ async def test_served_sim_through_sync_runtime_without_transport() -> None:
         assert issubclass(cls, httpx2.Client)
     else:
         assert issubclass(cls, httpx.Client)
+
+
+@pytest.mark.parametrize("other", ["asyncio", "trio"])
+async def test_a_second_event_loop_is_refused_up_front(other: str) -> None:
+    """A Runtime lives in the event loop that entered it: used from another loop (another
+    thread's ``asyncio.run`` or ``trio.run``), each way in is refused before anything is
+    sent or counted, with an error that says what to do; the owning loop goes on."""
+    fake = FakeEngine()
+    async with rt_for(fake, otel=False) as rt:
+        client = rt.openai()
+        async with rt.job("own") as own, own.session("s") as s:
+            await s.chat(model="m", messages=MSG)
+
+            async def job() -> None:
+                async with rt.job("elsewhere"):
+                    pass  # pragma: no cover
+
+            async def openai_call() -> None:
+                await client.chat.completions.create(model="m", messages=MSG)
+
+            async def session_call() -> None:
+                await s.chat(model="m", messages=MSG)
+
+            errors: list[BaseException] = []
+            for use in (job, openai_call, session_call):
+
+                def run(use: object = use) -> None:
+                    try:
+                        anyio.run(use, backend=other)  # type: ignore[arg-type]
+                    except BaseException as exc:
+                        errors.append(exc)
+
+                await anyio.to_thread.run_sync(run)
+            assert len(errors) == 3, errors
+            for exc in errors:
+                assert isinstance(exc, agentrt.AgentrtError), repr(exc)
+                message = str(exc)
+                assert "another event loop" in message and "SyncRuntime" in message
+            assert len(fake.seen) == 1 and own.report.calls == 1
+            assert [r.name for r in rt.reports()] == []  # no implicit job either
+            await s.chat(model="m", messages=MSG)  # the owning loop is unharmed
+    assert own.report.status == "ok" and own.report.calls == 2
