@@ -81,6 +81,14 @@ _CALL_SESSION: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
 _CURRENT_SESSION: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
     "agentrt_current_session", default=None
 )
+# The job whose block we are in (its calls outside any session join its default session).
+_CURRENT_JOB: contextvars.ContextVar[Job | None] = contextvars.ContextVar(
+    "agentrt_current_job", default=None
+)
+
+DEFAULT_SESSION = "default"
+"""The name of a job's default session: the calls made in the job's block outside any
+session (through ``rt.openai()``, ``rt.http_client()``, a framework's model)."""
 
 
 _MAX_TOOLS_KEPT = 16
@@ -90,6 +98,18 @@ _MAX_TOOLS_KEPT = 16
 def current_session() -> Session | None:
     """The session a call made now belongs to, if any."""
     return _CALL_SESSION.get() or _CURRENT_SESSION.get()
+
+
+def call_session(core: _Core) -> Session | None:
+    """The session of a call made now through ``core``'s transport: the session whose
+    call or block this is, else the default session of the job of ``core`` whose block
+    this is (opened by its first such call), else None (a one-call job of its own)."""
+    session = _CALL_SESSION.get() or _CURRENT_SESSION.get()
+    if session is None:
+        job = _CURRENT_JOB.get()
+        if job is not None and job._core is core and not job._closed:
+            return job._default_session()
+    return session
 
 
 def _check_name(value: str | None, what: str) -> str | None:
@@ -629,6 +649,8 @@ class Job:
         self._session_reports: list[SessionReport] = []
         """The job's sessions as they opened (its report's session tree)."""
         self._report: JobReport | None = None
+        self._default: Session | None = None
+        """The job's default session, once a call outside any session opened it."""
         self._program: _Program = None  # type: ignore[assignment]
         """Its program's shared state (attained service), set when the job starts."""
 
@@ -669,6 +691,15 @@ class Job:
         finally:
             _CURRENT_SESSION.reset(token)
             session._close()
+
+    def _default_session(self) -> Session:
+        """The session of the calls made in the job's block outside any session: opened
+        on the first, named ``"default"``, ended with the job (routed, counted and
+        reported as any session)."""
+        session = self._default
+        if session is None:
+            session = self._default = self._open_session(DEFAULT_SESSION, None, None)
+        return session
 
     def _open_session(
         self,
@@ -756,6 +787,8 @@ class Job:
     def _finish(self, status: JobStatus, error: str | None) -> JobReport:
         """The job ends: its report is built and handed on (``on_job_end``, the hooks),
         and the runtime's policies and its program forget it."""
+        if self._default is not None:
+            self._default._close()
         core = self._core
         report = self._final_report(status, error if error is None else core.redact(error))
         core.active_jobs.pop(self.id, None)

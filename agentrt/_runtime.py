@@ -29,7 +29,7 @@ import openai
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from ._config import DEFAULT_RETRY, Endpoint, Retry, check_api_key
-from ._context import _CURRENT_SESSION, Job, Session
+from ._context import _CURRENT_JOB, _CURRENT_SESSION, Job, Session
 from ._errors import AgentrtError, RuntimeClosedError
 from ._ids import random_bytes
 from ._log import health_log
@@ -684,6 +684,7 @@ class Runtime:
         status: JobStatus = "ok"
         error: str | None = None
         deadline = math.inf if job.deadline_s is None else job._t0 + job.deadline_s
+        token = _CURRENT_JOB.set(job)  # its calls outside any session: its default session
         try:
             if deadline == math.inf:
                 # No cancel scope without a deadline: every scope around the job's calls
@@ -713,6 +714,7 @@ class Runtime:
                     status, error = _outcome(exc)
             raise
         finally:
+            _CURRENT_JOB.reset(token)
             job._finish(status, error)
 
     def _open_job(
@@ -774,8 +776,10 @@ class Runtime:
     def openai(self, **kwargs: Any) -> openai.AsyncOpenAI:
         """An ``openai.AsyncOpenAI`` whose calls go through agentrt.
 
-        Inside ``job.session(...)`` its calls are that session's turns; outside any
-        session each call is counted in an implicit one-call job. Keyword arguments go
+        Inside ``job.session(...)`` its calls are that session's turns; inside a job's
+        block but no session, the turns of the job's ``default`` session (opened by the
+        first); outside any job each call is counted in an implicit one-call job
+        (docs/concepts.md, "The report"). Keyword arguments go
         to ``AsyncOpenAI`` (``max_retries`` is fixed at 0: agentrt retries). Its API key:
         ``api_key=`` if given, else the runtime's, else ``OPENAI_API_KEY`` (as openai's
         clients read it), else none (a placeholder that is never sent); an endpoint's
@@ -1080,7 +1084,11 @@ class SyncRuntime:
         rt = self.runtime
         job = rt._new_job(name, job_id, program_id, deadline_s, metadata)
         with self._block(_JOB, rt._run_job(job, enforce_deadline=False)):
-            yield SyncJob(self, job)
+            token = _CURRENT_JOB.set(job)  # for this thread's sync clients (_SyncTransport)
+            try:
+                yield SyncJob(self, job)
+            finally:
+                _CURRENT_JOB.reset(token)
 
     def http_client(self) -> httpx.Client:
         """A synchronous HTTP client whose requests go through agentrt (for frameworks

@@ -4,7 +4,8 @@ This is agentrt's one integration point with HTTP. Every call made through a cli
 agentrt built (``rt.openai()``, ``rt.http_client()``, ``session.chat``) passes through
 :class:`AgentTransport.handle_async_request`, which
 
-1. finds the call's session (contextvars) or opens an implicit one-call job,
+1. finds the call's session (contextvars: its job's default one outside any session)
+   or opens an implicit one-call job (outside any job),
 2. builds the call's :class:`CallMetadata` (turn, attained service, idle times),
 3. picks an endpoint with the router,
 4. lets the endpoint's dialect add its headers and body fields,
@@ -35,7 +36,16 @@ import httpx
 import openai
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
-from ._context import _CALL_SESSION, Job, Session, _CallState, current_session, new_id
+from ._context import (
+    _CALL_SESSION,
+    _CURRENT_JOB,
+    Job,
+    Session,
+    _CallState,
+    call_session,
+    current_session,
+    new_id,
+)
 from ._errors import AgentrtError, EndpointError, RuntimeClosedError
 from ._log import credential_forms, routing_log, scrub_bytes, transport_log
 from ._notice import accept_header
@@ -409,7 +419,7 @@ class AgentTransport:
         if route is None:
             # Not addressed to agentrt or one of its endpoints: pass through untouched.
             return await self._inner.handle_async_request(request)
-        session = current_session()
+        session = call_session(core)
         implicit: Job | None = None
         if session is None:
             implicit = Job._implicit(core)
@@ -1601,6 +1611,7 @@ class _SyncTransport:
             raise ClientClosedError(CLOSED_MESSAGE)
         lib = self._lib
         session = current_session()
+        job = _CURRENT_JOB.get()  # its default session is the loop's to open (call_session)
         content = request.read()
         areq = lib.mod.Request(
             request.method,
@@ -1612,9 +1623,11 @@ class _SyncTransport:
 
         async def send() -> tuple[httpx.Response, bytes | None]:
             token = _CALL_SESSION.set(session)
+            job_token = _CURRENT_JOB.set(job)
             try:
                 response = await self._transport.handle_async_request(areq)
             finally:
+                _CURRENT_JOB.reset(job_token)
                 _CALL_SESSION.reset(token)
             if "text/event-stream" in response.headers.get("content-type", ""):
                 return response, None

@@ -172,6 +172,49 @@ async def test_openai_client_outside_a_session_gets_an_implicit_job() -> None:
         assert meta(fake.seen[0]).job_id == rep.job_id
 
 
+async def test_openai_calls_in_a_job_outside_a_session_join_its_default_session() -> None:
+    """The first thing an openai user writes: ``rt.openai()`` calls inside ``rt.job()``
+    but in no ``job.session()``. They are the turns of the job's ``default`` session
+    (opened at the first such call), so they count in the job and keep to one replica."""
+    fake = FakeEngine()
+    urls = ["http://a.test/v1", "http://b.test/v1", "http://c.test/v1"]
+    async with Runtime(urls, transport=fake.transport(), otel=False, retry=FAST) as rt:
+        async with rt.job("openai-user") as job:
+            client = rt.openai()
+            await client.chat.completions.create(model="m", messages=MSG)
+            stream = await client.chat.completions.create(model="m", messages=MSG, stream=True)
+            async for _ in stream:
+                pass
+            async with job.session("named"):
+                await client.chat.completions.create(model="m", messages=MSG)
+            async with anyio.create_task_group() as tg:  # tasks of the block, too
+                tg.start_soon(lambda: client.chat.completions.create(model="m", messages=MSG))
+        await client.chat.completions.create(model="m", messages=MSG)  # no job: its own
+    report = job.report
+    assert report.status == "ok" and report.calls == 4 and report.sessions == 2
+    default, named = report.session_reports
+    assert (default.name, named.name) == ("default", "named")
+    assert [c.session_id == default.session_id for c in report.call_reports] == [
+        True,
+        True,
+        False,
+        True,
+    ]
+    metas = [meta(seen) for seen in fake.seen]
+    assert [m.job_id for m in metas[:4]] == [job.id] * 4
+    assert [m.turn for m in metas if m.session_id == default.session_id] == [0, 1, 2]
+    # Routed with affinity: the default session's turns stay on one replica.
+    hosts = {
+        seen.url.split("/")[2]
+        for seen, m in zip(fake.seen, metas, strict=True)
+        if m.session_id == default.session_id
+    }
+    assert len(hosts) == 1
+    # Outside any job a call is still its own one-call job.
+    assert [r.name for r in rt.reports()] == ["openai-user", "call"]
+    assert metas[4].job_id == rt.reports()[1].job_id
+
+
 async def test_streaming_records_ttft_and_usage() -> None:
     fake = FakeEngine(prompt_tokens=30, completion_tokens=3, cached_tokens=16)
     async with rt_for(fake) as rt:

@@ -47,3 +47,26 @@ def test_sync_deadline() -> None:
 def test_sync_runtime_validates_before_starting() -> None:
     with pytest.raises(ValueError, match="at least one endpoint"):
         agentrt.SyncRuntime([])
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_sync_openai_calls_in_a_job_outside_a_session_join_its_default_session(
+    backend: str,
+) -> None:
+    fake = FakeEngine()
+    with agentrt.SyncRuntime([URL], transport=fake.transport(), backend=backend) as rt:
+        client = rt.openai()
+        with rt.job("openai-user") as job:
+            client.chat.completions.create(model="m", messages=MSG)  # type: ignore[arg-type]
+            client.chat.completions.create(model="m", messages=MSG)  # type: ignore[arg-type]
+        client.chat.completions.create(model="m", messages=MSG)  # type: ignore[arg-type]
+    report = job.report
+    assert report.calls == 2 and report.sessions == 1
+    (default,) = report.session_reports
+    assert default.name == "default"
+    metas = [parse_agentrt_header(x.headers["x-agentrt"]) for x in fake.seen]
+    assert [(m.job_id, m.session_id, m.turn) for m in metas[:2]] == [
+        (job.id, default.session_id, 0),
+        (job.id, default.session_id, 1),
+    ]
+    assert [r.name for r in rt.reports()] == ["openai-user", "call"]

@@ -289,6 +289,22 @@ async def test_without_the_handler_calls_join_the_enclosing_session(
     assert {c.session_id for c in job.report.call_reports} == {s.id}
 
 
+async def test_without_the_handler_or_a_session_calls_join_the_jobs_default_session(
+    served: tuple[agentrt.Runtime, Recorder],
+) -> None:
+    rt, recorder = served
+    llm = lc.chat_model(rt, model="m")
+    async with rt.job("mine") as job:
+        await llm.ainvoke("hello")
+        await llm.ainvoke("again")
+    report = job.report
+    assert report.calls == 2 and report.sessions == 1 and rt.reports() == [report]
+    (default,) = report.session_reports
+    assert default.name == "default"
+    assert {c.session_id for c in report.call_reports} == {default.session_id}
+    assert [(m.job_id, m.turn) for m in recorder.requests] == [(job.id, 0), (job.id, 1)]
+
+
 async def test_the_wrong_side_fails_clearly(served: tuple[agentrt.Runtime, Recorder]) -> None:
     rt, recorder = served
     llm = lc.chat_model(rt, model="m")
