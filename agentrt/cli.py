@@ -231,6 +231,16 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
         help="replicas of the twin (default: the endpoints in the journal)",
     )
     p.add_argument(
+        "--fleet",
+        type=int,
+        default=None,
+        metavar="K",
+        help="the processes that will each run the settings, as a service's K workers: "
+        "every candidate is replayed as K independent runtimes on the twin (default: the "
+        "journals' runtimes that ran jobs at once, told apart by their runtime_id; jobs "
+        "dealt as recorded, or round-robin by arrival for another K)",
+    )
+    p.add_argument(
         "--sample",
         type=int,
         default=150,
@@ -504,12 +514,16 @@ def _parser() -> argparse.ArgumentParser:
         "concurrency limit, priority pass-through, learned tool waits) at the observed "
         "load and at 1.5x and 2x it, prints them ranked by predicted JCT against the "
         "settings the journal was recorded with, and writes the best as Runtime keyword "
-        "arguments to a TOML file (docs/tune.md).",
+        "arguments to a TOML file (docs/tune.md). Each candidate is replayed as a fleet of "
+        "K processes each running it, K the journals' runtimes that ran at once or "
+        "--fleet: what is best for one process can be worst for 16.",
         _examples(
             "agentrt tune runs.jsonl",
             "agentrt tune day1.jsonl day2.jsonl --out tuned.toml",
             "agentrt tune runs.jsonl --endpoint http://127.0.0.1:8000/v1",
             "agentrt tune runs.jsonl --sample 100 --seeds 2 --workers 2",
+            "agentrt tune worker-*.jsonl              # one journal per worker: a fleet",
+            "agentrt tune runs.jsonl --fleet 16       # settings for 16 processes",
         ),
     )
     _tune_args(tune)
@@ -677,6 +691,7 @@ def _tune(args: argparse.Namespace) -> int:
 
     for option, value in (
         ("--replicas", args.replicas),
+        ("--fleet", args.fleet),
         ("--sample", args.sample),
         ("--seeds", args.seeds),
         ("--top", args.top),
@@ -702,6 +717,7 @@ def _tune(args: argparse.Namespace) -> int:
         gpu_blocks=args.gpu_blocks,
         host_blocks=args.host_blocks,
         workers=args.workers,
+        fleet=args.fleet,
     )
     tune(opts)
     return 0

@@ -328,6 +328,7 @@ def run_tune(c: Check, journal: Path, work: Path, workers: Any) -> tuple[TuneRes
             "wall_s": result.wall_s,
             "confidence": result.confidence,
             "capacity": result.capacity,
+            "fleet": {"size": result.fleet, "source": result.fleet_source},
             "recorded": result.recorded.label(),
             "fit": {"prefill": result.fit.prefill_scale, "decode": result.fit.decode_scale},
             "chosen": c.chosen,

@@ -206,6 +206,7 @@ def tuned(result: TuneResult, out: Path) -> dict[str, Any]:
         "label": setting.label(),
         "best": result.ranked[0].setting.label() if result.ranked else None,
         "recorded": result.recorded.label(),
+        "fleet": {"size": result.fleet, "source": result.fleet_source},
         "confidence": result.confidence,
         "fit": {
             "source": result.fit.source,

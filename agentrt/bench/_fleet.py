@@ -4,8 +4,9 @@ Each member is a whole driver: for agentrt its own :class:`~agentrt.Runtime` (it
 router, admission gates and learned waits), for ``plain`` its own round-robin. They share
 nothing but the replicas, as K processes would. Jobs are dealt to them in arrival order
 (``round_robin``: the i-th job to arrive goes to member ``i % K``, as a load balancer in
-front of the workers does) or by a stable hash of the job's name (``hash``: blake2b, the
-same member on every run and machine).
+front of the workers does), by a stable hash of the job's name (``hash``: blake2b, the
+same member on every run and machine), or as each job says (``plan``: its
+``JobPlan.worker``, as ``agentrt tune`` replays a fleet's journal).
 """
 
 from __future__ import annotations
@@ -21,15 +22,21 @@ from ._plan import JobPlan
 
 __all__ = ["FLEET_ASSIGNS", "Fleet", "FleetAssign", "assign_members", "plain_starts"]
 
-FleetAssign = Literal["round_robin", "hash"]
+FleetAssign = Literal["round_robin", "hash", "plan"]
 """How a fleet's jobs are dealt to its members."""
-FLEET_ASSIGNS: Final = ("round_robin", "hash")
+FLEET_ASSIGNS: Final = ("round_robin", "hash", "plan")
 
 
 def assign_members(plans: Sequence[JobPlan], fleet: int, assign: FleetAssign) -> list[int]:
     """The member (0 to ``fleet - 1``) that runs each of ``plans``, in ``plans`` order.
     ``round_robin``: by arrival order (ties in the order given, as the replay starts
-    them); ``hash``: blake2b of the job's name."""
+    them); ``hash``: blake2b of the job's name; ``plan``: each job's ``worker`` (modulo
+    ``fleet``), the jobs without one round-robin among themselves."""
+    if assign == "plan":
+        dealt = [p.worker for p in plans]
+        rest = [p for p, w in zip(plans, dealt, strict=True) if w is None]
+        others = iter(assign_members(rest, fleet, "round_robin"))
+        return [next(others) if w is None else w % fleet for w in dealt]
     if assign == "hash":
         return [
             int.from_bytes(hashlib.blake2b(p.name.encode(), digest_size=8).digest(), "big") % fleet

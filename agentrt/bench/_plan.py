@@ -71,6 +71,9 @@ class JobPlan:
     """The workload it came from: ``react``, ``fanout``, ``chat``, ``claude-code``."""
     arrival_s: float
     root: SessionPlan
+    worker: int | None = None
+    """The fleet member that runs it under ``BenchConfig.fleet_assign="plan"`` (a tuned
+    journal's: the process that ran it); None: dealt round-robin by arrival."""
 
     def calls(self) -> int:
         """LLM calls of the whole job."""

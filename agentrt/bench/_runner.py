@@ -101,7 +101,9 @@ class BenchConfig:
     ``fleet > 1``), all in one event loop on the same replicas."""
     fleet_assign: FleetAssign = "round_robin"
     """How a fleet's jobs are dealt to its members: ``round_robin`` (the i-th job to
-    arrive to member ``i % fleet``) or ``hash`` (a stable hash of the job's name)."""
+    arrive to member ``i % fleet``), ``hash`` (a stable hash of the job's name) or
+    ``plan`` (each job's ``JobPlan.worker``: how ``agentrt tune`` replays a fleet's
+    journal)."""
 
     def engine_config(self) -> EngineConfig:
         """The embedded replicas' configuration: the preset with this run's changes."""

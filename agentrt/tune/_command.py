@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from ..bench._fleet import FleetAssign
 from ..bench._parallel import Workers
 from ..sim import PRESETS, EngineConfig
 from ._fit import Fit, from_journal, from_probe, read_cache_config
@@ -49,6 +50,9 @@ class TuneOptions:
     """Tokens per block of ``gpu_blocks`` / ``host_blocks`` (None: the preset's)."""
     workers: Workers = "auto"
     progress: bool | None = None
+    fleet: int | None = None
+    """The processes that will each run the settings (``--fleet``); None: as many as
+    the journals' runtimes that ran jobs at once (:attr:`Observed.fleet`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +71,10 @@ class TuneResult:
     confidence: str
     capacity: str = ""
     """The twin's KV capacity per replica and where it came from (one line)."""
+    fleet: int = 1
+    """The processes each setting was replayed as (``BenchConfig.fleet``)."""
+    fleet_source: str = "journal"
+    """Where :attr:`fleet` came from: ``journal`` (its runtimes) or ``--fleet``."""
 
 
 def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
@@ -84,9 +92,15 @@ def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
     ):
         if blocks is not None and (isinstance(blocks, bool) or blocks < 1):
             raise ValueError(f"{name} must be a whole number of blocks >= 1, got {blocks}")
+    k = opts.fleet
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise ValueError(f"--fleet must be a whole number of processes >= 1, got {k!r}")
     started = time.perf_counter()
     observed = load(opts.journals)
-    plans = to_plans(observed.reports)
+    plans = to_plans(observed.reports, observed.runtimes)
+    fleet = observed.fleet if opts.fleet is None else opts.fleet
+    # The journal's dealing holds for its own fleet size; another is dealt round-robin.
+    assign: FleetAssign = "plan" if fleet == observed.fleet else "round_robin"
     engine = PRESETS[opts.preset]
     if opts.endpoint:
         engine, fit = from_probe(opts.endpoint, engine, opts.model)
@@ -114,6 +128,7 @@ def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
             f"  each after up to {warmup} earlier jobs, with those arriving {cooldown_s:.0f} s"
             " after it\n  (the recorded JCT p50), replayed but not counted"
         )
+    echo(_fleet_line(opts, observed, fleet))
     echo(capacity)
     from ..bench._output import progress_bar
 
@@ -135,6 +150,8 @@ def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
             tick,
             warmup=warmup,
             cooldown_s=cooldown_s,
+            fleet=fleet,
+            fleet_assign=assign,
         )
         # Coarse: one-setting changes, on one of the fine round's windows (the middle).
         middle = [(seeds // 2, seeds)]
@@ -161,6 +178,8 @@ def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
         time.perf_counter() - started,
         _confidence(ranked, recorded),
         capacity,
+        fleet,
+        "journal" if opts.fleet is None else "--fleet",
     )
     for line in table(result):
         echo(line)
@@ -240,6 +259,26 @@ def _intro(
         + ", ".join(f"{x:g}x" for x in LOADS)
     )
     return "\n".join(lines)
+
+
+def _processes(n: int) -> str:
+    return f"{n} process" + ("" if n == 1 else "es")
+
+
+def _fleet_line(opts: TuneOptions, observed: Observed, fleet: int) -> str:
+    """The header's fleet lines: its size, where it came from, how jobs are dealt."""
+    ids = len(set(observed.runtimes))
+    seen = f"{ids} runtime" + ("" if ids == 1 else "s")
+    if ids != observed.fleet:
+        seen += f", at most {observed.fleet} at once"
+    source = "the journal" if opts.fleet is None else "--fleet"
+    if fleet == 1:
+        return f"fleet: 1 process, from {source} (the journal: {seen})"
+    dealt = "as recorded" if fleet == observed.fleet else "round-robin by arrival"
+    return (
+        f"fleet: {_processes(fleet)}, each with the settings, from {source}\n"
+        f"  (the journal: {seen}); jobs dealt {dealt}"
+    )
 
 
 def _confidence(ranked: list[Score], recorded: Setting) -> str:
@@ -332,6 +371,8 @@ def to_toml(result: TuneResult, opts: TuneOptions) -> str:
         "# agentrt tune: the best settings found, as Runtime keyword arguments",
         f"# {now}; journals: {', '.join(str(p) for p in opts.journals)}",
         f"# recorded with: {result.recorded.label()}",
+        f"# chosen for a fleet of {_processes(result.fleet)} each running these settings"
+        f" (from {'the journal' if result.fleet_source == 'journal' else '--fleet'})",
     ]
     if result.capacity:
         lines += [f"# twin {line.strip()}" for line in result.capacity.splitlines()]

@@ -1,7 +1,8 @@
 """The grid and its replays: which settings to try, at which loads, on which jobs.
 
-Each replay is one bench part (:func:`agentrt.bench._runner.replay_part`): one client on
-its own embedded cluster (the calibrated engine) in its own virtual-time loop, so replays
+Each replay is one bench part (:func:`agentrt.bench._runner.replay_part`): one client (a
+fleet of as many processes as the journal's, each with the setting) on its own embedded
+cluster (the calibrated engine) in its own virtual-time loop, so replays
 run on the bench's process pool in any order with the results of one by one. The search
 is coarse to fine:
 
@@ -20,12 +21,14 @@ import dataclasses
 import itertools
 import math
 import pickle
+import secrets
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..bench._drivers import ENGINE_POLL_S
+from ..bench._fleet import FleetAssign
 from ..bench._parallel import Workers, check_workers, portable, run_replays
 from ..bench._plan import JobPlan
 from ..bench._runner import ALONE, BenchConfig, ClientRun, PartResult, replay_part
@@ -243,6 +246,16 @@ class Twin:
     cooldown_s: float = 0.0
     """Seconds after a window's last arrival whose arrivals are replayed too (not
     counted), so that its jobs compete with the later ones as when recorded."""
+    fleet: int = 1
+    """Each setting is replayed as a fleet of this many processes, each with it
+    (``BenchConfig.fleet``)."""
+    fleet_assign: FleetAssign = "round_robin"
+    """How the fleet's jobs are dealt: ``plan``, each to the member that ran it in the
+    journal (its ``JobPlan.worker``), or ``round_robin`` by arrival."""
+    tag: str = field(default_factory=lambda: secrets.token_hex(4))
+    """Begins the keys of this twin's jobs, so that the jobs a process keeps by key
+    (``_plans``) are never another twin's: the replays run in this process with one
+    worker, and two tunes there share it."""
 
     def _cfg(self, spec: str, stretch: bool = False) -> TwinConfig:
         return TwinConfig(
@@ -251,6 +264,8 @@ class Twin:
             stretch=stretch,
             api="http",
             kv_sample_s=3600.0,
+            fleet=self.fleet,
+            fleet_assign=self.fleet_assign,
             engine=self.engine,
         )
 
@@ -267,13 +282,13 @@ class Twin:
         for index, count in samples:
             plans, counted[index] = self.jobs(index, count)
             if index not in self.alone:
-                key = f"a{index}-{count}"
+                key = f"{self.tag}:a{index}-{count}"
                 mine = [p for p in plans if p.name in counted[index]]
                 shared[key] = pickle.dumps(mine, protocol=pickle.HIGHEST_PROTOCOL)
                 replays.append(((self._cfg("agentrt:session"), ALONE, key), key))
                 keys.append((-1, index, 1.0))
             for load in LOADS:
-                key = f"s{index}-{count}-{load}"
+                key = f"{self.tag}:s{index}-{count}-{load}"
                 loaded = scale_arrivals(plans, load)
                 shared[key] = pickle.dumps(loaded, protocol=pickle.HIGHEST_PROTOCOL)
                 for k, setting in enumerate(settings):

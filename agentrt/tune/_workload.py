@@ -14,11 +14,18 @@ sharing mapped onto prompt blocks of :data:`~agentrt.bench._plan.BLOCK_TOKENS` t
 
 A sub-agent's calls start after their parent's call that precedes them (a
 :class:`~agentrt.bench._plan.Fanout`: the parent resumes when all of them are done).
+
+Journals written by several runtimes (a service's K worker processes, one journal each
+or all in one) are one workload: each job keeps the runtime that ran it (its
+``runtime.runtime_id``; without one, one runtime per journal file), their arrivals are
+put on one clock, and the fleet is as many processes as ran jobs at once
+(:func:`fleet_members`).
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import warnings
 import zlib
 from collections.abc import Sequence
@@ -63,14 +70,19 @@ class Observed:
     replicas: int
     skipped_lines: int
     """Lines that were not valid job reports."""
+    runtimes: tuple[str, ...] = ()
+    """Per report, the runtime that ran it (:func:`runtime_key`)."""
+    fleet: int = 1
+    """The most runtimes that ran jobs at once (:func:`fleet_members`)."""
 
 
 def load(paths: Sequence[str | os.PathLike[str]]) -> Observed:
     """Read and check the journals; :class:`JournalError` or FileNotFoundError when they
     cannot be used."""
     reports: list[JobReport] = []
+    runtimes: list[str] = []
     skipped = 0
-    for path in paths:
+    for file, path in enumerate(paths):
         p = Path(path)
         if not p.exists():
             raise FileNotFoundError(f"journal {p} does not exist")
@@ -89,7 +101,10 @@ def load(paths: Sequence[str | os.PathLike[str]]) -> Observed:
                 "one JSON JobReport per line)"
             )
         reports.extend(found)
-    usable = [r for r in reports if any(_usable(c) for c in r.call_reports)]
+        runtimes.extend(runtime_key(r, file) for r in found)
+    keep = [any(_usable(c) for c in r.call_reports) for r in reports]
+    usable = [r for r, k in zip(reports, keep, strict=True) if k]
+    runtimes = [key for key, k in zip(runtimes, keep, strict=True) if k]
     if not usable:
         raise JournalError(
             "the journals have no call with token counts to replay (were the calls' "
@@ -99,7 +114,38 @@ def load(paths: Sequence[str | os.PathLike[str]]) -> Observed:
     endpoints = {c.endpoint for r in usable for c in r.call_reports if c.endpoint}
     runtime_eps = [r.runtime.get("endpoints") for r in usable if r.runtime]
     replicas = max([len(endpoints), *[n for n in runtime_eps if isinstance(n, int)], 1])
-    return Observed(usable, recorded, known, replicas, skipped)
+    fleet = max(fleet_members(usable, runtimes)) + 1
+    return Observed(usable, recorded, known, replicas, skipped, tuple(runtimes), fleet)
+
+
+def runtime_key(report: JobReport, file: int) -> str:
+    """The runtime that ran ``report``, read from the ``file``-th journal: its
+    ``runtime_id``; without one (older journals, a bench's plain client), the file's."""
+    rid = report.runtime.get("runtime_id") if report.runtime else None
+    return f"id:{rid}" if isinstance(rid, str) and rid else f"file:{file}"
+
+
+def fleet_members(reports: Sequence[JobReport], runtimes: Sequence[str]) -> list[int]:
+    """Per report, the fleet member (from 0) whose process ran it, ``runtimes`` naming
+    each report's runtime: runtimes whose spans (their first job's arrival to their last
+    job's end) overlap are different members; one that starts after a member's last job
+    ended is that member again (a process restarted, journals of two days). So the
+    members are as many as the most runtimes that ran jobs at once."""
+    arrivals = _arrivals(list(reports), runtimes)
+    spans: dict[str, tuple[float, float]] = {}
+    for report, t, key in zip(reports, arrivals, runtimes, strict=True):
+        start, end = spans.get(key, (t, t))
+        spans[key] = (min(start, t), max(end, t + max(0.0, report.jct_s)))
+    ends: list[float] = []  # per member: when its latest runtime's last job ended
+    member: dict[str, int] = {}
+    for key, (start, end) in sorted(spans.items(), key=lambda kv: (kv[1], kv[0])):
+        m = next((i for i, e in enumerate(ends) if e <= start), len(ends))
+        if m == len(ends):
+            ends.append(end)
+        else:
+            ends[m] = end
+        member[key] = m
+    return [member[key] for key in runtimes]
 
 
 def _usable(call: CallReport) -> bool:
@@ -144,23 +190,54 @@ def _from_client(client: object) -> dict[str, Any] | None:
     }
 
 
-def _arrivals(reports: list[JobReport]) -> list[float]:
+def _arrivals(reports: list[JobReport], runtimes: Sequence[str] | None = None) -> list[float]:
     if all(r.arrival_s is not None for r in reports):
         raw = [float(r.arrival_s or 0.0) for r in reports]
+        if runtimes is not None:
+            raw = _one_clock(reports, raw, runtimes)
     else:
         raw = [r.started_at.timestamp() for r in reports]
     first = min(raw)
     return [t - first for t in raw]
 
 
-def to_plans(reports: Sequence[JobReport]) -> list[JobPlan]:
-    """One plan per job (with at least one replayable call), by arrival."""
+def _one_clock(
+    reports: list[JobReport], arrivals: list[float], runtimes: Sequence[str]
+) -> list[float]:
+    """``arrivals`` (each in seconds after its runtime opened) on one clock: each
+    runtime's shifted by when it opened (its jobs' ``started_at`` less ``arrival_s``),
+    where every runtime's jobs agree on that within 1 s or 1% of their span (runs in
+    wall-clock time); else as they are (virtual time, where ``started_at`` is the wall
+    clock's: a bench fleet's runtimes all open at 0)."""
+    seen: dict[str, list[tuple[float, float]]] = {}
+    for report, t, key in zip(reports, arrivals, runtimes, strict=True):
+        seen.setdefault(key, []).append((t, report.started_at.timestamp() - t))
+    if len(seen) < 2:
+        return arrivals
+    opened: dict[str, float] = {}
+    for key, pairs in seen.items():
+        times = [t for t, _ in pairs]
+        offsets = [o for _, o in pairs]
+        if max(offsets) - min(offsets) > max(1.0, 0.01 * (max(times) - min(times))):
+            return arrivals
+        opened[key] = statistics.median(offsets)
+    return [t + opened[key] for t, key in zip(arrivals, runtimes, strict=True)]
+
+
+def to_plans(reports: Sequence[JobReport], runtimes: Sequence[str] | None = None) -> list[JobPlan]:
+    """One plan per job (with at least one replayable call), by arrival. With
+    ``runtimes`` (per report, its runtime: :attr:`Observed.runtimes`), the runtimes'
+    arrivals are put on one clock and each plan's ``worker`` is its runtime's fleet
+    member (:func:`fleet_members`)."""
     out = []
-    arrivals = _arrivals(list(reports))
+    arrivals = _arrivals(list(reports), runtimes)
+    workers: list[int | None] = [None] * len(reports)
+    if runtimes is not None:
+        workers = list(fleet_members(reports, runtimes))
     for i, (report, arrival) in enumerate(zip(reports, arrivals, strict=True)):
         root = job_plan_root(report, f"j{i}")
         if root is not None and root.calls():
-            out.append(JobPlan(f"{report.name}-{i}", report.name, arrival, root))
+            out.append(JobPlan(f"{report.name}-{i}", report.name, arrival, root, workers[i]))
     out.sort(key=lambda p: p.arrival_s)
     return out
 

@@ -5,14 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from agentrt.bench import BenchConfig, run_bench
+from agentrt.bench._fleet import FleetAssign
 
 
 def record_journal(
-    tmp: Path, workload: str, jobs: int, client: str = "agentrt:session", replicas: int = 2
+    tmp: Path,
+    workload: str,
+    jobs: int,
+    client: str = "agentrt:session",
+    replicas: int = 2,
+    fleet: int = 1,
+    fleet_assign: FleetAssign = "round_robin",
 ) -> Path:
     """Runs ``jobs`` jobs of ``workload`` (0.5 jobs/s, seed 4) through ``client`` on
-    ``replicas`` embedded replicas in virtual time; returns the journal it wrote in
-    ``tmp``."""
+    ``replicas`` embedded replicas in virtual time (as a fleet of ``fleet`` runtimes, all
+    writing the one journal); returns the journal it wrote in ``tmp``."""
     cfg = BenchConfig(
         workload=workload,
         jobs=jobs,
@@ -23,6 +30,8 @@ def record_journal(
         stretch=False,
         api="http",
         journal_dir=tmp,
+        fleet=fleet,
+        fleet_assign=fleet_assign,
     )
     run_bench(cfg, workers=1)
     (path,) = tmp.glob("journal-*.jsonl")
