@@ -8,11 +8,18 @@ share a KV prefix. A tool wait (``session.tool(...)``) is an idle gap in a sessi
 from __future__ import annotations
 
 import contextvars
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+import functools
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    contextmanager,
+)
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal, overload
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final, Literal, ParamSpec, Protocol, TypeVar, overload
 
 import anyio
 from pydantic_core import to_json
@@ -128,6 +135,135 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{random_bytes(8).hex()}"
 
 
+MAX_EXPECTED_S: Final = 86_400.0
+"""The longest idle a tool wait or ``expect_idle`` may declare (a day): more is a typo
+(``1e12``), refused before any request rather than sent to engines as a wait."""
+
+
+def _check_expected(seconds: float | None, what: str) -> float | None:
+    """An expected idle: a finite number of seconds in [0, a day], or None."""
+    value = validate_nonneg(seconds, what)
+    if value is not None and value > MAX_EXPECTED_S:
+        raise ValueError(
+            f"{what} must be at most {MAX_EXPECTED_S:.0f} s (a day), got {seconds!r}; "
+            "give the tool's expected duration in seconds"
+        )
+    return value
+
+
+# -- blocks that say how they are used ---------------------------------------------------
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+_T_co = TypeVar("_T_co", covariant=True)
+
+
+class _AsyncBlock(AbstractAsyncContextManager[_T_co]):
+    """An ``async with`` block (what ``@asynccontextmanager`` makes) that, entered with a
+    plain ``with``, says how to write it instead of Python's bare protocol error."""
+
+    __slots__ = ("_cm", "_usage")
+
+    def __init__(self, cm: AbstractAsyncContextManager[_T_co], usage: str) -> None:
+        self._cm = cm
+        self._usage = usage
+
+    async def __aenter__(self) -> _T_co:
+        return await self._cm.__aenter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        return await self._cm.__aexit__(exc_type, exc, tb)
+
+    if not TYPE_CHECKING:  # (type checkers reject a plain ``with`` on their own)
+
+        def __enter__(self):
+            raise TypeError(
+                f"{self._usage.split(' as ')[0]} is an async context manager: write "
+                f"'async with {self._usage}:' (code that is not async uses "
+                "agentrt.SyncRuntime, whose blocks take a plain 'with')"
+            )
+
+        def __exit__(self, *exc_info):
+            return None
+
+
+class _SyncBlock(AbstractContextManager[_T_co]):
+    """A ``with`` block of :class:`~agentrt.SyncRuntime` that, entered with ``async
+    with``, says how to write it instead of Python's bare protocol error."""
+
+    __slots__ = ("_cm", "_usage")
+
+    def __init__(self, cm: AbstractContextManager[_T_co], usage: str) -> None:
+        self._cm = cm
+        self._usage = usage
+
+    def __enter__(self) -> _T_co:
+        return self._cm.__enter__()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        return self._cm.__exit__(exc_type, exc, tb)
+
+    if not TYPE_CHECKING:
+
+        async def __aenter__(self):
+            raise TypeError(
+                f"a SyncRuntime's {self._usage.split(' as ')[0]} is a plain context "
+                f"manager: write 'with {self._usage}:' (async code uses agentrt.Runtime, "
+                "whose blocks take 'async with')"
+            )
+
+        async def __aexit__(self, *exc_info):
+            return None
+
+
+def async_block(
+    usage: str,
+) -> Callable[[Callable[_P, AsyncIterator[_T]]], Callable[_P, AbstractAsyncContextManager[_T]]]:
+    """``@asynccontextmanager``, whose blocks say how to write them (``usage``, as in
+    ``"rt.job(...) as job"``) when entered with a plain ``with``."""
+
+    def wrap(
+        fn: Callable[_P, AsyncIterator[_T]],
+    ) -> Callable[_P, AbstractAsyncContextManager[_T]]:
+        make = asynccontextmanager(fn)
+
+        @functools.wraps(fn)
+        def block(*args: _P.args, **kwargs: _P.kwargs) -> AbstractAsyncContextManager[_T]:
+            return _AsyncBlock(make(*args, **kwargs), usage)
+
+        return block
+
+    return wrap
+
+
+def sync_block(
+    usage: str,
+) -> Callable[[Callable[_P, Iterator[_T]]], Callable[_P, AbstractContextManager[_T]]]:
+    """``@contextmanager``, whose blocks say how to write them when entered with ``async
+    with`` (a SyncRuntime's)."""
+
+    def wrap(fn: Callable[_P, Iterator[_T]]) -> Callable[_P, AbstractContextManager[_T]]:
+        make = contextmanager(fn)
+
+        @functools.wraps(fn)
+        def block(*args: _P.args, **kwargs: _P.kwargs) -> AbstractContextManager[_T]:
+            return _SyncBlock(make(*args, **kwargs), usage)
+
+        return block
+
+    return wrap
+
+
 @dataclass(slots=True, eq=False)
 class _CallState:
     """One call's accounting while it is in flight: a plain slots object on the hot path,
@@ -227,6 +363,25 @@ class _ToolWait:
     ended: bool = False
 
 
+class _OpenStream(Protocol):
+    """A streamed reply of one of a job's calls, not closed yet (the transport's
+    ``_ObservedStream``), as the job settles it when the caller left it unread."""
+
+    _session: Session
+
+    def _abandon(self, why: str) -> None:
+        """End its call as ``cancelled`` (``why``) if it has not ended (its room in the
+        admission gate freed, ``CallEnded`` emitted)."""
+
+    async def _shut(self) -> None:
+        """Close its connection (and stop counting it as open)."""
+
+
+_SHUT_S = 1.0
+"""How long closing the connections of streams left unread may take when their block
+ends (closing a socket takes microseconds; a bound all the same, as it is shielded)."""
+
+
 class Session:
     """One conversation in a job. Its calls share a KV prefix and are tagged as one.
 
@@ -307,7 +462,7 @@ class Session:
         completion whether to keep, offload or drop the session's KV. Without it, a
         runtime that learns waits sends its estimate for the tools the session ran last.
         """
-        self._expect_idle = validate_nonneg(seconds, "expected idle seconds")
+        self._expect_idle = _check_expected(seconds, "expected idle seconds")
 
     def expect_final(self) -> None:
         """Declare the session's next call its last: no turn follows its reply.
@@ -392,7 +547,7 @@ class Session:
         finally:
             _CALL_SESSION.reset(token)
 
-    @asynccontextmanager
+    @async_block("s.tool(...)")
     async def tool(self, name: str, *, expected_s: float | None = None) -> AsyncIterator[None]:
         """Mark a tool's execution: the session is idle inside this block.
 
@@ -446,7 +601,7 @@ class Session:
         _check_name(name, "tool name")
         if not name:
             raise ValueError("tool name must not be empty")
-        expected = validate_nonneg(expected_s, "expected_s")
+        expected = _check_expected(expected_s, "expected_s")
         self._check_usable()
         now = anyio.current_time()
         core = self.job._core
@@ -524,10 +679,14 @@ class Session:
             )
 
     def _close(self) -> None:
-        """End the session (what leaving ``job.session(...)``'s block does); idempotent."""
+        """End the session (what leaving ``job.session(...)``'s block does); idempotent.
+        The calls of its streams left unread end ``cancelled`` (their connections are
+        closed by :meth:`Job._shut_streams`)."""
         if self._closed:
             return
         self._unpin()
+        if self.job._streams:
+            self.job._settle_streams(self)
         core = self.job._core
         if core.hooks:
             core.emit(SessionClosed(t=anyio.current_time(), job_id=self.job.id, session_id=self.id))
@@ -651,6 +810,8 @@ class Job:
         self._report: JobReport | None = None
         self._default: Session | None = None
         """The job's default session, once a call outside any session opened it."""
+        self._streams: dict[_OpenStream, None] = {}
+        """Its calls' streamed replies not closed yet (in the order they came)."""
         self._program: _Program = None  # type: ignore[assignment]
         """Its program's shared state (attained service), set when the job starts."""
 
@@ -669,7 +830,7 @@ class Job:
         """Seconds since the job started (its JCT so far)."""
         return anyio.current_time() - self._t0
 
-    @asynccontextmanager
+    @async_block("job.session(...) as s")
     async def session(
         self,
         name: str | None = None,
@@ -691,6 +852,29 @@ class Job:
         finally:
             _CURRENT_SESSION.reset(token)
             session._close()
+            if self._streams:  # streams of the session left unread: closed
+                await self._shut_streams(session)
+
+    def _settle_streams(self, session: Session | None) -> None:
+        """End the calls of the job's streams that are still open (``session``'s only,
+        if given) as ``cancelled``: their caller stopped reading them before their end
+        (``break`` without ``close()``) and the block that started them has ended. Their
+        room in the admission gate goes to the next call at once, not when the stream is
+        garbage-collected. (Sync: the job's and the session's ends call it; their
+        connections are closed by :meth:`_shut_streams`.)"""
+        why = "job" if session is None else "session"
+        for stream in list(self._streams):
+            if session is None or stream._session is session:
+                stream._abandon(f"the caller left the stream before its end; its {why} ended")
+
+    async def _shut_streams(self, session: Session | None) -> None:
+        """:meth:`_settle_streams`, and close the connections of those streams (shielded:
+        the block may end by a cancellation, and bounded)."""
+        self._settle_streams(session)
+        streams = [s for s in self._streams if session is None or s._session is session]
+        with anyio.move_on_after(_SHUT_S, shield=True):
+            for stream in streams:
+                await stream._shut()
 
     def _default_session(self) -> Session:
         """The session of the calls made in the job's block outside any session: opened
@@ -786,7 +970,10 @@ class Job:
 
     def _finish(self, status: JobStatus, error: str | None) -> JobReport:
         """The job ends: its report is built and handed on (``on_job_end``, the hooks),
-        and the runtime's policies and its program forget it."""
+        and the runtime's policies and its program forget it. The calls of its streams
+        left unread end ``cancelled`` (``Runtime.job`` then closes their connections)."""
+        if self._streams:
+            self._settle_streams(None)
         if self._default is not None:
             self._default._close()
         core = self._core

@@ -14,13 +14,24 @@ from contextlib import (
     AbstractContextManager,
     asynccontextmanager,
     contextmanager,
+    suppress,
 )
 from dataclasses import replace
 from functools import partial
 from inspect import isawaitable
 from threading import get_ident
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeVar, cast, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Final,
+    Literal,
+    Protocol,
+    TypedDict,
+    TypeVar,
+    cast,
+    overload,
+)
 
 import anyio
 import anyio.abc
@@ -29,7 +40,7 @@ import openai
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from ._config import DEFAULT_RETRY, Endpoint, Retry, check_api_key
-from ._context import _CURRENT_JOB, _CURRENT_SESSION, Job, Session
+from ._context import _CURRENT_JOB, _CURRENT_SESSION, Job, Session, async_block, sync_block
 from ._errors import AgentrtError, RuntimeClosedError
 from ._ids import random_bytes
 from ._log import health_log
@@ -653,7 +664,7 @@ class Runtime:
         if self._closed:
             raise RuntimeClosedError(CLOSED_MESSAGE)
 
-    @asynccontextmanager
+    @async_block("rt.job(...) as job")
     async def job(
         self,
         name: str,
@@ -670,11 +681,26 @@ class Runtime:
         status ``deadline`` (raising ``TimeoutError``). The report is in ``job.report``
         after the block, whatever happened inside.
         """
-        job = self._new_job(name, job_id, program_id, deadline_s, metadata)
+        self._check_open()
         if get_ident() != self._core.loop_thread:  # before the job starts
             raise WrongLoopError(WRONG_LOOP_MESSAGE)
+        self._check_not_nested(name)
+        job = self._new_job(name, job_id, program_id, deadline_s, metadata)
         async with self._run_job(job, enforce_deadline=True):
             yield job
+
+    def _check_not_nested(self, name: str) -> None:
+        """Refuse a job opened in the block of another job of this runtime that still
+        runs (in it, or in a task or thread of it): jobs do not nest."""
+        outer = _CURRENT_JOB.get()
+        if outer is not None and outer._core is self._core and not outer._closed:
+            raise AgentrtError(
+                f"rt.job({name!r}) was opened inside job {outer.name!r} ({outer.id}), which "
+                "is still running: jobs do not nest (a job is one piece of work whose "
+                "completion time is measured). Make the inner work a session of that job "
+                "(job.session(..., parent=...)), or run it as a job of its own outside "
+                "that job's block"
+            )
 
     @asynccontextmanager
     async def _run_job(self, job: Job, *, enforce_deadline: bool) -> AsyncIterator[Job]:
@@ -716,6 +742,8 @@ class Runtime:
         finally:
             _CURRENT_JOB.reset(token)
             job._finish(status, error)
+            if job._streams:  # streams left unread (their calls ended): connections closed
+                await job._shut_streams(None)
 
     def _open_job(
         self,
@@ -846,6 +874,32 @@ class _Held:
             self.left.set()
 
 
+class _RuntimeOptions(TypedDict, total=False):
+    """:class:`Runtime`'s keyword arguments, typed as it types them, for
+    :class:`SyncRuntime`'s (tests/test_sync.py checks that the two agree)."""
+
+    config: str | os.PathLike[str] | None
+    dialect: DialectSpec
+    api_key: str | None
+    routing: str | Router
+    policy: PolicySpec
+    concurrency: int | Literal["auto", "engine"] | None
+    token_budget: int | None
+    send_priority: bool | Literal["auto"]
+    retry: Retry
+    timeout_s: float | TimeoutLike
+    transport: AsyncTransport | None
+    on_job_end: Callable[[JobReport], None] | None
+    keep_reports: int
+    poll_metrics_s: float | Literal["auto"] | None
+    hooks: Sequence[Hook]
+    journal: str | os.PathLike[str] | None
+    otel: bool
+    prometheus: Any
+    capture_content: bool
+    learn_waits: bool
+
+
 class SyncRuntime:
     """The same shape as :class:`Runtime` for code that is not async.
 
@@ -855,7 +909,9 @@ class SyncRuntime:
             with rt.job("fix-bug") as job, job.session("main") as s:
                 reply = s.chat(model="m", messages=[...])
 
-    It takes Runtime's keyword arguments, ``config=`` and ``AGENTRT_CONFIG`` included.
+    It takes Runtime's keyword arguments, typed as Runtime types them (a misspelt one is
+    a type error, and a ``TypeError`` at run time), ``config=`` and ``AGENTRT_CONFIG``
+    included; ``backend`` picks the event loop (``"asyncio"`` or ``"trio"``).
     """
 
     def __init__(
@@ -863,7 +919,7 @@ class SyncRuntime:
         endpoints: Sequence[str | Endpoint] | str | Endpoint,
         *,
         backend: Literal["asyncio", "trio"] = "asyncio",
-        **kwargs: Any,
+        **kwargs: Unpack[_RuntimeOptions],
     ) -> None:
         self._args = (endpoints, kwargs)
         # Validate now, before a thread starts: the same errors as Runtime.
@@ -1070,7 +1126,7 @@ class SyncRuntime:
         """The reports of the most recently finished jobs (``keep_reports`` of them)."""
         return self.runtime.reports()
 
-    @contextmanager
+    @sync_block("rt.job(...) as job")
     def job(
         self,
         name: str,
@@ -1082,6 +1138,7 @@ class SyncRuntime:
     ) -> Iterator[SyncJob]:
         """Run one job (see :meth:`Runtime.job`)."""
         rt = self.runtime
+        rt._check_not_nested(name)
         job = rt._new_job(name, job_id, program_id, deadline_s, metadata)
         with self._block(_JOB, rt._run_job(job, enforce_deadline=False)):
             token = _CURRENT_JOB.set(job)  # for this thread's sync clients (_SyncTransport)
@@ -1131,7 +1188,7 @@ class SyncJob:
             return self.job._report
         return self._srt._call(lambda: self.job.report)  # type: ignore[no-any-return]
 
-    @contextmanager
+    @sync_block("job.session(...) as s")
     def session(
         self,
         name: str | None = None,
@@ -1153,6 +1210,9 @@ class SyncJob:
         finally:
             session._closed = True
             _CURRENT_SESSION.reset(token)
+            if self.job._streams:  # its streams left unread: ended, connections closed
+                with suppress(RuntimeClosedError):
+                    self._srt._call(self.job._shut_streams, session)
 
 
 class SyncSession:
@@ -1232,7 +1292,7 @@ class SyncSession:
             return _sync_iter(self._srt, result)
         return result  # type: ignore[no-any-return]
 
-    @contextmanager
+    @sync_block("s.tool(...)")
     def tool(self, name: str, *, expected_s: float | None = None) -> Iterator[None]:
         """Mark a tool's execution (see :meth:`Session.tool`)."""
         with self._srt._block(_TOOL, self.session.tool(name, expected_s=expected_s)):

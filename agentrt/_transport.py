@@ -1323,6 +1323,12 @@ class _ObservedStream:
         """The job's deadline: every read is bounded by it."""
         self._filter = _UsageFilter(self) if call.added_usage and self._parse else None
         """What the caller reads when agentrt asked for the usage chunk (else this)."""
+        self._session = call.session
+        self._shut_done = False
+        self._open = call.session.job._streams
+        """The job's open streams, this one among them until it is closed: a stream its
+        caller left unread is settled when its session or job ends (``Job._shut_streams``)."""
+        self._open[self] = None
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         # Clients may iterate more than once (openai drains the rest after [DONE]): every
@@ -1451,13 +1457,32 @@ class _ObservedStream:
         raise EndpointError(message, endpoint=self._url, attempts=self._state.attempts)
 
     async def aclose(self) -> None:
+        self._open.pop(self, None)
         try:
-            await self._inner.aclose()
+            if not self._shut_done:
+                self._shut_done = True
+                await self._inner.aclose()
         finally:
             if self._complete:
                 self._call._end("ok", None)
             else:  # the caller stopped reading: its choice, not the endpoint's failure
                 self._call._end("cancelled", "the caller closed the stream before its end")
+
+    def _abandon(self, why: str) -> None:
+        """Its session or job ended before the caller read or closed it: the call ends
+        (``cancelled``, as a stream its caller closes early), if it has not."""
+        self._call._end("ok" if self._complete else "cancelled", None if self._complete else why)
+
+    async def _shut(self) -> None:
+        """Close the connection of a stream left unread (after :meth:`_abandon`)."""
+        self._open.pop(self, None)
+        if self._shut_done:
+            return
+        self._shut_done = True
+        try:
+            await self._inner.aclose()
+        except Exception as exc:  # a connection that broke meanwhile: nothing to close
+            transport_log.debug("closing a stream left unread: %r", exc)
 
 
 class _UsageFilter:
@@ -1669,4 +1694,7 @@ class _SyncStream:
             await self._gen.aclose()  # type: ignore[attr-defined]
             await self._response.aclose()
 
-        self._portal_call(close)
+        try:
+            self._portal_call(close)
+        except RuntimeClosedError:  # its runtime closed it (and its job settled it) first
+            pass
