@@ -287,6 +287,12 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="processes the replays run on (auto: one per core; 1: in this process)",
     )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="tune journals shorter than one --sample anyway (one replay per setting: "
+        "confidence low); without it they are refused at once, saying what would help",
+    )
 
 
 def _bench_args(p: argparse.ArgumentParser) -> None:
@@ -480,7 +486,7 @@ def _parser() -> argparse.ArgumentParser:
         "errors. Several journals are pooled unless --compare. Needs the report extra: "
         "pip install 'agentjct[report]'.",
         _examples(
-            "agentrt report results/demo/journal-agentrt.jsonl",
+            "agentrt report results/demo/journal-agentrt_session.jsonl",
             "agentrt report --compare A.jsonl B.jsonl",
             "agentrt report journal.jsonl --png plots/ --html report.html",
         ),
@@ -562,6 +568,14 @@ def _parser() -> argparse.ArgumentParser:
         help="filler: random words; agent: follow CALL/ANSWER directives in the last user "
         "message and answer tools=[...] with tool calls, so agents run real tool loops "
         "(docs/sim.md)",
+    )
+    serve.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="the model names requests may ask for, as vLLM's option (the first is listed "
+        "by /v1/models); others get 404 model_not_found (default: the preset's model name)",
     )
     _engine_args(serve, serve=True)
     parser.set_defaults(run=lambda _: _print_help(parser))
@@ -718,6 +732,7 @@ def _tune(args: argparse.Namespace) -> int:
         host_blocks=args.host_blocks,
         workers=args.workers,
         fleet=args.fleet,
+        force=args.force,
     )
     tune(opts)
     return 0
@@ -758,7 +773,11 @@ def _sim_serve(args: argparse.Namespace) -> int:
         "tool_wait_policy": args.tool_wait_policy,
         "final_policy": args.final_policy,
     }
-    config = resolve_config(args.preset).replace(
+    config = resolve_config(args.preset)
+    names = tuple(args.served_model_name or (config.model_name,))
+    config = config.replace(
+        model_name=names[0],
+        served_model_names=names,
         replies=args.replies,
         scheduling=args.scheduling,
         **{name: value for name, value in given.items() if value is not None},
@@ -794,13 +813,15 @@ def _missing_extra(exc: ModuleNotFoundError) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns its exit status (0 on success, 2 on an error)."""
+    from ._errors import AgentrtError  # (stdlib only: no cost at start-up)
+
     args = _parser().parse_args(argv)
     try:
         status: int = args.run(args)
     except ModuleNotFoundError as exc:
         message = _missing_extra(exc)
-    except (_CommandError, ValueError, FileNotFoundError, ImportError) as exc:
-        message = str(exc)
+    except (_CommandError, AgentrtError, ValueError, FileNotFoundError, ImportError) as exc:
+        message = str(exc)  # agentrt's errors say what to do (a server not there: its URL)
     except KeyboardInterrupt:
         message = "interrupted"
     except Exception as exc:

@@ -174,6 +174,44 @@ def test_an_unexpected_error_is_one_line_unless_asked(
         main(["report", "x.jsonl"])
 
 
+def test_an_unreachable_endpoint_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """agentrt's own errors (a server not there) are the user's to fix, not a bug: one
+    line, its message, no traceback, even with AGENTRT_TRACEBACK unset or set."""
+    import agentrt
+
+    message = (
+        "endpoint http://127.0.0.1:9/v1 failed after 3 attempt(s): ConnectError: All "
+        "connection attempts failed; is a server running at http://127.0.0.1:9/v1? Check the URL"
+    )
+
+    def unreachable(args: Any) -> int:
+        raise agentrt.EndpointError(message, endpoint="http://127.0.0.1:9/v1", attempts=3)
+
+    monkeypatch.setattr(cli, "_report", unreachable)
+    for env in ("", "1"):
+        monkeypatch.setenv("AGENTRT_TRACEBACK", env)
+        assert main(["report", "x.jsonl"]) == 2
+        err = capsys.readouterr().err
+        assert err == f"agentrt: error: {message}\n"
+
+
+def test_report_help_names_the_journal_the_demo_writes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``agentrt report --help``'s first example is a file ``agentrt demo`` writes."""
+    from agentrt.bench._demo import demo_config
+    from agentrt.bench._runner import journal_paths
+
+    cfg = demo_config()
+    cfg.journal_dir = Path("results/demo")  # the demo's --out
+    written = {str(p) for p in journal_paths(cfg)}
+    examples = _help(["report"], capsys).split("examples:")[1].splitlines()
+    first = next(line.split()[2] for line in examples if line.strip().startswith("agentrt"))
+    assert first in written, (first, written)
+
+
 def test_sim_serve_passes_the_engine_options(monkeypatch: pytest.MonkeyPatch) -> None:
     import agentrt.sim
     from agentrt.sim import ServedURLs
@@ -199,6 +237,10 @@ def test_sim_serve_passes_the_engine_options(monkeypatch: pytest.MonkeyPatch) ->
         "agent",
     )
     assert config.model_name == "tiny-llama"  # the preset's
+    assert config.served_model_names == ("tiny-llama",)  # and no other name is answered
+    assert main([*args, "--served-model-name", "mine", "alias"]) == 0
+    assert seen["config"].model_name == "mine"
+    assert seen["config"].served_model_names == ("mine", "alias")
 
 
 def test_sim_serve_prints_the_urls_it_serves() -> None:

@@ -20,6 +20,10 @@ from ._timeline import critical_path
 __all__ = ["ReportError", "Run", "load_run", "report"]
 
 PNG_NAMES = ("jct_cdf.png", "breakdown.png", "timeline.png")
+SNIFF_LINES = 5
+"""A file whose first this many non-empty lines are none a job report is not a journal."""
+MAX_WARNINGS = 5
+"""Invalid lines of a journal warned of one by one; the rest are counted in one line."""
 
 
 class ReportError(ValueError):
@@ -35,19 +39,46 @@ class Run:
     reports: tuple[JobReport, ...]
 
 
+def _sniff(path: Path) -> None:
+    """Raise :class:`ReportError` when the first :data:`SNIFF_LINES` non-empty lines of
+    ``path`` hold no job report (a README, a results file given by mistake)."""
+    seen = 0
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                JobReport.model_validate_json(line)
+                return
+            except ValueError:  # pydantic's ValidationError
+                seen += 1
+            if seen >= SNIFF_LINES:
+                raise ReportError(
+                    f"{path} is not an agentrt journal: its first {seen} lines are not job "
+                    "reports (a journal is one JSON JobReport per line, as "
+                    "Runtime(journal=...) and agentrt bench write)"
+                )
+
+
 def _read(path: Path, warn: Callable[[str], None]) -> list[JobReport]:
     if not path.exists():
         raise ReportError(f"journal {path}: no such file")
     if path.is_dir():
         raise ReportError(f"journal {path}: is a directory")
+    try:
+        _sniff(path)
+    except OSError as exc:
+        raise ReportError(f"journal {path}: {exc.strerror or exc}") from exc
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             reports = read_journal(path)
         except OSError as exc:
             raise ReportError(f"journal {path}: {exc.strerror or exc}") from exc
-    for w in caught:
+    for w in caught[:MAX_WARNINGS]:
         warn(str(w.message))
+    if len(caught) > MAX_WARNINGS:
+        warn(f"{path}: {len(caught)} lines in all were not valid job reports; skipped")
     if not reports:
         raise ReportError(f"journal {path} is empty: no job reports in it")
     return reports

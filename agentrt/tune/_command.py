@@ -16,7 +16,7 @@ from ..bench._parallel import Workers
 from ..sim import PRESETS, EngineConfig
 from ._fit import Fit, from_journal, from_probe, read_cache_config
 from ._search import LOADS, Score, Setting, Twin, combine, neighbours, score
-from ._workload import Observed, load, to_plans
+from ._workload import JournalError, Observed, load, to_plans
 
 __all__: list[str] = []
 
@@ -50,6 +50,9 @@ class TuneOptions:
     """Tokens per block of ``gpu_blocks`` / ``host_blocks`` (None: the preset's)."""
     workers: Workers = "auto"
     progress: bool | None = None
+    force: bool = False
+    """Tune a journal shorter than one ``sample`` anyway (``--force``): its one replay
+    per setting cannot rank them (confidence low)."""
     fleet: int | None = None
     """The processes that will each run the settings (``--fleet``); None: as many as
     the journals' runtimes that ran jobs at once (:attr:`Observed.fleet`)."""
@@ -98,6 +101,8 @@ def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
     started = time.perf_counter()
     observed = load(opts.journals)
     plans = to_plans(observed.reports, observed.runtimes)
+    if len(plans) < opts.sample and not opts.force:
+        raise JournalError(_too_short(len(plans), opts.sample))
     fleet = observed.fleet if opts.fleet is None else opts.fleet
     # The journal's dealing holds for its own fleet size; another is dealt round-robin.
     assign: FleetAssign = "plan" if fleet == observed.fleet else "round_robin"
@@ -259,6 +264,17 @@ def _intro(
         + ", ".join(f"{x:g}x" for x in LOADS)
     )
     return "\n".join(lines)
+
+
+def _too_short(jobs: int, sample: int) -> str:
+    """Why a journal of ``jobs`` jobs cannot be tuned with samples of ``sample``, and
+    what would help (one line)."""
+    fewer = f"--sample {max(2, jobs // 3)} (noisier)" if jobs >= 6 else "more journals"
+    return (
+        f"the journals have {jobs} jobs to replay, fewer than one sample of {sample} "
+        f"(--sample): record more jobs (a longer window), or give {fewer}, or --force to "
+        f"replay the {jobs} once (confidence low)"
+    )
 
 
 def _processes(n: int) -> str:

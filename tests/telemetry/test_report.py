@@ -442,6 +442,33 @@ def test_a_corrupt_line_is_a_warning(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert " x " in captured.out
 
 
+def test_a_file_that_is_not_a_journal_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A README given by mistake printed a warning per line (~110) before "empty"."""
+    path = tmp_path / "README.md"
+    path.write_text("# agentrt\n\n" + "Some prose, not a job report.\n" * 110)
+    assert main(["report", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and "is not an agentrt journal" in lines[0], captured.err
+    assert str(path) in lines[0] and "Runtime(journal=" in lines[0]
+
+
+@needs_extra
+def test_many_corrupt_lines_in_a_journal_are_a_few_warnings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write(tmp_path / "runs.jsonl", [_job("x", 1.0)])
+    with path.open("a") as f:
+        f.write('{"job_id": "cut sh\n' * 40)
+    assert main(["report", str(path)]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert 2 <= len(warned) <= 6, warned
+    assert "40 lines" in warned[-1] and "skipped" in warned[-1]
+
+
 def test_without_the_extra_the_error_names_the_install(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -222,3 +222,32 @@ def test_a_window_ends_with_the_jobs_arriving_while_its_jobs_run() -> None:
     jobs, counted = window(plans, 3, 1, 2, warmup=2, cooldown_s=100.0)  # none after j9
     assert [p.name for p in jobs] == ["j5", "j6", "j7", "j8", "j9"]
     assert counted == {"j7", "j8", "j9"}
+
+
+def test_a_journal_shorter_than_one_sample_is_one_line_before_any_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The demo's 32 jobs against the default --sample of 200 replayed for minutes to
+    say "confidence low, score 1.000 +/- 0.000": now it says at once what would help."""
+    from agentrt.tune import _search
+
+    path = _record(tmp_path, "react", 6)
+    replayed: list[object] = []
+
+    def run(self: object, *args: object) -> object:
+        replayed.append(args)
+        raise RuntimeError("replayed")
+
+    monkeypatch.setattr(_search.Twin, "run", run)
+    out = tmp_path / "t.toml"
+    assert main(["tune", str(path), "--out", str(out), "--sample", "8"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith("agentrt: error: "), err
+    assert "6 jobs" in err and "8" in err and "--sample" in err and "--force" in err
+    assert "record more jobs" in err
+    assert not replayed and not out.exists()
+    # --force replays what there is, as before
+    monkeypatch.setenv("AGENTRT_TRACEBACK", "1")  # (the spy's error raised, not printed)
+    with pytest.raises(RuntimeError, match="replayed"):
+        main(["tune", str(path), "--out", str(out), "--sample", "8", "--force"])
+    assert replayed
