@@ -219,6 +219,44 @@ class DeadlineExceeded(TimeoutError):
     cancel scope makes ``rt.job(deadline_s=...)`` raise ``TimeoutError``)."""
 
 
+_MAX_STALE = 8
+"""Resends of one attempt after kept-alive connections the server had closed (each such
+connection leaves the pool, so a resend soon gets a new one; this only bounds it)."""
+
+
+class _ConnTrace:
+    """httpcore's ``trace`` extension on an attempt's request: whether it went out on a
+    kept-alive connection (its headers sent with no connect before them) or on one made
+    for it. The caller's own ``trace`` callback, if any, still receives every event.
+    Transports that do not trace (a mock, the embedded engine) leave ``reused`` false."""
+
+    __slots__ = ("caller", "connected", "reused")
+
+    def __init__(self, caller: Any) -> None:
+        self.caller = caller
+        self.connected = False
+        self.reused = False
+
+    @classmethod
+    def install(cls, request: httpx.Request) -> _ConnTrace:
+        extensions = request.extensions
+        caller = extensions.get("trace")
+        if caller.__class__ is cls:  # ours, from an earlier attempt
+            caller = caller.caller
+        trace = cls(caller)
+        request.extensions = {**extensions, "trace": trace}  # the caller's dict untouched
+        return trace
+
+    async def __call__(self, name: str, info: dict[str, Any]) -> None:
+        if name.endswith(".started"):
+            if name.startswith("connection.connect_"):
+                self.connected = True
+            elif name.endswith(".send_request_headers.started") and not self.connected:
+                self.reused = True
+        if self.caller is not None:
+            await self.caller(name, info)
+
+
 class _RetryableStatus(Exception):
     def __init__(self, response: httpx.Response, retry_after: float | None) -> None:
         super().__init__(f"HTTP {response.status_code}")
@@ -339,6 +377,14 @@ class HttpLib:
         self.mod: Any = mod
         self.name = mod.__name__
         self.transport_errors: tuple[type[Exception], ...] = (mod.TransportError, OSError)
+        self.connect_errors: tuple[type[Exception], ...] = (
+            mod.ConnectError,
+            mod.ConnectTimeout,
+            OSError,
+        )
+        """No connection could be made: the endpoint is down at once (docs/routing.md)."""
+        self.stale_errors: tuple[type[Exception], ...] = (mod.RemoteProtocolError, mod.ReadError)
+        """What a kept-alive connection the server had closed raises before any reply."""
         # Requests are copied shallowly and their headers edited through Headers' raw list
         # when the library has one (httpx and httpx2 both do); otherwise each attempt
         # builds a new request.
@@ -865,14 +911,39 @@ class _Call:
         load.outstanding_tokens += ticket.tokens
         self.ep = ep
         transport = self.transport
+        lib = transport._lib
         resent = False
+        stale = 0
+        trace = _ConnTrace.install(out)
         while True:
             try:
                 response = await transport._inner.handle_async_request(out)
-            except transport._lib.transport_errors as exc:
+            except lib.transport_errors as exc:
+                if trace.reused and stale < _MAX_STALE and isinstance(exc, lib.stale_errors):
+                    # A kept-alive connection the server had closed (its keep-alive
+                    # expired as this request went out): no reply came, the endpoint is
+                    # not at fault. Resent at once, in the same attempt, on another
+                    # connection (httpcore dropped that one from its pool).
+                    stale += 1
+                    if transport_log.isEnabledFor(_DEBUG):
+                        self._log_attempt(
+                            ep,
+                            f"{type(exc).__name__}: {exc} on a kept-alive connection the "
+                            "server had closed; resent on another connection",
+                        )
+                    trace = _ConnTrace.install(out)
+                    continue
                 self._release(ok=False)
-                core.record_health(ep, False, connect=True)
-                self.failed.add(index)
+                # Only a connection that could not be made marks the endpoint down at
+                # once and sends the retry elsewhere; a read timeout or a connection
+                # closed without a reply is one failure toward the threshold, and the
+                # retry stays where the session is. Our own pool's timeout is no
+                # failure of the endpoint's.
+                connect = isinstance(exc, lib.connect_errors)
+                if not isinstance(exc, lib.mod.PoolTimeout):
+                    core.record_health(ep, False, connect=connect)
+                if connect:
+                    self.failed.add(index)
                 if core.hooks:
                     self._failed(ep, f"{type(exc).__name__}: {exc}")
                 if transport_log.isEnabledFor(_DEBUG):
@@ -898,6 +969,7 @@ class _Call:
             except BaseException:
                 self._release(ok=True)
                 raise
+            trace = _ConnTrace.install(out)
         try:
             state.http_status = status
             if transport_log.isEnabledFor(_DEBUG):  # one dict lookup when off
@@ -1321,7 +1393,10 @@ class _ObservedStream:
         self._it: AsyncIterator[bytes] | None = None
         self._deadline = call.ticket.deadline_at
         """The job's deadline: every read is bounded by it."""
-        self._filter = _UsageFilter(self) if call.added_usage and self._parse else None
+        self._filter: _UsageFilter | None = None
+        if call.added_usage and self._parse:
+            n = call.body.get("n") if call.body else None
+            self._filter = _UsageFilter(self, n if n.__class__ is int and n > 1 else 1)
         """What the caller reads when agentrt asked for the usage chunk (else this)."""
         self._session = call.session
         self._shut_done = False
@@ -1489,20 +1564,26 @@ class _UsageFilter:
     """The stream a caller reads when agentrt asked for the usage chunk on its behalf
     (``_Call._ask_usage``): the reply's whole SSE events as the server sends them
     unasked. Asking adds a usage-only chunk (``"choices": []``), ``"usage": null`` to the
-    other chunks (OpenAI), and may move the ``system_fingerprint`` from the last content
-    chunk onto the usage chunk (vLLM): the first two are removed, the fingerprint is put
-    back. A chunk with a finish reason and no fingerprint is held until the usage chunk
-    (which follows it at once) or the end. The usage itself was read by the observed
-    stream."""
+    other chunks (OpenAI), may put the usage in the finish chunk instead (some servers),
+    and may move the ``system_fingerprint`` from the last content chunk onto the usage
+    chunk (vLLM): the first three are removed, the fingerprint is put back. No content
+    chunk is held: only a chunk that finishes the last of the reply's ``choices``
+    choices, has no fingerprint and no usage waits, until the next event (the usage
+    chunk, which follows it at once, or whatever comes). The usage itself was read by the
+    observed stream."""
 
-    __slots__ = ("_held", "_pending", "_stream")
+    __slots__ = ("_choices", "_finished", "_held", "_pending", "_stream")
 
-    def __init__(self, stream: _ObservedStream) -> None:
+    def __init__(self, stream: _ObservedStream, choices: int = 1) -> None:
         self._stream = stream
         self._held = b""
         """The start of an event whose end has not come yet."""
-        self._pending: list[bytes] | None = None
-        """Events from the first with a finish reason on, until the usage chunk."""
+        self._pending: bytes | None = None
+        """The chunk that finished the last choice, until the next event."""
+        self._choices = choices
+        """The choices the reply has (the request's ``n``)."""
+        self._finished: set[Any] = set()
+        """The indices of the choices that have finished."""
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self
@@ -1516,7 +1597,7 @@ class _UsageFilter:
                 held, self._held = self._held, b""
                 out = self._events(held) if held else b""  # a last event without its end
                 pending, self._pending = self._pending, None
-                out += b"".join(pending or ())
+                out += pending or b""
                 if out:
                     return out
                 raise
@@ -1528,7 +1609,7 @@ class _UsageFilter:
                 return out
 
     def _events(self, events: bytes) -> bytes:
-        """Complete events as the caller is to read them (some may be held back)."""
+        """Complete events as the caller is to read them (the last may be held back)."""
         if _USAGE_KEY in events:
             events = events.replace(_NULL_USAGE_LAST, b"")  # OpenAI's (a tenth of the regex)
             if _USAGE_KEY in events:
@@ -1539,21 +1620,40 @@ class _UsageFilter:
         out: list[bytes] = []
         for k in range(0, len(parts), 2):
             event = parts[k] + (parts[k + 1] if k + 1 < len(parts) else b"")
+            if not event:
+                continue
             pending = self._pending
-            if _USAGE_KEY in event and (usage := _usage_chunk(event)) is not None:
-                if pending:
-                    out += _with_fingerprint(pending, usage.get("system_fingerprint"))
-                self._pending = None
-            elif pending is not None:
-                pending.append(event)
-                if event.startswith(b"data:") and event[5:].lstrip().startswith(b"[DONE]"):
-                    out += pending
+            obj = _chunk_of(event) if _USAGE_KEY in event or _FINISH.search(event) else None
+            usage = None if obj is None else obj.get("usage")
+            if usage.__class__ is dict and obj is not None and not obj.get("choices"):
+                # The usage-only chunk: dropped; its fingerprint onto the held chunk.
+                if pending is not None:
+                    out += _with_fingerprint([pending], obj.get("system_fingerprint"))
                     self._pending = None
-            elif _FINISH.search(event) and _FINGERPRINT not in event:
-                self._pending = [event]  # the usage chunk may have its fingerprint
+                continue
+            if pending is not None:  # held until the next event, whatever it is
+                out.append(pending)
+                self._pending = None
+            if obj is None:
+                out.append(event)
+            elif usage.__class__ is dict:  # usage in a content chunk: no usage chunk follows
+                self._finish(obj)
+                out.append(_without_usage(event, obj))
+            elif self._finish(obj) and _FINGERPRINT not in event:
+                self._pending = event  # the usage chunk may have its fingerprint
             else:
                 out.append(event)
         return b"".join(out)
+
+    def _finish(self, obj: dict[str, Any]) -> bool:
+        """Note the choices ``obj`` finishes; whether every choice has now finished."""
+        choices = obj.get("choices")
+        if isinstance(choices, list):
+            for c in choices:
+                if isinstance(c, dict) and c.get("finish_reason") is not None:
+                    index = c.get("index", 0)
+                    self._finished.add(index if isinstance(index, int) else 0)
+        return len(self._finished) >= self._choices
 
 
 def _events_end(data: bytes) -> int:
@@ -1568,16 +1668,40 @@ def _events_end(data: bytes) -> int:
     return k + 2 if k >= 0 and k + 2 > end else end
 
 
-def _usage_chunk(event: bytes) -> dict[str, Any] | None:
-    """An SSE event's chunk if it is a usage chunk (usage, and an empty ``choices``)."""
+def _chunk_of(event: bytes) -> dict[str, Any] | None:
+    """An SSE event's chunk (its ``data:`` lines joined), if it is a JSON object."""
     data = b"\n".join(line[5:] for line in event.splitlines() if line.startswith(b"data:"))
     try:
         obj = json.loads(data)
     except ValueError:
         return None
-    if isinstance(obj, dict) and obj.get("choices") == [] and isinstance(obj.get("usage"), dict):
-        return obj
-    return None
+    return obj if isinstance(obj, dict) else None
+
+
+_USAGE_MEMBER = re.compile(r'(,\s*)?"usage"\s*:\s*')
+_COMMA_AFTER = re.compile(r"\s*,\s*")
+
+
+def _without_usage(event: bytes, obj: dict[str, Any]) -> bytes:
+    """``event`` without the ``usage`` member of its chunk ``obj``, every other byte as
+    the server sent it; the chunk re-encoded on one ``data:`` line where the member
+    cannot be cut out alone."""
+    want = {k: v for k, v in obj.items() if k != "usage"}
+    text = event.decode(errors="surrogateescape")
+    for m in _USAGE_MEMBER.finditer(text):
+        try:
+            _, end = _JSON.raw_decode(text, m.end())
+        except ValueError:
+            continue
+        rest = text[end:]
+        if not m.group(1) and (comma := _COMMA_AFTER.match(rest)) is not None:
+            rest = rest[comma.end() :]  # the first member: the comma after it goes
+        cut = (text[: m.start()] + rest).encode(errors="surrogateescape")
+        if _chunk_of(cut) == want:
+            return cut
+    lines = [line for line in event.splitlines() if line and not line.startswith(b"data:")]
+    lines.append(b"data: " + json.dumps(want, separators=(",", ":")).encode())
+    return b"\n".join(lines) + b"\n\n"
 
 
 def _with_fingerprint(events: list[bytes], fingerprint: Any) -> list[bytes]:

@@ -319,8 +319,9 @@ class Chunks:
         return self.chunks.pop(0)
 
 
-async def filtered(*chunks: bytes) -> list[bytes]:
-    return [c async for c in _UsageFilter(Chunks(*chunks))]  # type: ignore[arg-type]
+async def filtered(*chunks: bytes, choices: int = 1) -> list[bytes]:
+    """What each read of the filter returns, over a stream of these byte chunks."""
+    return [c async for c in _UsageFilter(Chunks(*chunks), choices)]  # type: ignore[arg-type]
 
 
 def data(obj: dict[str, Any], end: bytes = b"\n\n") -> bytes:
@@ -340,10 +341,12 @@ async def test_the_filter_keeps_everything_but_what_asking_added() -> None:
     # text that looks like them stays.
     assert await filtered(with_null[:9], with_null[9:] + text[:4], text[4:]) == [text, text]
     # The usage-only chunk goes, its separator too; its fingerprint moves onto the chunk
-    # with the finish reason, which waits for it; anything else stays as it was.
+    # with the finish reason, which waits for it; a usage block on a content chunk goes
+    # (asking put it there); anything else stays as it was.
     out = await filtered(text + last, usage_only + on_content + comment + done)
     fingerprinted = last[:-3] + b',"system_fingerprint":"fp"}\n\n'
-    assert out == [text, fingerprinted + on_content + comment + done]
+    on_content_unasked = b"event: x\n" + data({"choices": [{"delta": {}}]})
+    assert out == [text, fingerprinted + on_content_unasked + comment + done]
     assert json.loads(fingerprinted[6:])["system_fingerprint"] == "fp"
     # A chunk that has its fingerprint (OpenAI's all do) is not held.
     stamped = data({"choices": [{"delta": {}, "finish_reason": "stop"}], "system_fingerprint": "a"})
@@ -351,3 +354,51 @@ async def test_the_filter_keeps_everything_but_what_asking_added() -> None:
     # Without a usage chunk the held chunk comes with [DONE], or at the end.
     assert await filtered(last, done) == [last + done]
     assert await filtered(last, b"data: [DONE]") == [last + b"data: [DONE]"]
+
+
+def pick(index: int, content: str | None = None, finish: str | None = None) -> bytes:
+    delta = {} if content is None else {"content": content}
+    return data({"choices": [{"index": index, "delta": delta, "finish_reason": finish}]})
+
+
+async def test_the_filter_holds_no_content_chunk_of_several_choices() -> None:
+    usage_only = data({"choices": [], "usage": USAGE, "system_fingerprint": "fp"})
+    done = b"data: [DONE]\n\n"
+    a, b, c = pick(0, "a"), pick(1, "b"), pick(1, "c")
+    a_end, b_end = pick(0, None, "stop"), pick(1, None, "stop")
+    # One read per chunk: every chunk comes at its read, the first choice's finish too;
+    # only the chunk that finishes the last choice waits for the next event.
+    out = await filtered(a, b, a_end, c, b_end, usage_only, done, choices=2)
+    assert out == [a, b, a_end, c, b_end[:-3] + b',"system_fingerprint":"fp"}\n\n', done]
+    # A reply with more choices than the request said: a finish chunk waits for the
+    # next event at most.
+    assert await filtered(a_end, c, b_end, done) == [a_end + c, b_end + done]
+
+
+@pytest.mark.parametrize(
+    "chunk",
+    [
+        '{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":%s}',
+        '{"usage": %s, "id": "c", "choices": [{"delta": {}, "finish_reason": "stop"}]}',
+        '{"id":"c" , "usage" : %s ,"choices":[{"delta":{"content":"\\"usage\\": 1"},'
+        '"finish_reason":"stop"}]}',
+    ],
+    ids=["last", "first-spaced", "middle-odd-text"],
+)
+async def test_the_filter_removes_usage_from_a_content_chunk(chunk: str) -> None:
+    usage = json.dumps(USAGE)
+    sent = f"data: {chunk % usage}\n\n".encode()
+    unasked = json.loads(chunk % usage)
+    del unasked["usage"]
+    (event,) = await filtered(sent)
+    assert json.loads(event[6:]) == unasked
+    assert event.endswith(b"}\n\n")
+    assert b"usage" not in event.replace(b'\\"usage\\"', b"")  # the text's stays
+    # The other bytes stay as sent: the member and one comma are all that goes.
+    assert len(sent) - len(event) <= len(usage) + len('"usage": ,  ')
+
+
+async def test_the_filter_reencodes_a_chunk_it_cannot_cut() -> None:
+    sent = b'data: {"choices":[{"delta":{},"finish_reason":"stop"}],\ndata: "usage":{}}\n\n'
+    (out,) = await filtered(sent)
+    assert out == b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\n'

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import anyio
@@ -254,3 +255,105 @@ def test_a_sync_stream_left_unread_is_settled_when_its_session_ends(
     assert (first.status, second.status) == ("cancelled", "ok")
     assert job.report.status == "ok"
     del stream
+
+
+# -- item 7: the usage filter holds no content chunk --------------------------------------
+
+TWO_CHOICES = [
+    choice(0, "a"),
+    choice(1, "b"),
+    choice(0, finish="stop"),  # the first choice is done; the second goes on
+    choice(1, "c"),
+    choice(1, "d"),
+    choice(1, finish="stop"),
+    usage_chunk(),
+]
+INTERVAL_S = 0.2
+
+
+def spread_after_first_finish(times: list[float]) -> float:
+    """From the chunk after the first choice's finish to the last one (0.4 s as sent)."""
+    assert len(times) == len(TWO_CHOICES) - 1  # the usage chunk, not asked for, is dropped
+    return times[-1] - times[3]
+
+
+@pytest.mark.parametrize("via", ["session.chat", "rt.openai"])
+async def test_two_choices_stream_chunk_by_chunk(server: FaultServer, via: str) -> None:
+    server.push(Fault.stream(TWO_CHOICES, interval=INTERVAL_S))
+    async with agentrt.Runtime([server.url], otel=False) as rt:
+        async with rt.job("n2") as job, job.session("s") as s:
+            if via == "session.chat":
+                stream = await s.chat(model=MODEL, messages=MESSAGES, stream=True, n=2)
+            else:
+                stream = await rt.openai().chat.completions.create(
+                    model=MODEL, messages=MESSAGES, stream=True, n=2
+                )
+            times, chunks = [], []
+            async for c in stream:
+                times.append(anyio.current_time())
+                chunks.append(c)
+    assert [(c.choices[0].index, c.choices[0].finish_reason) for c in chunks] == [
+        (0, None),
+        (1, None),
+        (0, "stop"),
+        (1, None),
+        (1, None),
+        (1, "stop"),
+    ]
+    assert all(c.usage is None for c in chunks)
+    assert spread_after_first_finish(times) > INTERVAL_S, times  # not all at the end
+    (call,) = job.report.call_reports
+    assert (call.status, call.prompt_tokens, call.completion_tokens) == ("ok", 7, 4)
+
+
+@BACKENDS
+def test_two_choices_stream_chunk_by_chunk_sync(server: FaultServer, backend: str) -> None:
+    server.push(Fault.stream(TWO_CHOICES, interval=INTERVAL_S))
+    with agentrt.SyncRuntime([server.url], otel=False, backend=backend) as srt:
+        with srt.job("n2") as job, job.session("s") as s:
+            times = [
+                time.monotonic() for _ in s.chat(model=MODEL, messages=MESSAGES, stream=True, n=2)
+            ]
+    assert spread_after_first_finish(times) > INTERVAL_S, times
+    assert job.report.call_reports[0].prompt_tokens == 7
+
+
+USAGE_IN_FINISH = [choice(0, "a"), choice(0, finish="stop", usage=USAGE)]
+"""A server that puts the usage block in the finish chunk (no usage-only chunk)."""
+
+
+@pytest.mark.parametrize("via", ["session.chat", "rt.openai"])
+@pytest.mark.parametrize("asked", [False, True])
+async def test_usage_in_the_finish_chunk_reaches_only_a_caller_who_asked(
+    server: FaultServer, via: str, asked: bool
+) -> None:
+    server.push(Fault.stream(USAGE_IN_FINISH))
+    extra: dict[str, Any] = {"stream_options": {"include_usage": True}} if asked else {}
+    async with agentrt.Runtime([server.url], otel=False) as rt:
+        async with rt.job("u") as job, job.session("s") as s:
+            if via == "session.chat":
+                stream = await s.chat(model=MODEL, messages=MESSAGES, stream=True, **extra)
+            else:
+                stream = await rt.openai().chat.completions.create(
+                    model=MODEL, messages=MESSAGES, stream=True, **extra
+                )
+            chunks = [c async for c in stream]
+    assert [c.choices[0].finish_reason for c in chunks] == [None, "stop"]
+    assert chunks[0].usage is None
+    if asked:
+        assert chunks[1].usage is not None and chunks[1].usage.prompt_tokens == 7
+    else:
+        assert chunks[1].usage is None
+        assert "usage" not in chunks[1].model_fields_set  # as the server sends it unasked
+    assert server.chat_requests[0].json()["stream_options"] == {"include_usage": True}
+    (call,) = job.report.call_reports
+    assert (call.prompt_tokens, call.completion_tokens) == (7, 4)
+
+
+def test_usage_in_the_finish_chunk_is_hidden_from_a_sync_caller(server: FaultServer) -> None:
+    server.push(Fault.stream(USAGE_IN_FINISH))
+    with agentrt.SyncRuntime([server.url], otel=False) as srt:
+        with srt.job("u") as job, job.session("s") as s:
+            chunks = list(s.chat(model=MODEL, messages=MESSAGES, stream=True))
+    assert [c.usage for c in chunks] == [None, None]
+    assert job.report.call_reports[0].prompt_tokens == 7
