@@ -106,12 +106,14 @@ def running(
 
 
 @contextmanager
-def sim_replicas(folder: Path) -> Iterator[str]:
-    """Two simulated replicas; yields their origin (``/replica-0``, ``/replica-1`` under it)."""
+def sim_replicas(folder: Path, replicas: int = 2) -> Iterator[str]:
+    """``agentrt sim serve --replicas N``; yields their origin (``/replica-<i>`` under it)."""
     port = free_port()
     origin = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "agentrt", "sim", "serve", "--replicas=2", f"--port={port}"]
-    with running(command, folder / "sim.log", f"{origin}/replica-1/health", "the simulator"):
+    command = [sys.executable, "-m", "agentrt", "sim", "serve", f"--replicas={replicas}"]
+    command.append(f"--port={port}")
+    ready = f"{origin}/replica-{replicas - 1}/health"
+    with running(command, folder / "sim.log", ready, "the simulator"):
         yield origin
 
 
