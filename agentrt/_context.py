@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, ParamSpec, Protocol, Type
 import anyio
 from pydantic_core import to_json
 
-from ._errors import EndpointError, JobClosedError, SessionClosedError
+from ._errors import EndpointError, JobClosedError, SessionClosedError, only_cancelled
 from ._ids import random_bytes
 from ._protocol import IdleSource, trusted_model, validate_id, validate_nonneg
 from .telemetry._events import (
@@ -583,12 +583,12 @@ class Session:
         error_type: str | None = None
         try:
             yield wait
-        except anyio.get_cancelled_exc_class():
-            status = "cancelled"
-            raise
         except BaseException as exc:
-            status = "error"
-            error_type = type(exc).__name__
+            if only_cancelled(exc):  # trio's may come in a group (a nursery in the tool)
+                status = "cancelled"
+            else:
+                status = "error"
+                error_type = type(exc).__name__
             raise
         finally:
             self._end_tool(wait, status, error_type)

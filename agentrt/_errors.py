@@ -55,3 +55,16 @@ for _cls in (AgentrtError, EndpointError, JobClosedError, RuntimeClosedError, Se
     # Named by the public module, as httpx names its own: tracebacks and reprs say
     # ``agentrt.EndpointError``, and pickles find the class there (``agentrt.__all__``).
     _cls.__module__ = "agentrt"
+
+
+def only_cancelled(exc: BaseException) -> bool:
+    """Whether ``exc`` is the event loop's cancellation (``anyio.get_cancelled_exc_class()``),
+    or an exception group of nothing else. trio delivers a cancellation so when it passes
+    through a nursery (``trio.open_tcp_stream`` while connecting, a nursery in the
+    caller's code), where asyncio's task groups raise ``CancelledError`` itself: either is
+    ``cancelled``, never ``error``. (In an ``except`` only: it asks anyio for the loop.)"""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(only_cancelled(e) for e in exc.exceptions)
+    import anyio  # here: this module is imported by the command at start-up (stdlib only)
+
+    return isinstance(exc, anyio.get_cancelled_exc_class())

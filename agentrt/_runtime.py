@@ -41,7 +41,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from ._config import DEFAULT_RETRY, Endpoint, Retry, check_api_key
 from ._context import _CURRENT_JOB, _CURRENT_SESSION, Job, Session, async_block, sync_block
-from ._errors import AgentrtError, RuntimeClosedError
+from ._errors import AgentrtError, RuntimeClosedError, only_cancelled
 from ._ids import random_bytes
 from ._log import health_log
 from ._notice import Notices, NoticeStatistics
@@ -94,7 +94,7 @@ def _outcome(exc: BaseException | None) -> tuple[JobStatus, str | None]:
     """A job's status and error for the exception that ended it (None: it succeeded)."""
     if exc is None:
         return "ok", None
-    if isinstance(exc, anyio.get_cancelled_exc_class()):
+    if only_cancelled(exc):  # trio's may come in a group (a nursery)
         return "cancelled", "cancelled"
     return "error", f"{type(exc).__name__}: {exc}"
 

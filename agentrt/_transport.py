@@ -46,7 +46,7 @@ from ._context import (
     current_session,
     new_id,
 )
-from ._errors import AgentrtError, EndpointError, RuntimeClosedError
+from ._errors import AgentrtError, EndpointError, RuntimeClosedError, only_cancelled
 from ._log import credential_forms, routing_log, scrub_bytes, transport_log
 from ._notice import accept_header
 from ._protocol import CallMetadata, trusted_model
@@ -1231,13 +1231,13 @@ class _Call:
                     message,
                 )
                 raise EndpointError(message, endpoint=url, attempts=state.attempts) from (exc.error)
-        except anyio.get_cancelled_exc_class():
-            self._end("cancelled", self._cancelled())
-            raise
         except EndpointError:
             raise
         except BaseException as exc:
-            self._end("error", f"{type(exc).__name__}: {exc}")
+            if only_cancelled(exc):  # trio's may come in a group (a nursery: connecting)
+                self._end("cancelled", self._cancelled())
+            else:
+                self._end("error", f"{type(exc).__name__}: {exc}")
             raise
 
         if (
@@ -1250,11 +1250,12 @@ class _Call:
         try:
             raw = await response.aread()
         except BaseException as exc:
-            await response.aclose()
-            if isinstance(exc, anyio.get_cancelled_exc_class()):
+            # Ended first: a cancelled aclose() may raise the cancellation again.
+            if only_cancelled(exc):
                 self._end("cancelled", self._cancelled())
             else:
                 self._end("error", f"{type(exc).__name__}: {exc}")
+            await response.aclose()
             raise
         if response.status_code >= 300:
             raw = self._scrubbed(raw)
@@ -1432,14 +1433,15 @@ class _ObservedStream:
             raise
         except DeadlineExceeded:
             raise
-        except anyio.get_cancelled_exc_class():
-            why = self._call._cancelled()
-            self._call._end("cancelled", why if why != "cancelled" else "cancelled mid-stream")
-            raise
         except self._lib.transport_errors as exc:
             message = self._call.core.redact(f"endpoint {self._url} broke off the stream: {exc!r}")
             self._call._end("error", message)
             raise EndpointError(message, endpoint=self._url, attempts=state.attempts) from exc
+        except BaseException as exc:
+            if only_cancelled(exc):  # trio's may come in a group (a nursery in the read)
+                why = self._call._cancelled()
+                self._call._end("cancelled", why if why != "cancelled" else "cancelled mid-stream")
+            raise
         if state.ttft_s is None and chunk:
             now = self._call.clock()
             state.ttft_s = now - state.started

@@ -15,11 +15,16 @@
 from __future__ import annotations
 
 import json
+import random
 import time
+from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+import httpx
 import pytest
+import sniffio
 from _faultserver import MODEL, Fault, FaultServer, chunk, fault_server
 
 import agentrt
@@ -357,3 +362,157 @@ def test_usage_in_the_finish_chunk_is_hidden_from_a_sync_caller(server: FaultSer
             chunks = list(s.chat(model=MODEL, messages=MESSAGES, stream=True))
     assert [c.usage for c in chunks] == [None, None]
     assert job.report.call_reports[0].prompt_tokens == 7
+
+
+# -- item 8: a cancellation trio wraps in an exception group -----------------------------
+
+
+async def wait_in_a_nursery() -> None:
+    """Wait forever inside a nursery, as ``trio.open_tcp_stream`` connects: on trio a
+    cancellation leaves it as a ``BaseExceptionGroup`` of ``Cancelled`` (on asyncio, a
+    task group's plain ``CancelledError``)."""
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.sleep_forever)
+            await trio.sleep_forever()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(anyio.sleep_forever)
+        await anyio.sleep_forever()
+
+
+class StallsInANursery(httpx.AsyncByteStream):
+    """A streamed reply: one chunk, then a read that waits in a nursery."""
+
+    def __init__(self) -> None:
+        self.sent = False
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if not self.sent:
+            self.sent = True
+            return chunk("a")
+        await wait_in_a_nursery()
+        raise StopAsyncIteration  # pragma: no cover
+
+
+def nursery_transport(phase: str) -> httpx.MockTransport:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if phase == "connecting":
+            await wait_in_a_nursery()
+        return httpx.Response(
+            200, headers={"content-type": "text/event-stream"}, stream=StallsInANursery()
+        )
+
+    return httpx.MockTransport(handler)
+
+
+NURSERY_URL = "http://nursery.test/v1"
+PHASES = pytest.mark.parametrize("phase", ["connecting", "mid-stream"])
+
+
+async def nursery_job(
+    phase: str, via: str, *, deadline_s: float | None = None, cancel_after: float | None = None
+) -> agentrt.JobReport:
+    async with agentrt.Runtime([NURSERY_URL], transport=nursery_transport(phase), otel=False) as rt:
+        with anyio.move_on_after(cancel_after if cancel_after is not None else 30.0):
+            try:
+                async with rt.job("n", deadline_s=deadline_s) as job, job.session("s") as s:
+                    stream = await open_stream(rt, s, via)
+                    async for _ in stream:
+                        pass
+            except TimeoutError:
+                assert deadline_s is not None
+    return job.report
+
+
+@PHASES
+@pytest.mark.parametrize("via", ["session.chat", "rt.openai"])
+async def test_a_cancel_in_a_nursery_is_cancelled(phase: str, via: str) -> None:
+    report = await nursery_job(phase, via, cancel_after=0.3)
+    (call,) = report.call_reports
+    assert (report.status, report.error) == ("cancelled", "cancelled")
+    assert call.status == "cancelled", call.error
+    assert call.error is not None and "cancelled" in call.error
+
+
+@PHASES
+@pytest.mark.parametrize("via", ["session.chat", "rt.openai"])
+async def test_a_deadline_in_a_nursery_is_the_deadline(phase: str, via: str) -> None:
+    report = await nursery_job(phase, via, deadline_s=0.3)
+    (call,) = report.call_reports
+    assert report.status == "deadline", report.error
+    assert call.status == "cancelled", call.error
+    assert call.error == "deadline of 0.3 s exceeded"
+
+
+@BACKENDS
+@PHASES
+def test_a_sync_deadline_in_a_nursery_is_the_deadline(backend: str, phase: str) -> None:
+    with agentrt.SyncRuntime(
+        [NURSERY_URL], transport=nursery_transport(phase), otel=False, backend=backend
+    ) as srt:
+        with pytest.raises(TimeoutError):
+            with srt.job("n", deadline_s=0.3) as job, job.session("s") as s:
+                for _ in s.chat(model=MODEL, messages=MESSAGES, stream=True):
+                    pass
+    (call,) = job.report.call_reports
+    assert job.report.status == "deadline", job.report.error
+    assert call.status == "cancelled", call.error
+    assert call.error == "deadline of 0.3 s exceeded"
+
+
+MANY = 200
+
+
+@pytest.mark.parametrize("how", ["cancel", "deadline"])
+async def test_many_jobs_cut_mid_stream_or_connecting_are_never_errors(
+    server: FaultServer, how: str
+) -> None:
+    """200 jobs at once, each cut at a random moment: while it connects, waits for its
+    reply or reads its stream (no call of them is an ``error``, on either backend)."""
+    server.default = Fault.stream([chunk(f"w{i}") for i in range(40)], interval=0.005)
+    rng = random.Random(25)
+    jobs: list[agentrt.Job] = []
+    caught: list[BaseException] = []
+
+    async def one(rt: agentrt.Runtime, cut_s: float) -> None:
+        deadline = cut_s if how == "deadline" else None
+        with anyio.move_on_after(cut_s if how == "cancel" else 30.0):
+            try:
+                async with rt.job("cut", deadline_s=deadline) as job, job.session("s") as s:
+                    jobs.append(job)
+                    stream = await s.chat(model=MODEL, messages=MESSAGES, stream=True)
+                    async for _ in stream:
+                        pass
+            except TimeoutError:
+                pass
+            except Exception as exc:
+                caught.append(exc)
+
+    async with agentrt.Runtime([server.url], otel=False, concurrency=None) as rt:
+        async with anyio.create_task_group() as tg:
+            for _ in range(MANY):
+                tg.start_soon(one, rt, rng.uniform(0.0, 0.25))
+    assert not caught
+    assert len(jobs) == MANY
+    job_statuses = Counter(j.report.status for j in jobs)
+    call_statuses = Counter(c.status for j in jobs for c in j.report.call_reports)
+    errors = [c.error for j in jobs for c in j.report.call_reports if c.status == "error"]
+    assert "error" not in job_statuses, (job_statuses, errors[:3])
+    assert not errors, (call_statuses, errors[:3])
+    cut = "deadline" if how == "deadline" else "cancelled"
+    assert set(job_statuses) <= {"ok", cut}
+    assert job_statuses[cut] >= MANY // 2  # most were cut before their stream's end
+
+
+async def test_a_tool_wait_cancelled_in_a_nursery_is_cancelled(server: FaultServer) -> None:
+    async with agentrt.Runtime([server.url], otel=False) as rt:
+        with anyio.move_on_after(0.3):
+            async with rt.job("t") as job, job.session("s") as s, s.tool("pytest"):
+                await wait_in_a_nursery()
+    (tool,) = job.report.tool_reports
+    assert (job.report.status, tool.status) == ("cancelled", "cancelled")
