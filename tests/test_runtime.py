@@ -445,6 +445,61 @@ async def test_bad_tool_input_is_rejected() -> None:
                     pass
             with pytest.raises(ValueError):
                 s.expect_idle(-3)
+            # An absurd expectation (a typo's 1e12 s) is refused too, before any request.
+            for absurd in (1e12, 86_400.5, float("inf")):
+                with pytest.raises(ValueError, match="expected_s"):
+                    async with s.tool("t", expected_s=absurd):
+                        pass
+                with pytest.raises(ValueError, match="expected idle"):
+                    s.expect_idle(absurd)
+            async with s.tool("t", expected_s=86_400):  # a day is still a wait
+                pass
+    assert fake.seen == []
+
+
+async def test_a_job_block_without_async_says_to_use_async_with() -> None:
+    async with rt_for(FakeEngine()) as rt:
+        with pytest.raises(TypeError, match=r"async with rt\.job\(") as info:
+            with rt.job("j"):  # type: ignore[attr-defined]
+                pass  # pragma: no cover
+        assert "SyncRuntime" in str(info.value)
+        async with rt.job("j") as job:
+            with pytest.raises(TypeError, match=r"async with job\.session\("):
+                with job.session("s"):  # type: ignore[attr-defined]
+                    pass  # pragma: no cover
+            async with job.session("s") as s:
+                with pytest.raises(TypeError, match=r"async with s\.tool\("):
+                    with s.tool("t"):  # type: ignore[attr-defined]
+                        pass  # pragma: no cover
+    assert rt.reports()[-1].job_id == job.id and len(rt.reports()) == 1
+
+
+async def test_a_job_inside_a_job_is_refused_naming_the_outer_job() -> None:
+    """Jobs do not nest (a job is the unit whose completion time the user waits for;
+    its parts are sessions): an inner ``rt.job`` is refused before it starts, naming
+    the outer job; a job after the outer one ended, or in another runtime, is not."""
+    fake = FakeEngine()
+    async with rt_for(fake) as rt, rt_for(fake) as other:
+        async with rt.job("outer") as outer:
+            with pytest.raises(agentrt.AgentrtError, match="inside job 'outer'") as info:
+                async with rt.job("inner"):
+                    pass  # pragma: no cover
+            assert outer.id in str(info.value) and "session" in str(info.value)
+
+            async def in_a_task() -> None:  # a task of the block carries the job too
+                async with rt.job("inner"):
+                    pass  # pragma: no cover
+
+            with pytest.raises(ExceptionGroup) as group:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(in_a_task)
+            assert group.group_contains(agentrt.AgentrtError, match="inside job 'outer'")
+            async with other.job("elsewhere") as elsewhere:
+                pass
+        async with rt.job("after"):
+            pass
+    assert [r.name for r in rt.reports()] == ["outer", "after"]
+    assert outer.report.status == "ok" and elsewhere.report.status == "ok"
 
 
 def test_bad_endpoints_are_rejected() -> None:

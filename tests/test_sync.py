@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
+
+import anyio
 import pytest
 
 import agentrt
@@ -70,3 +73,49 @@ def test_sync_openai_calls_in_a_job_outside_a_session_join_its_default_session(
         (job.id, default.session_id, 1),
     ]
     assert [r.name for r in rt.reports()] == ["openai-user", "call"]
+
+
+def test_sync_misuse_is_refused_clearly() -> None:
+    """``async with`` on a SyncRuntime's blocks says to use ``with``; a job inside a job is
+    refused naming the outer one; an absurd expected wait is refused before any request."""
+    fake = FakeEngine()
+    with agentrt.SyncRuntime([URL], transport=fake.transport()) as rt:
+
+        async def wrong() -> None:
+            async with rt.job("j"):  # type: ignore[attr-defined]
+                pass  # pragma: no cover
+
+        with pytest.raises(TypeError, match=r"with rt\.job\(") as info:
+            anyio.run(wrong)
+        assert "async with" in str(info.value) and "agentrt.Runtime" in str(info.value)
+        with rt.job("outer") as outer:
+            with pytest.raises(agentrt.AgentrtError, match="inside job 'outer'"):
+                with rt.job("inner"):
+                    pass  # pragma: no cover
+            with outer.session("s") as s:
+                with pytest.raises(ValueError, match="expected_s"):
+                    with s.tool("t", expected_s=1e12):
+                        pass  # pragma: no cover
+                with pytest.raises(ValueError, match="expected idle"):
+                    s.expect_idle(1e12)
+        with rt.job("after"):
+            pass
+    assert [r.name for r in rt.reports()] == ["outer", "after"]
+    assert outer.report.status == "ok" and fake.seen == []
+
+
+def test_sync_runtime_takes_runtimes_keyword_arguments_typed_alike() -> None:
+    """SyncRuntime's ``**kwargs`` are typed by a TypedDict of Runtime's keyword arguments
+    (so that ``mypy --strict`` catches a misspelt one: tests/typed/wrong.py): the two
+    list the same names with the same types."""
+    from agentrt._runtime import _RuntimeOptions
+
+    params = list(inspect.signature(agentrt.Runtime.__init__).parameters.values())[2:]
+    assert all(p.kind is p.KEYWORD_ONLY for p in params)
+    options = {
+        name: getattr(ann, "__forward_arg__", ann)
+        for name, ann in _RuntimeOptions.__annotations__.items()
+    }
+    assert options == {p.name: p.annotation for p in params}
+    with pytest.raises(TypeError, match="concurency"):
+        agentrt.SyncRuntime([URL], concurency=4)  # type: ignore[call-arg]

@@ -85,3 +85,18 @@ def configured(path: str) -> agentrt.Runtime:
     return agentrt.Runtime(
         ["http://127.0.0.1:8000/v1"], config=path, concurrency="engine", send_priority="auto"
     )
+
+
+def sync_configured(path: str) -> agentrt.SyncRuntime:
+    """SyncRuntime takes Runtime's keyword arguments, typed as Runtime types them."""
+    return agentrt.SyncRuntime(
+        ["http://127.0.0.1:8000/v1"],
+        backend="trio",
+        config=path,
+        concurrency="auto",
+        policy="plas",
+        keep_reports=10,
+        retry=agentrt.Retry(attempts=2),
+        timeout_s=30.0,
+        otel=False,
+    )

@@ -26,3 +26,9 @@ async def wrong(rt: agentrt.Runtime, srt: agentrt.SyncRuntime) -> None:
     with srt.job("wrong") as sjob, sjob.session("s") as ss:
         print(ss.complete(model="m", prompt="x").choices[0].message)  # E: attr-defined
         print(ss.chat(model="m", messages=MESSAGES, stream=True).choices)  # E: attr-defined
+
+
+def wrong_options() -> None:
+    agentrt.SyncRuntime(["http://127.0.0.1:8000/v1"], concurency=4)  # E: call-arg
+    agentrt.SyncRuntime(["http://127.0.0.1:8000/v1"], keep_reports="10")  # E: arg-type
+    agentrt.SyncRuntime(["http://127.0.0.1:8000/v1"], backend="curio")  # E: arg-type
