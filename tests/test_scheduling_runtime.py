@@ -93,36 +93,37 @@ async def test_plas_serves_the_program_with_less_service_first() -> None:
     async with Runtime(
         [URL], transport=gate.transport(), concurrency=1, policy=lambda: PLAS(levels=(0.01,))
     ) as rt:
-        # A long job builds up attained service (> 0.01 LLM seconds).
-        async with rt.job("long", program_id="long") as long_job:
-            async with long_job.session() as s:
-                slow = FakeEngine(delay_s=0.02)
-                gate.fake = slow
+        # A long job builds up attained service (> 0.01 LLM seconds). Jobs do not nest,
+        # so each runs in a task of its own.
+        warmed, go_on = anyio.Event(), anyio.Event()
+
+        async def long_program() -> None:
+            async with rt.job("long", program_id="long") as long_job, long_job.session() as s:
+                gate.fake = FakeEngine(delay_s=0.02)
                 await s.chat(model="m", messages=ask("long-warm"))
                 gate.fake = FakeEngine()
+                warmed.set()
+                await go_on.wait()
+                await s.chat(model="m", messages=ask("long-2"))  # queued first...
 
-                async with anyio.create_task_group() as tg:
-                    async with rt.job("blocker") as blocker:
+        async def hold() -> None:
+            async with rt.job("blocker") as blocker, blocker.session() as b:
+                await b.chat(model="m", messages=ask("wait-blocker"))
 
-                        async def hold() -> None:
-                            async with blocker.session() as b:
-                                await b.chat(model="m", messages=ask("wait-blocker"))
+        async def short_call() -> None:
+            async with rt.job("short") as short, short.session() as ss:
+                await ss.chat(model="m", messages=ask("short-1"))
 
-                        tg.start_soon(hold)
-                        await until(lambda: "wait-blocker" in gate.arrived)
-
-                        async def long_call() -> None:
-                            await s.chat(model="m", messages=ask("long-2"))
-
-                        async def short_call() -> None:
-                            async with rt.job("short") as short, short.session() as ss:
-                                await ss.chat(model="m", messages=ask("short-1"))
-
-                        tg.start_soon(long_call)  # queued first...
-                        await until(lambda: rt.admission_statistics()[0].waiting == 1)
-                        tg.start_soon(short_call)  # ...but the new program goes first
-                        await until(lambda: rt.admission_statistics()[0].waiting == 2)
-                        gate.release.set()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(long_program)
+            await warmed.wait()
+            tg.start_soon(hold)
+            await until(lambda: "wait-blocker" in gate.arrived)
+            go_on.set()
+            await until(lambda: rt.admission_statistics()[0].waiting == 1)
+            tg.start_soon(short_call)  # ...but the new program goes first
+            await until(lambda: rt.admission_statistics()[0].waiting == 2)
+            gate.release.set()
     assert gate.arrived[-2:] == ["short-1", "long-2"]
 
 
@@ -266,10 +267,10 @@ async def test_a_policy_that_classifies_with_a_non_int_fails_the_call_before_sen
 async def test_time_in_the_queue_is_not_attained_service() -> None:
     gate = Gate()
     async with Runtime([URL], transport=gate.transport(), concurrency=1) as rt:
-        async with anyio.create_task_group() as tg, rt.job("blocker") as blocker:
+        async with anyio.create_task_group() as tg:
 
-            async def hold() -> None:
-                async with blocker.session() as b:
+            async def hold() -> None:  # a job of its own: jobs do not nest
+                async with rt.job("blocker") as blocker, blocker.session() as b:
                     await b.chat(model="m", messages=ask("wait-0"))
 
             tg.start_soon(hold)
