@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import threading
 import time
 from collections import deque
@@ -89,6 +90,8 @@ class Seen:
     at: float
     """``time.monotonic()`` when its head and body had arrived."""
     fault: str
+    reused: bool = False
+    """It came on a connection that had served an earlier request (kept alive)."""
     disconnected_at: float | None = None
     """When the server saw the client close the connection while it held this request
     open (a stall or a stream); None if it never did."""
@@ -186,6 +189,17 @@ class Fault:
             return False
 
         return cls("drop", action)
+
+    @classmethod
+    def reset(cls) -> Fault:
+        """Reset the connection (TCP RST: the client reads ``ECONNRESET``), no reply."""
+
+        async def action(conn: Conn, seen: Seen) -> bool:
+            raw = conn.extra(anyio.abc.SocketAttribute.raw_socket)
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            return False
+
+        return cls("reset", action)
 
     @classmethod
     def stall(cls, seconds: float = 60.0) -> Fault:
@@ -289,6 +303,7 @@ class FaultServer:
     async def _handle(self, conn: Conn) -> None:
         self.connections += 1
         reader = BufferedByteReceiveStream(conn)
+        served = 0
         async with conn:
             while True:
                 try:
@@ -311,7 +326,8 @@ class FaultServer:
                     fault = Fault.json(404, {"error": {"message": "not found"}})
                 else:
                     fault = self._next()
-                seen = Seen(method, path, headers, body, time.monotonic(), fault.name)
+                seen = Seen(method, path, headers, body, time.monotonic(), fault.name, served > 0)
+                served += 1
                 self.seen.append(seen)
                 try:
                     again = await fault.action(conn, seen)

@@ -411,7 +411,10 @@ async def test_many_jobs_on_a_flaky_endpoint_all_end_and_agree(
     assert all(r.status == "ok" for r in reports)  # the caller caught every failure
     calls = [c for r in reports for c in r.call_reports]
     assert len(calls) == 120
-    assert sum(c.attempts for c in calls) == len(server.chat_requests)
+    # A drop on a kept-alive connection is resent at once in the same attempt (a stale
+    # connection, not a failure: tests/faults/test_fault_transport.py).
+    resent = sum(s.fault == "drop" and s.reused for s in server.chat_requests)
+    assert sum(c.attempts for c in calls) == len(server.chat_requests) - resent
     for r in reports:
         assert sum(c.status == "error" for c in r.call_reports) == failures.get(r.job_id, 0)
     assert sum(c.attempts > 1 for c in calls) > 0  # the storm did hit
