@@ -111,7 +111,7 @@ def sim_replicas(folder: Path, replicas: int = 2) -> Iterator[str]:
     port = free_port()
     origin = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "agentrt", "sim", "serve", f"--replicas={replicas}"]
-    command.append(f"--port={port}")
+    command += [f"--port={port}", "--served-model-name", "m"]  # the name the tests send
     ready = f"{origin}/replica-{replicas - 1}/health"
     with running(command, folder / "sim.log", ready, "the simulator"):
         yield origin
