@@ -27,6 +27,7 @@ from typing import (
     Final,
     Literal,
     Protocol,
+    Self,
     TypedDict,
     TypeVar,
     cast,
@@ -808,7 +809,8 @@ class Runtime:
         block but no session, the turns of the job's ``default`` session (opened by the
         first); outside any job each call is counted in an implicit one-call job
         (docs/concepts.md, "The report"). Keyword arguments go
-        to ``AsyncOpenAI`` (``max_retries`` is fixed at 0: agentrt retries). Its API key:
+        to ``AsyncOpenAI`` (``max_retries`` is fixed at 0, in its copies too: agentrt
+        retries). Its API key:
         ``api_key=`` if given, else the runtime's, else ``OPENAI_API_KEY`` (as openai's
         clients read it), else none (a placeholder that is never sent); an endpoint's
         own key or credentials replace it on that endpoint's calls.
@@ -817,14 +819,14 @@ class Runtime:
         kwargs = self._client_kwargs(kwargs)
         http = self._http or self.http_client()
         # openai 3.x types its client as httpx2.AsyncClient and accepts legacy httpx clients.
-        client = openai.AsyncOpenAI(http_client=http, **kwargs)  # type: ignore[arg-type,unused-ignore]
+        client = _AsyncOpenAI(http_client=http, **kwargs)  # type: ignore[arg-type,unused-ignore]
         give_platform(client, self._platform)  # found once, not per client (_platform.py)
         return client
 
     def _client_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Keyword arguments for an openai client that agentrt builds."""
         if kwargs.get("max_retries", 0) != 0:
-            raise ValueError("agentrt owns retries; configure them with Runtime(retry=...)")
+            raise ValueError(_OWN_RETRIES)
         if "http_client" in kwargs:
             raise ValueError(
                 "rt.openai() builds its own HTTP client; to use yours, wrap agentrt's "
@@ -840,6 +842,43 @@ class Runtime:
                     check_api_key(key, "OPENAI_API_KEY")  # before any request, as ours
             out["api_key"] = key or PLACEHOLDER_KEY
         return out
+
+
+_OWN_RETRIES = "agentrt owns retries; configure them with Runtime(retry=...)"
+
+
+def _copy_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A copy's keyword arguments (``with_options``/``copy`` of a client agentrt built):
+    openai's own retries are refused there as in ``rt.openai(max_retries=...)``."""
+    retries = kwargs.get("max_retries", 0)
+    if not isinstance(retries, openai.NotGiven) and retries != 0:
+        raise ValueError(
+            f"{_OWN_RETRIES}; a client rt.openai() built keeps max_retries=0 "
+            f"(with_options(max_retries={retries!r}) would retry on top of agentrt)"
+        )
+    return kwargs
+
+
+class _AsyncOpenAI(openai.AsyncOpenAI):
+    """The ``openai.AsyncOpenAI`` of ``rt.openai()``: its copies (``with_options``,
+    ``copy``) keep ``max_retries=0`` and the platform tag."""
+
+    def copy(self, *args: Any, **kwargs: Any) -> Self:
+        client = super().copy(*args, **_copy_kwargs(kwargs))
+        give_platform(client, self._platform)
+        return client
+
+    with_options = copy
+
+
+class _OpenAI(openai.OpenAI):
+    """The ``openai.OpenAI`` of ``SyncRuntime.openai()``; its copies keep
+    ``max_retries=0``."""
+
+    def copy(self, *args: Any, **kwargs: Any) -> Self:
+        return super().copy(*args, **_copy_kwargs(kwargs))
+
+    with_options = copy
 
 
 # -- the synchronous facade --------------------------------------------------------------
@@ -1168,7 +1207,7 @@ class SyncRuntime:
         kwargs = rt._client_kwargs(kwargs)
         http = self.http_client()
         # openai 3.x types its client as httpx2.Client and accepts legacy httpx clients.
-        return openai.OpenAI(http_client=http, **kwargs)  # type: ignore[arg-type,unused-ignore]
+        return _OpenAI(http_client=http, **kwargs)  # type: ignore[arg-type,unused-ignore]
 
 
 class SyncJob:

@@ -560,8 +560,13 @@ class AgentTransport:
         return out
 
     def _rebuild(self, response: httpx.Response, content: bytes) -> httpx.Response:
-        """The reply, read, handed on with its (decoded) body."""
+        """The reply, read, handed on with its (decoded) body. An error reply says
+        ``x-should-retry: false``: agentrt made the attempts its policy allows, and
+        openai's clients (whatever their ``max_retries``: a copy's, a request's, a client
+        of the caller's on ``rt.http_client()``) obey it rather than retry on top."""
         lib = self._lib.mod
+        if response.status_code >= 400:
+            response.headers["x-should-retry"] = "false"
         if not _encoded(response.headers):
             # Nothing was decoded: the read response itself can go on, its body in place
             # (an error's as scrubbed: the read body is kept apart from the stream).

@@ -7,7 +7,9 @@ and 5), on real loopback sockets (the fault server), on asyncio and trio, throug
   failure counted, no retry spent, no session moved;
 - only a failed connect marks an endpoint down at once and sends the retry elsewhere; a
   read timeout or a connection dropped after connecting counts one failure toward the
-  health threshold and retries where the session is (docs/routing.md, "Endpoint health").
+  health threshold and retries where the session is (docs/routing.md, "Endpoint health");
+- openai's client never retries on top of agentrt: the requests on the wire are the
+  attempts agentrt's policy allows, whatever the client's ``max_retries``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 import anyio
+import openai
 import pytest
 from _faultserver import MODEL, Fault, FaultServer, fault_server, refused_url
 
@@ -257,3 +260,105 @@ async def test_many_stale_connections_on_two_replicas_move_nothing(
     drops = [s for s in seen if s.reused]
     assert drops  # the pools did reuse connections (and each such request was dropped)
     assert sum(c.attempts for c in calls) == len(seen) - len(drops)
+
+
+# -- item 5: openai's client never retries on top of agentrt -------------------------------------
+
+
+TWO = agentrt.Retry(attempts=2, wait_initial=0.01, wait_max=0.02, wait_jitter=0.0)
+
+
+def _openai_retries_allowed(client: Any, max_retries: int) -> Any:
+    """``client`` with openai's own retries at ``max_retries`` (for a fast test: openai's
+    backoff made instant)."""
+    client.max_retries = max_retries
+    return client
+
+
+@pytest.mark.anyio
+async def test_with_options_max_retries_is_refused(
+    servers: tuple[FaultServer, FaultServer],
+) -> None:
+    a, _ = servers
+    async with agentrt.Runtime([a.url], retry=TWO, otel=False) as rt:
+        client = rt.openai()
+        for build in (
+            lambda: client.with_options(max_retries=3),
+            lambda: client.copy(max_retries=1),
+        ):
+            with pytest.raises(ValueError, match="agentrt owns retries"):
+                build()
+        same = client.with_options(max_retries=0, timeout=5.0)
+        assert same.max_retries == 0
+        await same.chat.completions.create(model=MODEL, messages=MESSAGES)
+    assert len(a.chat_requests) == 1
+
+
+def test_the_sync_clients_with_options_max_retries_is_refused(
+    servers: tuple[FaultServer, FaultServer],
+) -> None:
+    a, _ = servers
+    with agentrt.SyncRuntime([a.url], retry=TWO, otel=False) as rt:
+        client = rt.openai()
+        with pytest.raises(ValueError, match="agentrt owns retries"):
+            client.with_options(max_retries=3)
+        with pytest.raises(ValueError, match="agentrt owns retries"):
+            client.copy(max_retries=2)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("route", ["attribute", "own client", "request options"])
+async def test_openai_retries_never_stack_on_agentrts(
+    servers: tuple[FaultServer, FaultServer], route: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 503 storm: the requests on the wire are the 2 attempts agentrt's policy allows,
+    one call in the report, however the openai client was given retries of its own
+    (``client.max_retries = 3``; an ``AsyncOpenAI`` of the caller's on
+    ``rt.http_client()``; ``options={"max_retries": 3}`` on a request)."""
+    a, _ = servers
+    a.default = Fault.status(503)
+    # openai's own backoff (0.5 s and up) made instant, should it retry.
+    monkeypatch.setattr(openai.AsyncOpenAI, "_calculate_retry_timeout", lambda *a, **k: 0.0)
+    async with agentrt.Runtime([a.url], retry=TWO, otel=False) as rt:
+        async with rt.job("storm") as job, job.session("s"):
+            if route == "attribute":
+                client = _openai_retries_allowed(rt.openai(), 3)
+            else:
+                client = openai.AsyncOpenAI(
+                    base_url=a.url, api_key="k", http_client=rt.http_client(), max_retries=3
+                )
+            with pytest.raises(openai.InternalServerError):
+                if route == "request options":
+                    await client.post(
+                        "/chat/completions",
+                        body={"model": MODEL, "messages": MESSAGES},
+                        cast_to=openai.types.chat.ChatCompletion,
+                        options={"max_retries": 3},
+                    )
+                else:
+                    await client.chat.completions.create(model=MODEL, messages=MESSAGES)
+    assert len(a.chat_requests) == 2
+    (call,) = job.report.call_reports
+    assert (call.status, call.attempts, call.turn, call.http_status) == ("error", 2, 0, 503)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_the_sync_clients_retries_never_stack_either(
+    servers: tuple[FaultServer, FaultServer], backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, _ = servers
+    a.default = Fault.status(503)
+    monkeypatch.setattr(openai.OpenAI, "_calculate_retry_timeout", lambda *a, **k: 0.0)
+    with agentrt.SyncRuntime([a.url], retry=TWO, otel=False, backend=backend) as rt:
+        with rt.job("storm") as job, job.session("s"):
+            own = openai.OpenAI(
+                base_url=a.url, api_key="k", http_client=rt.http_client(), max_retries=3
+            )
+            with pytest.raises(openai.InternalServerError):
+                own.chat.completions.create(model=MODEL, messages=MESSAGES)
+            with pytest.raises(openai.InternalServerError):
+                _openai_retries_allowed(rt.openai(), 3).chat.completions.create(
+                    model=MODEL, messages=MESSAGES
+                )
+    assert len(a.chat_requests) == 4
+    assert [(c.attempts, c.turn) for c in job.report.call_reports] == [(2, 0), (2, 1)]
