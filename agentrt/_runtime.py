@@ -1165,6 +1165,15 @@ class SyncRuntime:
         """The reports of the most recently finished jobs (``keep_reports`` of them)."""
         return self.runtime.reports()
 
+    def endpoint_loads(self) -> list[EndpointLoad]:
+        """A snapshot of each endpoint's load (see :meth:`Runtime.endpoint_loads`)."""
+        return self._call(self.runtime.endpoint_loads)  # type: ignore[no-any-return]
+
+    def admission_statistics(self) -> list[AdmissionStatistics]:
+        """A snapshot of each endpoint's admission gate (see
+        :meth:`Runtime.admission_statistics`)."""
+        return self._call(self.runtime.admission_statistics)  # type: ignore[no-any-return]
+
     @sync_block("rt.job(...) as job")
     def job(
         self,
@@ -1247,7 +1256,12 @@ class SyncJob:
         try:
             yield SyncSession(self._srt, session)
         finally:
-            session._closed = True
+            # Ended on the loop's thread, as an async session's block ends it: unpinned
+            # from its endpoint, SessionClosed emitted.
+            try:
+                self._srt._call(session._close)
+            except RuntimeClosedError:
+                session._closed = True
             _CURRENT_SESSION.reset(token)
             if self.job._streams:  # its streams left unread: ended, connections closed
                 with suppress(RuntimeClosedError):

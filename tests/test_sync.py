@@ -119,3 +119,19 @@ def test_sync_runtime_takes_runtimes_keyword_arguments_typed_alike() -> None:
     assert options == {p.name: p.annotation for p in params}
     with pytest.raises(TypeError, match="concurency"):
         agentrt.SyncRuntime([URL], concurency=4)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_sync_sessions_stop_counting_at_their_endpoint_when_they_end(backend: str) -> None:
+    fake = FakeEngine()
+    closed: list[str] = []
+    hook = lambda e: closed.append(type(e).__name__)  # noqa: E731
+    with agentrt.SyncRuntime(
+        [URL], transport=fake.transport(), backend=backend, hooks=[hook]
+    ) as rt:
+        for i in range(10):
+            with rt.job(f"j{i}") as job, job.session("main") as s:
+                s.chat(model="m", messages=MSG)
+                assert [load.sessions for load in rt.endpoint_loads()] == [1]
+        assert [load.sessions for load in rt.endpoint_loads()] == [0]
+        assert closed.count("SessionClosed") == 10
