@@ -667,6 +667,7 @@ class _Call:
 
     __slots__ = (
         "added_usage",
+        "backoff_s",
         "base",
         "body",
         "clock",
@@ -709,6 +710,8 @@ class _Call:
         self.ep: _EndpointState | None = None
         """The endpoint of the attempt in flight, counted in its load until released."""
         self.failed: set[int] = set()
+        self.backoff_s = 0.0
+        """Seconds slept between attempts: not service the program received."""
         self.ended = False
         self.output: str | None = None
         """The completion text, collected only with ``capture_content`` and hooks."""
@@ -1147,6 +1150,14 @@ class _Call:
         exc = rs.outcome.exception() if rs.outcome else None
         return self._backoff(rs.attempt_number + 1, exc)
 
+    async def _sleep(self, seconds: float) -> None:
+        """A backoff between attempts, counted apart from the call's service."""
+        start = self.clock()
+        try:
+            await anyio.sleep(seconds)
+        finally:
+            self.backoff_s += self.clock() - start
+
     async def _retry(self, first: _RetryableStatus | _RetryableError) -> httpx.Response:
         """The attempts after a first one failed with ``first``. The first attempt runs
         outside tenacity: most calls succeed at once, and the retry machinery costs tens
@@ -1154,13 +1165,13 @@ class _Call:
         retry = self.core.retry
         if retry.attempts == 1:
             raise first
-        await anyio.sleep(self._backoff(1, first))
+        await self._sleep(self._backoff(1, first))
         out: httpx.Response | None = None
         async for at in AsyncRetrying(
             stop=stop_after_attempt(retry.attempts - 1),
             wait=self._wait,
             retry=retry_if_exception_type((_RetryableStatus, _RetryableError)),
-            sleep=anyio.sleep,
+            sleep=self._sleep,
             reraise=True,
         ):
             with at:
@@ -1336,7 +1347,7 @@ class _Call:
             job = session.job
             program = job._program
             tokens = (state.prompt_tokens or 0) + (state.completion_tokens or 0)
-            service = latency - state.queue_s  # LLM seconds, not queueing
+            service = latency - state.queue_s - self.backoff_s  # not queueing nor backoff
             if service < 0.0:
                 service = 0.0
             program.service_s += service

@@ -14,6 +14,7 @@ and 5), on real loopback sockets (the fault server), on asyncio and trio, throug
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -85,6 +86,17 @@ def kwargs(**given: Any) -> dict[str, Any]:
     return {"retry": FAST, "otel": False, "poll_metrics_s": None, "routing": FirstAllowed()} | given
 
 
+async def two_calls(rt: agentrt.Runtime, via: str, name: str) -> agentrt.Job:
+    """A job of one session making two calls, through ``session.chat`` or ``rt.openai()``."""
+    async with rt.job(name) as job, job.session("s") as s:
+        for _ in range(2):
+            if via == "session.chat":
+                await s.chat(model=MODEL, messages=MESSAGES)
+            else:
+                await rt.openai().chat.completions.create(model=MODEL, messages=MESSAGES)
+    return job
+
+
 def health(rt: agentrt.Runtime | agentrt.SyncRuntime, i: int) -> Any:
     core = rt.runtime._core if isinstance(rt, agentrt.SyncRuntime) else rt._core
     return core.endpoints[i].health.statistics()
@@ -110,12 +122,7 @@ async def test_a_stale_kept_alive_connection_is_resent_on_a_fresh_one(
     async with agentrt.Runtime(
         [s.url for s in servers], **kwargs(routing="session_affinity", hooks=[events])
     ) as rt:
-        async with rt.job("stale") as job, job.session("s") as s:
-            for _ in range(2):
-                if via == "session.chat":
-                    await s.chat(model=MODEL, messages=MESSAGES)
-                else:
-                    await rt.openai().chat.completions.create(model=MODEL, messages=MESSAGES)
+        job = await two_calls(rt, via, "stale")
         stats = [health(rt, 0), health(rt, 1)]
     report = job.report
     assert report.status == "ok"
@@ -362,3 +369,47 @@ def test_the_sync_clients_retries_never_stack_either(
                 )
     assert len(a.chat_requests) == 4
     assert [(c.attempts, c.turn) for c in job.report.call_reports] == [(2, 0), (2, 1)]
+
+
+# -- item 10: backoff is not attained service ----------------------------------------------------
+
+
+def _service_s(seen: Any) -> float:
+    found = re.search(r"(?:^|, )svc-s=([0-9.]+)", seen.headers["x-agentrt"])
+    assert found is not None
+    return float(found.group(1))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("via", ["session.chat", "rt.openai()"])
+async def test_backoff_after_a_503_is_not_attained_service(
+    servers: tuple[FaultServer, FaultServer], via: str
+) -> None:
+    """A call that slept 0.6 s in backoff (the 503's retry-after-ms) was served for a
+    few milliseconds: the program's next call says so in ``svc-s`` (which PLAS orders
+    by: a program is not demoted for the 503s it met)."""
+    a, _ = servers
+    a.push(Fault.status(503, retry_after_ms="600"))
+    retry = agentrt.Retry(attempts=2, wait_initial=0.01, wait_max=0.01, wait_jitter=0.0)
+    async with agentrt.Runtime([a.url], **kwargs(retry=retry)) as rt:
+        job = await two_calls(rt, via, "backoff")
+    first, _ = job.report.call_reports
+    assert first.attempts == 2 and first.latency_s >= 0.6  # the caller did wait
+    requests = a.chat_requests
+    assert [_service_s(r) for r in requests[:2]] == [0.0, 0.0]  # both attempts of call 1
+    assert _service_s(requests[2]) < 0.3 < first.latency_s - first.queue_s
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_the_sync_runtimes_backoff_is_not_service_either(
+    servers: tuple[FaultServer, FaultServer], backend: str
+) -> None:
+    a, _ = servers
+    a.push(Fault.status(429, retry_after_ms="600"))
+    retry = agentrt.Retry(attempts=2, wait_initial=0.01, wait_max=0.01, wait_jitter=0.0)
+    with agentrt.SyncRuntime([a.url], **kwargs(retry=retry, backend=backend)) as rt:
+        with rt.job("backoff") as job, job.session("s") as s:
+            s.chat(model=MODEL, messages=MESSAGES)
+            s.chat(model=MODEL, messages=MESSAGES)
+    assert job.report.call_reports[0].latency_s >= 0.6
+    assert _service_s(a.chat_requests[2]) < 0.3
