@@ -299,15 +299,24 @@ def _retry_after(headers: httpx.Headers, now: datetime | None = None) -> float |
 
 
 def _usage_into(report: _CallState, usage: Any) -> None:
+    """A reply's ``usage`` into the call's tokens: chat and text completions name them
+    ``prompt_tokens``, ``completion_tokens`` and ``prompt_tokens_details``, the
+    Responses API ``input_tokens``, ``output_tokens`` and ``input_tokens_details``."""
     if usage.__class__ is not dict:  # parsed JSON: a dict is exactly a dict
         return
     # int(): a JSON true counts as 1, as CallReport's validation took it.
     pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if pt is None:
+        pt = usage.get("input_tokens")
+    if ct is None:
+        ct = usage.get("output_tokens")
     if isinstance(pt, int):
         report.prompt_tokens = int(pt)
     if isinstance(ct, int):
         report.completion_tokens = int(ct)
     details = usage.get("prompt_tokens_details")
+    if details is None:
+        details = usage.get("input_tokens_details")
     if details.__class__ is dict:
         cached = details.get("cached_tokens")
         if isinstance(cached, int):
@@ -1531,6 +1540,8 @@ class _ObservedStream:
                 if text:
                     self._parts.append(text)
         usage = obj.get("usage")
+        if usage is None and (whole := obj.get("response")).__class__ is dict:
+            usage = whole.get("usage")  # the Responses API's: in response.completed
         if usage is not None:
             _usage_into(self._state, usage)
         if (facts := self._call.reply) is not None:
