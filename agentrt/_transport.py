@@ -49,7 +49,7 @@ from ._context import (
 from ._errors import AgentrtError, EndpointError, RuntimeClosedError, only_cancelled
 from ._log import credential_forms, routing_log, scrub_bytes, transport_log
 from ._notice import accept_header
-from ._protocol import CallMetadata, trusted_model
+from ._protocol import HEADER, CallMetadata, trusted_model
 from .dialects._generic import check_header_name, check_header_value
 from .scheduling._queue import Ticket
 from .scheduling._retention import RetentionEstimator
@@ -110,6 +110,7 @@ RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 _DEBUG = logging.DEBUG
 _INFO = logging.INFO
 _AUTH = b"authorization"
+_AGENTRT = HEADER.encode()
 _LOWER = operator.itemgetter(1)
 """A header triple's lower-case name (httpx's ``Headers._list`` items)."""
 _USAGE_KEY = b'"usage"'
@@ -500,9 +501,12 @@ class AgentTransport:
         auth: bytes | None,
         content: bytes | None,
     ) -> httpx.Request:
-        """The request to send for one attempt: the caller's, with the dialect's headers
-        (replacing any of the same name), the endpoint's ``Authorization`` (its key or
-        credentials, encoded once per endpoint), and the new body if any.
+        """The request to send for one attempt: the caller's, with the dialect's (and
+        hooks') headers except those the caller set itself (the caller's own metadata
+        wins, as its body fields do: docs/protocol.md, section 3; ``x-agentrt``, which
+        describes this call, is always agentrt's), the endpoint's
+        ``Authorization`` (its key or credentials, encoded once per endpoint), and the
+        new body if any.
 
         Building a second request the usual way would cost a URL parse and a header
         normalisation pass on every call; a shallow copy with a copied header list costs
@@ -510,7 +514,14 @@ class AgentTransport:
         lib = self._lib
         # (raw name, lower name, value) triples, as Headers keeps them; dialects emit
         # lower case.
-        new = [(name := k.encode(), name, v.encode()) for k, v in add.items()]
+        if lib.raw_headers:
+            callers = set(map(_LOWER, request.headers._list))
+        else:
+            callers = {k.lower() for k, _ in request.headers.raw}
+        callers.discard(_AGENTRT)
+        new = [
+            (name, name, v.encode()) for k, v in add.items() if (name := k.encode()) not in callers
+        ]
         if auth is not None:
             new.append((_AUTH, _AUTH, auth))
         if content is not None:
