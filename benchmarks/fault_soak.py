@@ -16,8 +16,11 @@ endpoint) and readmitted, the session moves (``JobReport.session_moves``, and th
 ``SessionMoved`` events by reason), the failed attempts (``AttemptFailed`` events, by
 endpoint and error), the jobs that did not end ``ok``, and the requests resent at once
 after a reused keep-alive connection turned out closed (``agentrt.transport`` DEBUG
-lines; those are not failures). With healthy replicas the goal is zero down and zero
-moves.
+lines; those are not failures), and the client's event-loop lag (a 0.1 s sleep's
+overshoot: on a loaded machine a connect can time out in the client's own loop). With
+healthy replicas the goal is zero down and zero moves off an unavailable replica
+(``"unavailable"``); ``"retention"`` moves are the router's choice for a session idle
+past its replica's likely cache retention (docs/routing.md, rule 0), not faults.
 
     .venv/bin/python benchmarks/fault_soak.py            # results/fault_soak.json
 """
