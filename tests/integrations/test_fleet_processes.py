@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
 from agentrt import JobReport, Runtime
@@ -35,7 +36,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FleetRun, 
     folder = tmp_path_factory.mktemp("fleet")
     with gw.sim_replicas(folder, replicas=REPLICAS) as origin:
         urls = [f"{origin}/replica-{i}/v1" for i in range(REPLICAS)]
-        yield run_fleet(urls, MODEL, folder, fleet=FLEET), urls
+        # A name the server serves (sim_replicas chooses them; other names answer 404).
+        model = httpx.get(f"{urls[0]}/models", timeout=10.0).json()["data"][0]["id"]
+        yield run_fleet(urls, model, folder, fleet=FLEET), urls
 
 
 def test_every_process_is_a_runtime_of_its_own(fleet: tuple[FleetRun, list[str]]) -> None:
