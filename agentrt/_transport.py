@@ -228,32 +228,36 @@ connection leaves the pool, so a resend soon gets a new one; this only bounds it
 class _ConnTrace:
     """httpcore's ``trace`` extension on an attempt's request: whether it went out on a
     kept-alive connection (its headers sent with no connect before them) or on one made
-    for it. The caller's own ``trace`` callback, if any, still receives every event.
-    Transports that do not trace (a mock, the embedded engine) leave ``reused`` false."""
+    for it. The caller's own ``trace`` callback, if any, still receives every event;
+    without one, the trace leaves the request once it knows (httpcore looks it up at each
+    step), so an attempt pays for one to three events, not a dozen. Transports that do
+    not trace (a mock, the embedded engine) leave ``reused`` false."""
 
-    __slots__ = ("caller", "connected", "reused")
+    __slots__ = ("caller", "connected", "extensions", "reused")
 
-    def __init__(self, caller: Any) -> None:
+    def __init__(self, caller: Any, extensions: dict[str, Any]) -> None:
         self.caller = caller
+        self.extensions = extensions
         self.connected = False
         self.reused = False
 
     @classmethod
     def install(cls, request: httpx.Request) -> _ConnTrace:
-        extensions = request.extensions
-        caller = extensions.get("trace")
+        caller = request.extensions.get("trace")
         if caller.__class__ is cls:  # ours, from an earlier attempt
             caller = caller.caller
-        trace = cls(caller)
-        request.extensions = {**extensions, "trace": trace}  # the caller's dict untouched
+        extensions = {**request.extensions}  # the caller's dict untouched
+        extensions["trace"] = trace = cls(caller, extensions)
+        request.extensions = extensions
         return trace
 
     async def __call__(self, name: str, info: dict[str, Any]) -> None:
-        if name.endswith(".started"):
-            if name.startswith("connection.connect_"):
-                self.connected = True
-            elif name.endswith(".send_request_headers.started") and not self.connected:
-                self.reused = True
+        if name.endswith(".send_request_headers.started"):
+            self.reused = not self.connected
+            if self.caller is None:
+                self.extensions.pop("trace", None)
+        elif name.startswith("connection.connect_"):
+            self.connected = True
         if self.caller is not None:
             await self.caller(name, info)
 

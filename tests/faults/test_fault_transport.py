@@ -159,6 +159,38 @@ def test_the_sync_runtime_resends_a_stale_connection_too(
 
 
 @pytest.mark.anyio
+async def test_the_callers_own_trace_callback_still_sees_every_event(
+    servers: tuple[FaultServer, FaultServer],
+) -> None:
+    """agentrt tells kept-alive connections by httpcore's ``trace`` extension; a caller's
+    own ``trace`` gets every event as without agentrt, and its request's extensions are
+    left as they were."""
+    a, _ = servers
+    a.push(Fault.ok(), Fault.drop())
+    seen: list[str] = []
+
+    async def trace(name: str, info: dict[str, Any]) -> None:
+        seen.append(name)
+
+    extensions: dict[str, Any] = {"trace": trace}
+    async with agentrt.Runtime([a.url], **kwargs()) as rt:
+        client = rt.http_client()
+        async with rt.job("traced") as job, job.session("s"):
+            for _ in range(2):
+                reply = await client.post(
+                    a.url + "/chat/completions",
+                    json={"model": MODEL, "messages": MESSAGES},
+                    extensions=extensions,
+                )
+                assert reply.status_code == 200
+    assert extensions == {"trace": trace}
+    assert seen.count("connection.connect_tcp.started") == 2  # the first, and the resend
+    assert seen.count("http11.send_request_headers.started") == 3
+    assert seen.count("http11.receive_response_body.complete") == 2
+    assert [c.attempts for c in job.report.call_reports] == [1, 1]
+
+
+@pytest.mark.anyio
 async def test_a_fresh_connection_dropped_is_a_failure_not_a_down(
     servers: tuple[FaultServer, FaultServer],
 ) -> None:
