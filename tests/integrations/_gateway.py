@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from agentrt import Runtime
+from agentrt.sim._config import resolve_config
 from agentrt.testing.vllm_cpu import SETUP_COMMAND, engine_dir
 
 READY_TIMEOUT_S = 240.0
@@ -111,7 +112,9 @@ def sim_replicas(folder: Path, replicas: int = 2) -> Iterator[str]:
     port = free_port()
     origin = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "agentrt", "sim", "serve", f"--replicas={replicas}"]
-    command += [f"--port={port}", "--served-model-name", "m"]  # the name the tests send
+    # The preset's model name, and "m", the name the gateway tests send.
+    served = [resolve_config("h100-8b").model_name, "m"]
+    command += [f"--port={port}", "--served-model-name", *served]
     ready = f"{origin}/replica-{replicas - 1}/health"
     with running(command, folder / "sim.log", ready, "the simulator"):
         yield origin
