@@ -48,7 +48,7 @@ from ._log import health_log
 from ._notice import Notices, NoticeStatistics
 from ._platform import give_platform, openai_platform
 from ._settings import with_config
-from ._state import PLACEHOLDER_KEY, _Core, _EndpointState
+from ._state import PLACEHOLDER_KEY, _Core, _EndpointState, metrics_candidates
 from ._transport import (
     CLOSED_MESSAGE,
     WRONG_LOOP_MESSAGE,
@@ -587,7 +587,7 @@ class Runtime:
             admitted = total
             for i in due:
                 e = endpoints[i]
-                text = await self._fetch(e, "/metrics", root=True)
+                text = await self._fetch_metrics(e)
                 if text is not None:
                     signals: EngineSignals | None = parse_vllm_metrics(text)
                 elif self._poll_adaptive:
@@ -611,18 +611,37 @@ class Runtime:
         if settings is not None and settings.get("load_view") != view:
             settings["load_view"] = view
 
-    async def _fetch(self, ep: _EndpointState, path: str, *, root: bool = False) -> str | None:
-        """GET ``path`` under the endpoint's base URL (``root``: under its origin, where
-        vLLM serves /metrics); the body if it answered below 500, else None."""
-        base = ep.endpoint.url
-        if root:
-            u = httpx.URL(base)
-            base = f"{u.scheme}://{u.netloc.decode('ascii')}"
+    async def _fetch(self, ep: _EndpointState, path: str) -> str | None:
+        """GET ``path`` under the endpoint's base URL; the body if it answered below 500,
+        else None."""
+        reply = await self._get(ep, ep.endpoint.url + path)
+        return None if reply is None or reply[0] >= 500 else reply[1]
+
+    async def _fetch_metrics(self, ep: _EndpointState) -> str | None:
+        """The endpoint's ``/metrics`` page, or None. Its place is found once: beside
+        its API first, then at its origin (``_state.metrics_candidates``); one that
+        answers 404 is not asked again while another remains."""
+        if ep.metrics_urls is None:
+            ep.metrics_urls = metrics_candidates(ep.endpoint.url)
+        for url in list(ep.metrics_urls):
+            reply = await self._get(ep, url)
+            if reply is None:
+                return None  # unreachable now: the same place is asked next time
+            status, body = reply
+            if status == 404 and len(ep.metrics_urls) > 1:
+                ep.metrics_urls.remove(url)
+                continue
+            return body if status < 500 else None
+        return None
+
+    async def _get(self, ep: _EndpointState, url: str) -> tuple[int, str] | None:
+        """GET ``url`` with the endpoint's credentials: its status and body, or None
+        when it did not answer within 3 s."""
         mod = self._lib.mod
         timeout = {"connect": 2.0, "read": 2.0, "write": 2.0, "pool": 2.0}
         # With the endpoint's key or credentials, as its calls carry them.
         headers = [] if ep.authorization is None else [(b"authorization", ep.authorization)]
-        request = mod.Request("GET", base + path, headers=headers, extensions={"timeout": timeout})
+        request = mod.Request("GET", url, headers=headers, extensions={"timeout": timeout})
         with anyio.move_on_after(3.0):
             try:
                 response = await self._inner.handle_async_request(request)
@@ -632,8 +651,7 @@ class Runtime:
                     await response.aclose()
             except (*self._lib.transport_errors, ValueError):  # type: ignore[misc]
                 return None
-            if response.status_code < 500:
-                return body.decode("utf-8", "replace")
+            return response.status_code, body.decode("utf-8", "replace")
         return None
 
     async def __aexit__(

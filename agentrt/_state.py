@@ -76,6 +76,9 @@ class _EndpointState:
     priority_auto: bool = False
     """``send_priority='auto'``: priorities go to it while its replies advertise
     ``x-agentrt-accept: priority`` (a server that schedules by priority)."""
+    metrics_urls: list[str] | None = None
+    """Where its ``/metrics`` may be, first to try first (see ``metrics_candidates``);
+    a candidate that answers 404 is dropped while another remains."""
     priority_refused: int = 0
     """Calls it refused for their priority (a vLLM not started with priority scheduling),
     each resent without one; after the first, it gets no more priorities."""
@@ -299,3 +302,17 @@ class _Core:
         if program is None:
             program = self.programs[program_id] = _Program()
         return program
+
+
+def metrics_candidates(base_url: str) -> list[str]:
+    """Where an endpoint's Prometheus ``/metrics`` page may be: beside its API (``/v1``
+    dropped: a path-prefixed replica such as ``sim serve``'s ``/replica-0/v1``, or a
+    gateway's ``/openai/v1``), then at its origin (where vLLM and SGLang serve it)."""
+    u = httpx.URL(base_url)
+    origin = f"{u.scheme}://{u.netloc.decode('ascii')}"
+    path = u.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")]
+    beside = f"{origin}{path}/metrics"
+    at_origin = f"{origin}/metrics"
+    return [beside] if beside == at_origin else [beside, at_origin]

@@ -112,6 +112,84 @@ def test_an_endpoint_without_metrics_is_routed_by_local_load_and_asked_rarely() 
     virtual(main)
 
 
+class Prefixed:
+    """One origin, replicas under path prefixes (as ``agentrt sim serve --replicas N``
+    serves them): ``/r<i>/v1/...`` and ``/r<i>/metrics`` go to replica i, the origin's
+    ``/metrics`` is a 404. Counts the GETs per path."""
+
+    def __init__(self, inner: Any, count: int) -> None:
+        self.inner = inner
+        self.count = count
+        self.gets: dict[str, int] = {}
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if request.method == "GET" and path.endswith("/metrics"):
+            self.gets[path] = self.gets.get(path, 0) + 1
+        first, _, rest = path.lstrip("/").partition("/")
+        if not first.startswith("r") or not first[1:].isdigit():
+            return httpx.Response(404, text="metrics are per replica")
+        url = request.url.copy_with(host=f"replica-{first[1:]}.sim", path="/" + rest)
+        inner = httpx.Request(request.method, url, headers=request.headers, content=request.content)
+        inner.extensions = request.extensions
+        return await self.inner.handle_async_request(inner)  # type: ignore[no-any-return]
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_replicas_under_path_prefixes_have_their_metrics_found_beside_their_api() -> None:
+    """An endpoint ``http://gw/r0/v1`` has its /metrics at ``/r0/metrics``: found there
+    first, and the origin's /metrics (a 404 here) is never asked."""
+
+    async def main() -> None:
+        async with Cluster(2, PRESETS["h100-8b"]) as cluster:
+            prefixed = Prefixed(cluster.transport(), 2)
+            urls = ["http://gw.test/r0/v1", "http://gw.test/r1/v1"]
+            async with Runtime(urls, transport=prefixed) as rt:
+                await _work(rt, 20.0)
+                assert {load.view for load in rt.endpoint_loads()} == {"engine"}
+            assert "/metrics" not in prefixed.gets, prefixed.gets
+            assert set(prefixed.gets) == {"/r0/metrics", "/r1/metrics"}
+
+    virtual(main)
+
+
+def test_metrics_beside_a_prefixed_api_that_answer_404_are_looked_for_at_the_origin() -> None:
+    """A gateway at ``http://gw/openai/v1`` with the engines' /metrics at its origin:
+    one 404 beside the API, then the origin only."""
+    gets: list[str] = []
+
+    async def main() -> None:
+        async with Cluster(2, PRESETS["h100-8b"]) as cluster:
+            inner = cluster.transport()
+
+            class Gateway:
+                async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+                    path = request.url.path
+                    if request.method == "GET" and path.endswith("/metrics"):
+                        gets.append(f"{request.url.host}{path}")
+                        if path != "/metrics":
+                            return httpx.Response(404, text="Not Found")
+                    else:
+                        request.url = request.url.copy_with(path=path.removeprefix("/openai"))
+                    return await inner.handle_async_request(request)  # type: ignore[no-any-return]
+
+                async def aclose(self) -> None:
+                    pass
+
+            urls = [u.replace("/v1", "/openai/v1") for u in cluster.base_urls]
+            async with Runtime(urls, transport=Gateway()) as rt:
+                await _work(rt, 20.0)
+                assert {load.view for load in rt.endpoint_loads()} == {"engine"}
+
+    virtual(main)
+    for host in ("replica-0.sim", "replica-1.sim"):
+        asked = [g for g in gets if g.startswith(host)]
+        assert asked[0] == f"{host}/openai/metrics", asked
+        assert asked[1:] and set(asked[1:]) == {f"{host}/metrics"}, asked
+
+
 def test_a_session_continued_by_another_process_finds_its_replica() -> None:
     """The same caller-given session id in a new Runtime (another worker) goes to the
     replica that served its earlier turns, for any number of such sessions."""

@@ -94,11 +94,6 @@ def test_another_process_continues_a_session_where_its_cache_is(
     assert continued == FLEET * 2
 
 
-@pytest.mark.xfail(
-    reason="sim serve serves each replica's /metrics at /replica-<i>/metrics; the runtime "
-    "polls the origin's /metrics (404 there), so every endpoint's view is 'local'",
-    strict=True,
-)
 def test_the_processes_see_the_engines_load(fleet: tuple[FleetRun, list[str]]) -> None:
     run, _ = fleet
     assert all(views == ["engine"] * REPLICAS for views in run.views), run.views
