@@ -79,6 +79,10 @@ class EndpointLoad:
     """Requests waiting in the engine's queue (all clients), when polled."""
     kv_usage: float | None = None
     """Fraction of the engine's KV cache in use, 0..1, when polled."""
+    queued: int | None = None
+    """Requests the engine kept waiting through its last two polls (the smaller of the
+    two ``waiting`` counts: a queue that lasted, not a request caught between two engine
+    steps); None when not polled."""
     retention_s: float | None = None
     """How long the replica likely keeps an idle session's prefix cached, seconds, as
     estimated from its replies' cached tokens (:class:`RetentionEstimator`); None until
@@ -322,12 +326,15 @@ class SessionAffinity:
     * A session with a home (``key.home``: where its previous turn ran) stays there unless
       the home is unhealthy, avoided, or overloaded: its :func:`load_score` exceeds
       ``max(overload * mean, call_cost)``, the mean taken over the healthy endpoints (all
-      of them if none is healthy). An endpoint carrying at most one call's worth is never
-      overloaded.
+      of them if none is healthy), and, where its engine is polled (``view ==
+      "engine"``), its engine has kept requests queued through its last two polls
+      (``queued > 0``). An endpoint carrying at most one
+      call's worth is never overloaded.
     * A first turn of a session whose id the caller gave (``key.stable``: another
       process may hold its earlier turns) goes where every process sends it: the first
       endpoint in the rendezvous order of its id (:class:`HashAffinity`'s, by endpoint
-      name) that is allowed and not overloaded.
+      name) that is allowed and not overloaded as its engine reports it (this process's
+      own calls, which other processes do not see, never skip one).
     * Otherwise (first turn, or the session moves) the call goes to the allowed endpoint
       that last served the longest known prefix of the prompt (``key.prefix``, learned
       through :meth:`served`) if its load is at most the allowed endpoints' mean plus
@@ -402,7 +409,12 @@ class SessionAffinity:
         return len(self._prefixes)
 
     def overloaded(self, loads: Sequence[EndpointLoad], index: int) -> bool:
-        """Whether endpoint ``index`` carries more than ``overload`` times the mean load."""
+        """Whether endpoint ``index`` carries more than ``overload`` times the mean load
+        (and, where its engine is polled, has kept requests queued through two polls: an
+        engine that runs every request it has costs a session that stays no queueing,
+        while a move costs its cache)."""
+        if loads[index].view == "engine" and not loads[index].queued:
+            return False
         scores = [load_score(load, self.call_cost) for load in loads]
         healthy = [s for s, load in zip(scores, loads, strict=True) if load.healthy] or scores
         mean = math.fsum(healthy) / len(healthy)
@@ -436,9 +448,11 @@ class SessionAffinity:
         choice; else the prefix holder, if it is not loaded above the mean; else the
         least loaded."""
         if key.stable and key.home is None:
+            # Every process must pick alike: only the engines' load (which they all
+            # see) may skip an endpoint, never this process's own calls.
             allowed = set(pool)
             for i in _rendezvous(key.session_id, _names(self._names, len(loads)), loads):
-                if i in allowed and not self.overloaded(loads, i):
+                if i in allowed and not (loads[i].view == "engine" and self.overloaded(loads, i)):
                     return i
         if key.prefix:
             # A replica that holds the prompt's prefix wins only while it carries no more

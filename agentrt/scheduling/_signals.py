@@ -22,6 +22,7 @@ _RUNNING: Final = ("vllm:num_requests_running",)
 _WAITING: Final = ("vllm:num_requests_waiting",)
 _KV_USAGE: Final = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 """``gpu_cache_usage_perc`` is the name in vLLM before the V1 engine."""
+_VLLM_NAMES: Final = (*_RUNNING, *_WAITING, *_KV_USAGE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,16 +42,20 @@ class EngineSignals:
         return (self.running, self.waiting, self.kv_usage)
 
 
-def _samples(text: str) -> dict[str, list[float]]:
+def _samples(text: str, names: tuple[str, ...] | None = None) -> dict[str, list[float]]:
     """Prometheus text format to ``{sample name: [value per label set]}``, finite values
-    only. Comments, blank lines and lines that do not parse are skipped."""
+    only. Comments, blank lines and lines that do not parse are skipped; with ``names``,
+    every sample of another name too (a vLLM page is mostly histograms: the lines are
+    not parsed at all)."""
     out: dict[str, list[float]] = {}
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
+        if names is not None and not line.startswith(names):
+            continue
         m = _SAMPLE.match(line)
-        if m is None:
+        if m is None or (names is not None and m.group(1) not in names):
             continue
         try:
             value = float(m.group(2))
@@ -82,7 +87,7 @@ def parse_vllm_metrics(text: str) -> EngineSignals:
     """
     if not isinstance(text, str):
         return EngineSignals()
-    samples = _samples(text)
+    samples = _samples(text, _VLLM_NAMES)
 
     def first(names: tuple[str, ...]) -> list[float] | None:
         for name in names:

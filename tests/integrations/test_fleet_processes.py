@@ -97,7 +97,11 @@ def test_another_process_continues_a_session_where_its_cache_is(
 def test_the_processes_see_the_engines_load(fleet: tuple[FleetRun, list[str]]) -> None:
     run, _ = fleet
     assert all(views == ["engine"] * REPLICAS for views in run.views), run.views
-    assert {r["load_view"] for r in run.runtimes} == {"engine"}
+    # Each process's last job says so in its journal (a job that ends before every
+    # endpoint's first poll, a random phase within the first second, says "mixed").
+    last = {r["runtime_id"]: r["load_view"] for r in run.runtimes}
+    assert len(last) == FLEET and set(last.values()) == {"engine"}, last
+    assert {r["load_view"] for r in run.runtimes} <= {"engine", "mixed", "local"}
 
 
 def _same_top(urls: list[str], count: int) -> list[str]:
@@ -110,13 +114,6 @@ def _same_top(urls: list[str], count: int) -> list[str]:
     return next(ids[:count] for ids in by_top.values() if len(ids) >= count)
 
 
-@pytest.mark.xfail(
-    reason="rule 2 skips an 'overloaded' endpoint, and with 3 or more endpoints one call in "
-    "flight with a token estimate is enough (load_score > max(2 x mean, call_cost)): a "
-    "process busy on an id's first choice places it on its second, and the next process "
-    "to continue it goes to the first",
-    strict=True,
-)
 def test_a_busy_process_places_a_caller_given_id_where_an_idle_one_does() -> None:
     """Virtual time, two runtimes on one embedded cluster: A places conversation X while
     its own other session's call is in flight on X's first choice; B, idle, continues X."""

@@ -77,6 +77,7 @@ endpoint_loads = st.builds(
     running=st.none() | st.integers(0, 40),
     waiting=st.none() | st.integers(0, 40),
     kv_usage=st.none() | st.floats(0, 1),
+    queued=st.none() | st.integers(0, 3),
 )
 
 
@@ -182,6 +183,29 @@ def test_session_stays_home_until_overloaded() -> None:
         loads[other].in_flight = 2  # mean 2.25, 2 x mean = 4.5 >= 3
     assert router.choose(loads, key(home=1), ()) == 1
     assert SessionAffinity(overload=1.2).choose(loads, key(home=1), ()) in {0, 2, 3}
+
+
+def test_a_polled_home_is_overloaded_only_while_its_engine_queues() -> None:
+    """With the engines' metrics (the fleet's view) a home that runs every request it
+    has keeps its sessions, however its running count compares: a move would cost the
+    cache and save no queueing. A request caught waiting between two engine steps is
+    no queue either; once requests stayed queued through two polls, the load rule
+    applies."""
+    router = SessionAffinity()
+    loads = [EndpointLoad(running=1, waiting=0, queued=0) for _ in range(4)]
+    loads[1].running = 12  # 12 calls against a mean of 3.75: 3.2 x the mean
+    assert not router.overloaded(loads, 1)
+    assert router.choose(loads, key(home=1), ()) == 1
+    loads[1].waiting = 2  # seen at one poll only
+    assert not router.overloaded(loads, 1)
+    loads[1].queued = 1
+    assert router.overloaded(loads, 1)
+    assert router.choose(loads, key(home=1), ()) in {0, 2, 3}
+    assert router.moves == {"overload": 1}
+    # Without metrics (this process's own calls only) the load rule alone decides.
+    local = idle(4)
+    local[1].in_flight = 3
+    assert router.overloaded(local, 1)
 
 
 def test_session_leaves_unhealthy_or_avoided_home() -> None:
@@ -389,7 +413,9 @@ def test_session_stays_home_exactly_when_the_rule_says(
     assert choice in pool
     healthy = [score(x) for x in loads if x.healthy] or [score(x) for x in loads]
     threshold = max(overload * math.fsum(healthy) / len(healthy), DEFAULT_CALL_COST_TOKENS)
-    stays = home in pool and score(loads[home]) <= threshold
+    # A polled engine that queues nothing is never overloaded: staying costs no queue.
+    calm = loads[home].view == "engine" and not loads[home].queued
+    stays = home in pool and (calm or score(loads[home]) <= threshold)
     if stays:
         assert choice == home
     elif len(pool) > 1:
