@@ -767,7 +767,8 @@ def _raise_endpoint_error(exc: Exception) -> None:
     if isinstance(cause, EndpointError | ValueError | TypeError) and not isinstance(
         exc, ValueError | TypeError
     ):
-        raise cause from exc
+        # Its own cause (the transport error) stays its cause, as under openai 3.x.
+        raise cause from cause.__cause__
 
 
 class Job:

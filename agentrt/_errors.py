@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import openai
+
 __all__ = [
     "AgentrtError",
     "EndpointError",
@@ -17,11 +19,13 @@ class AgentrtError(Exception):
     """Base class of agentrt's own errors."""
 
 
-class EndpointError(AgentrtError):
+class EndpointError(AgentrtError, openai.OpenAIError):
     """An endpoint could not be reached, or did not answer like an OpenAI-compatible server.
 
     The message names the endpoint; ``endpoint`` holds its base URL and ``attempts`` the
-    number of attempts made.
+    number of attempts made. It is an ``openai.OpenAIError`` too, so openai's clients
+    (2.x and 3.x) pass it on as it is, neither wrapped in ``APIConnectionError`` nor
+    retried: agentrt has already retried it.
     """
 
     def __init__(self, message: str, *, endpoint: str, attempts: int = 1) -> None:

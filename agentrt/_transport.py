@@ -215,9 +215,11 @@ def _encoded(headers: Any) -> bool:
     return _CONTENT_ENCODING in map(_LOWER, raw)
 
 
-class DeadlineExceeded(TimeoutError):
+class DeadlineExceeded(TimeoutError, openai.OpenAIError):
     """A call ran into its job's deadline (raised where the call was, as the job's own
-    cancel scope makes ``rt.job(deadline_s=...)`` raise ``TimeoutError``)."""
+    cancel scope makes ``rt.job(deadline_s=...)`` raise ``TimeoutError``). An
+    ``OpenAIError`` too, so that openai 2.x passes it on instead of wrapping it in
+    ``APIConnectionError``."""
 
 
 _MAX_STALE = 8
@@ -410,13 +412,49 @@ class HttpLib:
         self.SharedTransport: Any = self._derive(_SharedTransport, mod.AsyncBaseTransport)
         self.SyncTransport: Any = self._derive(_SyncTransport, mod.BaseTransport)
         self.SyncStream: Any = self._derive(_SyncStream, mod.SyncByteStream)
+        self.Bytes: Any = self._derive(_Bytes, mod.AsyncByteStream, mod.SyncByteStream)
 
-    def _derive(self, impl: type, base: type) -> type:
-        """``impl``'s behaviour on ``base`` (this library's class), bound to this library."""
-        return type(impl.__name__, (impl, base), {"__module__": __name__, "_lib": self})
+    def _derive(self, impl: type, *bases: type) -> type:
+        """``impl``'s behaviour on ``bases`` (this library's classes), bound to it."""
+        return type(impl.__name__, (impl, *bases), {"__module__": __name__, "_lib": self})
 
     def __repr__(self) -> str:
         return f"<agentrt HttpLib {self.name}>"
+
+
+class _Bytes:
+    """A body held in memory, as the library's ``ByteStream``, but read without an async
+    generator: a read cut by cancellation between its one chunk and its end leaves
+    nothing to finalize (trio warns of an async generator collected unfinished, and
+    cancelled calls under trio left one per request body)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield self._data
+
+    def __aiter__(self) -> _Once:
+        return _Once(self._data)
+
+
+class _Once:
+    """An async iterator over one chunk."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: bytes) -> None:
+        self._data: bytes | None = data
+
+    def __aiter__(self) -> _Once:
+        return self
+
+    async def __anext__(self) -> bytes:
+        data = self._data
+        if data is None:
+            raise StopAsyncIteration
+        self._data = None
+        return data
 
 
 @cache
@@ -579,8 +617,10 @@ class AgentTransport:
         out.headers = headers_obj
         out.url = url
         if content is not None:
-            out.stream = lib.mod.ByteStream(content)
+            out.stream = lib.Bytes(content)
             out._content = content
+        elif type(request.stream) is lib.mod.ByteStream:  # the caller's body, in memory
+            out.stream = lib.Bytes(request.content)
         return out
 
     def _rebuild(self, response: httpx.Response, content: bytes) -> httpx.Response:
@@ -594,7 +634,7 @@ class AgentTransport:
         if not _encoded(response.headers):
             # Nothing was decoded: the read response itself can go on, its body in place
             # (an error's as scrubbed: the read body is kept apart from the stream).
-            response.stream = lib.ByteStream(content)
+            response.stream = self._lib.Bytes(content)
             response._content = content
             return response
         headers = lib.Headers(response.headers)

@@ -40,6 +40,8 @@ async def test_a_refused_connection_says_what_to_do(how: str) -> None:
     assert "ConnectError" in line
     assert f"is a server running at {url}? Check the URL" in line
     assert type(exc.__cause__).__name__ == "ConnectError"  # the chain is kept (httpx or httpx2)
+    # An OpenAIError too: openai's clients (2.x as 3.x) pass it on unwrapped, unretried.
+    assert isinstance(exc, openai.OpenAIError)
     assert job.report.error is not None and "is a server running" in job.report.error
 
 
