@@ -595,14 +595,8 @@ class Runtime:
                 else:
                     signals = None  # a fixed interval keeps the last reading
                 if signals is not None:
-                    before, now_waiting = e.load.waiting, signals.waiting
-                    e.load.queued = (
-                        None
-                        if now_waiting is None
-                        else min(now_waiting, before if before is not None else 0)
-                    )
                     e.load.running = signals.running
-                    e.load.waiting = now_waiting
+                    e.load.waiting = signals.waiting
                     e.load.kv_usage = signals.kv_usage
                     e.admission.engine_signals(signals.running, signals.waiting)
                 reading = None if text is None or signals is None else signals.reading

@@ -79,10 +79,6 @@ class EndpointLoad:
     """Requests waiting in the engine's queue (all clients), when polled."""
     kv_usage: float | None = None
     """Fraction of the engine's KV cache in use, 0..1, when polled."""
-    queued: int | None = None
-    """Requests the engine kept waiting through its last two polls (the smaller of the
-    two ``waiting`` counts: a queue that lasted, not a request caught between two engine
-    steps); None when not polled."""
     retention_s: float | None = None
     """How long the replica likely keeps an idle session's prefix cached, seconds, as
     estimated from its replies' cached tokens (:class:`RetentionEstimator`); None until
@@ -154,6 +150,13 @@ def prefix_fingerprints(body: bytes) -> tuple[int, ...]:
         out.append((cut << 32) | crc)
         start = cut
     return tuple(out)
+
+
+ENGINE_FLOOR_CALLS: Final = 8
+"""Where the engines' metrics are polled, a replica running and queueing at most this many
+requests (every client's) is never overloaded: far below any engine's batch, a move would
+cost a session its cached prefix and save it almost nothing. Without it, a fleet's
+processes split sessions on ordinary fluctuations of small counts (docs/routing.md)."""
 
 
 def _calls(load: EndpointLoad) -> int:
@@ -327,8 +330,8 @@ class SessionAffinity:
       the home is unhealthy, avoided, or overloaded: its :func:`load_score` exceeds
       ``max(overload * mean, call_cost)``, the mean taken over the healthy endpoints (all
       of them if none is healthy), and, where its engine is polled (``view ==
-      "engine"``), its engine has kept requests queued through its last two polls
-      (``queued > 0``). An endpoint carrying at most one
+      "engine"``), its engine runs and queues more than :data:`ENGINE_FLOOR_CALLS`
+      requests. An endpoint carrying at most one
       call's worth is never overloaded.
     * A first turn of a session whose id the caller gave (``key.stable``: another
       process may hold its earlier turns) goes where every process sends it: the first
@@ -410,10 +413,11 @@ class SessionAffinity:
 
     def overloaded(self, loads: Sequence[EndpointLoad], index: int) -> bool:
         """Whether endpoint ``index`` carries more than ``overload`` times the mean load
-        (and, where its engine is polled, has kept requests queued through two polls: an
-        engine that runs every request it has costs a session that stays no queueing,
-        while a move costs its cache)."""
-        if loads[index].view == "engine" and not loads[index].queued:
+        (and, where its engine is polled, runs and queues more than
+        :data:`ENGINE_FLOOR_CALLS` requests: far below its batch, a move costs a session
+        its cache and saves it almost nothing)."""
+        here = loads[index]
+        if here.view == "engine" and _calls(here) <= ENGINE_FLOOR_CALLS:
             return False
         scores = [load_score(load, self.call_cost) for load in loads]
         healthy = [s for s, load in zip(scores, loads, strict=True) if load.healthy] or scores
