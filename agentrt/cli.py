@@ -813,9 +813,9 @@ def _missing_extra(exc: ModuleNotFoundError) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns its exit status (0 on success, 2 on an error)."""
-    from ._errors import AgentrtError  # (stdlib only: no cost at start-up)
+    args = _parser().parse_args(argv)  # --help and bad options exit here, fast
+    from ._errors import AgentrtError  # (imports openai: after the parse)
 
-    args = _parser().parse_args(argv)
     try:
         status: int = args.run(args)
     except ModuleNotFoundError as exc:
