@@ -27,12 +27,18 @@ class FakeEngine:
     completion_tokens: int = 5
     cached_tokens: int = 0
     seen: list[Seen] = field(default_factory=list)
+    metrics_polls: int = 0
     script: list[Callable[[httpx.Request], httpx.Response | None]] = field(default_factory=list)
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET" and request.url.path.endswith("/metrics"):
+            # A runtime with several endpoints polls them (at a random moment): not a
+            # call, so not in ``seen``; a fake engine serves no metrics.
+            self.metrics_polls += 1
+            return httpx.Response(404, text="Not Found")
         body = json.loads(request.content) if request.content else {}
         self.seen.append(Seen(str(request.url), request.headers, body))
         if self.script:
