@@ -331,8 +331,7 @@ class SessionAffinity:
       ``max(overload * mean, call_cost)``, the mean taken over the healthy endpoints (all
       of them if none is healthy), and, where its engine is polled (``view ==
       "engine"``), its engine runs and queues more than :data:`ENGINE_FLOOR_CALLS`
-      requests. An endpoint carrying at most one
-      call's worth is never overloaded.
+      requests. An endpoint carrying at most one call's worth is never overloaded.
     * A first turn of a session whose id the caller gave (``key.stable``: another
       process may hold its earlier turns) goes where every process sends it: the first
       endpoint in the rendezvous order of its id (:class:`HashAffinity`'s, by endpoint
