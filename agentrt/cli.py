@@ -811,6 +811,15 @@ def _missing_extra(exc: ModuleNotFoundError) -> str:
     return f"this command needs {module}, from the {extra} extra: pip install 'agentjct[{extra}]'"
 
 
+def _unreachable(exc: BaseException) -> bool:
+    """A server that could not be reached (httpx's or httpx2's connect errors, raised by
+    a command that talks to a server the user named)."""
+    return type(exc).__module__.split(".")[0] in ("httpx", "httpx2") and type(exc).__name__ in (
+        "ConnectError",
+        "ConnectTimeout",
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns its exit status (0 on success, 2 on an error)."""
     args = _parser().parse_args(argv)  # --help and bad options exit here, fast
@@ -827,10 +836,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if os.environ.get("AGENTRT_TRACEBACK"):
             raise
-        message = (
-            f"unexpected {type(exc).__name__}: {exc} (a bug: please report it; "
-            "AGENTRT_TRACEBACK=1 shows where)"
-        )
+        if _unreachable(exc):
+            url = getattr(getattr(exc, "request", None), "url", None)
+            where = f" at {url}" if url is not None else ""
+            message = (
+                f"could not connect{where} ({type(exc).__name__}: {exc}); is the server "
+                "running there? Check the URL (scheme, host, port and path)"
+            )
+        else:
+            message = (
+                f"unexpected {type(exc).__name__}: {exc} (a bug: please report it; "
+                "AGENTRT_TRACEBACK=1 shows where)"
+            )
     else:
         return status
     from ._config import redact_userinfo  # (stdlib only: no cost at start-up)

@@ -258,3 +258,14 @@ def test_sim_serve_prints_the_urls_it_serves() -> None:
     assert [u.rsplit("/", 2)[-2] for u in urls[1:]] == ["replica-0", "replica-1"]
     assert max(map(len, lines)) <= 81
     assert "Traceback" not in err
+
+
+def test_bench_against_a_server_that_is_not_there_says_what_to_do() -> None:
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on once this closes
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    result = _run("bench", "--endpoint", url, "--jobs", "1")
+    _one_line_error(result, "could not connect at", url, "is the server running there?")
+    assert "a bug" not in result.stderr
