@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import anyio
 
@@ -166,6 +166,16 @@ def _headers_dict(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
     return out
 
 
+class ReplyStream(Protocol):
+    """A streamed reply's chunks (an :class:`SSEStream`, or a gateway's wrapper of one)."""
+
+    def __aiter__(self) -> ReplyStream: ...
+
+    async def __anext__(self) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
 class Reply:
     """A response: status, headers, and either the whole body or a stream of chunks."""
 
@@ -176,7 +186,7 @@ class Reply:
         status: int,
         headers: list[tuple[bytes, bytes]],
         body: bytes = b"",
-        stream: SSEStream | None = None,
+        stream: ReplyStream | None = None,
     ) -> None:
         self.status = status
         self.headers = headers
@@ -229,8 +239,16 @@ class ReplicaApp:
             finally:
                 tg.cancel_scope.cancel()
 
+    wants_query = False
+    """Whether :meth:`respond` takes the path with its ``?query`` (a gateway's control
+    endpoints read it; a replica reads none)."""
+
     async def _serve(self, scope: Scope, body: bytes, send: Send) -> None:
-        reply = await self.respond(scope["method"], scope["path"], scope.get("headers", []), body)
+        path: str = scope["path"]
+        query = scope.get("query_string", b"")
+        if self.wants_query and query:
+            path = f"{path}?{query.decode('latin-1')}"
+        reply = await self.respond(scope["method"], path, scope.get("headers", []), body)
         await send(
             {"type": "http.response.start", "status": reply.status, "headers": reply.headers}
         )
@@ -809,16 +827,23 @@ class ClusterApp:
     - ``GET /`` and ``GET /health``: a JSON listing of what is served.
     """
 
-    def __init__(self, apps: dict[str, ASGIApp]) -> None:
+    def __init__(self, apps: dict[str, ASGIApp], front: ReplicaApp | None = None) -> None:
         self.apps = apps
+        self.front = front
+        """A gateway answering the front door (``/v1``, its control endpoints) instead of
+        the round-robin balancer (``agentrt sim serve --gateway``)."""
         self._order = tuple(apps.values())
         self._turn = itertools.cycle(range(len(self._order)))
 
     def listing(self) -> dict[str, Any]:
         """What ``GET /`` answers: the front door, its balancing, the replicas' paths."""
+        balancing = "round-robin per request" if len(self._order) > 1 else None
+        policy = getattr(self.front, "policy", None)
+        if policy is not None:
+            balancing = f"gateway {policy.name}"
         return {
             "openai": "/v1",
-            "balancing": "round-robin per request" if len(self._order) > 1 else None,
+            "balancing": balancing,
             "replicas": [f"/{n}/v1" for n in self.apps],
         }
 
@@ -837,6 +862,10 @@ class ClusterApp:
             child["raw_path"] = child["path"].encode()
             child["root_path"] = scope.get("root_path", "") + "/" + name
             await app(child, receive, send)
+            return
+        front = self.front
+        if front is not None and (name == "v1" or scope.get("method") == "POST"):
+            await front(scope, receive, send)
             return
         if name == "v1" or (path == "/metrics" and len(self._order) == 1):
             if len(self._order) == 1:

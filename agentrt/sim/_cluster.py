@@ -14,6 +14,7 @@ from ._app import ASGIApp, ClusterApp, ReplicaApp, render_metrics
 from ._config import EngineConfig, resolve_config
 from ._engine import Engine, ReplicaStats
 from ._transport import ASGIDispatchTransport
+from .peers import GatewayApp, Policy, make_policy
 
 __all__ = ["Cluster", "Replica"]
 
@@ -56,7 +57,9 @@ class Cluster:
             )
 
     Every replica has its own base URL (``http://replica-<i>.sim/v1``); the transport routes
-    by host and streams responses as the engines produce them. Under trio's
+    by host and streams responses as the engines produce them. ``gateway=`` puts a modelled
+    peer (a router such as ``"vllm-router:cache_aware"``, see :mod:`agentrt.sim.peers`) in
+    front of them at :attr:`gateway_url`. Under trio's
     ``MockClock(autojump_threshold=0)`` the whole cluster runs in virtual time.
     """
 
@@ -66,6 +69,7 @@ class Cluster:
         config: EngineConfig | str = "h100-8b",
         *,
         host_suffix: str = ".sim",
+        gateway: str | Policy | None = None,
     ) -> None:
         if replicas < 1:
             raise ValueError("a cluster needs at least 1 replica")
@@ -74,6 +78,12 @@ class Cluster:
         self.replicas: tuple[Replica, ...] = tuple(
             Replica(i, cfg, host_suffix) for i in range(replicas)
         )
+        self.gateway: GatewayApp | None = None
+        """The modelled peer in front of the replicas (``gateway=``), or None."""
+        self.gateway_host = f"gateway{host_suffix}"
+        if gateway is not None:
+            policy = make_policy(gateway) if isinstance(gateway, str) else gateway
+            self.gateway = GatewayApp(self.replicas, policy)
         self._tg: TaskGroup | None = None
         self._entered = False
 
@@ -81,6 +91,14 @@ class Cluster:
     def base_urls(self) -> tuple[str, ...]:
         """One OpenAI base URL per replica."""
         return tuple(r.base_url for r in self.replicas)
+
+    @property
+    def gateway_url(self) -> str:
+        """The gateway's OpenAI base URL (``http://gateway.sim/v1``); a
+        :class:`RuntimeError` without one."""
+        if self.gateway is None:
+            raise RuntimeError("this cluster has no gateway: pass Cluster(gateway=...)")
+        return f"http://{self.gateway_host}/v1"
 
     async def __aenter__(self) -> Cluster:
         if self._entered:
@@ -121,11 +139,15 @@ class Cluster:
 
     def transport(self) -> httpx.AsyncBaseTransport:
         """An httpx transport reaching every replica in-process (by URL host)."""
-        return ASGIDispatchTransport({r.host: r.app for r in self.replicas}, self._spawner)
+        apps: dict[str, ASGIApp] = {r.host: r.app for r in self.replicas}
+        if self.gateway is not None:
+            apps[self.gateway_host] = self.gateway
+        return ASGIDispatchTransport(apps, self._spawner)
 
     def asgi_app(self) -> ASGIApp:
-        """One ASGI app serving replica ``i`` under the path prefix ``/replica-i``."""
-        return ClusterApp({r.name: r.app for r in self.replicas})
+        """One ASGI app serving replica ``i`` under the path prefix ``/replica-i``, and the
+        gateway (if any) as its front door ``/v1``."""
+        return ClusterApp({r.name: r.app for r in self.replicas}, front=self.gateway)
 
     def stats(self) -> tuple[ReplicaStats, ...]:
         """A snapshot of every replica."""

@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 import httpx
 
-from ._app import INPROCESS_EXTENSION, ASGIApp, Message, ReplicaApp, SSEStream
+from ._app import INPROCESS_EXTENSION, ASGIApp, Message, ReplicaApp, ReplyStream
 
 __all__ = ["ASGIDispatchTransport"]
 
@@ -136,7 +136,7 @@ class _Body(httpx.AsyncByteStream):
 class _SSEBody(httpx.AsyncByteStream):
     """A replica's streamed reply, read straight from the engine by the caller's task."""
 
-    def __init__(self, stream: SSEStream) -> None:
+    def __init__(self, stream: ReplyStream) -> None:
         self._stream = stream
 
     def __aiter__(self) -> _SSEBody:
@@ -175,8 +175,11 @@ class ASGIDispatchTransport(httpx.AsyncBaseTransport):
         body = await request.aread()
         url = request.url
         if isinstance(app, ReplicaApp):
+            path = url.path
+            if app.wants_query and url.query:
+                path = f"{path}?{url.query.decode('latin-1')}"
             reply = await app.respond(
-                request.method, url.path, [(k.lower(), v) for k, v in request.headers.raw], body
+                request.method, path, [(k.lower(), v) for k, v in request.headers.raw], body
             )
             if reply.stream is not None:
                 return httpx.Response(

@@ -1,0 +1,49 @@
+"""Modelled peers: the routers and gateways a team deploys in front of its engines instead
+of (or beside) agentrt, as a gateway in front of the simulated replicas (docs/sim.md,
+"Peers"). One small module per peer, each citing the source it follows:
+
+- ``_vllm_router``: vllm-project/router's ``round_robin``, ``cache_aware``,
+  ``consistent_hash``, ``sticky_least_loaded``;
+
+Use one by name: ``Cluster(8, gateway="vllm-router:cache_aware")``,
+``agentrt bench --client "plain>vllm-router:cache_aware"``,
+``agentrt sim serve --gateway vllm-router:cache_aware``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+from ._base import GatewayRequest, Policy, ReplicaView
+from ._gateway import GatewayApp
+from ._vllm_router import CacheAware, ConsistentHash, RoundRobin, StickyLeastLoaded
+
+__all__ = [
+    "PEERS",
+    "GatewayApp",
+    "GatewayRequest",
+    "Policy",
+    "ReplicaView",
+    "make_policy",
+]
+
+PEERS: Final[dict[str, Callable[[], Policy]]] = {
+    "vllm-router:round_robin": RoundRobin,
+    "vllm-router:cache_aware": CacheAware,
+    "vllm-router:consistent_hash": ConsistentHash,
+    "vllm-router:sticky_least_loaded": StickyLeastLoaded,
+}
+"""The modelled peers by name: a factory of a fresh policy each."""
+
+_ALIASES: Final = {"vllm-router": "vllm-router:cache_aware"}
+
+
+def make_policy(name: str) -> Policy:
+    """A fresh policy of the peer ``name`` (see :data:`PEERS`); a :class:`ValueError`
+    names the known ones."""
+    key = _ALIASES.get(name.strip().lower(), name.strip().lower())
+    factory = PEERS.get(key)
+    if factory is None:
+        raise ValueError(f"unknown gateway {name!r}; known: {', '.join(sorted(PEERS))}")
+    return factory()
