@@ -553,6 +553,7 @@ def _parser() -> argparse.ArgumentParser:
             "agentrt sim serve",
             "agentrt sim serve --replicas 2 --port 8100 --replies agent",
             "agentrt sim serve --gpu-blocks 2048 --host-blocks 8192 --tool-wait-policy pin",
+            "agentrt sim serve --replicas 4 --gateway vllm-router:cache_aware",
         ),
         formatter_class=_Formatter,
     )
@@ -576,6 +577,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="the model names requests may ask for, as vLLM's option (the first is listed "
         "by /v1/models); others get 404 model_not_found (default: the preset's model name)",
+    )
+    serve.add_argument(
+        "--gateway",
+        default=None,
+        metavar="PEER",
+        help="a modelled router at the front door /v1 instead of round-robin, e.g. "
+        "vllm-router:cache_aware (docs/sim.md, Peers; the list: --gateway list)",
     )
     _engine_args(serve, serve=True)
     parser.set_defaults(run=lambda _: _print_help(parser))
@@ -762,6 +770,17 @@ def _sim_serve(args: argparse.Namespace) -> int:
         raise _CommandError(f"--host-blocks must be 0 or more, got {args.host_blocks}")
     if not 0 <= args.port <= 65535:
         raise _CommandError(f"--port must be between 0 and 65535, got {args.port}")
+    gateway = None
+    if args.gateway is not None:
+        from .sim.peers import PEERS, peer_name
+
+        if args.gateway == "list":
+            print("\n".join(sorted(PEERS)))
+            return 0
+        try:
+            gateway = peer_name(args.gateway)
+        except ValueError as exc:
+            raise _CommandError(f"--gateway: {exc}") from None
     import uvicorn  # noqa: F401  # the serve extra: a one-line error below when missing
 
     from .sim import ServedURLs, serve
@@ -789,7 +808,15 @@ def _sim_serve(args: argparse.Namespace) -> int:
             print(f"  {line}", flush=True)
 
     try:
-        serve(args.replicas, args.host, args.port, config, log_level="warning", on_ready=ready)
+        serve(
+            args.replicas,
+            args.host,
+            args.port,
+            config,
+            log_level="warning",
+            on_ready=ready,
+            gateway=gateway,
+        )
     except RuntimeError as exc:  # the server did not start (the reason is one line)
         raise _CommandError(str(exc)) from None
     except OSError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -278,10 +279,18 @@ class ClientSpec:
     what is measured is whatever Runtime's defaults are. The fields above then show
     Runtime's defaults as of this version, for display only."""
 
+    gateway: str | None = None
+    """``CLIENT>PEER``: the client sends to one URL, a modelled peer (a router such as
+    ``vllm-router:cache_aware``, :mod:`agentrt.sim.peers`) in front of the embedded
+    replicas; agentrt then speaks the peer's dialect unless ``dialect=`` says another."""
+
     @staticmethod
     def parse(text: str) -> ClientSpec:
-        """``plain`` or ``agentrt[:OPTIONS]``; a :class:`ValueError` says what is wrong."""
+        """``plain`` or ``agentrt[:OPTIONS]``, optionally ``>PEER``; a :class:`ValueError`
+        says what is wrong."""
         text = text.strip()
+        if ">" in text:
+            return ClientSpec._behind(text)
         if text == "plain":
             return ClientSpec("plain", "plain")
         head, sep, rest = text.partition(":")
@@ -361,6 +370,23 @@ class ClientSpec:
             fields.update(_from_file(text, fields))
         name = text if rest else "agentrt:round-robin"
         return ClientSpec(name, "agentrt", **fields)
+
+    @staticmethod
+    def _behind(text: str) -> ClientSpec:
+        from ..sim.peers import peer_dialect, peer_name
+
+        client, _, peer = (x.strip() for x in text.partition(">"))
+        if not client or not peer or ">" in peer:
+            raise ValueError(f"bad client {text!r}: write CLIENT>PEER, e.g. plain>vllm-router")
+        try:
+            gateway = peer_name(peer)
+        except ValueError as exc:
+            raise ValueError(f"bad client {text!r}: {exc}") from None
+        spec = ClientSpec.parse(client)
+        fields: dict[str, Any] = {"name": f"{spec.name}>{gateway}", "gateway": gateway}
+        if spec.kind == "agentrt" and "dialect=" not in client.replace(" ", ""):
+            fields["dialect"] = peer_dialect(gateway)
+        return dataclasses.replace(spec, **fields)
 
 
 def _from_file(text: str, fields: dict[str, Any]) -> dict[str, Any]:

@@ -541,8 +541,8 @@ async def _client(
     # A client that sends engine priorities gets replicas that schedule by them (as a
     # vLLM server started with --scheduling-policy priority); the others keep FCFS.
     engine = preset.replace(scheduling="priority") if spec.send_priority else preset
-    async with Cluster(cfg.replicas, engine) as cluster:
-        urls = list(cluster.base_urls)
+    async with Cluster(cfg.replicas, engine, gateway=spec.gateway) as cluster:
+        urls = [cluster.gateway_url] if spec.gateway else list(cluster.base_urls)
         prompts = Prompts("sim")
         driver = _driver(cfg, spec, plans, urls, cluster.transport(), model, prompts, journal)
         window: list[tuple[float, float]] = []
@@ -677,7 +677,13 @@ async def _run_real(
 def check_config(cfg: BenchConfig) -> None:
     """A clear error for a bad configuration, before anything runs."""
     for name in cfg.clients:
-        ClientSpec.parse(name)
+        spec = ClientSpec.parse(name)
+        if spec.gateway is not None and cfg.endpoints:
+            raise ValueError(
+                f"client {name!r}: a modelled gateway (CLIENT>PEER) runs in front of the "
+                "embedded cluster only; against real servers give the real router's URL "
+                "as the endpoint"
+            )
     if cfg.users is not None and cfg.users < 1:
         raise ValueError("users must be >= 1")
     if cfg.rate is not None and not cfg.rate > 0:

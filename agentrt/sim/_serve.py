@@ -53,29 +53,45 @@ class ServedURLs(tuple[str, ...]):
     model: str | None
     """The model name the replicas serve (``GET /v1/models``), when known."""
 
-    def __new__(cls, url: str, replicas: tuple[str, ...], model: str | None = None) -> ServedURLs:
+    gateway: str | None
+    """The modelled peer at the front door (``serve(gateway=...)``), or None."""
+
+    def __new__(
+        cls,
+        url: str,
+        replicas: tuple[str, ...],
+        model: str | None = None,
+        gateway: str | None = None,
+    ) -> ServedURLs:
         self = super().__new__(cls, replicas)
         self.url = url
         self.model = model
+        self.gateway = gateway
         return self
 
     def lines(self) -> list[str]:
         """What ``agentrt sim serve`` prints on start-up: each URL and what it serves."""
         width = max(len(self.url), *(len(u) for u in self))
         what = "1 replica" if len(self) == 1 else f"round-robin over {len(self)} replicas"
+        if self.gateway is not None:
+            what = "the gateway below"
         out = [f"{self.url:<{width}}  OpenAI API ({what})"]
         out += [f"{u:<{width}}  replica {i}" for i, u in enumerate(self)]
+        if self.gateway is not None:
+            out.append(f"gateway: {self.gateway} (a modelled peer)")
         if self.model is not None:
             out.append(f"model: {self.model}")
         return out
 
 
-def served_urls(host: str, port: int, replicas: int, model: str | None = None) -> ServedURLs:
+def served_urls(
+    host: str, port: int, replicas: int, model: str | None = None, gateway: str | None = None
+) -> ServedURLs:
     """The URLs :func:`serve` serves: the front door and each replica's base URL."""
     shown = f"[{host}]" if ":" in host else host
     origin = f"http://{shown}:{port}"
     return ServedURLs(
-        f"{origin}/v1", tuple(f"{origin}/replica-{i}/v1" for i in range(replicas)), model
+        f"{origin}/v1", tuple(f"{origin}/replica-{i}/v1" for i in range(replicas)), model, gateway
     )
 
 
@@ -116,6 +132,7 @@ async def serve_async(
     *,
     log_level: str = "warning",
     on_ready: Callable[[ServedURLs], None] | None = None,
+    gateway: str | None = None,
     task_status: TaskStatus[ServedURLs] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``replicas`` simulated engines until cancelled (asyncio backend only).
@@ -124,7 +141,8 @@ async def serve_async(
     ``on_ready`` receive the :class:`ServedURLs` once the socket listens: the replicas'
     base URLs, and in ``.url`` the front door ``http://HOST:PORT/v1``. A port in use,
     an address that cannot be bound or a missing uvicorn raise :class:`ServeError` before
-    anything starts.
+    anything starts. ``gateway``: a modelled peer (:mod:`agentrt.sim.peers`, e.g.
+    ``"vllm-router:cache_aware"``) answers the front door instead of the round-robin.
     """
     uvicorn = _import_uvicorn()
     try:
@@ -136,7 +154,7 @@ async def serve_async(
     sock = _bind(host, port)
     try:
         bound_port = sock.getsockname()[1]
-        async with Cluster(replicas, preset) as cluster:
+        async with Cluster(replicas, preset, gateway=gateway) as cluster:
             config = uvicorn.Config(
                 cluster.asgi_app(),
                 lifespan="off",
@@ -162,7 +180,8 @@ async def serve_async(
                     done.set()
                     ready.set()
 
-            urls = served_urls(host, bound_port, replicas, cluster.config.model_name)
+            name = None if cluster.gateway is None else cluster.gateway.policy.name
+            urls = served_urls(host, bound_port, replicas, cluster.config.model_name, name)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(run_server)
                 await ready.wait()
@@ -189,6 +208,7 @@ def serve(
     *,
     log_level: str = "info",
     on_ready: Callable[[ServedURLs], None] | None = None,
+    gateway: str | None = None,
 ) -> None:
     """Serve ``replicas`` simulated engines in wall-clock time until interrupted (Ctrl-C).
 
@@ -200,6 +220,8 @@ def serve(
     """
     _import_uvicorn()  # fail early with the install hint
     anyio.run(
-        lambda: serve_async(replicas, host, port, preset, log_level=log_level, on_ready=on_ready),
+        lambda: serve_async(
+            replicas, host, port, preset, log_level=log_level, on_ready=on_ready, gateway=gateway
+        ),
         backend="asyncio",
     )

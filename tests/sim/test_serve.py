@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import socket
 
 import anyio
@@ -171,3 +172,40 @@ async def test_replies_carry_the_server_timing_of_the_call() -> None:
     # 50 decode steps of at least 1 ms each (FAST), all inside the app's share
     assert 50 <= timing["engine"] <= timing["app"] <= latency_ms
     assert timing["ttft"] < timing["engine"]
+
+
+async def test_front_door_behind_a_gateway_routes_as_the_peer() -> None:
+    """``gateway=``: ``/v1`` is the modelled router (here vllm-router's
+    sticky_least_loaded: a session stays on one replica until ``/finish_session``)."""
+    async with anyio.create_task_group() as tg:
+        urls = await tg.start(
+            functools.partial(
+                serve_async,
+                2,
+                "127.0.0.1",
+                0,
+                small_config(cost=FAST),
+                gateway="vllm-router:sticky_least_loaded",
+            )
+        )
+        origin = urls.url.removesuffix("/v1")
+        lines = urls.lines()
+        assert "gateway: vllm-router:sticky_least_loaded" in "\n".join(lines)
+        assert max(map(len, lines)) <= 78
+        async with httpx.AsyncClient(timeout=10) as http:
+            for _ in range(3):
+                r = await http.post(
+                    urls.url + "/chat/completions",
+                    json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+                    headers={"x-session-id": "s-1"},
+                )
+                assert r.status_code == 200
+            done = await http.post(origin + "/finish_session", params={"session_id": "s-1"})
+            listing = (await http.get(origin + "/")).json()
+            per_replica = [
+                _finished((await http.get(u.removesuffix("/v1") + "/metrics")).text) for u in urls
+            ]
+        tg.cancel_scope.cancel()
+    assert done.status_code == 200 and done.json()["session_id"] == "s-1"
+    assert listing["balancing"] == "gateway vllm-router:sticky_least_loaded"
+    assert sorted(per_replica) == [0, 3]  # one replica served the whole session

@@ -26,6 +26,8 @@ __all__ = [
     "Policy",
     "ReplicaView",
     "make_policy",
+    "peer_dialect",
+    "peer_name",
 ]
 
 PEERS: Final[dict[str, Callable[[], Policy]]] = {
@@ -39,11 +41,35 @@ PEERS: Final[dict[str, Callable[[], Policy]]] = {
 _ALIASES: Final = {"vllm-router": "vllm-router:cache_aware"}
 
 
-def make_policy(name: str) -> Policy:
-    """A fresh policy of the peer ``name`` (see :data:`PEERS`); a :class:`ValueError`
+def peer_name(name: str) -> str:
+    """The canonical name of the peer ``name`` (an alias resolved); a :class:`ValueError`
     names the known ones."""
-    key = _ALIASES.get(name.strip().lower(), name.strip().lower())
-    factory = PEERS.get(key)
-    if factory is None:
+    key = name.strip().lower()
+    key = _ALIASES.get(key, key)
+    if key not in PEERS:
         raise ValueError(f"unknown gateway {name!r}; known: {', '.join(sorted(PEERS))}")
-    return factory()
+    return key
+
+
+def make_policy(name: str) -> Policy:
+    """A fresh policy of the peer ``name`` (see :data:`PEERS`)."""
+    return PEERS[peer_name(name)]()
+
+
+_DIALECTS: Final = (
+    ("vllm-router:programs", "vllm-router-agentic"),
+    ("vllm-router", "vllm-router"),
+    ("llm-d", "llm-d"),
+    ("dynamo", "dynamo"),
+    ("sglang", "sglang"),
+)
+
+
+def peer_dialect(name: str) -> str:
+    """The agentrt dialect that speaks to the peer ``name``: what agentrt sends it by
+    default in ``agentrt bench --client "agentrt...>PEER"``."""
+    key = peer_name(name)
+    for prefix, dialect in _DIALECTS:
+        if key.startswith(prefix):
+            return dialect
+    return "vllm"
