@@ -61,10 +61,13 @@ CLIENT_HELP: Final = (
     "agentrt tune writes: it sets routing, policy, concurrency, token budget, priority "
     "and learned waits, so those options cannot be given with it). 'agentrt:defaults': "
     "Runtime(urls) as a user gets it, none of those options passed, so Runtime's "
-    "defaults of this version are measured (no other option with it). Examples: "
+    "defaults of this version are measured (no other option with it). Either, then "
+    "'>PEER': the client sends to one URL, a modelled router in front of the replicas "
+    "(agentrt sim serve --gateway list names them; agentrt speaks its dialect). Examples: "
     "agentrt:session, agentrt:defaults, agentrt:plas+round_robin@auto, agentrt:mlfq@16, "
     "agentrt:session+mlfq@engine, agentrt:routing=hash,policy=plas, "
-    "agentrt:config=agentrt-tuned.toml. Defaults: round_robin, fcfs, no limit"
+    "agentrt:config=agentrt-tuned.toml, plain>vllm-router, "
+    "agentrt:defaults>vllm-router:consistent_hash. Defaults: round_robin, fcfs, no limit"
 )
 
 _EXTRAS: Final = {
@@ -239,6 +242,14 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
         "every candidate is replayed as K independent runtimes on the twin (default: the "
         "journals' runtimes that ran jobs at once, told apart by their runtime_id; jobs "
         "dealt as recorded, or round-robin by arrival for another K)",
+    )
+    p.add_argument(
+        "--gateway",
+        default=None,
+        metavar="PEER",
+        help="the router the agents call through, modelled in front of the twin's "
+        "replicas (e.g. vllm-router:consistent_hash; agentrt sim serve --gateway list): "
+        "every setting is replayed behind it",
     )
     p.add_argument(
         "--sample",
@@ -708,6 +719,17 @@ def _bench(args: argparse.Namespace) -> int:
     return _run_bench(cfg, args.out, not args.no_plots, title, not args.no_journal, args.workers)
 
 
+def _gateway_name(name: str | None) -> str | None:
+    if name is None:
+        return None
+    from .sim.peers import peer_name
+
+    try:
+        return peer_name(name)
+    except ValueError as exc:
+        raise _CommandError(f"--gateway: {exc}") from None
+
+
 def _tune(args: argparse.Namespace) -> int:
     from .tune._command import TuneOptions, tune
 
@@ -741,6 +763,7 @@ def _tune(args: argparse.Namespace) -> int:
         workers=args.workers,
         fleet=args.fleet,
         force=args.force,
+        gateway=_gateway_name(args.gateway),
     )
     tune(opts)
     return 0

@@ -56,6 +56,9 @@ class TuneOptions:
     fleet: int | None = None
     """The processes that will each run the settings (``--fleet``); None: as many as
     the journals' runtimes that ran jobs at once (:attr:`Observed.fleet`)."""
+    gateway: str | None = None
+    """A modelled peer (``--gateway``, :mod:`agentrt.sim.peers`) in front of the twin's
+    replicas, as the router the agents call through; None: straight to the replicas."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +137,13 @@ def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
             " after it\n  (the recorded JCT p50), replayed but not counted"
         )
     echo(_fleet_line(opts, observed, fleet))
+    if opts.gateway is not None:
+        from ..sim.peers import peer_dialect
+
+        echo(
+            f"gateway: every setting replayed behind {opts.gateway} (a modelled peer),\n"
+            f"  agentrt speaking its dialect, {peer_dialect(opts.gateway)}"
+        )
     echo(capacity)
     from ..bench._output import progress_bar
 
@@ -157,6 +167,7 @@ def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
             cooldown_s=cooldown_s,
             fleet=fleet,
             fleet_assign=assign,
+            gateway=opts.gateway,
         )
         # Coarse: one-setting changes, on one of the fine round's windows (the middle).
         middle = [(seeds // 2, seeds)]

@@ -252,12 +252,17 @@ class Twin:
     fleet_assign: FleetAssign = "round_robin"
     """How the fleet's jobs are dealt: ``plan``, each to the member that ran it in the
     journal (its ``JobPlan.worker``), or ``round_robin`` by arrival."""
+    gateway: str | None = None
+    """A modelled peer in front of the replicas: every setting is replayed behind it
+    (``CLIENT>PEER``), agentrt speaking its dialect."""
     tag: str = field(default_factory=lambda: secrets.token_hex(4))
     """Begins the keys of this twin's jobs, so that the jobs a process keeps by key
     (``_plans``) are never another twin's: the replays run in this process with one
     worker, and two tunes there share it."""
 
     def _cfg(self, spec: str, stretch: bool = False) -> TwinConfig:
+        if self.gateway is not None:
+            spec = f"{spec}>{self.gateway}"  # the alone replay: agentrt direct either way
         return TwinConfig(
             clients=(spec,),
             replicas=self.replicas,

@@ -251,3 +251,25 @@ def test_a_journal_shorter_than_one_sample_is_one_line_before_any_replay(
     with pytest.raises(RuntimeError, match="replayed"):
         main(["tune", str(path), "--out", str(out), "--sample", "8", "--force"])
     assert replayed
+
+
+def test_tune_behind_a_gateway_replays_every_setting_behind_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _record(tmp_path, "react", 6)
+    out = tmp_path / "tuned.toml"
+    args = ["tune", str(path), "--out", str(out), "--sample", "4", "--seeds", "1"]
+    assert main([*args, "--workers", "1", "--top", "1", "--gateway", "vllm-router"]) == 0
+    text = capsys.readouterr().out
+    assert "behind vllm-router:cache_aware" in text and "vllm-router" in text
+    assert tomllib.loads(out.read_text())["routing"]
+    assert main([*args, "--gateway", "nginx"]) == 2
+    assert "unknown gateway 'nginx'" in capsys.readouterr().err
+
+
+def test_the_twin_behind_a_gateway_sends_every_call_through_it() -> None:
+    from agentrt.tune._search import Twin
+
+    twin = Twin([], PRESETS["h100-8b"], 2, 1, 1, lambda: None, gateway="vllm-router:round_robin")
+    cfg = twin._cfg("agentrt:session")
+    assert cfg.clients == ("agentrt:session>vllm-router:round_robin",)
