@@ -427,6 +427,14 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="traces: cap one think or tool wait, seconds (default: no cap)",
     )
+    p.add_argument(
+        "--max-context",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="traces: skip those with a call longer than this (scaled), as a model's "
+        "context window would; --jobs counts the traces kept (default: keep all)",
+    )
     _output_args(p, "results")
 
 
@@ -686,6 +694,7 @@ def _bench(args: argparse.Namespace) -> int:
         ("--token-scale", args.token_scale),
         ("--time-scale", args.time_scale),
         ("--max-wait", args.max_wait),
+        ("--max-context", args.max_context),
     ):
         _positive(value, option)
     cfg = BenchConfig(
@@ -704,6 +713,7 @@ def _bench(args: argparse.Namespace) -> int:
             token_scale=args.token_scale,
             time_scale=args.time_scale,
             max_wait_s=args.max_wait,
+            max_context=args.max_context,
         ),
         stretch=not args.no_stretch and not args.endpoints,
         tool_wait_s=args.tool_wait,

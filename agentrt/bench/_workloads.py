@@ -167,6 +167,10 @@ class TraceOptions:
     """Multiply think and tool times."""
     max_wait_s: float | None = None
     """Cap one think or tool wait (a person away for an hour is not a tool wait)."""
+    max_context: int | None = None
+    """Skip the traces with a call longer than this many tokens (prompt and output,
+    scaled), as a model's context window would refuse it; ``limit`` then counts the
+    traces kept, in file order."""
 
 
 def default_trace_dir() -> Path:
@@ -343,19 +347,36 @@ def claude_code_jobs(opts: TraceOptions) -> list[SessionPlan]:
         raise FileNotFoundError(
             f"no trace_*.json.gz in {directory}; set AGENTRT_TRACES or --traces"
         )
-    if opts.limit is not None:
+    if opts.max_context is not None and opts.max_context < 1:
+        raise ValueError(f"max_context must be >= 1 token or None, got {opts.max_context!r}")
+    if opts.limit is not None and opts.max_context is None:
         files = files[: opts.limit]
     out = []
     for path in files:
+        if opts.limit is not None and len(out) >= opts.limit:
+            break
         data, lists = _read_trace(path)
         # The tool definitions and system prompt head every prompt of every session: their
         # blocks are shared across traces (hash ids are otherwise local to a file).
         prefix_tokens = int(data.get("tool_tokens") or 0) + int(data.get("system_tokens") or 0)
         shared = round(prefix_tokens * opts.token_scale) // BLOCK_TOKENS
-        out.append(
-            _trace_session(data.get("requests") or [], "main", path.stem, shared, opts, lists)
-        )
+        session = _trace_session(data.get("requests") or [], "main", path.stem, shared, opts, lists)
+        if opts.max_context is not None and _longest_call(session) > opts.max_context:
+            continue
+        out.append(session)
     return out
+
+
+def _longest_call(session: SessionPlan) -> int:
+    """The tokens (prompt and output) of the session tree's longest call."""
+    longest = 0
+    for step in session.steps:
+        if isinstance(step, Call):
+            longest = max(longest, step.prompt_tokens + step.output_tokens)
+        else:
+            for sub in step.sessions:
+                longest = max(longest, _longest_call(sub))
+    return longest
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,3 +98,21 @@ def test_a_list_with_strings_or_nested_lists_is_read_as_json(tmp_path: Path) -> 
         f.write(json.dumps({"requests": requests[1:]}))
     with pytest.raises(TypeError):  # int([1]) fails, as it did on the parsed JSON
         claude_code_jobs(TraceOptions(directory=tmp_path, token_scale=1.0))
+
+
+def test_max_context_skips_the_traces_a_context_window_would_refuse(tmp_path: Path) -> None:
+    from agentrt.bench._workloads import _longest_call
+
+    for n, longest in enumerate([500, 5_000, 800, 300_000, 900]):
+        calls = [
+            {"type": "n", "in": 100, "out": 5, "hash_ids": [1]},
+            {"type": "n", "in": longest, "out": 5, "hash_ids": list(range(longest // 64))},
+        ]
+        with gzip.open(tmp_path / f"trace_{n:04d}.json.gz", "wt") as f:
+            f.write(json.dumps({"requests": calls}))
+    every = claude_code_jobs(TraceOptions(directory=tmp_path))
+    assert [_longest_call(s) for s in every] == [505, 5_005, 805, 300_005, 905]
+    kept = claude_code_jobs(TraceOptions(directory=tmp_path, limit=3, max_context=1_000))
+    assert [_longest_call(s) for s in kept] == [505, 805, 905]  # the next ones fill in
+    with pytest.raises(ValueError, match="max_context"):
+        claude_code_jobs(TraceOptions(directory=tmp_path, max_context=0))
