@@ -351,7 +351,7 @@ def claude_code_jobs(opts: TraceOptions) -> list[SessionPlan]:
         raise ValueError(f"max_context must be >= 1 token or None, got {opts.max_context!r}")
     if opts.limit is not None and opts.max_context is None:
         files = files[: opts.limit]
-    out = []
+    out: list[SessionPlan] = []
     for path in files:
         if opts.limit is not None and len(out) >= opts.limit:
             break
