@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -710,6 +711,23 @@ class AgentrtDriver:
             "keep_reports": 0,
             "journal": journal,
         }
+        self._ends: Any = None
+        if spec.gateway == "vllm-router:sticky_least_loaded":
+            # As its users run it: each session's end releases it at the router.
+            from ..dialects import vllm_router_session_ends
+
+            self._ends = vllm_router_session_ends(urls[0], transport=transport)
+        self._common = common
+        self._spec = spec
+        self._urls = urls
+        self._rt = self._runtime(())
+        self._model = model
+        self._prompts = prompts
+        self._extra = _extra(real_engine)
+
+    def _runtime(self, hooks: Sequence[Any]) -> Runtime:
+        spec, urls = self._spec, self._urls
+        common = {**self._common, "hooks": tuple(hooks)}
         if spec.config is not None:
             # As where the file is applied: the file's settings, Runtime's defaults
             # where it is silent (the bench's dialect unless it names one).
@@ -717,31 +735,29 @@ class AgentrtDriver:
 
             if "dialect" not in load_config(spec.config):
                 common["dialect"] = spec.dialect
-            self._rt = Runtime(urls, config=spec.config, **common)
-        elif spec.defaults:
+            return Runtime(urls, config=spec.config, **common)
+        if spec.defaults:
             # As a user gets it: nothing but the bench's plumbing and dialect.
-            self._rt = Runtime(urls, dialect=spec.dialect, **common)
-        else:
-            poll = spec.poll
-            if poll is None and spec.concurrency == "engine":
-                poll = ENGINE_POLL_S
-            self._rt = Runtime(
-                urls,
-                routing=spec.routing,
-                dialect=spec.dialect,
-                policy=spec.policy,
-                concurrency=spec.concurrency,
-                token_budget=spec.token_budget,
-                send_priority=spec.send_priority,
-                poll_metrics_s=poll,
-                learn_waits=spec.declare == "learned",
-                **common,
-            )
-        self._model = model
-        self._prompts = prompts
-        self._extra = _extra(real_engine)
+            return Runtime(urls, dialect=spec.dialect, **common)
+        poll = spec.poll
+        if poll is None and spec.concurrency == "engine":
+            poll = ENGINE_POLL_S
+        return Runtime(
+            urls,
+            routing=spec.routing,
+            dialect=spec.dialect,
+            policy=spec.policy,
+            concurrency=spec.concurrency,
+            token_budget=spec.token_budget,
+            send_priority=spec.send_priority,
+            poll_metrics_s=poll,
+            learn_waits=spec.declare == "learned",
+            **common,
+        )
 
     async def __aenter__(self) -> AgentrtDriver:
+        if self._ends is not None:
+            self._rt = self._runtime([await self._ends.__aenter__()])
         await self._rt.__aenter__()
         self._http = self._rt.http_client()
         return self
@@ -750,6 +766,8 @@ class AgentrtDriver:
         if self._http is not None:
             await self._http.aclose()
         await self._rt.__aexit__(None, None, None)
+        if self._ends is not None:
+            await self._ends.__aexit__(None, None, None)
 
     async def _session(self, job: Any, plan: SessionPlan, parent: Any) -> None:
         oracle = self._declare == "oracle"

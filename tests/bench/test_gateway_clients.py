@@ -67,3 +67,34 @@ def test_round_robin_gateway_replays_exactly_as_a_plain_client() -> None:
     # cache_aware keeps a conversation where its prefix went: more hits than round-robin.
     assert cache.prefix_cache_hit_rate is not None and plain.prefix_cache_hit_rate is not None
     assert cache.prefix_cache_hit_rate > plain.prefix_cache_hit_rate + 0.05
+
+
+def test_agentrt_behind_sticky_least_loaded_finishes_its_sessions() -> None:
+    # agentrt tells the router each session's end (vllm_router_session_ends), so the
+    # router's per-worker session counts go back to zero; a plain client has no sessions.
+    import anyio
+
+    from agentrt.bench._clock import VirtualTimeLoop
+    from agentrt.bench._drivers import Prompts, make_driver
+    from agentrt.bench._runner import prepare
+    from agentrt.sim import Cluster
+
+    cfg = BenchConfig(workload="coding", jobs=3, replicas=2, stretch=False, api="http")
+    plans = prepare(cfg)
+    spec = ClientSpec.parse("agentrt:defaults>vllm-router:sticky_least_loaded")
+
+    async def main() -> tuple[int, dict[int, int]]:
+        async with Cluster(2, "h100-8b", gateway=spec.gateway) as cluster:
+            driver = make_driver(
+                spec, [cluster.gateway_url], cluster.transport(), "m", Prompts("sim"), False, "http"
+            )
+            async with driver:
+                for plan in plans:
+                    await driver.run_job(plan, anyio.current_time())
+            assert cluster.gateway is not None
+            policy = cluster.gateway.policy
+            return sum(cluster.gateway.routed), dict(policy.counts)  # type: ignore[attr-defined]
+
+    routed, counts = anyio.run(main, backend_options={"loop_factory": VirtualTimeLoop})
+    assert routed > 3
+    assert counts == {}
