@@ -501,26 +501,40 @@ def test_llmd_asks_for_the_session_token() -> None:
     assert LLMD.echo_headers == ("x-session-token",)
 
 
+FAIRNESS = {"x-llm-d-inference-fairness-id": "job-1"}
+
+
 def test_llmd_first_call_has_no_token() -> None:
     enc = LLMD.encode(make_meta(turn=0, first_turn=True), PRIO)
-    assert extra_headers(enc) == {}
+    assert extra_headers(enc) == FAIRNESS
     assert enc.body == {}
 
 
 def test_llmd_echoes_the_token() -> None:
     enc = LLMD.encode(make_meta(echo={"x-session-token": TOKEN}), PRIO)
-    assert extra_headers(enc) == {"x-session-token": TOKEN}
+    assert extra_headers(enc) == {**FAIRNESS, "x-session-token": TOKEN}
     assert enc.body == {}
 
 
 def test_llmd_echo_key_is_case_insensitive() -> None:
     enc = LLMD.encode(make_meta(echo={"X-Session-Token": TOKEN}), NO_PRIO)
-    assert extra_headers(enc) == {"x-session-token": TOKEN}
+    assert extra_headers(enc) == {**FAIRNESS, "x-session-token": TOKEN}
 
 
 def test_llmd_echoes_only_its_header() -> None:
     enc = LLMD.encode(make_meta(echo={"x-session-token": TOKEN, "set-cookie": "a=b"}), NO_PRIO)
-    assert extra_headers(enc) == {"x-session-token": TOKEN}
+    assert extra_headers(enc) == {**FAIRNESS, "x-session-token": TOKEN}
+
+
+def test_llmd_fairness_id_is_the_program() -> None:
+    """llm-d's flow control queues by x-llm-d-inference-fairness-id: agentrt names the
+    program, so two sessions of one program share a queue and two programs do not."""
+    one = LLMD.encode(make_meta(session_id="sess-a", program_id="prog-1"), NO_PRIO)
+    two = LLMD.encode(make_meta(session_id="sess-b", program_id="prog-1"), NO_PRIO)
+    other = LLMD.encode(make_meta(session_id="sess-a", program_id="prog-2"), NO_PRIO)
+    assert one.headers["x-llm-d-inference-fairness-id"] == "prog-1"
+    assert two.headers["x-llm-d-inference-fairness-id"] == "prog-1"
+    assert other.headers["x-llm-d-inference-fairness-id"] == "prog-2"
 
 
 @pytest.mark.parametrize(
@@ -562,6 +576,7 @@ def test_combine_merges_headers_and_body() -> None:
         "x-dynamo-session-id": "sess-1",
         "x-dynamo-parent-session-id": "sess-0",
         "x-session-token": TOKEN,
+        "x-llm-d-inference-fairness-id": "job-1",
     }
     assert enc.body == {
         "session_id": "sess-1",

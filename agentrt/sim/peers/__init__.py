@@ -4,6 +4,10 @@ of (or beside) agentrt, as a gateway in front of the simulated replicas (docs/si
 
 - ``_vllm_router``: vllm-project/router's ``round_robin``, ``cache_aware``,
   ``consistent_hash``, ``sticky_least_loaded``;
+- ``_llmd``: llm-d's endpoint picker, ``llm-d`` (precise prefix + load + session
+  affinity scorers) and ``llm-d:fairness`` (plus ``program-aware-fairness`` flow control);
+- ``_dynamo``: NVIDIA Dynamo's KV router, ``dynamo`` and ``dynamo:affinity`` (session
+  affinity, TTL 300 s);
 
 Use one by name: ``Cluster(8, gateway="vllm-router:cache_aware")``,
 ``agentrt bench --client "plain>vllm-router:cache_aware"``,
@@ -16,7 +20,9 @@ from collections.abc import Callable
 from typing import Final
 
 from ._base import GatewayRequest, Policy, ReplicaView
+from ._dynamo import Dynamo, DynamoAffinity
 from ._gateway import GatewayApp
+from ._llmd import LLMD, LLMDFairness
 from ._vllm_router import CacheAware, ConsistentHash, RoundRobin, StickyLeastLoaded
 
 __all__ = [
@@ -35,6 +41,10 @@ PEERS: Final[dict[str, Callable[[], Policy]]] = {
     "vllm-router:cache_aware": CacheAware,
     "vllm-router:consistent_hash": ConsistentHash,
     "vllm-router:sticky_least_loaded": StickyLeastLoaded,
+    "llm-d": LLMD,
+    "llm-d:fairness": LLMDFairness,
+    "dynamo": Dynamo,
+    "dynamo:affinity": DynamoAffinity,
 }
 """The modelled peers by name: a factory of a fresh policy each."""
 

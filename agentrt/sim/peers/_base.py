@@ -127,9 +127,11 @@ class Policy:
         """Wait until ``req`` may be dispatched (default: at once)."""
 
     def pick(self, req: GatewayRequest, now: float) -> int:
+        """The index of the replica ``req`` goes to (``now``: the gateway's clock)."""
         raise NotImplementedError
 
     def reply_headers(self, req: GatewayRequest, index: int) -> list[tuple[bytes, bytes]]:
+        """Headers the peer adds to the reply (llm-d's ``x-session-token``)."""
         return []
 
     def done(self, req: GatewayRequest, index: int, now: float) -> None:

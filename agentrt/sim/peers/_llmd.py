@@ -1,0 +1,343 @@
+"""llm-d's inference scheduler (the endpoint picker, EPP) as its precise-prefix and
+agentic-serving guides configure it (llm-d/llm-d-router at ebab687, Aug 2026; the guides in
+llm-d/llm-d ``guides/``).
+
+``llm-d`` (scoring only; no flow control):
+
+- ``precise-prefix-cache-scorer`` (``pkg/epp/framework/plugins/scheduling/scorer/
+  preciseprefixcache``, ``.../requestcontrol/dataproducer/preciseprefixcache``,
+  ``pkg/kvcache/kvblock_scorer.go``): the KV-event index gives, per pod, the longest run of
+  the prompt's blocks cached from block 0 (``LongestPrefix``); the score is
+  ``matchBlocks / totalBlocks`` (``prefix-cache-scorer`` with its default
+  ``matchLengthWeight`` 0, ``scorer/prefix/plugin.go``), 0 when the prompt has no full
+  block. Here the index is exact: :meth:`ReplicaView.cached_blocks` in the engine's blocks
+  (the guide sets ``blockSize`` to vLLM's);
+- ``kv-cache-utilization-scorer`` (``scorer/kvcacheutilization``): ``1 - kv_usage``;
+- ``queue-scorer`` (``scorer/queuedepth/queue.go``): ``(max - q) / (max - min)`` over the
+  pods' waiting queues, 1 for every pod when they are equal;
+- ``session-affinity-scorer`` (``scorer/sessionaffinity``, default strategy
+  ``encoded_endpoint_header``): 1 for the pod named by the request's ``x-session-token``
+  (base64 of ``namespace/name``), 0 elsewhere; every reply carries
+  ``x-session-token`` naming the pod that served it;
+- ``max-score-picker`` (``picker/maxscore/picker.go``): the highest weighted sum, ties
+  broken at random (seeded here). Weights as
+  ``guides/precise-prefix-cache-aware/scheduler/precise-prefix-cache-aware.values.yaml``:
+  precise prefix 2, kv-cache utilization 1, queue 1; the session-affinity scorer, which
+  that guide does not configure, gets the EPP's default weight 1
+  (``pkg/epp/config/loader/defaults.go`` ``DefaultScorerWeight``): our choice.
+
+``llm-d:fairness`` adds flow control with ``program-aware-fairness``
+(``pkg/epp/framework/plugins/flowcontrol/fairness/program-aware/``; enabled as in
+``guides/agentic-serving/router/fairness-las-plugins.yaml``):
+
+- the fairness id (``pkg/epp/requestcontrol/director.go``, ``pkg/epp/metadata/consts.go``):
+  header ``x-llm-d-inference-fairness-id`` (or its deprecated alias
+  ``x-gateway-inference-fairness-id``), else the ``agent-identity`` plugin's identity (the
+  guide enables it; ``requestcontrol/requestheader/agentidentity``): the first of
+  ``x-claude-code-session-id``, ``x-session-affinity``, ``session-id``, ``session_id``,
+  else ``default-flow``;
+- the saturation detector: the default one when flow control is on, the
+  ``utilization-detector`` (``saturationdetector/utilization``, ``config/loader/
+  defaults.go`` ``ensureSaturationDetector``): pool saturation is the mean over pods of
+  ``max(queue / 5, kv_usage / 0.8)``; a dispatch cycle dispatches while it is below 1
+  (``flowcontrol/controller/internal/processor.go``; one item per cycle, a cycle on each
+  arrival and each millisecond). Below saturation a request passes straight through;
+- LAS (``strategy_las.go``): among the programs with queued requests, the highest
+  ``0.8 * (1 - norm(service)) + 0.2 * norm(head wait)`` (min-max normalized across those
+  programs, 0.5 when all equal); service is a program's weighted tokens
+  (``input + 2 * output``), added at completion, halving every 60 s; within a program,
+  first come first served.
+
+Where this model departs from the real one (unvalidated against a running EPP):
+
+- metrics are read live, not scraped every 50 ms; a pod's queue counts the requests the
+  gateway sent it that the engine has not yet started (``max(queued, inflight -
+  running)``), and released requests not yet routed count as queued, so a burst cannot
+  overshoot saturation the way stale metrics let it; a dispatch cycle runs on each
+  arrival, each completion and every 50 ms while requests wait (not every 1 ms);
+- attained service counts input tokens only (the gateway does not see the reply's usage;
+  agent calls' outputs are a few percent of their tokens);
+- the precise index's CPU-tier credit (``kvcache.DefaultKVCacheBackendConfig``) is not
+  modelled: only the accelerator's blocks count;
+- the saturation detector's filter role, flow control's request TTLs and queue capacity
+  limits, program eviction after 3600 s idle, and picker randomness (seeded) are left out.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import random
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, Final
+
+import anyio
+
+from ._base import GatewayRequest, Policy, ReplicaView
+
+__all__ = ["LLMD", "LLMDFairness", "fairness_id"]
+
+SESSION_TOKEN_HEADER: Final = "x-session-token"
+FAIRNESS_HEADERS: Final = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id")
+AGENT_IDENTITY_HEADERS: Final = (
+    "x-claude-code-session-id",
+    "x-session-affinity",
+    "session-id",
+    "session_id",
+)
+DEFAULT_FAIRNESS_ID: Final = "default-flow"
+
+
+def fairness_id(req: GatewayRequest) -> str:
+    """The flow-control fairness id the EPP's director gives ``req``."""
+    headers = req.headers
+    for name in FAIRNESS_HEADERS + AGENT_IDENTITY_HEADERS:
+        value = headers.get(name)
+        if value:
+            return value
+    return DEFAULT_FAIRNESS_ID
+
+
+def _decode_pod(token: str | None) -> str | None:
+    if not token:
+        return None
+    try:
+        return base64.b64decode(token, validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+
+
+class LLMD(Policy):
+    """llm-d's EPP scoring: precise prefix + kv-cache utilization + queue + session
+    affinity, max-score picker (see the module docstring)."""
+
+    name = "llm-d"
+    source = (
+        "llm-d/llm-d-router pkg/epp/framework/plugins/scheduling/scorer/"
+        "{preciseprefixcache,prefix,kvcacheutilization,queuedepth,sessionaffinity}, "
+        "picker/maxscore; llm-d/llm-d guides/precise-prefix-cache-aware"
+    )
+
+    def __init__(
+        self,
+        *,
+        prefix_weight: float = 2.0,
+        kv_weight: float = 1.0,
+        queue_weight: float = 1.0,
+        session_weight: float = 1.0,
+        namespace: str = "default",
+        seed: int = 0,
+    ) -> None:
+        self.prefix_weight = prefix_weight
+        self.kv_weight = kv_weight
+        self.queue_weight = queue_weight
+        self.session_weight = session_weight
+        self.namespace = namespace
+        self._rng = random.Random(seed)
+
+    def bind(self, replicas: Sequence[ReplicaView]) -> None:
+        super().bind(replicas)
+        self.pod_ids = [f"{self.namespace}/{r.name}" for r in replicas]
+        self._by_pod = {pod: i for i, pod in enumerate(self.pod_ids)}
+        self._tokens = [base64.b64encode(p.encode()).decode("ascii") for p in self.pod_ids]
+
+    def token(self, index: int) -> str:
+        """The ``x-session-token`` value naming replica ``index``."""
+        return self._tokens[index]
+
+    def scores(self, req: GatewayRequest) -> list[float]:
+        """Each replica's weighted score for ``req``."""
+        replicas = self.replicas
+        total_blocks = req.prompt.num_full_blocks
+        queues = [r.queued for r in replicas]
+        lo, hi = min(queues), max(queues)
+        pod = _decode_pod(req.headers.get(SESSION_TOKEN_HEADER))
+        bound = self._by_pod.get(pod) if pod is not None else None
+        out = []
+        for i, r in enumerate(replicas):
+            prefix = r.cached_blocks(req.prompt) / total_blocks if total_blocks else 0.0
+            queue = 1.0 if hi == lo else (hi - queues[i]) / (hi - lo)
+            kv = 1.0 - r.kv_usage
+            session = 1.0 if bound == i else 0.0
+            out.append(
+                self.prefix_weight * prefix
+                + self.kv_weight * kv
+                + self.queue_weight * queue
+                + self.session_weight * session
+            )
+        return out
+
+    def pick(self, req: GatewayRequest, now: float) -> int:
+        scores = self.scores(req)
+        best = max(scores)
+        ties = [i for i, s in enumerate(scores) if s == best]
+        return ties[0] if len(ties) == 1 else self._rng.choice(ties)
+
+    def reply_headers(self, req: GatewayRequest, index: int) -> list[tuple[bytes, bytes]]:
+        return [(SESSION_TOKEN_HEADER.encode(), self._tokens[index].encode())]
+
+
+_WAIT, _TICK, _GO = 0, 1, 2
+
+
+class _Waiter:
+    __slots__ = ("enqueued", "event", "program", "state")
+
+    def __init__(self, program: str, enqueued: float) -> None:
+        self.program = program
+        self.enqueued = enqueued
+        self.state = _WAIT
+        self.event = anyio.Event()
+
+
+class LLMDFairness(LLMD):
+    """:class:`LLMD` behind flow control with ``program-aware-fairness`` (LAS)."""
+
+    name = "llm-d:fairness"
+    source = LLMD.source + (
+        "; pkg/epp/framework/plugins/flowcontrol/fairness/program-aware, "
+        "saturationdetector/utilization, pkg/epp/flowcontrol/controller/internal/processor.go"
+    )
+
+    def __init__(
+        self,
+        *,
+        queue_depth_threshold: int = 5,
+        kv_cache_util_threshold: float = 0.8,
+        weight_service: float = 0.8,
+        weight_head_wait: float = 0.2,
+        half_life_s: float = 60.0,
+        tick_s: float = 0.05,
+        **scoring: Any,
+    ) -> None:
+        super().__init__(**scoring)
+        self.queue_depth_threshold = queue_depth_threshold
+        self.kv_cache_util_threshold = kv_cache_util_threshold
+        self.weight_service = weight_service
+        self.weight_head_wait = weight_head_wait
+        self.half_life_s = half_life_s
+        self.tick_s = tick_s
+        self.queues: dict[str, deque[_Waiter]] = {}
+        """Waiting requests per program, oldest first (only non-empty queues)."""
+        self._service: dict[str, tuple[float, float]] = {}
+        """program -> (attained service, when its decay was last folded in)"""
+        self._released = 0
+        self._ticker: _Waiter | None = None
+        self.dispatched_order: list[str] = []
+        """The program of each request as flow control released it (for tests, reports)."""
+        self.peak_waiting = 0
+        """The most requests flow control held at once (the EPP's peak queue depth)."""
+
+    # ---------------------------------------------------------------- saturation
+
+    def saturation(self) -> float:
+        """The utilization detector's pool saturation (see the module docstring)."""
+        replicas = self.replicas
+        qt, kt = self.queue_depth_threshold, self.kv_cache_util_threshold
+        total = 0.0
+        for r in replicas:
+            queued = max(r.queued, r.inflight - r.running)
+            total += max(queued / qt, r.kv_usage / kt)
+        return (total + self._released / qt) / len(replicas)
+
+    # ---------------------------------------------------------------- LAS
+
+    def service(self, program: str, now: float) -> float:
+        """``program``'s attained service, decayed to ``now``."""
+        value, since = self._service.get(program, (0.0, now))
+        if self.half_life_s > 0 and now > since:
+            value *= 2.0 ** (-(now - since) / self.half_life_s)
+        self._service[program] = (value, now)
+        return value
+
+    def _pick_queue(self, now: float) -> str:
+        programs = list(self.queues)
+        if len(programs) == 1:
+            return programs[0]
+        services = [self.service(p, now) for p in programs]
+        waits = [(now - self.queues[p][0].enqueued) * 1000.0 for p in programs]
+        s_lo, s_hi, w_lo, w_hi = min(services), max(services), min(waits), max(waits)
+        best, best_score = programs[0], float("-inf")
+        for p, s, w in zip(programs, services, waits, strict=True):
+            ns = 0.5 if s_hi == s_lo else (s - s_lo) / (s_hi - s_lo)
+            nw = 0.5 if w_hi == w_lo else (w - w_lo) / (w_hi - w_lo)
+            score = self.weight_service * (1.0 - ns) + self.weight_head_wait * nw
+            if score > best_score:
+                best, best_score = p, score
+        return best
+
+    def _pump(self) -> None:
+        """Dispatch cycles: release waiting requests while the pool is not saturated."""
+        now = anyio.current_time()
+        while self.queues and self.saturation() < 1.0:
+            program = self._pick_queue(now)
+            q = self.queues[program]
+            w = q.popleft()
+            if not q:
+                del self.queues[program]
+            self._release(w)
+        self._ensure_ticker()
+
+    def _release(self, w: _Waiter) -> None:
+        w.state = _GO
+        self._released += 1
+        self.dispatched_order.append(w.program)
+        if self._ticker is w:
+            self._ticker = None
+        w.event.set()
+
+    def _ensure_ticker(self) -> None:
+        if self._ticker is not None or not self.queues:
+            return
+        oldest = min((q[0] for q in self.queues.values()), key=lambda w: w.enqueued)
+        oldest.state = _TICK
+        self._ticker = oldest
+        oldest.event.set()
+
+    def _forget(self, w: _Waiter) -> None:
+        q = self.queues.get(w.program)
+        if q is not None and w in q:
+            q.remove(w)
+            if not q:
+                del self.queues[w.program]
+        if self._ticker is w:
+            self._ticker = None
+            self._ensure_ticker()
+
+    async def admit(self, req: GatewayRequest) -> None:
+        program = fairness_id(req)
+        if not self.queues and self.saturation() < 1.0:
+            self.dispatched_order.append(program)
+            return
+        w = _Waiter(program, anyio.current_time())
+        self.queues.setdefault(program, deque()).append(w)
+        waiting = sum(len(q) for q in self.queues.values())
+        self.peak_waiting = max(self.peak_waiting, waiting)
+        self._pump()
+        try:
+            while w.state != _GO:
+                if w.state == _TICK:
+                    w.event = anyio.Event()
+                    with anyio.move_on_after(self.tick_s):
+                        await w.event.wait()
+                    if w.state != _GO:
+                        self._pump()
+                    continue
+                await w.event.wait()
+                if w.state == _WAIT:  # pragma: no cover - only GO or TICK set it
+                    w.event = anyio.Event()
+        except BaseException:
+            if w.state == _GO:
+                self._released -= 1
+            else:
+                self._forget(w)
+            raise
+        self._released -= 1
+
+    def done(self, req: GatewayRequest, index: int, now: float) -> None:
+        program = fairness_id(req)
+        value = self.service(program, now)
+        self._service[program] = (value + req.prompt.num_tokens, now)
+        if self.queues:
+            self._pump()
