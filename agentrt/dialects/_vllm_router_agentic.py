@@ -23,8 +23,9 @@ the router's program being one agentrt session (one conversation, one KV prefix)
   dropped 30 min later);
 - ``step_id``: the call's turn in its session;
 - ``kv_retention_ttl_seconds``: the idle the session expects after this reply (a
-  declared or learned tool wait) plus a margin, bounded, when known (the router clamps
-  it to its ``max_acting_ttl_seconds``, 10 s by default);
+  declared or learned tool wait) plus a margin, bounded, when known (it replaces the
+  TTL the router computes; ``max_acting_ttl_seconds``, 10 s by default, caps only the
+  computed one: ``docs/program_scheduling.md``, ``scheduler_lifecycle.rs``);
 - ``deadline_seconds``: the seconds left before the job's deadline, when it has one (the
   router bounds a paused program's wait for its force-resume by it);
 - ``expected_output_tokens``: the request's ``max_tokens``, when given;

@@ -4,6 +4,8 @@ of (or beside) agentrt, as a gateway in front of the simulated replicas (docs/si
 
 - ``_vllm_router``: vllm-project/router's ``round_robin``, ``cache_aware``,
   ``consistent_hash``, ``sticky_least_loaded``;
+- ``_vllm_router_programs``: its program scheduling (``--enable-program-scheduling``)
+  over ``consistent_hash``;
 - ``_llmd``: llm-d's endpoint picker, ``llm-d`` (precise prefix + load + session
   affinity scorers) and ``llm-d:fairness`` (plus ``program-aware-fairness`` flow control);
 - ``_dynamo``: NVIDIA Dynamo's KV router, ``dynamo`` and ``dynamo:affinity`` (session
@@ -24,6 +26,7 @@ from ._dynamo import Dynamo, DynamoAffinity
 from ._gateway import GatewayApp
 from ._llmd import LLMD, LLMDFairness
 from ._vllm_router import CacheAware, ConsistentHash, RoundRobin, StickyLeastLoaded
+from ._vllm_router_programs import ProgramScheduling
 
 __all__ = [
     "PEERS",
@@ -41,6 +44,7 @@ PEERS: Final[dict[str, Callable[[], Policy]]] = {
     "vllm-router:cache_aware": CacheAware,
     "vllm-router:consistent_hash": ConsistentHash,
     "vllm-router:sticky_least_loaded": StickyLeastLoaded,
+    "vllm-router:programs": ProgramScheduling,
     "llm-d": LLMD,
     "llm-d:fairness": LLMDFairness,
     "dynamo": Dynamo,

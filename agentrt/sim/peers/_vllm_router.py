@@ -7,19 +7,31 @@
   least loaded; else the worker whose tree matches the request's longest prefix when the
   match rate exceeds ``cache_threshold``, the least loaded otherwise. Defaults as the
   router's CLI: 0.3, 64, 1.5; each worker's tree bounded to ``max_tree_size`` characters
-  (2**25), least recently used leaves evicted every ``eviction_interval_secs`` (120);
+  (2**25), least recently used leaves evicted every ``eviction_interval_secs`` (120).
+  0.1.17 keys its prefix on token ids it gets from the worker
+  (``POST /v1/chat/completions/render``, ``/tokenize``), which the model stands in for
+  with the replicas' own block runs; a worker without those endpoints (``agentrt sim
+  serve``) gets no prefix routing from the real router (``render_unavailable``);
 - ``consistent_hash`` (``consistent_hash.rs``, ``hash_key.rs``): a ring of 160 virtual
   nodes per worker URL hashed with ``fbi_hash``; the key is the first of the headers
   ``x-session-id``, ``x-user-id``, ``x-tenant-id``, ``x-correlation-id``,
-  ``x-request-id``, ``x-trace-id``, then the body's ``session_params.session_id``,
-  ``user``, ``session_id``, ``user_id``, else the request text's hash (a plain client's
-  turns land anywhere);
+  ``x-request-id``, ``x-trace-id``, then ``session_params.session_id``, ``user``,
+  ``session_id``, ``user_id`` found in the routing text by the router's plain-text
+  search, else the text itself (``request:TEXT``, or its hash past 100 bytes). In 0.1.17
+  a chat request's routing text is empty: a chat body's ``user`` field is not read, and
+  every chat request without a session header has the key ``request:`` and goes to one
+  worker (measured, benchmarks/peer_agreement.py);
 - ``sticky_least_loaded`` (``sticky_least_loaded.rs``): a new session (id as above,
-  headers then body) goes to the worker with the fewest active sessions, ties broken by
-  rendezvous hashing of ``"{session}:{url}"``; its later requests follow it; a session
-  ends with ``POST /finish_session?session_id=ID`` or after 2 h untouched (swept at most
-  once a minute); a request without a session id goes to the worker with the fewest
-  sessions and is not recorded.
+  headers then the routing text) goes to the worker with the fewest active sessions,
+  ties broken by rendezvous hashing of ``"{session}:{url}"`` (highest wins, the first in
+  worker order on equal weights); its later requests follow it; a session ends with
+  ``POST /finish_session?session_id=ID`` or after 2 h untouched (swept at most once a
+  minute); a request without a session id goes to the worker with the fewest sessions,
+  ties broken by ``"{routing text}:{url}"`` (``":{url}"`` for chat), and is not
+  recorded.
+
+Workers are taken in the order the policy was bound with: the real router's registry
+order (``GET /list_workers``), not the command line's.
 
 Worker load is the router's count of its requests in flight there.
 """
@@ -35,7 +47,15 @@ from ._base import GatewayRequest, Policy
 from ._fbi import fbi_hash
 from ._prefix import PrefixTree
 
-__all__ = ["CacheAware", "ConsistentHash", "RoundRobin", "StickyLeastLoaded", "session_key"]
+__all__ = [
+    "CacheAware",
+    "ConsistentHash",
+    "RoundRobin",
+    "StickyLeastLoaded",
+    "hash_key",
+    "routing_text",
+    "session_key",
+]
 
 SESSION_HEADERS: Final = (
     "x-session-id",
@@ -56,14 +76,73 @@ def _hash(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
 
-def _body_session(body: dict[str, Any]) -> tuple[str, str] | None:
-    params = body.get("session_params")
-    if isinstance(params, dict) and params.get("session_id") not in (None, ""):
-        return "session", str(params["session_id"])
+def routing_text(req: GatewayRequest) -> str:
+    """The request text 0.1.17's hash-keyed policies see: empty for a chat request (its
+    ``consistent_hash`` and ``sticky_least_loaded`` get no text for
+    ``/v1/chat/completions``: a plain chat turn hashes as ``"request:"``, measured with
+    benchmarks/peer_agreement.py), the prompt for a text completion."""
+    if "messages" in req.body:
+        return ""
+    prompt = req.body.get("prompt")
+    return prompt if isinstance(prompt, str) else json.dumps(prompt)
+
+
+def _field(text: str, name: str) -> str | None:
+    """``hash_key.rs``'s ``extract_field_value``: the first ``"name"``, ``'name'`` or
+    bare ``name`` in ``text`` followed by a colon, and its quoted or bare value."""
+    for pattern in (f'"{name}"', f"'{name}'", name):
+        at = text.find(pattern)
+        if at < 0:
+            continue
+        after = text[at + len(pattern) :]
+        rest = after.lstrip()
+        if not rest.startswith(":"):
+            continue
+        value = rest[1:].lstrip()
+        if value[:1] in ('"', "'"):
+            close = value.find(value[0], 1)
+            if close >= 0:
+                return value[1:close]
+            continue
+        cut = min((i for i in (value.find(c) for c in ", }]\n\r\t") if i >= 0), default=len(value))
+        if cut > 0:
+            return value[:cut]
+    return None
+
+
+def _nested_field(text: str, parent: str, child: str) -> str | None:
+    """``extract_nested_field_value``: ``child`` inside the object after ``parent``."""
+    for pattern in (f'"{parent}"', f"'{parent}'"):
+        at = text.find(pattern)
+        if at < 0:
+            continue
+        rest = text[at + len(pattern) :].lstrip()
+        if not rest.startswith(":"):
+            continue
+        brace = rest.find("{")
+        if brace < 0:
+            return None
+        depth = 0
+        for i, ch in enumerate(rest[brace:]):
+            depth += (ch == "{") - (ch == "}")
+            if depth == 0:
+                return _field(rest[brace : brace + i + 1], child)
+        return None
+    return None
+
+
+def _text_session(text: str) -> tuple[str, str] | None:
+    """``extract_hash_key_from_body`` on the routing text (not the JSON body: a chat
+    body's ``user`` field is not read in 0.1.17)."""
+    if not text:
+        return None
+    found = _nested_field(text, "session_params", "session_id")
+    if found is not None:
+        return "session", found
     for field, kind in (("user", "user"), ("session_id", "session"), ("user_id", "user")):
-        value = body.get(field)
-        if value not in (None, ""):
-            return kind, value if isinstance(value, str) else json.dumps(value)
+        value = _field(text, field)
+        if value is not None:
+            return kind, value
     return None
 
 
@@ -73,21 +152,21 @@ def session_key(req: GatewayRequest) -> str | None:
         value = req.headers.get(name)
         if value:
             return value
-    found = _body_session(req.body)
+    found = _text_session(routing_text(req))
     return None if found is None else found[1]
 
 
 def hash_key(req: GatewayRequest) -> str:
-    """``extract_hash_key``: headers, then body fields, then the request text."""
+    """``extract_hash_key``: headers, then fields in the routing text, then the text."""
     for name in SESSION_HEADERS:
         value = req.headers.get(name)
         if value:
             return f"header:{name}:{value}"
-    found = _body_session(req.body)
+    text = routing_text(req)
+    found = _text_session(text)
     if found is not None:
         return f"{found[0]}:{found[1]}"
-    text = req.raw.decode("utf-8", "replace")
-    if len(text) > 100:
+    if len(text.encode()) > 100:
         return f"request_hash:{_hash(text):016x}"
     return f"request:{text}"
 
@@ -100,9 +179,11 @@ class RoundRobin(Policy):
         self._next = 0
 
     def pick(self, req: GatewayRequest, now: float) -> int:
-        i = self._next % len(self.replicas)
+        # The worker list in the order it was bound: the real router walks its registry's
+        # order, which is not the command line's (``GET /list_workers`` shows it).
+        view = self.replicas[self._next % len(self.replicas)]
         self._next += 1
-        return i
+        return view.index
 
 
 class CacheAware(Policy):
@@ -216,7 +297,7 @@ class StickyLeastLoaded(Policy):
         self._sweep(now)
         sid = session_key(req)
         if sid is None:
-            return self._least(req.raw.decode("utf-8", "replace"))
+            return self._least(routing_text(req))
         entry = self.sessions.get(sid)
         if entry is not None:
             self.sessions[sid] = (entry[0], now)
