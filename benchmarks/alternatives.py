@@ -38,6 +38,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,10 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "coding": {"jobs": 100, "start": 0.3},
 }
 KV: dict[str, int | None] = {"ample": None, "pressure": 8192}
+CODING_RATES = (0.2, 0.4)
+"""``coding``'s two loads (jobs/s): the demo's rate and twice it. Its jobs call one at a
+time with short contexts, so a few hundred of them never load 8 replicas past the SLO:
+it has no throughput at SLO here, only JCTs at fixed loads."""
 MAX_CONTEXT = 200_000
 """Claude's context window: the traces with a longer call came from 1M-token sessions."""
 
@@ -95,11 +100,12 @@ def _jct(run: ClientRun) -> dict[str, float]:
 
 def loads(
     setup: Setup,
-    rates: dict[str, float],
+    rates: dict[str, tuple[float, float]],
     clients: Sequence[str],
     workers: Any,
 ) -> dict[str, Any]:
-    """Every client replayed at each workload's ``rates`` (jobs/s), per seed."""
+    """Every client replayed at each workload's two ``rates`` (jobs/s: ``low``,
+    ``high``), per seed."""
     items: list[tuple[BenchConfig, list[Any], int]] = []
     keys: list[tuple[str, int, str, str]] = []
     for wl, opts in setup.workloads.items():
@@ -112,8 +118,7 @@ def loads(
                 traces=setup.traces,
                 tool_wait_s=setup.tool_wait_s,
             )
-            for label, factor in (("half", 0.5), ("full", 1.0)):
-                rate = rates[wl] * factor
+            for label, rate in zip(("low", "high"), rates[wl], strict=True):
                 for client in clients:
                     cfg = BenchConfig(
                         workload=wl,
@@ -145,7 +150,7 @@ def loads(
         run = out[i]
         assert isinstance(run, ClientRun)
         at = result.setdefault(wl, {}).setdefault(
-            label, {"rate": rates[wl] * (0.5 if label == "half" else 1.0)}
+            label, {"rate": rates[wl][0 if label == "low" else 1]}
         )
         at.setdefault(client, {})[str(seed)] = _jct(run)
     return result
@@ -165,71 +170,81 @@ def best_plain_peer(slo: dict[str, Any], wl: str) -> tuple[str, float]:
     return best, best_rate
 
 
-def summary(
-    slo: dict[str, Any], at: dict[str, Any], clients: Sequence[str]
-) -> list[dict[str, Any]]:
+def _ratio(values: Sequence[float]) -> float:
+    return (
+        math.exp(statistics.fmean(math.log(v) for v in values))
+        if values and all(v > 0 for v in values)
+        else math.nan
+    )
+
+
+def summary(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per workload and configuration: the rate at SLO (where searched) over the best
+    ``plain>PEER``'s, and the medians over seeds of JCT p50 / p90 and cache hits at the
+    two loads, with the JCTs over the best ``plain>PEER``'s."""
+    slo, at, clients = entry["slo"], entry["loads"], entry["clients"]
     rows = []
-    for wl, seeds in slo.items():
-        best, _ = best_plain_peer(slo, wl)
+    for wl in dict.fromkeys([*slo, *at]):
+        best = best_plain_peer(slo, wl)[0] if wl in slo else entry["best"].get(wl, "plain")
         for client in clients:
+            row: dict[str, Any] = {"workload": wl, "client": client, "best_plain_peer": best}
+            seeds = slo.get(wl, {})
             per = [s[client]["rate"] for s in seeds.values() if client in s]
-            ratios = [
-                s[client]["rate"] / s[best]["rate"]
-                for s in seeds.values()
-                if client in s and s[best]["rate"] > 0
-            ]
-            if not per:
-                continue
-            row: dict[str, Any] = {
-                "workload": wl,
-                "client": client,
-                "rate": statistics.fmean(per),
-                "x_best_plain_peer": math.exp(statistics.fmean(math.log(r) for r in ratios))
-                if ratios and all(r > 0 for r in ratios)
-                else math.nan,
-                "x_min": min(ratios) if ratios else math.nan,
-                "x_max": max(ratios) if ratios else math.nan,
-                "best_plain_peer": best,
-            }
-            for label in ("half", "full"):
-                cell = at.get(wl, {}).get(label, {}).get(client)
-                if cell:
-                    for key in ("p50", "p90", "cache_hit", "resumed_hit", "failed"):
-                        values = [
-                            v[key] for v in cell.values() if not math.isnan(v.get(key, math.nan))
-                        ]
-                        row[f"{label}_{key}"] = statistics.median(values) if values else math.nan
+            if per:
+                row["rate"] = statistics.fmean(per)
+                ratios = [
+                    s[client]["rate"] / s[best]["rate"]
+                    for s in seeds.values()
+                    if client in s and s[best]["rate"] > 0
+                ]
+                row["x_rate"] = _ratio(ratios)
+                row["x_rate_min"] = min(ratios) if ratios else math.nan
+            for label in ("low", "high"):
+                cells = at.get(wl, {}).get(label, {})
+                cell, ref = cells.get(client), cells.get(best)
+                if not cell:
+                    continue
+                for key in ("p50", "p90", "cache_hit", "resumed_hit", "failed"):
+                    values = [v[key] for v in cell.values() if math.isfinite(v.get(key, math.nan))]
+                    row[f"{label}_{key}"] = statistics.median(values) if values else math.nan
+                if ref:
+                    for key in ("p50", "p90"):
+                        row[f"{label}_x_{key}"] = _ratio(
+                            [cell[sd][key] / ref[sd][key] for sd in cell if sd in ref]
+                        )
             rows.append(row)
     return rows
 
 
+def _cell(r: dict[str, Any], key: str, fmt: str) -> str:
+    v = r.get(key, math.nan)
+    width = int(fmt.split(".")[0])
+    return f"{v:{fmt}}" if isinstance(v, float) and math.isfinite(v) else f"{'-':>{width}}"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
+    """The table, under 80 columns: jobs/s at SLO and its ratio to the best plain>PEER's,
+    then per load JCT p50 and p90 as ratios to the best plain>PEER's, and cache hits."""
     lines = []
     for wl in dict.fromkeys(r["workload"] for r in rows):
         sub = [r for r in rows if r["workload"] == wl]
-        lines.append(f"{wl} (x: rate over {sub[0]['best_plain_peer']}'s)")
+        lines.append(f"{wl}: x = over {sub[0]['best_plain_peer']}")
+        lines.append(f"{'':<31}{'at SLO':^13}{'low load':^18}{'high load':^18}")
         lines.append(
-            f"{'configuration':<34}{'jobs/s':>7}{'x':>6}{'p50':>7}{'p90':>7}{'hit':>5}"
-            f"{'p50':>7}{'p90':>7}"
+            f"{'configuration':<31}{'jobs/s':>7}{'x':>6}"
+            + f"{'x p50':>6}{'x p90':>6}{'hit':>6}" * 2
         )
-        lines.append(f"{'':<34}{'at SLO':>13}{'half load':^19}{'full load':^14}")
         for r in sub:
             name = r["client"].replace("agentrt:", "a:").replace("vllm-router", "vr")
-
-            def f(key: str, fmt: str = "7.0f", r: dict[str, Any] = r) -> str:
-                v = r.get(key, math.nan)
-                return (
-                    f"{v:{fmt}}"
-                    if isinstance(v, float) and math.isfinite(v)
-                    else f"{'-':>{fmt[0]}}"
+            cells = f"{_cell(r, 'rate', '7.3f')}{_cell(r, 'x_rate', '6.2f')}"
+            for label in ("low", "high"):
+                hit = r.get(f"{label}_cache_hit", math.nan)
+                hit_s = f"{hit * 100:5.0f}%" if math.isfinite(hit) else f"{'-':>6}"
+                cells += (
+                    f"{_cell(r, f'{label}_x_p50', '6.2f')}{_cell(r, f'{label}_x_p90', '6.2f')}"
+                    + hit_s
                 )
-
-            hit = r.get("half_cache_hit", math.nan)
-            hit_s = f"{hit * 100:4.0f}%" if math.isfinite(hit) else f"{'-':>5}"
-            lines.append(
-                f"{name[:33]:<34}{r['rate']:7.3f}{f('x_best_plain_peer', '6.2f')}"
-                f"{f('half_p50')}{f('half_p90')}{hit_s}{f('full_p50')}{f('full_p90')}"
-            )
+            lines.append(f"{name[:30]:<31}{cells}")
         lines.append("")
     return "\n".join(lines)
 
@@ -240,19 +255,34 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--peer", action="append", help="a modelled peer (repeatable)")
     ap.add_argument("--tuned", help="a settings file from agentrt tune for agentrt direct")
     ap.add_argument("--client", action="append", help="extra configurations (repeatable)")
-    ap.add_argument("--workload", action="append", choices=sorted(WORKLOADS))
+    ap.add_argument(
+        "--only", action="append", help="these configurations instead of the grid (repeatable)"
+    )
     ap.add_argument("--kv", action="append", choices=sorted(KV))
     ap.add_argument("--cc-jobs", type=int, default=WORKLOADS["claude-code"]["jobs"])
+    ap.add_argument(
+        "--cc-start",
+        type=float,
+        default=WORKLOADS["claude-code"]["start"],
+        help="the rate (jobs/s) each Claude Code search starts from",
+    )
     ap.add_argument("--coding-jobs", type=int, default=WORKLOADS["coding"]["jobs"])
+    ap.add_argument(
+        "--coding-rates",
+        type=float,
+        nargs=2,
+        default=CODING_RATES,
+        metavar=("LOW", "HIGH"),
+        help="coding's two loads, jobs/s",
+    )
     ap.add_argument("--pressure-blocks", type=int, default=KV["pressure"])
     ap.add_argument("--seeds", type=int, default=2)
-    ap.add_argument("--tol", type=float, default=1.25)
-    ap.add_argument("--max-tries", type=int, default=6)
+    ap.add_argument("--tol", type=float, default=1.3)
+    ap.add_argument("--max-tries", type=int, default=5)
     ap.add_argument("--max-wait", type=float, default=30.0)
     ap.add_argument("--fleet", type=int, default=1)
     ap.add_argument("--workers", type=parse_workers, default="auto")
     ap.add_argument("--append", action="store_true", help="add to --out's configurations")
-    ap.add_argument("--no-loads", action="store_true", help="skip the fixed-load replays")
     ap.add_argument("--out", type=Path, default=Path("results/alternatives.json"))
     args = ap.parse_args(argv)
     peers = args.peer or default_peers()
@@ -260,19 +290,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if p not in PEERS:
             sys.exit(f"unknown peer {p!r}; known: {', '.join(PEERS)}")
     clients = configurations(peers, args.tuned) + list(args.client or [])
+    if args.only:
+        clients = list(args.only)
     for c in clients:
         ClientSpec.parse(c)
-    wls = {
-        "claude-code": {"jobs": args.cc_jobs, "start": WORKLOADS["claude-code"]["start"]},
-        "coding": {"jobs": args.coding_jobs, "start": WORKLOADS["coding"]["start"]},
-    }
-    wls = {k: v for k, v in wls.items() if k in (args.workload or list(WORKLOADS))}
+    cc = {"claude-code": {"jobs": args.cc_jobs, "start": args.cc_start}}
+    coding = {"coding": {"jobs": args.coding_jobs, "start": 0.0}}
+    coding_rates = tuple(args.coding_rates)
     kvs = {"ample": None, "pressure": args.pressure_blocks}
     kvs = {k: v for k, v in kvs.items() if k in (args.kv or list(KV))}
     seeds = tuple(range(args.seeds))
     traces = TraceOptions(token_scale=1.0, max_wait_s=args.max_wait, max_context=MAX_CONTEXT)
     if args.quick:
-        wls = {"coding": {"jobs": 24, "start": 0.3}}
+        cc = {"claude-code": {"jobs": 8, "start": 0.05}}
+        coding = {"coding": {"jobs": 24, "start": 0.0}}
         kvs = {"ample": None}
         seeds = (0,)
     old: dict[str, Any] = (
@@ -281,7 +312,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     out: dict[str, Any] = old or {
         "setup": {
-            "workloads": wls,
+            "slo_workloads": cc,
+            "load_workloads": {**cc, **coding},
+            "coding_rates": coding_rates,
             "kv_gpu_blocks": kvs,
             "seeds": list(seeds),
             "replicas": 8,
@@ -291,6 +324,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "max_context": MAX_CONTEXT,
             "slo_p90_stretch": 2.0,
             "tol": args.tol,
+            "max_tries": args.max_tries,
             "fleet": args.fleet,
         },
         "kv": {},
@@ -298,13 +332,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     out["command"] = "benchmarks/alternatives.py " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
+
+    def save() -> None:
+        out["wall_s"] = round(time.perf_counter() - started + old.get("wall_s", 0.0), 1)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out, indent=1))
+
     for kv, blocks in kvs.items():
-        entry = out["kv"].setdefault(kv, {"slo": {}, "loads": {}, "clients": []})
+        entry = out["kv"].setdefault(
+            kv, {"slo": {}, "loads": {}, "clients": [], "best": {}, "rates": {}}
+        )
         todo = [c for c in clients if c not in entry["clients"]]
         if not todo:
             continue
         setup = Setup(
-            workloads=wls,
+            workloads=cc,
             clients=tuple(todo),
             seeds=seeds,
             traces=traces,
@@ -315,26 +357,35 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             fleet=args.fleet,
         )
         print(f"{kv}: throughput at SLO, {len(todo)} configurations", file=sys.stderr, flush=True)
-        slo = measure(setup)
+
+        def checkpoint(runs: dict[str, Any], entry: dict[str, Any] = entry) -> None:
+            entry["partial_slo"] = runs
+            save()
+
+        slo = measure(setup, checkpoint=checkpoint)
+        entry.pop("partial_slo", None)
         for wl, per_seed in slo.items():
             for seed, per_client in per_seed.items():
                 entry["slo"].setdefault(wl, {}).setdefault(seed, {}).update(per_client)
         entry["clients"] = list(dict.fromkeys([*entry["clients"], *todo]))
-        if not args.no_loads:
-            rates = {}
-            for wl in wls:
-                _, rate = best_plain_peer(entry["slo"], wl)
-                old_rate = entry["loads"].get(wl, {}).get("full", {}).get("rate")
-                rates[wl] = old_rate if old_rate else rate
-            print(f"{kv}: JCT at two loads {rates}", file=sys.stderr, flush=True)
-            at = loads(setup, rates, todo, args.workers)
-            for wl, per_label in at.items():
-                for label, cells in per_label.items():
-                    entry["loads"].setdefault(wl, {}).setdefault(label, {}).update(cells)
-        entry["summary"] = summary(entry["slo"], entry["loads"], entry["clients"])
-        out["wall_s"] = round(time.perf_counter() - started + old.get("wall_s", 0.0), 1)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=1))
+        # The loads are fixed when first measured, so configurations added later
+        # (--append) are replayed at the same ones.
+        rates = entry["rates"]
+        for wl in cc:
+            if wl not in rates:
+                best, rate = best_plain_peer(entry["slo"], wl)
+                entry["best"][wl] = best
+                rates[wl] = (0.5 * rate, rate)
+        for wl in coding:
+            rates.setdefault(wl, coding_rates)
+        print(f"{kv}: JCT at two loads {rates}", file=sys.stderr, flush=True)
+        load_setup = replace(setup, workloads={**cc, **coding})
+        at = loads(load_setup, {k: tuple(v) for k, v in rates.items()}, todo, args.workers)
+        for wl, per_label in at.items():
+            for label, cells in per_label.items():
+                entry["loads"].setdefault(wl, {}).setdefault(label, {}).update(cells)
+        entry["summary"] = summary(entry)
+        save()
         print(f"== KV {kv} ==")
         print(table(entry["summary"]), flush=True)
     return out
