@@ -178,14 +178,29 @@ def _ratio(values: Sequence[float]) -> float:
     )
 
 
+def _best_by_jct(at: dict[str, Any]) -> str:
+    """Without a rate at SLO: the ``plain>PEER`` (or ``plain``) with the lowest median JCT
+    p90 at the high load."""
+    cells = at.get("high", {})
+    best, value = "plain", math.inf
+    for client, per_seed in cells.items():
+        if client == "rate" or not client.startswith("plain"):
+            continue
+        p90 = statistics.median(v["p90"] for v in per_seed.values())
+        if p90 < value:
+            best, value = client, p90
+    return best
+
+
 def summary(entry: dict[str, Any]) -> list[dict[str, Any]]:
     """Per workload and configuration: the rate at SLO (where searched) over the best
     ``plain>PEER``'s, and the medians over seeds of JCT p50 / p90 and cache hits at the
-    two loads, with the JCTs over the best ``plain>PEER``'s."""
+    two loads, with the JCTs over the best ``plain>PEER``'s (by rate at SLO, else by JCT
+    p90 at the high load)."""
     slo, at, clients = entry["slo"], entry["loads"], entry["clients"]
     rows = []
     for wl in dict.fromkeys([*slo, *at]):
-        best = best_plain_peer(slo, wl)[0] if wl in slo else entry["best"].get(wl, "plain")
+        best = best_plain_peer(slo, wl)[0] if wl in slo else _best_by_jct(at.get(wl, {}))
         for client in clients:
             row: dict[str, Any] = {"workload": wl, "client": client, "best_plain_peer": best}
             seeds = slo.get(wl, {})
@@ -249,6 +264,36 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The table as Markdown (for docs/benchmarks.md), one per workload."""
+    out = []
+    for wl in dict.fromkeys(r["workload"] for r in rows):
+        sub = [r for r in rows if r["workload"] == wl]
+        out.append(f"**{wl}** (x: over `{sub[0]['best_plain_peer']}`)\n")
+        out.append(
+            "| configuration | jobs/s at SLO | x | low load: JCT p50 x | p90 x | cache hit "
+            "| high load: JCT p50 x | p90 x | cache hit |"
+        )
+        out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for r in sub:
+
+            def c(key: str, fmt: str, r: dict[str, Any] = r) -> str:
+                v = r.get(key, math.nan)
+                return format(v, fmt) if isinstance(v, float) and math.isfinite(v) else "-"
+
+            def pct(key: str, r: dict[str, Any] = r) -> str:
+                v = r.get(key, math.nan)
+                return f"{v * 100:.0f}%" if isinstance(v, float) and math.isfinite(v) else "-"
+
+            out.append(
+                f"| `{r['client']}` | {c('rate', '.3f')} | {c('x_rate', '.2f')} | "
+                f"{c('low_x_p50', '.2f')} | {c('low_x_p90', '.2f')} | {pct('low_cache_hit')} | "
+                f"{c('high_x_p50', '.2f')} | {c('high_x_p90', '.2f')} | {pct('high_cache_hit')} |"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a small run")
@@ -284,7 +329,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--workers", type=parse_workers, default="auto")
     ap.add_argument("--append", action="store_true", help="add to --out's configurations")
     ap.add_argument("--out", type=Path, default=Path("results/alternatives.json"))
+    ap.add_argument(
+        "--show", action="store_true", help="print --out's tables (text and Markdown), run nothing"
+    )
     args = ap.parse_args(argv)
+    if args.show:
+        shown = json.loads(args.out.read_text())
+        for kv, entry in shown["kv"].items():
+            entry["summary"] = summary(entry)
+            print(f"== KV {kv} ==\n{table(entry['summary'])}\n{markdown(entry['summary'])}")
+        return dict(shown)
     peers = args.peer or default_peers()
     for p in peers:
         if p not in PEERS:
