@@ -727,7 +727,7 @@ class AgentrtDriver:
 
     def _runtime(self, hooks: Sequence[Any]) -> Runtime:
         spec, urls = self._spec, self._urls
-        common = {**self._common, "hooks": tuple(hooks)}
+        common = {**self._common, **({"hooks": tuple(hooks)} if hooks else {})}
         if spec.config is not None:
             # As where the file is applied: the file's settings, Runtime's defaults
             # where it is silent (the bench's dialect unless it names one).
