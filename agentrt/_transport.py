@@ -222,9 +222,13 @@ class DeadlineExceeded(TimeoutError, openai.OpenAIError):
     ``APIConnectionError``."""
 
 
-_MAX_STALE = 8
-"""Resends of one attempt after kept-alive connections the server had closed (each such
-connection leaves the pool, so a resend soon gets a new one; this only bounds it)."""
+_MAX_STALE = 256
+"""Resends of one attempt after kept-alive connections the server had closed. Each such
+connection leaves the pool, so the resends end once the pool's idle connections are
+spent (at most its keep-alive limit, 256 in the runtime's own client); this only bounds
+them. A bound of 8 was too low: a pool of 20 parallel sub-agents' idle connections, all
+closed by the server, ran past it and turned a stale connection into a failed attempt
+(the trio soak test, one run in six)."""
 
 
 class _ConnTrace:
