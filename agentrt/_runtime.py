@@ -450,7 +450,7 @@ class Runtime:
         # calls at once open as many sockets, overflow a server's accept backlog and time
         # out connecting (benchmarks/load.py, docs/benchmarks.md "Load and soak").
         self._inner: httpx.AsyncBaseTransport = cast(Any, transport) or mod.AsyncHTTPTransport(
-            limits=mod.Limits(max_connections=_MAX_CONNECTIONS, max_keepalive_connections=256)  # _MAX_STALE
+            limits=mod.Limits(max_connections=_MAX_CONNECTIONS, max_keepalive_connections=256)
         )
         self._reports: deque[JobReport] = deque(maxlen=keep_reports)
         self._on_job_end = on_job_end
