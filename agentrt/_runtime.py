@@ -462,6 +462,7 @@ class Runtime:
         self._notices = Notices(mod, self._inner)
         self._core.notices = self._notices
         self._poll_metrics_s = poll
+        self._get_urls: dict[str, Any] = {}  # the URLs _get asks, parsed
         self._poll_adaptive = poll_metrics_s == "auto"
         self._platform: Any = openai_platform()  # with the pool, not per first call
 
@@ -641,7 +642,10 @@ class Runtime:
         timeout = {"connect": 2.0, "read": 2.0, "write": 2.0, "pool": 2.0}
         # With the endpoint's key or credentials, as its calls carry them.
         headers = [] if ep.authorization is None else [(b"authorization", ep.authorization)]
-        request = mod.Request("GET", url, headers=headers, extensions={"timeout": timeout})
+        parsed = self._get_urls.get(url)
+        if parsed is None:  # parsed once: every process polls every engine each second
+            parsed = self._get_urls[url] = mod.URL(url)
+        request = mod.Request("GET", parsed, headers=headers, extensions={"timeout": timeout})
         with anyio.move_on_after(3.0):
             try:
                 response = await self._inner.handle_async_request(request)
@@ -814,11 +818,15 @@ class Runtime:
         runtime's ``transport`` is an httpx2 one), else a legacy ``httpx.AsyncClient``;
         both have the same API."""
         self._check_open()
-        lib = self._lib
-        return lib.mod.AsyncClient(  # type: ignore[no-any-return]
-            transport=lib.SharedTransport(lib.AgentTransport(self._core, self._inner)),
-            timeout=self._timeout,
+        return self._lib.mod.AsyncClient(  # type: ignore[no-any-return]
+            transport=self._http_transport(), timeout=self._timeout
         )
+
+    def _http_transport(self) -> httpx.AsyncBaseTransport:
+        """The transport of :meth:`http_client` (the bench's virtual-time replays send
+        their requests to it directly: agentrt's whole path, without the client's)."""
+        lib = self._lib
+        return lib.SharedTransport(lib.AgentTransport(self._core, self._inner))  # type: ignore[no-any-return]
 
     def openai(self, **kwargs: Any) -> openai.AsyncOpenAI:
         """An ``openai.AsyncOpenAI`` whose calls go through agentrt.

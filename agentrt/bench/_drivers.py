@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
 import random
 from collections.abc import Sequence
@@ -22,6 +23,8 @@ from .._context import new_id
 from .._platform import give_platform, openai_platform
 from .._runtime import Runtime
 from ..sim import prompt_for_blocks
+from ..sim._app import ReplicaApp
+from ..sim._transport import ASGIDispatchTransport
 from ..telemetry import CallReport, JobReport, Journal, ToolReport
 from ..telemetry._report import union_length
 from ._plan import BLOCK_TOKENS, Call, Fanout, JobPlan, SessionPlan
@@ -473,6 +476,14 @@ class PlainDriver:
         tag = openai_platform()  # no thread hop per first call (agentrt/_platform.py)
         for client in self._clients:
             give_platform(client, tag)
+        # In virtual time a plain client's HTTP stack changes no result, only the CPU a
+        # replay costs: with api="http" on the embedded cluster (a replica or a gateway
+        # app per URL), calls go straight to the app (the thin path, _inprocess_chat).
+        self._apps: list[tuple[ReplicaApp, str]] | None = None
+        if api == "http" and isinstance(transport, ASGIDispatchTransport):
+            apps = [transport.replica_app(u) for u in urls]
+            if all(a is not None for a in apps):
+                self._apps = [a for a in apps if a is not None]
         n = len(urls)
         self._rr = itertools.cycle([(start + i) % n for i in range(n)])
         self._model = model
@@ -505,7 +516,11 @@ class PlainDriver:
                     job.tools.append(ToolResult(session_id, step.tool, start - job_t0, now - start))
             i = next(self._rr)
             start = anyio.current_time()
-            if self._api == "http":
+            if self._apps is not None:
+                body = _body(self._model, self._prompts, step, self._extra)
+                usage = self._journal is not None
+                call = await _inprocess_chat(*self._apps[i], body, step.stream, usage)
+            elif self._api == "http":
                 body = _body(self._model, self._prompts, step, self._extra)
                 usage = self._journal is not None
                 call = await _http_chat(self._http, self._urls[i], body, step.stream, usage)
@@ -657,6 +672,42 @@ async def _http_chat(
     return _result(anyio.current_time() - start, ttft, stream, tokens)
 
 
+_INPROCESS_HEADERS: Final = [(b"content-type", b"application/json")]
+
+
+async def _inprocess_chat(
+    app: ReplicaApp, base_path: str, body: dict[str, Any], stream: bool, usage: bool = False
+) -> CallResult:
+    """:func:`_http_chat` without the HTTP client: the same request handed to the
+    embedded replica's (or gateway's) app and its reply read as sent (the same bytes, the
+    same error on an error status, TTFT at the first event)."""
+    path = base_path + "/chat/completions"
+    data = json.dumps(body).encode()
+    start = anyio.current_time()
+    ttft = None
+    tokens = None
+    reply = await app.respond("POST", path, _INPROCESS_HEADERS, data)
+    chunks = reply.stream
+    if reply.status >= 400:
+        if chunks is not None:
+            chunks.close()
+        request = httpx.Request("POST", "http://inprocess" + path)
+        response = httpx.Response(reply.status, content=reply.body, request=request)
+        response.raise_for_status()
+    if chunks is not None:
+        try:
+            async for chunk in chunks:
+                if ttft is None and b"data:" in chunk:
+                    ttft = anyio.current_time() - start
+                if b"[DONE]" in chunk:
+                    break
+        finally:
+            chunks.close()
+    elif usage:
+        tokens = json.loads(reply.body).get("usage")
+    return _result(anyio.current_time() - start, ttft, stream, tokens)
+
+
 async def _call(
     client: openai.AsyncOpenAI, model: str, prompts: Prompts, step: Call, extra: dict[str, Any]
 ) -> CallResult:
@@ -684,6 +735,47 @@ async def _call(
     return _result(anyio.current_time() - start, None, False, reply.usage)
 
 
+class _Direct:
+    """:func:`_http_chat` through ``rt.http_client()``'s transport without the client:
+    the request an ``httpx.AsyncClient`` builds (its default headers, the runtime's
+    timeouts, the JSON body), handed to agentrt's transport, the reply read to its last
+    event. For virtual-time replays, where the client's CPU changes no result."""
+
+    def __init__(self, rt: Runtime, base_url: str) -> None:
+        client = rt.http_client()  # only for its defaults: never sends
+        self._mod: Any = rt._lib.mod  # httpx2 or httpx, as the runtime's client
+        self._transport = rt._http_transport()
+        self._url = self._mod.URL(base_url + "/chat/completions")
+        self._headers = [
+            (k, v) for k, v in client.headers.raw if k.lower() not in (b"content-length",)
+        ]
+        self._extensions = {"timeout": client.timeout.as_dict()}
+
+    async def chat(self, body: dict[str, Any], stream: bool) -> None:
+        data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        content = data.encode()
+        headers = [
+            *self._headers,
+            (b"Content-Length", str(len(content)).encode()),
+            (b"Content-Type", b"application/json"),
+        ]
+        request = self._mod.Request(
+            "POST", self._url, headers=headers, content=content, extensions=self._extensions
+        )
+        response = await self._transport.handle_async_request(request)
+        response.request = request
+        try:
+            response.raise_for_status()
+            if stream:
+                async for chunk in response.aiter_bytes():
+                    if b"[DONE]" in chunk:
+                        break
+            else:
+                await response.aread()
+        finally:
+            await response.aclose()
+
+
 class AgentrtDriver:
     """agentrt: jobs, sessions and tool waits, tagged and routed by the runtime."""
 
@@ -700,6 +792,8 @@ class AgentrtDriver:
     ) -> None:
         self._api = api
         self._url = urls[0]
+        self._transport = transport
+        self._direct: _Direct | None = None
         self._name = spec.name
         self._declare = spec.declare
         self._http: httpx.AsyncClient | None = None
@@ -760,6 +854,10 @@ class AgentrtDriver:
             self._rt = self._runtime([await self._ends.__aenter__()])
         await self._rt.__aenter__()
         self._http = self._rt.http_client()
+        if self._api == "http" and isinstance(self._transport, ASGIDispatchTransport):
+            # Virtual time: the requests go to agentrt's transport directly (its routing,
+            # admission, tagging and reports as in production; no HTTP client above it).
+            self._direct = _Direct(self._rt, self._url)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -805,7 +903,10 @@ class AgentrtDriver:
                     body = _body(self._model, self._prompts, step, self._extra)
                     if step.stream:  # the usage chunk gives the report its cached tokens
                         body["stream_options"] = {"include_usage": True}
-                    await _http_chat(self._http, self._url, body, step.stream)
+                    if self._direct is not None:
+                        await self._direct.chat(body, step.stream)
+                    else:
+                        await _http_chat(self._http, self._url, body, step.stream)
                     continue
                 messages = [{"role": "user", "content": self._prompts.render(step)}]
                 if step.stream:

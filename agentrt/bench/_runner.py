@@ -76,7 +76,7 @@ class BenchConfig:
     client (no openai object parsing: for large replays)."""
     long_share: float = 0.2
     """``mixed-cc``: the share of jobs that are Claude Code replays (the rest are ReAct)."""
-    stream_interval: int = 16
+    stream_interval: int = 256
     """Tokens per streamed chunk of the embedded engine (the first token is always sent
     at once, so time to first token is exact)."""
     journal_dir: Path | None = None

@@ -23,6 +23,11 @@ _WAITING: Final = ("vllm:num_requests_waiting",)
 _KV_USAGE: Final = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 """``gpu_cache_usage_perc`` is the name in vLLM before the V1 engine."""
 _VLLM_NAMES: Final = (*_RUNNING, *_WAITING, *_KV_USAGE)
+_SAMPLE_AT: Final = re.compile(
+    r'([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?:[^"}\n]|"(?:[^"\\\n]|\\.)*")*\})?[ \t]+(\S+)'
+)
+"""One sample where its name starts (the names looked for are found with ``str.find``:
+a vLLM page is a thousand lines of histograms, polled every second by every process)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,20 +47,16 @@ class EngineSignals:
         return (self.running, self.waiting, self.kv_usage)
 
 
-def _samples(text: str, names: tuple[str, ...] | None = None) -> dict[str, list[float]]:
+def _samples(text: str) -> dict[str, list[float]]:
     """Prometheus text format to ``{sample name: [value per label set]}``, finite values
-    only. Comments, blank lines and lines that do not parse are skipped; with ``names``,
-    every sample of another name too (a vLLM page is mostly histograms: the lines are
-    not parsed at all)."""
+    only. Comments, blank lines and lines that do not parse are skipped."""
     out: dict[str, list[float]] = {}
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        if names is not None and not line.startswith(names):
-            continue
         m = _SAMPLE.match(line)
-        if m is None or (names is not None and m.group(1) not in names):
+        if m is None:
             continue
         try:
             value = float(m.group(2))
@@ -64,6 +65,18 @@ def _samples(text: str, names: tuple[str, ...] | None = None) -> dict[str, list[
         if math.isfinite(value):
             out.setdefault(m.group(1), []).append(value)
     return out
+
+
+def _sample_at(text: str, at: int, name: str) -> re.Match[str] | None:
+    """The sample of exactly ``name`` at ``at`` if it begins its line (after blanks), else
+    None (a comment, a label value, a longer name)."""
+    j = at
+    while j and text[j - 1] in " \t":
+        j -= 1
+    if j and text[j - 1] not in "\n\r":
+        return None
+    m = _SAMPLE_AT.match(text, at)
+    return m if m is not None and m.group(1) == name else None
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -87,7 +100,20 @@ def parse_vllm_metrics(text: str) -> EngineSignals:
     """
     if not isinstance(text, str):
         return EngineSignals()
-    samples = _samples(text, _VLLM_NAMES)
+    samples: dict[str, list[float]] = {}
+    for name in _VLLM_NAMES:
+        at = text.find(name)
+        while at >= 0:
+            m = _sample_at(text, at, name)
+            at = text.find(name, at + len(name))
+            if m is None:
+                continue
+            try:
+                value = float(m.group(2))
+            except ValueError:
+                continue
+            if math.isfinite(value):
+                samples.setdefault(name, []).append(value)
 
     def first(names: tuple[str, ...]) -> list[float] | None:
         for name in names:

@@ -11,8 +11,11 @@ follows the reply, which drives the KV tool-wait policy).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
+import operator
+import weakref
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final, Protocol
 
@@ -671,16 +674,51 @@ def _priority(body: dict[str, Any], meta: CallMetadata | None, enabled: bool) ->
 # ---------------------------------------------------------------- metrics
 
 
+_METRIC_HEADS: dict[tuple[str, str, str], str] = {}
+"""A sample's HELP and TYPE lines and its name and labels, by (name, extra labels,
+labels): a page is rendered per poll, every second by every polling process."""
+
+
+_STATS_BUT_CLOCK: Final = operator.attrgetter(
+    *(f.name for f in dataclasses.fields(ReplicaStats) if f.name != "time_s")
+)
+_PAGES: weakref.WeakKeyDictionary[Engine, tuple[tuple[Any, ...], str]] = weakref.WeakKeyDictionary()
+"""Each engine's last page but its clock, with the counters it was made from: an idle
+or unchanged replica polled again answers the same text (a fleet polls every second)."""
+
+
 def render_metrics(engine: Engine) -> str:
     """The replica's ``/metrics`` page: Prometheus text with vLLM's metric names."""
     s = engine.stats()
     labels = f'{{engine="0",model_name="{engine.config.model_name}"}}'
+    key = (_STATS_BUT_CLOCK(s), labels)
+    last = _PAGES.get(engine)
+    if last is not None and last[0] == key:
+        page = last[1]
+    else:
+        page = _render(engine, s, labels)
+        _PAGES[engine] = (key, page)
+    head = _metric_head("agentrt_sim:clock_seconds", "gauge", "The engine clock.", "", labels)
+    return f"{page}{head}{float(s.time_s)!r}\n"
+
+
+def _metric_head(name: str, kind: str, help_text: str, extra: str, labels: str) -> str:
+    key = (name, extra, labels)
+    head = _METRIC_HEADS.get(key)
+    if head is None:  # the same few dozen per model: made once
+        lab = labels if not extra else labels[:-1] + "," + extra + "}"
+        head = f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n{name}{lab} "
+        if len(_METRIC_HEADS) < 4096:
+            _METRIC_HEADS[key] = head
+    return head
+
+
+def _render(engine: Engine, s: ReplicaStats, labels: str) -> str:
+    """The page of :func:`render_metrics` but its last line (the clock)."""
     out: list[str] = []
 
     def metric(name: str, kind: str, help_text: str, value: float, extra: str = "") -> None:
-        out.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
-        lab = labels if not extra else labels[:-1] + "," + extra + "}"
-        out.append(f"{name}{lab} {float(value)!r}\n")
+        out.append(f"{_metric_head(name, kind, help_text, extra, labels)}{float(value)!r}\n")
 
     metric(
         "vllm:num_requests_running",
@@ -754,7 +792,6 @@ def render_metrics(engine: Engine) -> str:
     metric(
         "agentrt_sim:busy_seconds_total", "counter", "Simulated seconds spent in steps.", s.busy_s
     )
-    metric("agentrt_sim:clock_seconds", "gauge", "The engine clock.", s.time_s)
     return "".join(out)
 
 

@@ -163,6 +163,18 @@ class ASGIDispatchTransport(httpx.AsyncBaseTransport):
         self._apps = dict(apps)
         self._spawn = spawn
 
+    def replica_app(self, url: str) -> tuple[ReplicaApp, str] | None:
+        """The in-process app (a replica's or a gateway's) that serves ``url`` and the
+        path below it (``http://replica-0.sim/v1`` gives the app and ``/v1``), or None for
+        any other app or host. The bench's plain clients call :meth:`ReplicaApp.respond`
+        through it directly: the requests and replies of an HTTP client, without one."""
+        parsed = httpx.URL(url)
+        app = self._apps.get(parsed.host)
+        if not isinstance(app, ReplicaApp):
+            return None
+        self._spawn()  # raises when the owner (the cluster) is not running
+        return app, parsed.path.rstrip("/")
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         host = request.url.host
         app = self._apps.get(host)

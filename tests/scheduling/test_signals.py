@@ -87,3 +87,60 @@ def test_never_raises(text: str) -> None:
     assert signals.kv_usage is None or 0.0 <= signals.kv_usage <= 1.0
     assert signals.running is None or signals.running >= 0
     parse_prometheus(text)
+
+
+def test_only_exact_names_on_their_own_lines_count() -> None:
+    """The one-scan parser: a longer name that starts with a wanted one, a name inside a
+    label value or a comment, CRLF lines, indentation and a quoted '}' in a label."""
+    page = (
+        "vllm:num_requests_running_total 99\r\n"
+        "# vllm:num_requests_running 50\r\n"
+        'other{note="vllm:num_requests_waiting 40"} 1\r\n'
+        '  vllm:num_requests_running{model_name="a}b"} 2\r\n'
+        "vllm:num_requests_waiting 3 1700000000000\r\n"
+        "vllm:kv_cache_usage_perc NaN\r\n"
+    )
+    assert parse_vllm_metrics(page) == EngineSignals(running=2, waiting=3, kv_usage=None)
+    assert parse_vllm_metrics(page) == _slow(page)
+
+
+def _slow(text: str) -> EngineSignals:
+    """The line-by-line reading (parse_prometheus's) of the same page."""
+    from agentrt.scheduling._signals import _samples
+
+    samples = _samples(text)
+    run, wait = samples.get("vllm:num_requests_running"), samples.get("vllm:num_requests_waiting")
+    kv = samples.get("vllm:kv_cache_usage_perc") or samples.get("vllm:gpu_cache_usage_perc")
+    return EngineSignals(
+        running=None if run is None else round(sum(run)),
+        waiting=None if wait is None else round(sum(wait)),
+        kv_usage=None if kv is None else min(max(max(kv), 0.0), 1.0),
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "vllm:num_requests_running",
+                "vllm:num_requests_waiting",
+                "vllm:kv_cache_usage_perc",
+                "vllm:gpu_cache_usage_perc",
+                "vllm:num_requests_running_x",
+                "# vllm:num_requests_waiting",
+                "python_gc",
+            ]
+        ).flatmap(
+            lambda name: st.tuples(
+                st.just(name),
+                st.sampled_from(["", '{m="x"}', '{m="}"}']),
+                st.sampled_from(["0", "1", "2.5", "0.3", "x", "+Inf"]),
+            )
+        ),
+        max_size=12,
+    )
+)
+def test_the_scan_reads_what_the_line_parser_reads(lines: list[tuple[str, str, str]]) -> None:
+    page = "".join(f"{n}{lab} {v}\n" for n, lab, v in lines)
+    assert parse_vllm_metrics(page) == _slow(page)
