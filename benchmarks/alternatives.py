@@ -327,6 +327,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--max-wait", type=float, default=30.0)
     ap.add_argument("--fleet", type=int, default=1)
     ap.add_argument("--workers", type=parse_workers, default="auto")
+    ap.add_argument(
+        "--max-context",
+        type=int,
+        default=MAX_CONTEXT,
+        help="replay only the traces whose calls fit this many tokens (under KV pressure: "
+        "below a replica's KV, or its longest calls are refused)",
+    )
     ap.add_argument("--append", action="store_true", help="add to --out's configurations")
     ap.add_argument("--out", type=Path, default=Path("results/alternatives.json"))
     ap.add_argument(
@@ -354,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     kvs = {"ample": None, "pressure": args.pressure_blocks}
     kvs = {k: v for k, v in kvs.items() if k in (args.kv or list(KV))}
     seeds = tuple(range(args.seeds))
-    traces = TraceOptions(token_scale=1.0, max_wait_s=args.max_wait, max_context=MAX_CONTEXT)
+    traces = TraceOptions(token_scale=1.0, max_wait_s=args.max_wait, max_context=args.max_context)
     if args.quick:
         cc = {"claude-code": {"jobs": 8, "start": 0.05}}
         coding = {"coding": {"jobs": 24, "start": 0.0}}
@@ -375,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "preset": "h100-8b",
             "token_scale": 1.0,
             "max_wait_s": args.max_wait,
-            "max_context": MAX_CONTEXT,
+            "max_context": args.max_context,
             "slo_p90_stretch": 2.0,
             "tol": args.tol,
             "max_tries": args.max_tries,
