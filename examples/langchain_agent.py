@@ -18,12 +18,11 @@ instructions.
 from __future__ import annotations
 
 import sys
-import warnings
 from typing import Any
 
 import anyio
+from langchain.agents import create_agent
 from langchain_core.tools import tool
-from langgraph.prebuilt import create_react_agent
 
 import agentrt
 from agentrt.integrations import langchain
@@ -49,17 +48,15 @@ async def word_count(path: str) -> str:
 def build_agent(rt: agentrt.Runtime, model_name: str) -> Any:
     """The assistant: a calculator, and a researcher agent behind a tool."""
     llm = langchain.chat_model(rt, model=model_name)
-    with warnings.catch_warnings():  # create_react_agent moved to the `langchain` package
-        warnings.simplefilter("ignore", DeprecationWarning)
-        researcher = create_react_agent(llm, [word_count], name="researcher")
+    researcher = create_agent(llm, [word_count], name="researcher")
 
-        @tool
-        async def ask_researcher(question: str) -> str:
-            """Ask the researcher about local files."""
-            out = await researcher.ainvoke({"messages": [("user", question)]})
-            return str(out["messages"][-1].content)
+    @tool
+    async def ask_researcher(question: str) -> str:
+        """Ask the researcher about local files."""
+        out = await researcher.ainvoke({"messages": [("user", question)]})
+        return str(out["messages"][-1].content)
 
-        return create_react_agent(llm, [calculator, ask_researcher], name="assistant")
+    return create_agent(llm, [calculator, ask_researcher], name="assistant")
 
 
 async def run_agent(

@@ -60,7 +60,7 @@ __all__ = ["AgentrtCallbackHandler", "ChatOpenAI", "callbacks", "chat_model"]
 
 _T = TypeVar("_T")
 _Kind = Literal["chain", "llm", "tool"]
-_FRAMEWORK_KEYS = ("langgraph_", "ls_", "checkpoint_")
+_FRAMEWORK_KEYS = ("langgraph_", "ls_", "lc_", "checkpoint_")
 """Run metadata LangChain and LangGraph add themselves (a job's metadata is the user's)."""
 _Branch = tuple[str, str | None]
 """A session's branch in its agent: the graph namespace and the node's path."""

@@ -9,7 +9,6 @@ import importlib.util
 import json
 import sys
 import time
-import warnings
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,11 +40,9 @@ def anyio_backend() -> str:
 
 
 def react_agent(llm: Any, tools: Sequence[BaseTool | Any], name: str) -> Any:
-    from langgraph.prebuilt import create_react_agent
+    from langchain.agents import create_agent
 
-    with warnings.catch_warnings():  # moved to langchain.agents, which is not a dependency
-        warnings.simplefilter("ignore")
-        return create_react_agent(llm, list(tools), name=name)
+    return create_agent(llm, list(tools), name=name)
 
 
 @tool
@@ -131,7 +128,7 @@ async def test_react_agent_is_one_job_one_session(
             assert seconds <= d < seconds + 0.1
     (session_id,) = {c.session_id for c in report.call_reports}
     assert {t.session_id for t in report.tool_reports} == {session_id}
-    assert [c.session_name for c in report.call_reports] == ["solver/agent"] * 3
+    assert [c.session_name for c in report.call_reports] == ["solver/model"] * 3
     assert [c.turn for c in report.call_reports] == [0, 1, 2]
     # The engine saw agentrt's tags on every call.
     assert len(recorder.requests) == 3
@@ -167,9 +164,9 @@ async def test_a_sub_agent_has_its_own_session_linked_to_its_parent(
     by_name: dict[str | None, set[str]] = {}
     for c in report.call_reports:
         by_name.setdefault(c.session_name, set()).add(c.session_id)
-    assert sorted(by_name) == ["boss/agent", "helper/agent"]
-    (boss_id,) = by_name["boss/agent"]
-    (helper_id,) = by_name["helper/agent"]
+    assert sorted(by_name) == ["boss/model", "helper/model"]
+    (boss_id,) = by_name["boss/model"]
+    (helper_id,) = by_name["helper/model"]
     # The helper's calls name the boss's session as their parent, on the wire.
     helper_calls = [h for h in recorder.requests if h.session_id == helper_id]
     assert len(helper_calls) == 2
@@ -402,7 +399,7 @@ async def test_a_thread_keeps_its_session_ids_from_run_to_run(
     first, again, other = await run("t-1"), await run("t-1"), await run("t-2")
     assert first == again and first.startswith("thr-") and other != first
     assert (await run(None)) != (await run(None))  # no thread: a fresh id per run
-    assert lc_thread_id("t-1", "solver/agent", 0) == first
+    assert lc_thread_id("t-1", "solver/model", 0) == first
 
 
 def lc_thread_id(thread: str, name: str, n: int) -> str:
