@@ -12,6 +12,7 @@ import errno
 import os
 import sys
 import textwrap
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NoReturn
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
     from .bench._runner import BenchConfig
 
 __all__ = ["main"]
+
+_STARTED: Final = time.perf_counter()
+"""When the command started (its interpreter start-up aside): the demo's wall time."""
 
 DEMO_CLIENTS: Final = ("plain", "agentrt:round-robin", "agentrt:session")
 """``agentrt bench``'s clients unless ``--client`` is given."""
@@ -677,7 +681,13 @@ def _run_bench(
 def _demo(args: argparse.Namespace) -> int:
     from .bench._demo import run_demo
 
-    return run_demo(args.out, plots=not args.no_plots, journal=not args.no_journal, seed=args.seed)
+    return run_demo(
+        args.out,
+        plots=not args.no_plots,
+        journal=not args.no_journal,
+        seed=args.seed,
+        started=_STARTED,
+    )
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -77,7 +77,33 @@ class Headline:
         self.jct_p50 = _ratio(agentrt.jct["p50"], plain.jct["p50"])
         self.jct_p90 = _ratio(agentrt.jct["p90"], plain.jct["p90"])
         self.ttft_p50 = _ratio(_ttft(agentrt), _ttft(plain))
-        self.cache_hit = _ratio(agentrt.prefix_cache_hit_rate, plain.prefix_cache_hit_rate)
+        self.cache_hit = _ratio(cache_share(agentrt), cache_share(plain))
+
+
+def _journal_totals(c: ClientResult) -> tuple[int, int, int] | None:
+    """Prompt tokens, cached prompt tokens and session moves summed over the client's
+    journal (None without one)."""
+    if c.journal is None or not Path(c.journal).is_file():
+        return None
+    from ..telemetry import read_journal
+
+    reports = read_journal(c.journal)
+    return (
+        sum(r.prompt_tokens for r in reports),
+        sum(r.cached_tokens for r in reports),
+        sum(r.session_moves for r in reports),
+    )
+
+
+def cache_share(c: ClientResult) -> float | None:
+    """Prompt tokens served from the prefix cache over all prompt tokens, as the calls'
+    usage reports them: the figure ``agentrt report`` shows for the client's journal.
+    Without a journal, the engines' counters (which count a prompt looked up again after
+    a preemption once more, so they can differ in the last digits)."""
+    totals = _journal_totals(c)
+    if totals is None or not totals[0]:
+        return c.prefix_cache_hit_rate
+    return totals[1] / totals[0]
 
 
 def _ratio(a: float | None, b: float | None) -> float:
@@ -115,7 +141,7 @@ def demo_table(result: BenchResult, title: str) -> TextTable:
                 _num(c.jct["p50"], "{:.0f}"),
                 _num(c.jct["p90"], "{:.0f}"),
                 _num(_ttft(c), "{:.3f}"),
-                _num(c.prefix_cache_hit_rate, "{:.0%}"),
+                _num(cache_share(c), "{:.0%}"),
             )
         )
     h = headline(result)
@@ -134,8 +160,9 @@ def demo_table(result: BenchResult, title: str) -> TextTable:
         ("client", "JCT mean", "JCT p50", "JCT p90", "TTFT p50", "cache hit"),
         tuple(rows),
         "JCT: job completion time (s); TTFT: time to first token of streamed calls (s); "
-        "cache hit: prompt tokens served from the replicas' prefix caches. Lower JCT and "
-        "TTFT are better, a higher cache hit is better.",
+        "cache hit: prompt tokens served from the prefix cache, as the calls' usage "
+        "reports them (agentrt report's cache share). Lower JCT and TTFT are better, a "
+        "higher cache hit is better.",
     )
 
 
@@ -145,8 +172,10 @@ def summary(result: BenchResult) -> list[str]:
     h = headline(result)
     p, a = h.plain, h.agentrt
     replicas = result.config.get("replicas", DEMO_REPLICAS)
-    p_hit = p.prefix_cache_hit_rate or 0.0
-    a_hit = a.prefix_cache_hit_rate or 0.0
+    p_hit = cache_share(p) or 0.0
+    a_hit = cache_share(a) or 0.0
+    totals = _journal_totals(a)
+    moves = "" if totals is None else f": {totals[2]} of its {result.calls} calls in this run"
 
     def secs(value: float | None, fmt: str) -> str:
         return _num(value, fmt) + " s"
@@ -155,8 +184,9 @@ def summary(result: BenchResult) -> list[str]:
         "plain is a bare openai client per replica, as most agent code uses today: each "
         f"call goes out at once, round-robin over the {replicas} replicas, so a session's "
         "turns land on different replicas. agentrt, with its defaults (session routing, "
-        "no client-side limit), sends every turn of a session to the replica that already "
-        "holds its context.",
+        "no client-side limit), sends a session's turns to the replica that holds its "
+        "context, and moves a session to another only when that replica is overloaded or "
+        f"has likely evicted it{moves}.",
         f"Measured in this run: agentrt's median job completion time is {_x(h.jct_p50)} "
         f"plain's ({secs(a.jct['p50'], '{:.0f}')} against {secs(p.jct['p50'], '{:.0f}')}), "
         f"its median time to first token {_x(h.ttft_p50)} ({secs(_ttft(a), '{:.3f}')} "
@@ -252,16 +282,18 @@ def run_demo(
     plots: bool = True,
     journal: bool = True,
     seed: int = 0,
+    started: float | None = None,
     _jobs: int = DEMO_JOBS,
 ) -> int:
     """Run the demo, print the table, the summary and where the files are; 0 when done.
 
     ``out`` receives ``results.json``, the journals (``journal-<client>.jsonl``, unless
     ``journal`` is false) and ``demo.png`` (unless ``plots`` is false or matplotlib is
-    missing). ``_jobs``: fewer jobs, for tests."""
+    missing). ``started``: the ``time.perf_counter()`` the command started at (its wall
+    time is counted from there: imports included). ``_jobs``: fewer jobs, for tests."""
     from ._output import run_with_progress, show_tables, terminal_width
 
-    wall0, cpu0 = time.perf_counter(), time.process_time()
+    wall0 = started if started is not None else time.perf_counter()
     cfg = demo_config(seed, jobs=_jobs)
     if journal:
         cfg.journal_dir = out
@@ -298,10 +330,11 @@ def run_demo(
             print("figure: install the report extra for it: pip install 'agentjct[report]'")
         else:
             print(f"figure: {figure}")
-    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    wall, cpu = time.perf_counter() - wall0, time.process_time()
     virtual = max(c.makespan_s for c in result.clients)
     _echo_wrapped(
-        f"Done in {wall:.1f} s wall ({cpu:.1f} s CPU) for {virtual / 60:.0f} min "
+        f"Done in {wall:.1f} s wall, {cpu:.1f} s of CPU (start-up included; the replays "
+        f"alone {result.wall_s:.1f} s: wall_s in results.json), for {virtual / 60:.0f} min "
         "of simulated cluster time per client. More: agentrt bench --help",
         width,
         print,

@@ -526,7 +526,8 @@ class PlainDriver:
                 call = await _http_chat(self._http, self._urls[i], body, step.stream, usage)
             else:
                 client = self._clients[i]
-                call = await _call(client, self._model, self._prompts, step, self._extra)
+                usage = self._journal is not None
+                call = await _call(client, self._model, self._prompts, step, self._extra, usage)
             call.start_s = start - job_t0
             call.session_id, call.session_name, call.turn = session_id, plan.name, turn
             call.endpoint, call.stream = self._urls[i], step.stream
@@ -649,12 +650,15 @@ async def _http_chat(
     usage: bool = False,
 ) -> CallResult:
     """One chat call as raw HTTP (no openai object parsing): the bench's fast path.
-    ``usage``: read the token counts of a non-streamed reply (parses its JSON)."""
+    ``usage``: read the token counts (a stream asks for its usage chunk), as a client
+    that keeps a journal does, so that every call of the journal has them."""
     url = base_url + "/chat/completions"
     start = anyio.current_time()
     ttft = None
     tokens = None
     if stream:
+        if usage:
+            body = {**body, "stream_options": {"include_usage": True}}
         async with http.stream("POST", url, json=body) as resp:
             resp.raise_for_status()
             async for line in resp.aiter_lines():
@@ -664,12 +668,23 @@ async def _http_chat(
                     ttft = anyio.current_time() - start
                 if line[5:].strip() == "[DONE]":  # "data: [DONE]" or "data:[DONE]" (SSE)
                     break
+                if usage and '"usage"' in line:
+                    tokens = _event_usage(line.encode()) or tokens
     else:
         resp = await http.post(url, json=body)
         resp.raise_for_status()
         if usage:
             tokens = resp.json().get("usage")
     return _result(anyio.current_time() - start, ttft, stream, tokens)
+
+
+def _event_usage(line: bytes) -> dict[str, Any] | None:
+    """The ``usage`` of one SSE ``data:`` line, if it carries one."""
+    if not line.startswith(b"data:") or b'"usage"' not in line:
+        return None
+    event = json.loads(line[5:])
+    found = event.get("usage") if isinstance(event, dict) else None
+    return found if isinstance(found, dict) else None
 
 
 _INPROCESS_HEADERS: Final = [(b"content-type", b"application/json")]
@@ -682,6 +697,8 @@ async def _inprocess_chat(
     embedded replica's (or gateway's) app and its reply read as sent (the same bytes, the
     same error on an error status, TTFT at the first event)."""
     path = base_path + "/chat/completions"
+    if stream and usage:
+        body = {**body, "stream_options": {"include_usage": True}}
     data = json.dumps(body).encode()
     start = anyio.current_time()
     ttft = None
@@ -699,6 +716,9 @@ async def _inprocess_chat(
             async for chunk in chunks:
                 if ttft is None and b"data:" in chunk:
                     ttft = anyio.current_time() - start
+                if usage and b'"usage"' in chunk:
+                    for line in chunk.split(b"\n"):
+                        tokens = _event_usage(line) or tokens
                 if b"[DONE]" in chunk:
                     break
         finally:
@@ -709,7 +729,12 @@ async def _inprocess_chat(
 
 
 async def _call(
-    client: openai.AsyncOpenAI, model: str, prompts: Prompts, step: Call, extra: dict[str, Any]
+    client: openai.AsyncOpenAI,
+    model: str,
+    prompts: Prompts,
+    step: Call,
+    extra: dict[str, Any],
+    usage: bool = False,
 ) -> CallResult:
     messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": prompts.render(step)}]
     start = anyio.current_time()
@@ -720,12 +745,14 @@ async def _call(
             messages=messages,
             max_tokens=step.output_tokens,
             stream=True,
-            extra_body=extra,
+            extra_body={**extra, "stream_options": {"include_usage": True}} if usage else extra,
         )
-        async for _ in stream:
+        tokens = None
+        async for chunk in stream:
             if ttft is None:
                 ttft = anyio.current_time() - start
-        return _result(anyio.current_time() - start, ttft, True, None)
+            tokens = chunk.usage or tokens
+        return _result(anyio.current_time() - start, ttft, True, tokens)
     reply = await client.chat.completions.create(
         model=model,
         messages=messages,

@@ -93,16 +93,17 @@ def test_the_sentences_name_the_ratios_measured(demo_run: dict[str, Any]) -> Non
     result = json.loads((demo_run["out"] / "results.json").read_text())
     p, a = result["clients"]
     text = " ".join(demo_run["text"].split())
+    shares = {c: _journal_share(demo_run["out"] / f"journal-{c}.jsonl") for c in JOURNALS}
+    hit_p, hit_a = shares["plain"], shares["agentrt_session"]
     ratios = {
         "JCT p50": a["jct"]["p50"] / p["jct"]["p50"],
         "TTFT p50": a["ttft"]["p50"] / p["ttft"]["p50"],
-        "cache hit": a["prefix_cache_hit_rate"] / p["prefix_cache_hit_rate"],
+        "cache hit": hit_a / hit_p,
     }
     assert f"median job completion time is {ratios['JCT p50']:.2f}x plain's" in text
     assert f"median time to first token {ratios['TTFT p50']:.2f}x" in text
     assert f"prefix-cache hit rate {ratios['cache hit']:.2f}x" in text
     assert f"({a['jct']['p50']:.0f} s against {p['jct']['p50']:.0f} s)" in text
-    hit_p, hit_a = p["prefix_cache_hit_rate"], a["prefix_cache_hit_rate"]
     assert f"({hit_a:.0%} against {hit_p:.0%})" in text
     assert "plain is a bare openai client" in text and "round-robin" in text
     assert "session routing" in text
@@ -117,7 +118,13 @@ def test_the_footer_says_wall_and_cpu_once_and_names_the_files(
 ) -> None:
     text = " ".join(demo_run["text"].split())
     assert len(re.findall(r"s wall", text)) == 1
-    assert re.search(r"Done in [0-9.]+ s wall \([0-9.]+ s CPU\)", text)
+    result = json.loads((demo_run["out"] / "results.json").read_text())
+    done = re.search(
+        r"Done in ([0-9.]+) s wall, [0-9.]+ s of CPU .*the replays alone ([0-9.]+) s", text
+    )
+    assert done, text
+    assert done[2] == f"{result['wall_s']:.1f}"  # the figure results.json holds
+    assert float(done[1]) >= float(done[2])  # the command's wall time includes the replays
     out: Path = demo_run["out"]
     assert f"results: {out / 'results.json'}" in text
     for name in ("journal-plain.jsonl", "journal-agentrt_session.jsonl"):
@@ -127,6 +134,35 @@ def test_the_footer_says_wall_and_cpu_once_and_names_the_files(
         figure = out / "demo.png"
         assert f"figure: {figure}" in text
         assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+JOURNALS = ("plain", "agentrt_session")
+
+
+def _journal_share(path: Path) -> float:
+    from agentrt.telemetry import read_journal
+
+    reports = read_journal(path)
+    return sum(r.cached_tokens for r in reports) / sum(r.prompt_tokens for r in reports)
+
+
+def test_the_demo_and_agentrt_report_show_one_cache_figure(demo_run: dict[str, Any]) -> None:
+    """The demo's cache column is the share `agentrt report` computes from the same
+    journals (every plain call asked for its usage, streams included), and it names the
+    moves the report counts."""
+    from agentrt.report._stats import summarize
+    from agentrt.telemetry import read_journal
+
+    out: Path = demo_run["out"]
+    lines = demo_run["text"].splitlines()
+    for client, label in zip(JOURNALS, ("plain", "agentrt"), strict=True):
+        reports = read_journal(out / f"journal-{client}.jsonl")
+        assert all(c.prompt_tokens is not None for r in reports for c in r.call_reports)
+        (row,) = summarize(reports)
+        assert row.cache_share is not None
+        assert _row(lines, label)[4] == f"{row.cache_share:.0%}"
+    moves = sum(r.session_moves for r in read_journal(out / "journal-agentrt_session.jsonl"))
+    assert f"{moves} of its " in " ".join(demo_run["text"].split())
 
 
 def test_the_demo_config_is_what_the_docs_say() -> None:
