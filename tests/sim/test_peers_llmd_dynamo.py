@@ -15,7 +15,7 @@ import pytest
 from agentrt.sim import Cluster
 from agentrt.sim.peers import PEERS, GatewayRequest, ReplicaView, make_policy, peer_dialect
 from agentrt.sim.peers._dynamo import Dynamo, DynamoAffinity
-from agentrt.sim.peers._llmd import LLMD, LLMDFairness, fairness_id
+from agentrt.sim.peers._llmd import LLMD, LLMDAffinity, LLMDFairness, fairness_id
 from tests.sim._helpers import virtual_backend
 
 pytestmark = pytest.mark.anyio
@@ -135,8 +135,18 @@ def test_llmd_prefix_outweighs_one_loaded_pod() -> None:
     assert p.pick(req, 0.0) == 1
 
 
-def test_llmd_session_token_pins_softly() -> None:
+def test_llmd_as_its_guide_ignores_the_session_token() -> None:
     p = LLMD()
+    vs = views(3)
+    p.bind(vs)
+    req = request("s", x_session_token=token("vllm-2"))
+    assert p.scores(req) == pytest.approx([2.0, 2.0, 2.0])
+    assert p.reply_headers(req, 1) == [(b"x-session-token", token("vllm-1").encode())]
+
+
+def test_llmd_session_token_pins_softly() -> None:
+    p = LLMDAffinity()
+    assert p.name == "llm-d:affinity" and make_policy("llm-d:affinity").session_weight == 1.0
     vs = views(3)
     p.bind(vs)
     assert p.reply_headers(request(), 2) == [(b"x-session-token", token("vllm-2").encode())]

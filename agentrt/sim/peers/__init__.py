@@ -6,8 +6,9 @@ of (or beside) agentrt, as a gateway in front of the simulated replicas (docs/si
   ``consistent_hash``, ``sticky_least_loaded``;
 - ``_vllm_router_programs``: its program scheduling (``--enable-program-scheduling``)
   over ``consistent_hash``;
-- ``_llmd``: llm-d's endpoint picker, ``llm-d`` (precise prefix + load + session
-  affinity scorers) and ``llm-d:fairness`` (plus ``program-aware-fairness`` flow control);
+- ``_llmd``: llm-d's endpoint picker, ``llm-d`` (precise prefix + load scorers, as its
+  precise-prefix guide configures it), ``llm-d:affinity`` (plus the session-affinity
+  scorer) and ``llm-d:fairness`` (plus ``program-aware-fairness`` flow control);
 - ``_dynamo``: NVIDIA Dynamo's KV router, ``dynamo`` and ``dynamo:affinity`` (session
   affinity, TTL 300 s);
 
@@ -24,7 +25,7 @@ from typing import Final
 from ._base import GatewayRequest, Policy, ReplicaView
 from ._dynamo import Dynamo, DynamoAffinity
 from ._gateway import GatewayApp
-from ._llmd import LLMD, LLMDFairness
+from ._llmd import LLMD, LLMDAffinity, LLMDFairness
 from ._vllm_router import CacheAware, ConsistentHash, RoundRobin, StickyLeastLoaded
 from ._vllm_router_programs import ProgramScheduling
 
@@ -46,6 +47,7 @@ PEERS: Final[dict[str, Callable[[], Policy]]] = {
     "vllm-router:sticky_least_loaded": StickyLeastLoaded,
     "vllm-router:programs": ProgramScheduling,
     "llm-d": LLMD,
+    "llm-d:affinity": LLMDAffinity,
     "llm-d:fairness": LLMDFairness,
     "dynamo": Dynamo,
     "dynamo:affinity": DynamoAffinity,

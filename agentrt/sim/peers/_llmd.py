@@ -22,9 +22,11 @@ llm-d/llm-d ``guides/``).
 - ``max-score-picker`` (``picker/maxscore/picker.go``): the highest weighted sum, ties
   broken at random (seeded here). Weights as
   ``guides/precise-prefix-cache-aware/scheduler/precise-prefix-cache-aware.values.yaml``:
-  precise prefix 2, kv-cache utilization 1, queue 1; the session-affinity scorer, which
-  that guide does not configure, gets the EPP's default weight 1
-  (``pkg/epp/config/loader/defaults.go`` ``DefaultScorerWeight``): our choice.
+  precise prefix 2, kv-cache utilization 1, queue 1. That guide does not configure the
+  session-affinity scorer, so ``llm-d`` scores no session (weight 0; its replies still
+  carry the token); ``llm-d:affinity`` adds it at the EPP's default weight 1
+  (``pkg/epp/config/loader/defaults.go`` ``DefaultScorerWeight``), as a deployment that
+  enables it gets.
 
 ``llm-d:fairness`` adds flow control with ``program-aware-fairness``
 (``pkg/epp/framework/plugins/flowcontrol/fairness/program-aware/``; enabled as in
@@ -76,7 +78,7 @@ import anyio
 
 from ._base import GatewayRequest, Policy, ReplicaView
 
-__all__ = ["LLMD", "LLMDFairness", "fairness_id"]
+__all__ = ["LLMD", "LLMDAffinity", "LLMDFairness", "fairness_id"]
 
 SESSION_TOKEN_HEADER: Final = "x-session-token"
 FAIRNESS_HEADERS: Final = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id")
@@ -109,8 +111,9 @@ def _decode_pod(token: str | None) -> str | None:
 
 
 class LLMD(Policy):
-    """llm-d's EPP scoring: precise prefix + kv-cache utilization + queue + session
-    affinity, max-score picker (see the module docstring)."""
+    """llm-d's EPP scoring as the precise-prefix guide configures it: precise prefix +
+    kv-cache utilization + queue, max-score picker (see the module docstring);
+    ``session_weight`` > 0 adds the session-affinity scorer (:class:`LLMDAffinity`)."""
 
     name = "llm-d"
     source = (
@@ -125,7 +128,7 @@ class LLMD(Policy):
         prefix_weight: float = 2.0,
         kv_weight: float = 1.0,
         queue_weight: float = 1.0,
-        session_weight: float = 1.0,
+        session_weight: float = 0.0,
         namespace: str = "default",
         seed: int = 0,
     ) -> None:
@@ -176,6 +179,18 @@ class LLMD(Policy):
 
     def reply_headers(self, req: GatewayRequest, index: int) -> list[tuple[bytes, bytes]]:
         return [(SESSION_TOKEN_HEADER.encode(), self._tokens[index].encode())]
+
+
+class LLMDAffinity(LLMD):
+    """:class:`LLMD` with the session-affinity scorer enabled at the EPP's default weight
+    (1): a request carrying the ``x-session-token`` of an earlier reply scores that pod
+    one point higher."""
+
+    name = "llm-d:affinity"
+
+    def __init__(self, **scoring: Any) -> None:
+        scoring.setdefault("session_weight", 1.0)
+        super().__init__(**scoring)
 
 
 _WAIT, _TICK, _GO = 0, 1, 2
