@@ -18,12 +18,17 @@ from types import MappingProxyType
 from typing import Any, Final, TypeAlias
 
 from .._protocol import CallMetadata
-from ._base import Dialect, DialectOptions, Encoding
+from ._base import Dialect, DialectOptions, Encoding, SessionEnd
 from ._dynamo import DYNAMO, dynamo_dialect, dynamo_priority
 from ._generic import GENERIC
 from ._llmd import LLMD
 from ._openai import OPENAI
-from ._session_ends import sglang_session_ends, vllm_router_session_ends
+from ._session_ends import (
+    CLOSE_SESSION,
+    FINISH_SESSION,
+    sglang_session_ends,
+    vllm_router_session_ends,
+)
 from ._session_header import (
     LITELLM,
     LITELLM_SESSION_HEADER,
@@ -48,6 +53,7 @@ from ._vllm_router_agentic import (
 )
 
 __all__ = [
+    "CLOSE_SESSION",
     "DEFAULT_AGENT_HINT_FIELDS",
     "DEFAULT_AGENT_HINT_MAX_TTL_S",
     "DEFAULT_AGENT_HINT_TTL_MARGIN_S",
@@ -55,6 +61,7 @@ __all__ = [
     "DEFAULT_ROUTER_TTL_MARGIN_S",
     "DIALECTS",
     "DYNAMO",
+    "FINISH_SESSION",
     "GENERIC",
     "LITELLM",
     "LITELLM_SESSION_HEADER",
@@ -69,6 +76,7 @@ __all__ = [
     "DialectOptions",
     "DialectSpec",
     "Encoding",
+    "SessionEnd",
     "combine",
     "dynamo_dialect",
     "dynamo_priority",
@@ -191,7 +199,7 @@ def combine(*dialects: Dialect, name: str | None = None) -> Dialect:
     Headers are merged by lower-case name, body dicts key by key (nested dicts too).
     The same field set to the same value by two dialects is sent once; set to different
     values it is a configuration error, raised as ``ValueError`` when the call is
-    encoded. ``echo_headers`` is the union, in order.
+    encoded. ``echo_headers`` and ``session_ends`` are the unions, in order.
     """
     flat: list[Dialect] = []
     for d in dialects:
@@ -225,14 +233,18 @@ def combine(*dialects: Dialect, name: str | None = None) -> Dialect:
         return Encoding(headers=headers, body=body)
 
     echo: dict[str, None] = {}
+    ends: dict[SessionEnd, None] = {}
     for d in parts:
         for h in d.echo_headers:
             echo.setdefault(h.lower(), None)
+        for end in d.session_ends:
+            ends.setdefault(end, None)
     return Dialect(
         name=name if name is not None else "+".join(d.name for d in parts),
         encode=encode,
         echo_headers=tuple(echo),
         doc=" | ".join(d.doc for d in parts if d.doc),
+        session_ends=tuple(ends),
     )
 
 
