@@ -19,9 +19,9 @@ from typing import Any, Final, TypeAlias
 
 from .._protocol import CallMetadata
 from ._base import Dialect, DialectOptions, Encoding, SessionEnd
-from ._dynamo import DYNAMO, dynamo_dialect, dynamo_priority
+from ._dynamo import DYNAMO, DYNAMO_SESSION_HEADER, dynamo_dialect, dynamo_priority
 from ._generic import GENERIC
-from ._llmd import LLMD
+from ._llmd import LLMD, llmd_dialect, llmd_from_option
 from ._openai import OPENAI
 from ._session_ends import (
     CLOSE_SESSION,
@@ -61,6 +61,7 @@ __all__ = [
     "DEFAULT_ROUTER_TTL_MARGIN_S",
     "DIALECTS",
     "DYNAMO",
+    "DYNAMO_SESSION_HEADER",
     "FINISH_SESSION",
     "GENERIC",
     "LITELLM",
@@ -81,6 +82,7 @@ __all__ = [
     "dynamo_dialect",
     "dynamo_priority",
     "get_dialect",
+    "llmd_dialect",
     "register_dialect",
     "resolve_dialect",
     "session_header",
@@ -128,20 +130,32 @@ def _parameterized(base: str, arg: str) -> Dialect:
         return sglang_from_options(arg)
     if base == _SESSION_HEADER:
         return session_header_from_option(arg)
+    if base == "dynamo":
+        return dynamo_dialect(session_header=arg.strip())
+    if base == "llm-d":
+        return llmd_from_option(arg)
+    if base == "vllm-agent-hint" and arg.strip().lower() in ("rfc", "rfc,no-release"):
+        release = arg.strip().lower() == "rfc"
+        return vllm_agent_hint_dialect(shape="rfc", release_on_final=release)
     raise ValueError(
         f"dialect {base!r} takes no option (got {arg!r}); options exist for "
-        "'vllm-router:<session header>', 'sglang:low-priority-first,session-id' and "
-        "'session-header:<header>[,<job header>]'"
+        "'vllm-router:<session header>', 'sglang:low-priority-first,session-id,"
+        "close-session', 'dynamo:<session header>', 'llm-d:session-id[=<header>]', "
+        "'vllm-agent-hint:rfc' and 'session-header:<header>[,<job header>]'"
     )
 
 
 def get_dialect(name: str) -> Dialect:
     """The dialect called ``name``.
 
-    Three take an option after a colon: ``"vllm-router:<header>"`` (the session header a
+    Some take an option after a colon: ``"vllm-router:<header>"`` (the session header a
     production-stack router reads, its ``--session-key``); ``"sglang:<options>"`` with
-    ``low-priority-first`` (a server started with ``--schedule-low-priority-values-first``)
-    and/or ``session-id`` (send the body ``session_id``), comma-separated; and
+    ``low-priority-first`` (a server started with ``--schedule-low-priority-values-first``),
+    ``session-id`` (send the body ``session_id``) and ``close-session`` (close each session
+    at its end), comma-separated; ``"dynamo:<header>"`` (a frontend's
+    ``--router-session-header-key``); ``"llm-d:session-id[=<header>]"`` (the EPP's
+    ``session_id_header`` affinity) or ``"llm-d:echo=<header>"``;
+    ``"vllm-agent-hint:rfc"`` (the RFC's ``agent_hint`` shape); and
     ``"session-header:<header>[,<job header>]"`` (:func:`session_header`).
     """
     if not isinstance(name, str):
