@@ -12,6 +12,7 @@ from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, wait
 from contextlib import (
     AbstractAsyncContextManager,
     AbstractContextManager,
+    AsyncExitStack,
     asynccontextmanager,
     contextmanager,
     suppress,
@@ -459,6 +460,8 @@ class Runtime:
         self._opened = False
         self._closed = False
         self._tasks: anyio.abc.TaskGroup | None = None
+        self._session_ends: AsyncExitStack | None = None
+        """The dialects' session-end requests (dialects/_session_ends.py), when any."""
         self._notices = Notices(mod, self._inner)
         self._core.notices = self._notices
         self._poll_metrics_s = poll
@@ -523,6 +526,16 @@ class Runtime:
         self._core.loop_thread = get_ident()  # its loop's: other loops are refused
         self._core.opened_at = self._core.clock()
         self._notices.open = True
+        ends = [
+            (state.endpoint.url, state.dialect.session_ends, state.authorization)
+            for state in self._core.endpoints
+            if state.dialect.session_ends
+        ]
+        if ends:  # a dialect asks for a request when each session ends
+            from .dialects._session_ends import open_session_ends
+
+            self._session_ends, end_hooks = await open_session_ends(ends, self._inner)
+            self._core.hooks = (*self._core.hooks, *end_hooks)
         # Background work (with several endpoints or metrics polling: health probes and
         # polls) runs in the runtime's task group (structured: it ends when the runtime's
         # block does). Only then is there one: its cancel scope would enclose all the
@@ -673,6 +686,10 @@ class Runtime:
             # Its scope encloses the runtime's block: leave it first (it ends at once).
             self._tasks.cancel_scope.cancel()
             await self._tasks.__aexit__(None, None, None)
+        if self._session_ends is not None:
+            # Entered before the task group, left after it (its own task group's scope
+            # must be the current one: no shield around it); pending ends are sent.
+            await self._session_ends.aclose()
         with anyio.CancelScope(shield=True):
             if self._owns_inner:
                 await self._inner.aclose()

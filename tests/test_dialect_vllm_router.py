@@ -17,6 +17,7 @@ from agentrt import Retry, Runtime
 from agentrt._protocol import CallMetadata, parse_agentrt_header
 from agentrt.dialects import (
     DEFAULT_ROUTER_TTL_MARGIN_S,
+    FINISH_SESSION,
     VLLM_ROUTER_AGENTIC,
     DialectOptions,
     Encoding,
@@ -64,6 +65,8 @@ def test_exact_fields_of_a_sub_agent_call() -> None:
         "parent_program_id": "sess-0",
         "expected_resume": True,
         "step_id": 2,
+        "request_id": "call-1",  # the call's id, the same on each of its attempts
+        # no spawn_reason: the sub-agent has no name
         "kv_retention_ttl_seconds": 2.0 + DEFAULT_ROUTER_TTL_MARGIN_S,
         "expected_output_tokens": 256,
         "priority": -3,  # agentrt: lower first; the router: larger first
@@ -91,6 +94,8 @@ def test_exact_fields_of_a_named_blocking_sub_agent_s_last_call() -> None:
         "blocks_parent": False,
         "expected_resume": False,  # the router ends the program after this reply
         "step_id": 2,
+        "request_id": "call-1",
+        "spawn_reason": "researcher",  # the sub-agent's kind: its session's name
         # no kv_retention_ttl_seconds: nothing follows the last call
         "deadline_seconds": 12.346,
         "expected_output_tokens": 256,
@@ -102,7 +107,7 @@ def test_a_lead_sends_no_sub_agent_fields() -> None:
     ctx = context(VLLM_ROUTER_AGENTIC.encode(meta, NO_PRIO))
     assert ctx["agent_role"] == "lead"
     assert ctx["agent_id"] == "lead"
-    assert not {"parent_program_id", "root_program_id", "blocks_parent"} & set(ctx)
+    assert not {"parent_program_id", "root_program_id", "blocks_parent", "spawn_reason"} & set(ctx)
 
 
 def test_exact_fields_of_a_lead_first_call() -> None:
@@ -115,6 +120,7 @@ def test_exact_fields_of_a_lead_first_call() -> None:
         "agent_role": "lead",
         "expected_resume": True,
         "step_id": 0,
+        "request_id": "call-1",
     }
 
 
@@ -200,8 +206,15 @@ async def test_on_the_wire_through_a_runtime() -> None:
                         await subsub.chat(model="m", messages=MSG)
                     await sub.chat(model="m", messages=MSG, final=True)
                 await lead.chat(model="m", messages=MSG)  # after the sub-agent's end
-    ctxs = [json.loads(s.body["vllm_xargs"]["agentic_context"]) for s in fake.seen]
-    assert [s.headers["x-session-id"] for s in fake.seen] == [
+    calls = [s for s in fake.seen if "/finish_session" not in s.url]
+    # Each session's end reached the router, in the order the sessions ended.
+    assert [s.url for s in fake.seen if "/finish_session" in s.url] == [
+        f"http://router.test/finish_session?session_id={sid}"
+        for sid in ("sub-b", "sub-a", "lead-a")
+    ]
+    ctxs = [json.loads(s.body["vllm_xargs"]["agentic_context"]) for s in calls]
+    assert [c.pop("request_id") for c in ctxs] == [c.call_id for c in job.report.call_reports]
+    assert [s.headers["x-session-id"] for s in calls] == [
         "lead-a",
         "lead-a",
         "sub-a",
@@ -236,6 +249,7 @@ async def test_on_the_wire_through_a_runtime() -> None:
         "blocks_parent": True,
         "expected_resume": True,
         "step_id": 0,
+        "spawn_reason": "coder",
     }
     assert ctxs[3] == {
         "program_id": "sub-b",
@@ -271,6 +285,56 @@ async def test_final_is_checked_before_any_request() -> None:
 
 
 # ------------------------------------------------------------- session ends at the router
+
+
+@pytest.mark.anyio
+async def test_finish_session_is_the_dialect_s_default() -> None:
+    """Only sessions that called, only to the endpoint they called (its root, with its
+    Authorization), once each; none with ``finish_session=False``."""
+    router, plain = FakeEngine(), FakeEngine()
+
+    async def both(request: httpx.Request) -> httpx.Response:
+        fake = router if request.url.host == "router.test" else plain
+        return await fake.handle(request)
+
+    endpoints = [
+        agentrt.Endpoint(URL, api_key="sk-router"),
+        agentrt.Endpoint("http://plain.test/v1", dialect="vllm"),
+    ]
+    async with Runtime(
+        endpoints, transport=httpx.MockTransport(both), retry=FAST, dialect=DIALECT
+    ) as rt:
+        async with rt.job("j") as job:
+            async with job.session(session_id="called") as s:
+                await s.chat(model="m", messages=MSG)
+                await s.chat(model="m", messages=MSG)
+            async with job.session(session_id="silent"):
+                pass
+    ends = [s for s in router.seen if s.url.endswith("/finish_session?session_id=called")]
+    calls = [s for s in (*router.seen, *plain.seen) if "/chat/" in s.url]
+    assert len(calls) == 2
+    if all(s.url.startswith("http://router.test") for s in calls):
+        assert len(ends) == 1 and ends[0].headers["authorization"] == "Bearer sk-router"
+    assert not [s for s in plain.seen if "finish_session" in s.url]  # plain vllm: none
+    assert not [s for s in router.seen if "silent" in s.url]
+
+    off = FakeEngine()
+    dialect = vllm_router_agentic_dialect(finish_session=False)
+    assert dialect.session_ends == ()
+    async with Runtime([URL], transport=off.transport(), retry=FAST, dialect=dialect) as rt:
+        async with rt.job("j") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+    assert [s.url for s in off.seen] == ["http://router.test/v1/chat/completions"]
+
+
+def test_finish_session_option_is_checked() -> None:
+    with pytest.raises(TypeError, match="finish_session must be a bool"):
+        vllm_router_agentic_dialect(finish_session=1)  # type: ignore[arg-type]
+    assert VLLM_ROUTER_AGENTIC.session_ends == (FINISH_SESSION,)
+    assert FINISH_SESSION.send_kwargs("s-1") == {"params": {"session_id": "s-1"}}
+    # combine() keeps the ends of each dialect, once.
+    both = combine(VLLM_ROUTER_AGENTIC, get_dialect("vllm"), VLLM_ROUTER_AGENTIC)
+    assert both.session_ends == (FINISH_SESSION,)
 
 
 @pytest.mark.anyio
@@ -332,7 +396,9 @@ def test_sync_sessions_say_the_same() -> None:
                 sub.chat(model="m", messages=MSG, final=True)
                 sub.expect_final()
                 sub.complete(model="m", prompt="p")
-    first, second = (json.loads(s.body["vllm_xargs"]["agentic_context"]) for s in fake.seen)
+    *calls, end = fake.seen
+    assert end.url == f"http://router.test/finish_session?session_id={sub.id}"  # sync too
+    first, second = (json.loads(s.body["vllm_xargs"]["agentic_context"]) for s in calls)
     for ctx in (first, second):
         assert ctx["agent_id"] == "sub" and ctx["blocks_parent"] is True
         assert ctx["expected_resume"] is False and 0 < ctx["deadline_seconds"] <= 60

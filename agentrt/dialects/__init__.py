@@ -18,12 +18,17 @@ from types import MappingProxyType
 from typing import Any, Final, TypeAlias
 
 from .._protocol import CallMetadata
-from ._base import Dialect, DialectOptions, Encoding
-from ._dynamo import DYNAMO, dynamo_dialect, dynamo_priority
+from ._base import Dialect, DialectOptions, Encoding, SessionEnd
+from ._dynamo import DYNAMO, DYNAMO_SESSION_HEADER, dynamo_dialect, dynamo_priority
 from ._generic import GENERIC
-from ._llmd import LLMD
+from ._llmd import LLMD, llmd_dialect, llmd_from_option
 from ._openai import OPENAI
-from ._session_ends import sglang_session_ends, vllm_router_session_ends
+from ._session_ends import (
+    CLOSE_SESSION,
+    FINISH_SESSION,
+    sglang_session_ends,
+    vllm_router_session_ends,
+)
 from ._session_header import (
     LITELLM,
     LITELLM_SESSION_HEADER,
@@ -48,6 +53,7 @@ from ._vllm_router_agentic import (
 )
 
 __all__ = [
+    "CLOSE_SESSION",
     "DEFAULT_AGENT_HINT_FIELDS",
     "DEFAULT_AGENT_HINT_MAX_TTL_S",
     "DEFAULT_AGENT_HINT_TTL_MARGIN_S",
@@ -55,6 +61,8 @@ __all__ = [
     "DEFAULT_ROUTER_TTL_MARGIN_S",
     "DIALECTS",
     "DYNAMO",
+    "DYNAMO_SESSION_HEADER",
+    "FINISH_SESSION",
     "GENERIC",
     "LITELLM",
     "LITELLM_SESSION_HEADER",
@@ -69,10 +77,12 @@ __all__ = [
     "DialectOptions",
     "DialectSpec",
     "Encoding",
+    "SessionEnd",
     "combine",
     "dynamo_dialect",
     "dynamo_priority",
     "get_dialect",
+    "llmd_dialect",
     "register_dialect",
     "resolve_dialect",
     "session_header",
@@ -120,20 +130,32 @@ def _parameterized(base: str, arg: str) -> Dialect:
         return sglang_from_options(arg)
     if base == _SESSION_HEADER:
         return session_header_from_option(arg)
+    if base == "dynamo":
+        return dynamo_dialect(session_header=arg.strip())
+    if base == "llm-d":
+        return llmd_from_option(arg)
+    if base == "vllm-agent-hint" and arg.strip().lower() in ("rfc", "rfc,no-release"):
+        release = arg.strip().lower() == "rfc"
+        return vllm_agent_hint_dialect(shape="rfc", release_on_final=release)
     raise ValueError(
         f"dialect {base!r} takes no option (got {arg!r}); options exist for "
-        "'vllm-router:<session header>', 'sglang:low-priority-first,session-id' and "
-        "'session-header:<header>[,<job header>]'"
+        "'vllm-router:<session header>', 'sglang:low-priority-first,session-id,"
+        "close-session', 'dynamo:<session header>', 'llm-d:session-id[=<header>]', "
+        "'vllm-agent-hint:rfc' and 'session-header:<header>[,<job header>]'"
     )
 
 
 def get_dialect(name: str) -> Dialect:
     """The dialect called ``name``.
 
-    Three take an option after a colon: ``"vllm-router:<header>"`` (the session header a
+    Some take an option after a colon: ``"vllm-router:<header>"`` (the session header a
     production-stack router reads, its ``--session-key``); ``"sglang:<options>"`` with
-    ``low-priority-first`` (a server started with ``--schedule-low-priority-values-first``)
-    and/or ``session-id`` (send the body ``session_id``), comma-separated; and
+    ``low-priority-first`` (a server started with ``--schedule-low-priority-values-first``),
+    ``session-id`` (send the body ``session_id``) and ``close-session`` (close each session
+    at its end), comma-separated; ``"dynamo:<header>"`` (a frontend's
+    ``--router-session-header-key``); ``"llm-d:session-id[=<header>]"`` (the EPP's
+    ``session_id_header`` affinity) or ``"llm-d:echo=<header>"``;
+    ``"vllm-agent-hint:rfc"`` (the RFC's ``agent_hint`` shape); and
     ``"session-header:<header>[,<job header>]"`` (:func:`session_header`).
     """
     if not isinstance(name, str):
@@ -191,7 +213,7 @@ def combine(*dialects: Dialect, name: str | None = None) -> Dialect:
     Headers are merged by lower-case name, body dicts key by key (nested dicts too).
     The same field set to the same value by two dialects is sent once; set to different
     values it is a configuration error, raised as ``ValueError`` when the call is
-    encoded. ``echo_headers`` is the union, in order.
+    encoded. ``echo_headers`` and ``session_ends`` are the unions, in order.
     """
     flat: list[Dialect] = []
     for d in dialects:
@@ -225,14 +247,18 @@ def combine(*dialects: Dialect, name: str | None = None) -> Dialect:
         return Encoding(headers=headers, body=body)
 
     echo: dict[str, None] = {}
+    ends: dict[SessionEnd, None] = {}
     for d in parts:
         for h in d.echo_headers:
             echo.setdefault(h.lower(), None)
+        for end in d.session_ends:
+            ends.setdefault(end, None)
     return Dialect(
         name=name if name is not None else "+".join(d.name for d in parts),
         encode=encode,
         echo_headers=tuple(echo),
         doc=" | ".join(d.doc for d in parts if d.doc),
+        session_ends=tuple(ends),
     )
 
 

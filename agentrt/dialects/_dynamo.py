@@ -11,6 +11,14 @@
   ``DialectOptions(send_priority=True)``, ``priority``. Dynamo's priority is
   higher = more important, the inverse of agentrt's lower-runs-first, so
   :func:`dynamo_priority` negates it (0 stays 0).
+- the session id also in the header a frontend started with
+  ``--router-session-header-key NAME`` reads for its router-local session affinity
+  (ai-dynamo/dynamo#11702), with ``dynamo_dialect(session_header=NAME)`` (name
+  ``dynamo:NAME``): such a header "affects routing only", so ``X-Dynamo-Session-ID`` still
+  goes for the agent context;
+- no ``nvext.session_control``: the body-level session control is deprecated (removed from
+  the router with the header-based affinity of ai-dynamo/dynamo#10875) and agentrt never
+  sent it;
 - ``strict_priority`` (a router pending-queue tier, higher first) and
   ``speculative_prefill`` (warm the next turn's prefix after the reply) only when chosen
   with :func:`dynamo_dialect`: Dynamo versions that predate a hint reject the request
@@ -23,9 +31,12 @@ from typing import Any, Final
 
 from .._protocol import CallMetadata
 from ._base import Dialect, DialectOptions, Encoding
-from ._generic import INT32_MAX, INT32_MIN, base_encoding, clamp
+from ._generic import INT32_MAX, INT32_MIN, base_encoding, check_header_name, clamp
 
-__all__ = ["DYNAMO", "dynamo_dialect", "dynamo_priority"]
+__all__ = ["DYNAMO", "DYNAMO_SESSION_HEADER", "dynamo_dialect", "dynamo_priority"]
+
+DYNAMO_SESSION_HEADER: Final = "x-dynamo-session-id"
+"""Dynamo's canonical session header (and ``--router-session-header-key``'s default)."""
 
 _UINT32_MAX: Final = 2**32 - 1
 
@@ -40,8 +51,13 @@ def dynamo_dialect(
     strict_priority: int | None = None,
     speculative_prefill: bool = False,
     send_final: bool = True,
+    session_header: str = DYNAMO_SESSION_HEADER,
 ) -> Dialect:
     """Build the Dynamo dialect.
+
+    ``session_header``: the header the frontend's ``--router-session-header-key`` names
+    (``DYN_ROUTER_SESSION_HEADER_KEY``); the session id goes in it as well as in
+    ``X-Dynamo-Session-ID``. Checked as every header name agentrt sends.
 
     ``strict_priority``: the router pending-queue tier of every call through this dialect
     (an unsigned 32-bit int; a higher tier always goes ahead of a lower one; router only,
@@ -65,10 +81,18 @@ def dynamo_dialect(
     for what, flag in (("speculative_prefill", speculative_prefill), ("send_final", send_final)):
         if not isinstance(flag, bool):
             raise TypeError(f"{what} must be a bool, got {type(flag).__name__}")
+    affinity = check_header_name(session_header, "Dynamo session header")
+    if affinity.startswith("x-dynamo-") and affinity != DYNAMO_SESSION_HEADER:
+        raise ValueError(
+            f"{session_header!r} is one of Dynamo's own headers, not a session header; "
+            f"give the name --router-session-header-key was started with"
+        )
 
     def encode(meta: CallMetadata, options: DialectOptions) -> Encoding:
         enc = base_encoding(meta)
-        enc.headers["x-dynamo-session-id"] = meta.session_id
+        enc.headers[DYNAMO_SESSION_HEADER] = meta.session_id
+        if affinity != DYNAMO_SESSION_HEADER:
+            enc.headers[affinity] = meta.session_id
         if meta.parent_session_id is not None:
             enc.headers["x-dynamo-parent-session-id"] = meta.parent_session_id
         if send_final and meta.final:
@@ -92,10 +116,11 @@ def dynamo_dialect(
     if speculative_prefill:
         extras.append("speculative_prefill on non-final calls")
     final = ", X-Dynamo-Session-Final on a final call" if send_final else ""
+    custom = "" if affinity == DYNAMO_SESSION_HEADER else f", session id in {affinity} too"
     return Dialect(
-        name="dynamo",
+        name="dynamo" if not custom else f"dynamo:{affinity}",
         encode=encode,
-        doc=f"NVIDIA Dynamo: X-Dynamo-Session-ID, X-Dynamo-Parent-Session-ID{final}, "
+        doc=f"NVIDIA Dynamo: X-Dynamo-Session-ID{custom}, X-Dynamo-Parent-Session-ID{final}, "
         "nvext.agent_hints.osl and (with send_priority) priority = -agentrt priority"
         + ("; " + ", ".join(extras) if extras else "")
         + ".",

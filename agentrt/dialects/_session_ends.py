@@ -17,35 +17,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING, Final
+
+from ._base import SessionEnd
 
 if TYPE_CHECKING:  # imported when used: agentrt.dialects stays cheap to import
     import httpx
 
     from ..telemetry._events import Event, Hook
 
-__all__ = ["sglang_session_ends", "vllm_router_session_ends"]
+__all__ = [
+    "CLOSE_SESSION",
+    "FINISH_SESSION",
+    "open_session_ends",
+    "sglang_session_ends",
+    "vllm_router_session_ends",
+]
 
 _MAX_TRACKED: Final = 100_000
 """Sessions remembered as having called (a bound; cleared when full)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _EndRequest:
-    """One server's end-of-session request: ``POST <root><path>`` with the session id in
-    the query (``param``) or in a JSON body (``json_key``)."""
-
-    path: str
-    param: str | None = None
-    json_key: str | None = None
-
-    def send_kwargs(self, session_id: str) -> dict[str, Any]:
-        if self.param is not None:
-            return {"params": {self.param: session_id}}
-        assert self.json_key is not None
-        return {"json": {self.json_key: session_id}}
 
 
 def _roots(urls: str | Sequence[str], what: str) -> tuple[str, ...]:
@@ -68,17 +59,20 @@ def _roots(urls: str | Sequence[str], what: str) -> tuple[str, ...]:
 @asynccontextmanager
 async def session_ends(
     urls: str | Sequence[str],
-    request: _EndRequest,
+    request: SessionEnd,
     *,
     what: str,
     timeout_s: float,
     api_key: str | None,
     transport: httpx.AsyncBaseTransport | None,
+    authorization: str | None = None,
+    endpoint: str | None = None,
 ) -> AsyncIterator[Hook]:
     """A hook that sends ``request`` to every root of ``urls`` when a session that made a
-    call closes (with ``Authorization: Bearer <api_key>`` when given). Ends still pending
-    when the block exits are sent before it returns; a failed request is dropped (the
-    server then expires the session itself)."""
+    call closes (with ``Authorization: Bearer <api_key>`` when given, else
+    ``authorization`` as it is). With ``endpoint``, only sessions that sent a call to that
+    endpoint URL count. Ends still pending when the block exits are sent before it
+    returns; a failed request is dropped (the server then expires the session itself)."""
     import anyio
     import httpx
 
@@ -87,6 +81,8 @@ async def session_ends(
 
     roots = _roots(urls, what)
     headers = {} if api_key is None else {"authorization": f"Bearer {check_api_key(api_key)}"}
+    if api_key is None and authorization is not None:
+        headers["authorization"] = authorization
     if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s > 0):
         raise ValueError(f"timeout_s must be a finite number > 0, got {timeout_s!r}")
     send, receive = anyio.create_memory_object_stream[str](max_buffer_size=math.inf)
@@ -94,6 +90,8 @@ async def session_ends(
 
     def hook(event: Event) -> None:
         if isinstance(event, CallSent):
+            if endpoint is not None and event.endpoint != endpoint:
+                return
             if len(called) >= _MAX_TRACKED:
                 called.clear()
             called.add(event.session_id)
@@ -111,7 +109,7 @@ async def session_ends(
                 for root in roots:
                     try:
                         await http.post(f"{root}{request.path}", **kwargs)
-                    except httpx.HTTPError:
+                    except Exception:  # any failure: the runtime's block must not fail on it
                         continue
 
     async with anyio.create_task_group() as tg:
@@ -122,8 +120,11 @@ async def session_ends(
             send.close()
 
 
-_FINISH_SESSION: Final = _EndRequest("/finish_session", param="session_id")
-_CLOSE_SESSION: Final = _EndRequest("/close_session", json_key="session_id")
+FINISH_SESSION: Final = SessionEnd("/finish_session", param="session_id")
+"""vllm-router's end of a ``sticky_least_loaded`` session:
+``POST /finish_session?session_id=ID``."""
+CLOSE_SESSION: Final = SessionEnd("/close_session", json_key="session_id")
+"""SGLang's session close: ``POST /close_session`` with ``{"session_id": ID}``."""
 
 
 def vllm_router_session_ends(
@@ -155,7 +156,7 @@ def vllm_router_session_ends(
         raise TypeError(f"router_url must be a str, got {type(router_url).__name__}")
     return session_ends(
         router_url,
-        _FINISH_SESSION,
+        FINISH_SESSION,
         what="router_url",
         timeout_s=timeout_s,
         api_key=api_key,
@@ -182,9 +183,60 @@ def sglang_session_ends(
     """
     return session_ends(
         server_urls,
-        _CLOSE_SESSION,
+        CLOSE_SESSION,
         what="server_urls",
         timeout_s=timeout_s,
         api_key=api_key,
         transport=transport,
     )
+
+
+async def open_session_ends(
+    endpoints: Sequence[tuple[str, tuple[SessionEnd, ...], bytes | None]],
+    transport: object,
+    timeout_s: float = 5.0,
+) -> tuple[AsyncExitStack, list[Hook]]:
+    """The runtime's session ends: for each ``(endpoint URL, its dialect's session ends,
+    its Authorization header)``, a hook per end that sends it to that endpoint's root for
+    the sessions whose calls went there. The stack closes them (sending what is pending).
+    ``transport`` is the runtime's own (lent, not closed) when it is a legacy ``httpx``
+    one, so tests and embedded engines see the requests; else a default one is made."""
+    import httpx
+
+    class Borrowed(httpx.AsyncBaseTransport):
+        """The runtime's transport, lent: closing the session-end client leaves it open
+        (the runtime closes it, if it owns it)."""
+
+        def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+            self._inner = inner
+
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            return await self._inner.handle_async_request(request)
+
+        async def aclose(self) -> None:
+            return None
+
+    lent = Borrowed(transport) if isinstance(transport, httpx.AsyncBaseTransport) else None
+    stack = AsyncExitStack()
+    hooks: list[Hook] = []
+    try:
+        for url, ends, authorization in endpoints:
+            auth = authorization.decode("latin-1") if authorization is not None else None
+            for end in ends:
+                hook = await stack.enter_async_context(
+                    session_ends(
+                        url,
+                        end,
+                        what="endpoint",
+                        timeout_s=timeout_s,
+                        api_key=None,
+                        transport=lent,
+                        authorization=auth,
+                        endpoint=url,
+                    )
+                )
+                hooks.append(hook)
+    except BaseException:
+        await stack.aclose()
+        raise
+    return stack, hooks

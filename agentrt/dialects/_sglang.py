@@ -15,6 +15,12 @@
   needed, and keeps it referenced until ``/close_session`` (agentrt's
   :func:`~agentrt.dialects.sglang_session_ends` hook sends that when the session ends).
   Off by default: older servers do not know the field.
+- with ``sglang_dialect(send_session_id=True, close_session=True)`` (name
+  ``sglang:session-id,close-session``) the runtime itself sends each server
+  ``POST /close_session`` with ``{"session_id": ID}`` when a session that called it ends
+  (:data:`~agentrt.dialects.CLOSE_SESSION`): the close that frees a radix session's KV
+  (sgl-project/sglang#27058, #29436). Off by default: without
+  ``--enable-session-radix-cache`` a server has no such session to close.
 """
 
 from __future__ import annotations
@@ -24,10 +30,11 @@ from typing import Final
 from .._protocol import CallMetadata
 from ._base import Dialect, DialectOptions, Encoding
 from ._generic import INT32_MAX, INT32_MIN, base_encoding, clamp
+from ._session_ends import CLOSE_SESSION
 
 __all__ = ["SGLANG", "SGLANG_OPTIONS", "sglang_dialect", "sglang_priority"]
 
-SGLANG_OPTIONS: Final = ("low-priority-first", "session-id")
+SGLANG_OPTIONS: Final = ("low-priority-first", "session-id", "close-session")
 """The options of the dialect name ``sglang:<option>[,<option>]``."""
 
 
@@ -38,19 +45,30 @@ def sglang_priority(priority: int, *, low_priority_values_first: bool = False) -
 
 
 def sglang_dialect(
-    *, low_priority_values_first: bool = False, send_session_id: bool = False
+    *,
+    low_priority_values_first: bool = False,
+    send_session_id: bool = False,
+    close_session: bool = False,
 ) -> Dialect:
     """Build the SGLang dialect for a server with the given priority polarity.
 
     ``send_session_id=True`` adds the body ``session_id`` (SGLang 0.5.15 or later; with
     ``--enable-session-radix-cache`` it keeps the session's KV until the session is closed).
+    ``close_session=True`` (with ``send_session_id``) has the runtime send
+    ``POST /close_session`` to each server a session called when the session ends.
     """
     for what, flag in (
         ("low_priority_values_first", low_priority_values_first),
         ("send_session_id", send_session_id),
+        ("close_session", close_session),
     ):
         if not isinstance(flag, bool):
             raise TypeError(f"{what} must be a bool, got {type(flag).__name__}")
+    if close_session and not send_session_id:
+        raise ValueError(
+            "close_session=True needs send_session_id=True: a server tags a session's KV "
+            "only by the body session_id ('sglang:session-id,close-session')"
+        )
 
     def encode(meta: CallMetadata, options: DialectOptions) -> Encoding:
         enc = base_encoding(meta)
@@ -66,18 +84,22 @@ def sglang_dialect(
     chosen = [
         opt
         for opt, on in zip(
-            SGLANG_OPTIONS, (low_priority_values_first, send_session_id), strict=True
+            SGLANG_OPTIONS,
+            (low_priority_values_first, send_session_id, close_session),
+            strict=True,
         )
         if on
     ]
     name = "sglang" + (":" + ",".join(chosen) if chosen else "")
     order = "as is (lower first)" if low_priority_values_first else "negated (higher first)"
     session = "; body session_id = session id" if send_session_id else ""
+    close = "; POST /close_session when a session ends" if close_session else ""
     return Dialect(
         name=name,
         encode=encode,
         doc=f"SGLang: X-SMG-Routing-Key = session id{session}; body priority {order}, only "
-        "with send_priority.",
+        f"with send_priority{close}.",
+        session_ends=(CLOSE_SESSION,) if close_session else (),
     )
 
 
@@ -91,6 +113,7 @@ def sglang_from_options(arg: str) -> Dialect:
     return sglang_dialect(
         low_priority_values_first="low-priority-first" in opts,
         send_session_id="session-id" in opts,
+        close_session="close-session" in opts,
     )
 
 

@@ -15,6 +15,19 @@ field and ignores it). Its field names are not settled, so they are an option
   bounded to ``[0, max_ttl_s]`` and rounded to milliseconds (or sent as whole
   milliseconds with ``ttl_unit="ms"``, as Mooncake's ``cache_ttl_ms`` proposal reads).
 
+With ``shape="rfc"`` (name ``vllm-agent-hint:rfc``) the object takes the shape the RFC's
+``AgentHintParams`` sketch gives it instead::
+
+    "agent_hint": {"session_id": ..., "parent_session_id": ...,
+                   "cache_control": {"type": "ephemeral", "ttl": ...},
+                   "context_management": {"manage_request": true,
+                                          "edits": [{"type": "evict"}]}}
+
+``cache_control`` (the soft retention: TTL in seconds, the RFC bounds it to 3600) when
+the expected idle is known and the call is not the session's last; on the last call
+(``final``) ``context_management`` with one ``evict`` edit and no block range (the whole
+request context: the release), unless ``release_on_final=False``.
+
 It sends nothing else of vLLM's own; combine it with ``vllm`` for ``session_id`` and the
 headers (``dialect=("vllm", "vllm-agent-hint")``). See docs/protocol.md.
 """
@@ -42,6 +55,9 @@ __all__ = [
 DEFAULT_AGENT_HINT_TTL_MARGIN_S: Final = 2.0
 """Seconds added to the expected idle: a tool wait that runs a little long still finds
 its cache."""
+
+RFC_MAX_TTL_S: Final = 3600.0
+"""The RFC's bound on ``cache_control.ttl`` (``Field(ge=0, le=3600)``)."""
 
 DEFAULT_AGENT_HINT_MAX_TTL_S: Final = 3600.0
 """Upper bound on ``cache_ttl_s``: a wrong declaration cannot pin KV cache for hours."""
@@ -100,8 +116,14 @@ def vllm_agent_hint_dialect(
     max_ttl_s: float = DEFAULT_AGENT_HINT_MAX_TTL_S,
     fields: Mapping[str, str | None] | None = None,
     ttl_unit: Literal["s", "ms"] = "s",
+    shape: Literal["flat", "rfc"] = "flat",
+    release_on_final: bool = True,
 ) -> Dialect:
     """Build the ``vllm-agent-hint`` dialect (experimental, see the module docstring).
+
+    ``shape="rfc"``: the RFC's ``cache_control`` / ``context_management`` objects instead
+    of the flat members (then ``fields`` and ``ttl_unit`` do not apply, and the TTL is at
+    most 3600 s); ``release_on_final`` sends the ``evict`` edit on a session's last call.
 
     ``cache_ttl = min(idle_expected_s + ttl_margin_s, max_ttl_s)``, sent only when
     ``idle_expected_s`` is known: in seconds rounded to milliseconds, or with
@@ -113,6 +135,14 @@ def vllm_agent_hint_dialect(
     cap = _seconds(max_ttl_s, "max_ttl_s")
     if ttl_unit not in ("s", "ms"):
         raise ValueError(f"ttl_unit must be 's' or 'ms', got {ttl_unit!r}")
+    if shape not in ("flat", "rfc"):
+        raise ValueError(f"shape must be 'flat' or 'rfc', got {shape!r}")
+    if not isinstance(release_on_final, bool):
+        raise TypeError(f"release_on_final must be a bool, got {type(release_on_final).__name__}")
+    if shape == "rfc":
+        if fields is not None or ttl_unit != "s":
+            raise ValueError("fields and ttl_unit apply to shape='flat' only")
+        return _rfc_dialect(margin, min(cap, RFC_MAX_TTL_S), release_on_final)
     names = _field_names(fields)
     obj = names["object"]
     session_key = names["session_id"]
@@ -139,6 +169,37 @@ def vllm_agent_hint_dialect(
         doc="vLLM RFC #52113 (experimental proposal, not a released API): body "
         f"{obj} {{{', '.join(members)}}}: session, parent if any, cache TTL = expected idle "
         f"+ {margin:g} s, at most {cap:g} s, in {ttl_unit}, if known.",
+    )
+
+
+def _rfc_dialect(margin: float, cap: float, release_on_final: bool) -> Dialect:
+    """The ``agent_hint`` of RFC vllm-project/vllm#52113's ``AgentHintParams``."""
+
+    def encode(meta: CallMetadata, options: DialectOptions) -> Encoding:
+        enc = base_encoding(meta)
+        hint: dict[str, Any] = {"session_id": meta.session_id}
+        if meta.parent_session_id is not None:
+            hint["parent_session_id"] = meta.parent_session_id
+        idle = meta.idle_expected_s
+        if meta.final:
+            if release_on_final:
+                hint["context_management"] = {
+                    "manage_request": True,
+                    "edits": [{"type": "evict"}],
+                }
+        elif idle is not None and math.isfinite(idle) and idle >= 0:
+            ttl = round(min(idle + margin, cap), 3)
+            hint["cache_control"] = {"type": "ephemeral", "ttl": ttl}
+        enc.body["agent_hint"] = hint
+        return enc
+
+    release = "; on a final call context_management evict" if release_on_final else ""
+    return Dialect(
+        name="vllm-agent-hint:rfc" + ("" if release_on_final else ",no-release"),
+        encode=encode,
+        doc="vLLM RFC #52113 AgentHintParams (experimental proposal, not a released API): "
+        "body agent_hint {session_id, parent_session_id, cache_control {ephemeral, ttl = "
+        f"expected idle + {margin:g} s, at most {cap:g} s}}{release}.",
     )
 
 

@@ -21,7 +21,11 @@ the router's program being one agentrt session (one conversation, one KV prefix)
   program at the router when the reply is done and frees its slot at once; ``true``
   otherwise (a program that stops calling is paused when its acting TTL runs out,
   dropped 30 min later);
-- ``step_id``: the call's turn in its session;
+- ``step_id``: the call's turn in its session; ``request_id``: the call's id (the one
+  agentrt keeps across the call's attempts; the router keeps it as a correlation id that
+  "never participates in identity");
+- ``spawn_reason``: for a sub-agent with a name, that name (the kind of sub-agent it is:
+  the router reads the field also as ``subagent_type`` or ``agent_type``);
 - ``kv_retention_ttl_seconds``: the idle the session expects after this reply (a
   declared or learned tool wait) plus a margin, bounded, when known (it replaces the
   TTL the router computes; ``max_acting_ttl_seconds``, 10 s by default, caps only the
@@ -37,7 +41,13 @@ the router forwards ``vllm_xargs`` to the replica, and vLLM accepts only strings
 numbers and lists as its values. The header ``x-session-id`` carries the session id
 too, for the ``consistent_hash`` and ``sticky_least_loaded`` policies
 (``src/policies/hash_key.rs``). A caller's own ``vllm_xargs.agentic_context`` (in
-``extra_body``) replaces this one whole. See docs/protocol.md.
+``extra_body``) replaces this one whole.
+
+When a session that called the router ends, the runtime sends the router
+``POST /finish_session?session_id=ID`` (:data:`~agentrt.dialects.FINISH_SESSION`):
+``sticky_least_loaded`` otherwise counts the session on its worker for two hours. On by
+default; ``vllm_router_agentic_dialect(finish_session=False)`` turns it off. See
+docs/protocol.md.
 """
 
 from __future__ import annotations
@@ -49,6 +59,7 @@ from typing import Any, Final
 from .._protocol import CallMetadata, validate_nonneg
 from ._base import Dialect, DialectOptions, Encoding
 from ._generic import base_encoding, clamp
+from ._session_ends import FINISH_SESSION
 
 __all__ = [
     "DEFAULT_ROUTER_MAX_TTL_S",
@@ -103,6 +114,9 @@ def _context_of(
         ctx["agent_role"] = "lead"
     ctx["expected_resume"] = not meta.final
     ctx["step_id"] = max(0, meta.turn)
+    ctx["request_id"] = meta.call_id
+    if parent is not None and parent != session and meta.session_name:
+        ctx["spawn_reason"] = meta.session_name
     idle = meta.idle_expected_s
     if idle is not None and math.isfinite(idle) and idle >= 0 and not meta.final:
         ctx["kv_retention_ttl_seconds"] = round(min(idle + ttl_margin_s, max_ttl_s), 3)
@@ -121,14 +135,22 @@ def vllm_router_agentic_dialect(
     *,
     ttl_margin_s: float = DEFAULT_ROUTER_TTL_MARGIN_S,
     max_ttl_s: float = DEFAULT_ROUTER_MAX_TTL_S,
+    finish_session: bool = True,
 ) -> Dialect:
     """Build the ``vllm-router-agentic`` dialect (see the module docstring).
 
     ``kv_retention_ttl_seconds = min(idle_expected_s + ttl_margin_s, max_ttl_s)``, sent
     only when the session's next idle is known (declared or learned).
+
+    ``finish_session``: when a session that called the router ends, the runtime sends it
+    ``POST /finish_session?session_id=ID`` (its ``sticky_least_loaded`` policy holds a
+    session it is not told of for two hours). agentrt cannot see the router's policy, so it
+    is sent whatever the policy.
     """
     margin = _seconds(ttl_margin_s, "ttl_margin_s")
     cap = _seconds(max_ttl_s, "max_ttl_s")
+    if not isinstance(finish_session, bool):
+        raise TypeError(f"finish_session must be a bool, got {type(finish_session).__name__}")
 
     def encode(meta: CallMetadata, options: DialectOptions) -> Encoding:
         enc = base_encoding(meta)
@@ -143,9 +165,11 @@ def vllm_router_agentic_dialect(
         doc="vllm-project/router 0.1.17 program scheduling: body vllm_xargs.agentic_context "
         "(a JSON string: program = session, task = job, agent = session name, parent, "
         "root, lead/subagent, blocks_parent, expected_resume false on a final call, "
-        f"step, kv_retention_ttl_seconds = expected idle + {margin:g} s, deadline, "
-        "expected output tokens, negated priority with send_priority) "
-        "and X-Session-ID.",
+        f"step, request id, sub-agent spawn_reason, kv_retention_ttl_seconds = expected "
+        f"idle + {margin:g} s, deadline, expected output tokens, negated priority with "
+        "send_priority) and X-Session-ID"
+        + ("; POST /finish_session when a session ends." if finish_session else "."),
+        session_ends=(FINISH_SESSION,) if finish_session else (),
     )
 
 

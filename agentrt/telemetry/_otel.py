@@ -16,6 +16,11 @@ conventions (development status; docs/telemetry.md names the commit checked):
   agent span, with the id of the tool call it answers when the session's last reply
   asked for a tool of that name.
 
+Which GenAI names: by default those of semantic-conventions-genai ``SEMCONV_COMMIT``;
+``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental`` selects the latest ones
+(``SEMCONV_LATEST_COMMIT``: ``gen_ai.client.inference.*`` metrics, token counters,
+``gen_ai.invoke_workflow.duration``), and ``gen_ai_latest_experimental/dup`` both.
+
 A call made outside any job (an implicit one-call job) has no workflow or agent span:
 its call span is a child of the span current when it was made. A session that announced
 no start (``SyncRuntime``'s sessions emit no ``SessionOpened``) gets its agent span at
@@ -29,11 +34,12 @@ start. State is kept per open job, session, call and tool wait, and dropped when
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from ._events import (
@@ -57,7 +63,10 @@ if TYPE_CHECKING:
     from contextvars import Token
 
     from opentelemetry.context import Context
-    from opentelemetry.trace import Span
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import Span, TracerProvider
+
+    from ._report import CallReport
 
 __all__ = ["otel_hook"]
 
@@ -65,10 +74,44 @@ SEMCONV_COMMIT = "004902b8cb70aa5ae6ca4ae07132b7daabcd3e10"
 """The open-telemetry/semantic-conventions-genai commit whose ``model/gen-ai/spans.yaml``
 and ``metrics.yaml`` every ``gen_ai.*`` name here was checked against."""
 
+SEMCONV_LATEST_COMMIT = "32c328e85013588c6fe32ebc30934ab5b1752b6a"
+"""The open-telemetry/semantic-conventions-genai commit of ``docs/gen-ai/non-normative/
+migration.md`` whose names the opt-in mode emits (with ``model/gen-ai/token-metrics.yaml``
+at 9b2ce3b4 and ``docs/gen-ai/client-inference.md`` at ac48b1f9)."""
+
+SEMCONV_OPT_IN_ENV = "OTEL_SEMCONV_STABILITY_OPT_IN"
+"""The environment variable OpenTelemetry's instrumentations read for opt-in conventions:
+a comma-separated list of category values."""
+SEMCONV_LATEST = "gen_ai_latest_experimental"
+"""The value that selects the latest GenAI names (and drops today's)."""
+SEMCONV_DUP = "gen_ai_latest_experimental/dup"
+"""agentrt's value for both name sets at once, after the ``http/dup`` convention."""
+
+SemconvMode = Literal["default", "latest", "both"]
+
+
+def semconv_mode(value: str | None) -> SemconvMode:
+    """The GenAI name set an ``OTEL_SEMCONV_STABILITY_OPT_IN`` value selects: ``latest``
+    for ``gen_ai_latest_experimental``, ``both`` for ``gen_ai_latest_experimental/dup``
+    (it wins when both are listed), else ``default``. Other categories' values (``http``,
+    ``database/dup``) are not agentrt's and are ignored, as every instrumentation does."""
+    if not value:
+        return "default"
+    values = {v.strip().lower() for v in value.split(",")}
+    if SEMCONV_DUP in values:
+        return "both"
+    if SEMCONV_LATEST in values:
+        return "latest"
+    return "default"
+
+
 PROVIDER = "openai"
 """``gen_ai.provider.name``: every endpoint agentrt drives speaks the OpenAI REST API."""
 TOOL_TYPE = "function"
 """``gen_ai.tool.type``: a tool the application runs itself (``session.tool(...)``)."""
+TOKEN_MODALITY = "unknown"
+"""``gen_ai.token.modality`` on the latest usage counters: an OpenAI-style usage object
+does not break tokens down by modality, and the conventions then ask for ``unknown``."""
 
 DURATION_BUCKETS: tuple[float, ...] = tuple(0.01 * 2**i for i in range(14))
 """The bucket boundaries the GenAI conventions advise for ``gen_ai.client.operation.duration``
@@ -87,14 +130,16 @@ _ERROR_NAME = re.compile(r"^(?:endpoint \S+ failed after \d+ attempt\(s\): )?([A
 def otel_hook(*, capture_content: bool = False) -> Hook | None:
     """The span and metrics hook; None when ``opentelemetry-api`` is not installed, or
     when no tracer or meter provider has been installed yet (then spans would be no-ops:
-    install the SDK's providers before building the Runtime)."""
+    install the SDK's providers before building the Runtime). Its GenAI names are those
+    ``OTEL_SEMCONV_STABILITY_OPT_IN`` selects when it is built (:func:`semconv_mode`)."""
     try:
         import opentelemetry.metrics
         import opentelemetry.propagate
         import opentelemetry.trace  # noqa: F401
     except ImportError:
         return None
-    hook = _OtelHook(capture_content=capture_content)
+    semconv = semconv_mode(os.environ.get(SEMCONV_OPT_IN_ENV))
+    hook = _OtelHook(capture_content=capture_content, semconv=semconv)
     # Without an SDK provider (installed before the Runtime is built, the usual order)
     # every span would be a no-op: install no hook at all, so no event is even built.
     return hook if hook._sdk_installed() else None
@@ -155,10 +200,28 @@ def _add(total: int | None, n: int | None) -> int | None:
 class _OtelHook:
     """Turns events into spans and metrics. One per Runtime."""
 
-    def __init__(self, *, capture_content: bool) -> None:
+    def __init__(
+        self,
+        *,
+        capture_content: bool,
+        semconv: SemconvMode = "default",
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        """``tracer_provider`` and ``meter_provider`` replace the global ones (tests);
+        with them the hook counts as installed."""
         from opentelemetry import context, metrics, propagate, trace
 
         from .. import __version__
+
+        if semconv not in ("default", "latest", "both"):
+            raise ValueError(f"semconv must be 'default', 'latest' or 'both', not {semconv!r}")
+        self.semconv: SemconvMode = semconv
+        self._legacy = semconv != "latest"
+        """Emit today's names (those of :data:`SEMCONV_COMMIT`)."""
+        self._latest = semconv != "default"
+        """Emit the latest names (those of :data:`SEMCONV_LATEST_COMMIT`)."""
+        self._own_providers = tracer_provider is not None or meter_provider is not None
 
         self._trace = trace
         self._metrics = metrics
@@ -167,8 +230,16 @@ class _OtelHook:
         """Whether an SDK provider was installed when the last job started."""
         self._propagate = propagate
         self._capture = capture_content
-        self._tracer = trace.get_tracer("agentrt", __version__)
-        meter = metrics.get_meter("agentrt", __version__)
+        self._tracer = (
+            tracer_provider.get_tracer("agentrt", __version__)
+            if tracer_provider is not None
+            else trace.get_tracer("agentrt", __version__)
+        )
+        meter = (
+            meter_provider.get_meter("agentrt", __version__)
+            if meter_provider is not None
+            else metrics.get_meter("agentrt", __version__)
+        )
         self._op_duration = meter.create_histogram(
             "gen_ai.client.operation.duration",
             unit="s",
@@ -204,6 +275,47 @@ class _OtelHook:
             unit="s",
             description="Duration of a tool execution (a tool wait).",
             explicit_bucket_boundaries_advisory=TOOL_BUCKETS,
+        )
+        # The latest names (semantic-conventions-genai SEMCONV_LATEST_COMMIT): inference
+        # metrics of their own (#521), token counters and per-operation histograms in place
+        # of gen_ai.client.token.usage (#374), and the workflow metric's new name.
+        self._inference_duration = meter.create_histogram(
+            "gen_ai.client.inference.duration",
+            unit="s",
+            description="GenAI inference duration.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self._inference_first_chunk = meter.create_histogram(
+            "gen_ai.client.inference.time_to_first_chunk",
+            unit="s",
+            description="Time to receive the first chunk of a streamed inference reply.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self._usage_input, self._usage_output, self._usage_cache_read = (
+            meter.create_counter(f"gen_ai.client.inference.usage.{what}", "{token}", brief)
+            for what, brief in (
+                ("input_tokens", "The number of input tokens used, including cached tokens."),
+                ("output_tokens", "The number of output (completion) tokens used."),
+                ("cache_read.input_tokens", "Input tokens served from a provider-managed cache."),
+            )
+        )
+        self._operation_input = meter.create_histogram(
+            "gen_ai.client.inference.operation.input_tokens",
+            unit="{token}",
+            description="The number of input (prompt) tokens used per inference operation.",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+        )
+        self._operation_output = meter.create_histogram(
+            "gen_ai.client.inference.operation.output_tokens",
+            unit="{token}",
+            description="The number of output (completion) tokens used per inference operation.",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+        )
+        self._invoke_workflow_duration = meter.create_histogram(
+            "gen_ai.invoke_workflow.duration",
+            unit="s",
+            description="GenAI workflow duration: a job's completion time.",
+            explicit_bucket_boundaries_advisory=JOB_BUCKETS,
         )
         self._job_phase = meter.create_histogram(
             "agentrt.job.phase.duration",
@@ -257,6 +369,8 @@ class _OtelHook:
     def _sdk_installed(self) -> bool:
         """Whether a tracer or meter provider has been installed globally (until then the
         API hands out proxies, and every span and measurement would be dropped)."""
+        if self._own_providers:
+            return True
         tracer_provider = self._trace.get_tracer_provider()
         if not isinstance(tracer_provider, self._trace.ProxyTracerProvider):
             return True
@@ -336,7 +450,10 @@ class _OtelHook:
         attrs = {"gen_ai.workflow.name": r.name}
         if error_type is not None:
             attrs["error.type"] = error_type
-        self._workflow_duration.record(r.jct_s, attrs)
+        if self._legacy:
+            self._workflow_duration.record(r.jct_s, attrs)
+        if self._latest:
+            self._invoke_workflow_duration.record(r.jct_s, attrs)
         name = r.name
         phase = self._job_phase
         phase.record(r.queue_s, {"agentrt.job.name": name, "agentrt.phase": "queue"})
@@ -411,7 +528,8 @@ class _OtelHook:
                 attrs["gen_ai.usage.input_tokens"] = agent.input_tokens
             if agent.output_tokens is not None:
                 attrs["gen_ai.usage.output_tokens"] = agent.output_tokens
-            if agent.cached_tokens is not None:
+            if agent.cached_tokens is not None and self._legacy:
+                # The latest conventions dropped it from invoke_agent spans (#469).
                 attrs["gen_ai.usage.cache_read.input_tokens"] = agent.cached_tokens
             span.set_attributes(attrs)
         span.end(end_time=offset_ns + int(t * 1e9))
@@ -579,6 +697,10 @@ class _OtelHook:
         attrs = call.metric_attrs
         if e.response_model is not None:
             attrs["gen_ai.response.model"] = e.response_model
+        if self._latest:
+            self._record_latest(dict(attrs), error_type, r)
+        if not self._legacy:
+            return
         if r.ttft_s is not None:
             self._first_chunk.record(r.ttft_s, attrs)
         if error_type is not None:
@@ -589,6 +711,30 @@ class _OtelHook:
             self._token_usage.record(r.prompt_tokens, {**attrs, "gen_ai.token.type": "input"})
         if r.completion_tokens is not None:
             self._token_usage.record(r.completion_tokens, {**attrs, "gen_ai.token.type": "output"})
+
+    def _record_latest(self, attrs: dict[str, Any], error_type: str | None, r: CallReport) -> None:
+        """A call's metrics under the latest names: inference (chat, text completion) on
+        ``gen_ai.client.inference.*``; embeddings on ``gen_ai.client.operation.duration``,
+        which stays for operations other than inference (unless today's names already
+        recorded it there)."""
+        failed = {**attrs, "error.type": error_type} if error_type is not None else attrs
+        if attrs.get("gen_ai.operation.name") == "embeddings":
+            if r.latency_s is not None and not self._legacy:
+                self._op_duration.record(r.latency_s, failed)
+            return
+        if r.ttft_s is not None:
+            self._inference_first_chunk.record(r.ttft_s, attrs)
+        if r.latency_s is not None:
+            self._inference_duration.record(r.latency_s, failed)
+        usage = {**attrs, "gen_ai.token.modality": TOKEN_MODALITY}
+        if r.prompt_tokens is not None:
+            self._usage_input.add(r.prompt_tokens, usage)
+            self._operation_input.record(r.prompt_tokens, attrs)
+        if r.completion_tokens is not None:
+            self._usage_output.add(r.completion_tokens, usage)
+            self._operation_output.record(r.completion_tokens, attrs)
+        if r.cached_tokens is not None:
+            self._usage_cache_read.add(r.cached_tokens, usage)
 
     def _server(self, endpoint: str) -> tuple[str | None, int | None]:
         server = self._servers.get(endpoint)
