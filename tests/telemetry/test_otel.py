@@ -6,6 +6,7 @@ provider or SDK."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -669,3 +670,31 @@ def test_without_the_sdk_or_the_api_nothing_breaks(blocked: str, hook: bool) -> 
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == [f"hook {hook}", "traceparent False"]
+
+
+_UNUSED = """
+import sys
+from agentrt.telemetry._otel import otel_hook
+
+print("hook", otel_hook() is not None, "imported", "opentelemetry" in sys.modules)
+import opentelemetry.trace
+from opentelemetry.sdk.trace import TracerProvider
+
+opentelemetry.trace.set_tracer_provider(TracerProvider())
+print("hook", otel_hook() is not None)
+"""
+
+
+def test_a_program_that_does_not_use_opentelemetry_does_not_import_it() -> None:
+    """The runtime's first use imports OpenTelemetry only where a provider may be
+    installed: once one is, the hook is there."""
+    out = subprocess.run(
+        [sys.executable, "-c", _UNUSED],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_PYTHON_")},
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["hook False imported False", "hook True"]
