@@ -365,7 +365,7 @@ class _ToolWait:
 
 class _OpenStream(Protocol):
     """A streamed reply of one of a job's calls, not closed yet (the transport's
-    ``_ObservedStream``), as the job settles it when the caller left it unread."""
+    ``_stream.ObservedStream``), as the job settles it when the caller left it unread."""
 
     _session: Session
 

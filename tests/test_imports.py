@@ -19,8 +19,14 @@ STAGES = (
     "agentrt._notice",
     "agentrt._state",
     "agentrt._context",
+    "agentrt._httplib",
+    "agentrt._wire",
+    "agentrt._retry",
+    "agentrt._stream",
+    "agentrt._call",
     "agentrt._transport",
     "agentrt._runtime",
+    "agentrt._sync",
 )
 """The runtime's stage modules, each importing only those before it."""
 
@@ -121,7 +127,7 @@ def test_the_graph_is_read() -> None:
     graph = _graph({"module"})
     assert "agentrt._state" in graph["agentrt._runtime"]
     assert "agentrt.telemetry._otel" in _graph({"function"})["agentrt._runtime"]
-    assert "agentrt._state" in _graph({"typing"})["agentrt._transport"]
+    assert "agentrt._state" in _graph({"typing"})["agentrt._call"]
     # And it finds a cycle where there is one.
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
 

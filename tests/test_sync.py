@@ -108,7 +108,7 @@ def test_sync_runtime_takes_runtimes_keyword_arguments_typed_alike() -> None:
     """SyncRuntime's ``**kwargs`` are typed by a TypedDict of Runtime's keyword arguments
     (so that ``mypy --strict`` catches a misspelt one: tests/typed/wrong.py): the two
     list the same names with the same types."""
-    from agentrt._runtime import _RuntimeOptions
+    from agentrt._sync import _RuntimeOptions
 
     params = list(inspect.signature(agentrt.Runtime.__init__).parameters.values())[2:]
     assert all(p.kind is p.KEYWORD_ONLY for p in params)
