@@ -7,42 +7,35 @@ import json
 import logging
 import re
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 import httpx
 
+from ._call_events import attempt_failed, call_ended, call_started, log_attempt, moved, sending
 from ._context import Job, Session, _CallState, new_id
 from ._errors import DeadlineExceeded, EndpointError, only_cancelled
-from ._httplib import ConnTrace, HttpLib, prepare, rebuild
-from ._log import credential_forms, routing_log, scrub_bytes, transport_log
+from ._httplib import ConnTrace, HttpLib, asking_usage, prepare, rebuild, what_to_do
+from ._log import credential_forms, scrub_bytes, transport_log
 from ._notice import accept_header
 from ._protocol import CallMetadata, trusted_model
 from ._retry import RETRY_STATUS, RetryableError, RetryableStatus, backoff, retry_after
 from ._stream import ObservedStream
 from ._wire import (
     USAGE_PATHS,
-    content_of,
+    asks_usage,
     merge_body,
     reply_object,
     request_body,
+    request_facts,
     text_of,
     tool_names_into,
     usage_into,
 )
-from .dialects._generic import check_header_name, check_header_value
 from .scheduling._queue import Ticket
 from .scheduling._retention import RetentionEstimator
 from .scheduling._routing import RouteKey, prefix_fingerprints
-from .telemetry._events import (
-    AttemptFailed,
-    CallEnded,
-    CallQueued,
-    CallSent,
-    CallStarted,
-    SessionMoved,
-)
-from .telemetry._reply import ReplyFacts, temperature_of
+from .telemetry._reply import ReplyFacts
 from .telemetry._report import CallStatus
 
 if TYPE_CHECKING:
@@ -80,25 +73,6 @@ class Sender:
         self.lib = lib
         self.observed = lib.derive(ObservedStream)
         self.placeholder = f"Bearer {core.placeholder_key}".encode()
-
-
-def _what_to_do(error: BaseException, url: str, lib: Any) -> str:
-    """What the caller can do about the transport error that ended a call on ``url``
-    (the end of :class:`EndpointError`'s message, so that it stands on its own)."""
-    if isinstance(error, lib.ConnectError | lib.ConnectTimeout | OSError):
-        return (
-            f"is a server running at {url}? Check the URL (scheme, host, port and path), "
-            "and that the server is up and listening there"
-        )
-    if isinstance(error, lib.TimeoutException):
-        return (
-            f"the server at {url} did not answer within the timeout; if it is busy or its "
-            "replies are long, raise Runtime(timeout_s=...)"
-        )
-    return (
-        f"the server at {url} closed the connection or broke off its reply; is it an "
-        "OpenAI-compatible server, and healthy?"
-    )
 
 
 def _route(
@@ -222,30 +196,13 @@ class Call:
         job = session.job
         content = request.content if request.method == "POST" else b""
         self.body = body = request_body(content) if content else None
-        stream = False
-        max_out = model = None
-        if body:
-            stream = body.get("stream") is True
-            model = body.get("model")
-            if not isinstance(model, str):
-                model = None
-            max_out = body.get("max_completion_tokens")
-            if not isinstance(max_out, int):
-                max_out = body.get("max_tokens")
-                if not isinstance(max_out, int):
-                    max_out = None
-            if max_out.__class__ is bool:  # as CallMetadata would take it
-                max_out = int(max_out)
+        stream, model, max_out = request_facts(body)
         self.added_usage = False
         """agentrt asked for the stream's usage chunk (the caller did not): the chunk is
         read for the report and dropped from what the caller receives."""
-        if stream and suffix in USAGE_PATHS:
-            assert body is not None
-            options = body.get("stream_options")
-            if options.__class__ is not dict or not (
-                options.get("include_usage") or options.get("continuous_usage_stats")
-            ):
-                self.request = self._ask_usage(request, body, options)
+        if stream and body is not None and suffix in USAGE_PATHS and not asks_usage(body):
+            self.request = asking_usage(sender.lib, request, body)
+            self.added_usage = True
 
         self.clock = clock = core.clock
         now = clock()
@@ -281,47 +238,7 @@ class Call:
             self.prefix = prefix_fingerprints(content)
         self.sent_at = now
         if core.hooks:
-            core.emit(
-                CallStarted(
-                    t=now,
-                    job_id=job.id,
-                    session_id=session.id,
-                    call_id=call_id,
-                    turn=turn,
-                    path=suffix,
-                    model=model,
-                    stream=stream,
-                    content=content_of(body) if core.capture_content else None,
-                    max_tokens=max_out,
-                    temperature=temperature_of(body),
-                    session_name=session.name,
-                )
-            )
-
-    def _ask_usage(self, request: httpx.Request, body: dict[str, Any], options: Any) -> Any:
-        """The request of a streamed call whose caller did not ask for usage, asking for
-        it (``stream_options.include_usage``; the caller's other stream options kept), so
-        that its tokens are counted; and without compression, so that the stream can be
-        read and its usage-only chunk dropped. Built once per such call, never for others.
-        """
-        asked = dict(options) if options.__class__ is dict else {}
-        asked["include_usage"] = True
-        body["stream_options"] = asked
-        content = json.dumps(body, separators=(",", ":")).encode()
-        headers = [
-            (k, v)
-            for k, v in request.headers.raw
-            if k.lower() not in (b"content-length", b"accept-encoding")
-        ]
-        headers.append((b"accept-encoding", b"identity"))
-        self.added_usage = True
-        return self.sender.lib.mod.Request(
-            request.method,
-            request.url,
-            headers=headers,
-            content=content,
-            extensions=request.extensions,
-        )
+            call_started(core, session, self.state, body, max_out)
 
     # -- sending ------------------------------------------------------------------------
 
@@ -361,44 +278,65 @@ class Call:
         )
 
     async def _attempt(self) -> httpx.Response:
-        core, session, state, ticket = self.core, self.session, self.state, self.ticket
-        home = session.endpoint_index
-        index, moved = _route(core, session, self.failed, self.prefix, ticket.tokens)
-        ep = core.endpoints[index]
-        endpoint = ep.endpoint
-        if moved is not None:
-            state.moved = True
-            if core.hooks:
-                previous = state.endpoint or (
-                    core.endpoints[home].endpoint.url if home is not None else None
-                )
-                core.emit(
-                    SessionMoved(
-                        t=self.clock(),
-                        job_id=ticket.job_id,
-                        session_id=session.id,
-                        call_id=state.call_id,
-                        from_endpoint=previous or "",
-                        to_endpoint=endpoint.url,
-                        reason=moved,
-                    )
-                )
-            if routing_log.isEnabledFor(_INFO):
-                self._log_move(home, endpoint.url, moved)
+        """One attempt: route, admit, send once, check the reply."""
+        index = self._route()
+        ep = self.core.endpoints[index]
         admission = ep.admission
-        priority = admission.policy.classify(ticket, state.started)
+        ticket = self.ticket
+        ticket.enqueued_at = -1.0
+        if not admission.try_admit(ticket):
+            await admission.admit(ticket)
+        out = self._admitted(ep)
+        response = await self._send(index, ep, out)
+        status = response.status_code
+        try:
+            self.state.http_status = status
+            if transport_log.isEnabledFor(_DEBUG):  # one dict lookup when off
+                self._log_attempt(ep, f"HTTP {status}")
+            if status in RETRY_STATUS:
+                await response.aread()
+                raise RetryableStatus(response, retry_after(response.headers))
+        except BaseException:
+            self._release(ok=status not in RETRY_STATUS)
+            if status >= 500:
+                self.core.record_health(ep, False)
+            if self.core.hooks:
+                self._failed(ep, f"HTTP {status}")
+            await response.aclose()
+            raise
+        self._accepted(ep, response)
+        return response
+
+    def _route(self) -> int:
+        """The attempt's endpoint (the router's choice; a move told), its priority (the
+        endpoint's policy's queue level, where it takes one)."""
+        core, state, ticket = self.core, self.state, self.ticket
+        home = self.session.endpoint_index
+        index, reason = _route(core, self.session, self.failed, self.prefix, ticket.tokens)
+        ep = core.endpoints[index]
+        if reason is not None:
+            state.moved = True
+            previous = state.endpoint or (
+                core.endpoints[home].endpoint.url if home is not None else None
+            )
+            moved(core, ticket, state, previous, ep.endpoint.url, reason)
+        policy = ep.admission.policy
+        priority = policy.classify(ticket, state.started)
         if core.send_priority:
             if type(priority) is not int:
                 raise TypeError(
-                    f"scheduling policy {type(admission.policy).__name__}.classify returned "
+                    f"scheduling policy {type(policy).__name__}.classify returned "
                     f"{priority!r}; it must return an int (the queue level, lower first)"
                 )
             # Only to an endpoint that takes priorities (send_priority, or 'auto' and it
             # advertised a priority scheduler).
             state.priority = priority if ep.options.send_priority else None
-        ticket.enqueued_at = -1.0
-        if not admission.try_admit(ticket):
-            await admission.admit(ticket)
+        return index
+
+    def _admitted(self, ep: _EndpointState) -> httpx.Request:
+        """The attempt let through ``ep``'s admission gate: counted in its load, its
+        request built (the room given back if building it fails)."""
+        state, ticket = self.state, self.ticket
         try:
             queued = ticket.enqueued_at >= 0.0
             if queued or state.attempts:  # it waited in the queue, or this is a retry
@@ -406,15 +344,21 @@ class Call:
                 if queued:
                     state.queue_s += now - ticket.enqueued_at
             state.attempts += 1
-            state.endpoint = endpoint.url
+            state.endpoint = ep.endpoint.url
             out = self._build(ep, queued)
         except BaseException:
-            admission.release(ticket, latency_s=None, tokens=0, ok=True)
+            ep.admission.release(ticket, latency_s=None, tokens=0, ok=True)
             raise
         load = ep.load
         load.in_flight += 1
         load.outstanding_tokens += ticket.tokens
         self.ep = ep
+        return out
+
+    async def _send(self, index: int, ep: _EndpointState, out: httpx.Request) -> httpx.Response:
+        """Send the attempt's request once; again at once on another connection where a
+        kept-alive one had been closed, and once without the priority where ``ep``
+        refused it. A transport error ends the attempt (:class:`RetryableError`)."""
         sender = self.sender
         lib = sender.lib
         resent = False
@@ -438,33 +382,18 @@ class Call:
                         )
                     trace = ConnTrace.install(out)
                     continue
-                self._release(ok=False)
-                # Only a connection that could not be made marks the endpoint down at
-                # once and sends the retry elsewhere; a read timeout or a connection
-                # closed without a reply is one failure toward the threshold, and the
-                # retry stays where the session is. Our own pool's timeout is no
-                # failure of the endpoint's.
-                connect = isinstance(exc, lib.connect_errors)
-                if not isinstance(exc, lib.mod.PoolTimeout):
-                    core.record_health(ep, False, connect=connect)
-                if connect:
-                    self.failed.add(index)
-                if core.hooks:
-                    self._failed(ep, f"{type(exc).__name__}: {exc}")
-                if transport_log.isEnabledFor(_DEBUG):
-                    self._log_attempt(ep, f"{type(exc).__name__}: {exc}")
+                self._unreached(index, ep, exc)
                 raise RetryableError(exc, index) from exc
             except BaseException:
                 self._release(ok=True)
                 raise
-            status = response.status_code
             if (
-                status != 400
+                response.status_code != 400
                 or resent
-                or state.priority is None
+                or self.state.priority is None
                 or not await self._priority_refused(ep, response)
             ):
-                break
+                return response
             # Resent at once without the priority, in the same attempt (it holds its
             # room and its retries): once per call, so a second 400 goes to the caller.
             resent = True
@@ -475,21 +404,30 @@ class Call:
                 self._release(ok=True)
                 raise
             trace = ConnTrace.install(out)
-        try:
-            state.http_status = status
-            if transport_log.isEnabledFor(_DEBUG):  # one dict lookup when off
-                self._log_attempt(ep, f"HTTP {status}")
-            if status in RETRY_STATUS:
-                await response.aread()
-                raise RetryableStatus(response, retry_after(response.headers))
-        except BaseException:
-            self._release(ok=status not in RETRY_STATUS)
-            if status >= 500:
-                core.record_health(ep, False)
-            if core.hooks:
-                self._failed(ep, f"HTTP {status}")
-            await response.aclose()
-            raise
+
+    def _unreached(self, index: int, ep: _EndpointState, exc: Exception) -> None:
+        """The attempt's request got no reply (``exc``): released, told, and counted
+        against ``ep``'s health. Only a connection that could not be made marks the
+        endpoint down at once and sends the retry elsewhere; a read timeout or a
+        connection closed without a reply is one failure toward the threshold, and the
+        retry stays where the session is. Our own pool's timeout is no failure of the
+        endpoint's."""
+        self._release(ok=False)
+        core, lib = self.core, self.sender.lib
+        connect = isinstance(exc, lib.connect_errors)
+        if not isinstance(exc, lib.mod.PoolTimeout):
+            core.record_health(ep, False, connect=connect)
+        if connect:
+            self.failed.add(index)
+        if core.hooks:
+            self._failed(ep, f"{type(exc).__name__}: {exc}")
+        if transport_log.isEnabledFor(_DEBUG):
+            self._log_attempt(ep, f"{type(exc).__name__}: {exc}")
+
+    def _accepted(self, ep: _EndpointState, response: httpx.Response) -> None:
+        """A reply that ends the attempts: ``ep``'s health, the features it accepts, the
+        headers the dialect echoes on the session's next calls."""
+        status = response.status_code
         if status < 500:
             ep.health.record_success(self.sent_at)
         if status < 300:  # the features it accepts (tool-start notices)
@@ -499,8 +437,7 @@ class Call:
         for name in ep.dialect.echo_headers:
             value = response.headers.get(name)
             if value is not None and len(value) <= 1024 and "\r" not in value:
-                session.echo[name] = value
-        return response
+                self.session.echo[name] = value
 
     def _build(self, ep: _EndpointState, queued: bool) -> httpx.Request:
         """The request of the attempt to ``ep``: the dialect's headers and body fields for
@@ -566,80 +503,16 @@ class Call:
         return scrub_bytes(body, tuple(sorted({*self.core.secrets, *own}, key=len, reverse=True)))
 
     def _log_attempt(self, ep: _EndpointState, outcome: str) -> None:
-        """One attempt's outcome, at DEBUG on ``agentrt.transport``."""
-        state = self.state
-        transport_log.debug(
-            "call %s (job %s, session %s) attempt %d of %d to %s%s: %s after %.3f s",
-            state.call_id,
-            self.ticket.job_id,
-            state.session_id,
-            state.attempts,
-            self.core.retry.attempts,
-            ep.endpoint.url,
-            self.suffix,
-            self.core.redact(outcome),
-            self.clock() - self.sent_at,
-        )
-
-    def _log_move(self, home: int | None, to: str, reason: str) -> None:
-        """A session moved to another replica, at INFO on ``agentrt.routing``."""
-        previous = self.state.endpoint or (
-            self.core.endpoints[home].endpoint.url if home is not None else None
-        )
-        routing_log.info(
-            "session %s (job %s) moved from %s to %s (%s): its KV cache there is lost",
-            self.session.id,
-            self.ticket.job_id,
-            previous,
-            to,
-            reason,
+        elapsed = self.clock() - self.sent_at
+        log_attempt(
+            self.core, self.ticket, self.state, ep.endpoint.url, self.suffix, outcome, elapsed
         )
 
     def _sending(self, ep: _EndpointState, queued: bool, headers: dict[str, str]) -> None:
-        """Emit CallQueued (if it waited) and CallSent; merge the hooks' headers."""
-        core, state, ticket = self.core, self.state, self.ticket
-        url = ep.endpoint.url
-        if queued:
-            core.emit(
-                CallQueued(
-                    t=ticket.enqueued_at,
-                    job_id=ticket.job_id,
-                    session_id=ticket.session_id,
-                    call_id=state.call_id,
-                    endpoint=url,
-                    attempt=state.attempts,
-                )
-            )
-        event = CallSent(
-            t=self.sent_at,
-            job_id=ticket.job_id,
-            session_id=ticket.session_id,
-            call_id=state.call_id,
-            endpoint=url,
-            attempt=state.attempts,
-            queue_s=state.queue_s,
-            priority=state.priority,
-        )
-        core.emit(event)
-        for name, value in event.headers.items():
-            headers[check_header_name(name).lower()] = check_header_value(
-                value, f"header {name!r} from a hook"
-            )
+        sending(self.core, self.ticket, self.state, ep.endpoint.url, queued, self.sent_at, headers)
 
     def _failed(self, ep: _EndpointState, error: str, *, will_retry: bool = False) -> None:
-        state, ticket = self.state, self.ticket
-        self.core.emit(
-            AttemptFailed(
-                t=self.clock(),
-                job_id=ticket.job_id,
-                session_id=ticket.session_id,
-                call_id=state.call_id,
-                endpoint=ep.endpoint.url,
-                attempt=state.attempts,
-                error=self.core.redact(error),
-                will_retry=will_retry or state.attempts < self.core.retry.attempts,
-            )
-        )
+        attempt_failed(self.core, self.ticket, self.state, ep.endpoint.url, error, will_retry)
 
     async def _sleep(self, seconds: float) -> None:
         """A backoff between attempts, counted apart from the call's service."""
@@ -691,108 +564,120 @@ class Call:
         return DeadlineExceeded(f"job {job.id!r} exceeded its deadline of {job.deadline_s:g} s")
 
     async def run(self) -> httpx.Response:
-        """Send the call (with retries) and observe its reply."""
-        state = self.state
-        sender = self.sender
+        """Send the call (with retries) and check its reply."""
         try:
-            try:
-                response = await self._attempts()
-            except RetryableStatus as exc:
-                # Out of attempts: hand the last error reply to the caller (openai raises
-                # its usual typed error from it).
-                response = exc.response
-                self.end("error", f"HTTP {response.status_code}")
-                transport_log.warning(
-                    "call %s (job %s, session %s): HTTP %d on the last of %d attempt(s), "
-                    "from %s; that answer goes to the caller",
-                    state.call_id,
-                    self.ticket.job_id,
-                    state.session_id,
-                    response.status_code,
-                    state.attempts,
-                    state.endpoint,
-                )
-                return rebuild(sender.lib, response, self._scrubbed(response.content))
-            except RetryableError as exc:
-                url = self.core.endpoints[exc.endpoint].endpoint.url
-                message = self.core.redact(
-                    f"endpoint {url} failed after {state.attempts} attempt(s): "
-                    f"{type(exc.error).__name__}: {exc.error}; "
-                    + _what_to_do(exc.error, url, sender.lib.mod)
-                )
-                self.end("error", message)
-                transport_log.warning(
-                    "call %s (job %s, session %s): %s",
-                    state.call_id,
-                    self.ticket.job_id,
-                    state.session_id,
-                    message,
-                )
-                raise EndpointError(message, endpoint=url, attempts=state.attempts) from (exc.error)
-        except EndpointError:
+            response = await self._attempts()
+        except RetryableStatus as exc:
+            return self._out_of_attempts(exc.response)
+        except RetryableError as exc:
+            raise self._unreachable(exc) from exc.error
+        except EndpointError:  # (as it was: a call it ends has ended)
             raise
         except BaseException as exc:
-            if only_cancelled(exc):  # trio's may come in a group (a nursery: connecting)
-                self.end("cancelled", self.why_cancelled())
-            else:
-                self.end("error", f"{type(exc).__name__}: {exc}")
+            self._ended_by(exc)
             raise
-
         if (
-            state.stream
+            self.state.stream
             and response.status_code < 300
             and not response.headers.get("content-type", "").startswith("application/json")
         ):
-            response.stream = sender.observed(self, response)
+            response.stream = self.sender.observed(self, response)
             return response
         try:
             raw = await response.aread()
         except BaseException as exc:
-            # Ended first: a cancelled aclose() may raise the cancellation again.
-            if only_cancelled(exc):
-                self.end("cancelled", self.why_cancelled())
-            else:
-                self.end("error", f"{type(exc).__name__}: {exc}")
+            self._ended_by(exc)  # first: a cancelled aclose() may raise it again
             await response.aclose()
             raise
         if response.status_code >= 300:
             raw = self._scrubbed(raw)
             self.end("error", f"HTTP {response.status_code}")
-        elif (data := reply_object(raw, self.suffix))[0] is None or state.stream:
+        else:
+            self._check_reply(response, raw)
+        return rebuild(self.sender.lib, response, raw)
+
+    def _ended_by(self, exc: BaseException) -> None:
+        """The call ends with ``exc``: cancelled (trio's cancellation may come in a group,
+        from a nursery), else an error."""
+        if only_cancelled(exc):
+            self.end("cancelled", self.why_cancelled())
+        else:
+            self.end("error", f"{type(exc).__name__}: {exc}")
+
+    def _out_of_attempts(self, response: httpx.Response) -> httpx.Response:
+        """Out of attempts on a retryable status: the last error reply goes to the caller
+        (openai raises its usual typed error from it)."""
+        state = self.state
+        self.end("error", f"HTTP {response.status_code}")
+        transport_log.warning(
+            "call %s (job %s, session %s): HTTP %d on the last of %d attempt(s), "
+            "from %s; that answer goes to the caller",
+            state.call_id,
+            self.ticket.job_id,
+            state.session_id,
+            response.status_code,
+            state.attempts,
+            state.endpoint,
+        )
+        return rebuild(self.sender.lib, response, self._scrubbed(response.content))
+
+    def _unreachable(self, exc: RetryableError) -> EndpointError:
+        """Out of attempts on transport errors: the call ends; the error to raise."""
+        state = self.state
+        url = self.core.endpoints[exc.endpoint].endpoint.url
+        message = self.core.redact(
+            f"endpoint {url} failed after {state.attempts} attempt(s): "
+            f"{type(exc.error).__name__}: {exc.error}; "
+            + what_to_do(exc.error, url, self.sender.lib.mod)
+        )
+        self.end("error", message)
+        transport_log.warning(
+            "call %s (job %s, session %s): %s",
+            state.call_id,
+            self.ticket.job_id,
+            state.session_id,
+            message,
+        )
+        return EndpointError(message, endpoint=url, attempts=state.attempts)
+
+    def _check_reply(self, response: httpx.Response, raw: bytes) -> None:
+        """A 2xx reply, read whole: a JSON completion (its usage, finish reason, tool calls
+        and text taken; the call ends ``ok``), else the call ends in
+        :class:`EndpointError`."""
+        state = self.state
+        reply, problem = reply_object(raw, self.suffix)
+        if reply is None or state.stream:
             if state.stream:  # a JSON reply to a streamed call: no client can read it
-                data = (None, "a JSON body, not an event stream, to a streamed call")
+                problem = "a JSON body, not an event stream, to a streamed call"
             url = self.ep.endpoint.url if self.ep is not None else self.base
             ctype = response.headers.get("content-type", "?")
             message = self.core.redact(
                 f"endpoint {url} did not answer like an OpenAI-compatible server: "
-                f"{data[1]}; HTTP {response.status_code}, content-type {ctype}, "
+                f"{problem}; HTTP {response.status_code}, content-type {ctype}, "
                 f"body starts {raw[:80]!r}"
             )
             self.end("error", message)
             raise EndpointError(message, endpoint=url, attempts=state.attempts)
-        else:
-            reply = data[0]
-            usage_into(state, reply.get("usage"))
-            core = self.core
-            choices = reply.get("choices")
-            if choices.__class__ is not list:
-                choices = None  # an API without choices (embeddings, models)
-            if core.hooks or core.waits is not None:
-                # The first choice's (as the hooks report it), else the last one's (tool
-                # calls are spotted from it).
-                choice = (choices[0] if core.hooks else choices[-1]) if choices else None
-                finish = choice.get("finish_reason") if choice.__class__ is dict else None
-                self.finish_reason = finish if isinstance(finish, str) else None
-            if self.finish_reason == "tool_calls" and core.waits is not None:
-                names: list[str] = []
-                tool_names_into(names, choices, "message")
-                self.tools = tuple(names)
-            if core.hooks and core.capture_content:
-                self.output = text_of(choices[0]) if choices else None
-            if self.reply is not None:
-                self.reply.read(reply, "message")
-            self.end("ok", None)
-        return rebuild(sender.lib, response, raw)
+        usage_into(state, reply.get("usage"))
+        core = self.core
+        choices = reply.get("choices")
+        if choices.__class__ is not list:
+            choices = None  # an API without choices (embeddings, models)
+        if core.hooks or core.waits is not None:
+            # The first choice's (as the hooks report it), else the last one's (tool
+            # calls are spotted from it).
+            choice = (choices[0] if core.hooks else choices[-1]) if choices else None
+            finish = choice.get("finish_reason") if choice.__class__ is dict else None
+            self.finish_reason = finish if isinstance(finish, str) else None
+        if self.finish_reason == "tool_calls" and core.waits is not None:
+            names: list[str] = []
+            tool_names_into(names, choices, "message")
+            self.tools = tuple(names)
+        if core.hooks and core.capture_content:
+            self.output = text_of(choices[0]) if choices else None
+        if self.reply is not None:
+            self.reply.read(reply, "message")
+        self.end("ok", None)
 
     # -- ending ---------------------------------------------------------------------------
 
@@ -844,22 +729,8 @@ class Call:
                 if self.tools:
                     session._tool_calls(self.tools)
             if core.hooks:
-                facts = self.reply if self.reply is not None else ReplyFacts()
-                self.core.emit(
-                    CallEnded(
-                        t=now,
-                        job_id=job.id,
-                        session_id=self.session.id,
-                        call_id=state.call_id,
-                        status=status,
-                        report=state.to_report(),
-                        finish_reason=self.finish_reason,
-                        output=self.output,
-                        response_id=facts.id,
-                        response_model=facts.model,
-                        finish_reasons=tuple(facts.finish_reasons),
-                        tool_calls=tuple(facts.tool_calls),
-                    )
+                call_ended(
+                    core, ticket, state, status, now, self.finish_reason, self.output, self.reply
                 )
         if self.implicit is not None:
             self.session._unpin()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.metadata
+import json
 import operator
 from collections.abc import Callable, Iterator
 from functools import cache
@@ -21,12 +22,14 @@ from ._protocol import HEADER
 __all__ = [
     "ConnTrace",
     "HttpLib",
+    "asking_usage",
     "encoded",
     "http_lib",
     "loop_clock",
     "prepare",
     "rebuild",
     "unframed",
+    "what_to_do",
 ]
 
 _AUTH = b"authorization"
@@ -320,6 +323,51 @@ def prepare(
     elif type(request.stream) is lib.mod.ByteStream:  # the caller's body, in memory
         out.stream = lib.Bytes(request.content)
     return out
+
+
+def asking_usage(lib: HttpLib, request: httpx.Request, body: dict[str, Any]) -> httpx.Request:
+    """The request of a streamed call whose caller did not ask for usage, asking for it
+    (``stream_options.include_usage``; the caller's other stream options kept), so that
+    its tokens are counted; and without compression, so that the stream can be read and
+    its usage-only chunk dropped. Built once per such call, never for others."""
+    options = body.get("stream_options")
+    asked = dict(options) if options.__class__ is dict else {}
+    asked["include_usage"] = True
+    body["stream_options"] = asked
+    content = json.dumps(body, separators=(",", ":")).encode()
+    headers = [
+        (k, v)
+        for k, v in request.headers.raw
+        if k.lower() not in (b"content-length", b"accept-encoding")
+    ]
+    headers.append((b"accept-encoding", b"identity"))
+    return lib.mod.Request(  # type: ignore[no-any-return]
+        request.method,
+        request.url,
+        headers=headers,
+        content=content,
+        extensions=request.extensions,
+    )
+
+
+def what_to_do(error: BaseException, url: str, lib: Any) -> str:
+    """What the caller can do about the transport error of library ``lib`` that ended a
+    call on ``url`` (the end of :class:`EndpointError`'s message, so that it stands on
+    its own)."""
+    if isinstance(error, lib.ConnectError | lib.ConnectTimeout | OSError):
+        return (
+            f"is a server running at {url}? Check the URL (scheme, host, port and path), "
+            "and that the server is up and listening there"
+        )
+    if isinstance(error, lib.TimeoutException):
+        return (
+            f"the server at {url} did not answer within the timeout; if it is busy or its "
+            "replies are long, raise Runtime(timeout_s=...)"
+        )
+    return (
+        f"the server at {url} closed the connection or broke off its reply; is it an "
+        "OpenAI-compatible server, and healthy?"
+    )
 
 
 def rebuild(lib: HttpLib, response: httpx.Response, content: bytes) -> httpx.Response:

@@ -11,11 +11,13 @@ from typing import Any, Final, Protocol
 __all__ = [
     "FINISH",
     "USAGE_PATHS",
+    "asks_usage",
     "content_of",
     "json_value",
     "merge_body",
     "reply_object",
     "request_body",
+    "request_facts",
     "text_of",
     "tool_calls_of",
     "tool_names_into",
@@ -73,6 +75,33 @@ def reply_object(raw: bytes, suffix: str) -> tuple[dict[str, Any] | None, str]:
         what = "an error object" if "error" in data else "not a completion"
         return None, f"the body is {what} (no 'choices' list; keys: {keys})"
     return data, ""
+
+
+def request_facts(body: dict[str, Any] | None) -> tuple[bool, str | None, int | None]:
+    """What a request body says of its call: whether it streams, its model, the output
+    tokens it allows (``max_completion_tokens``, else ``max_tokens``)."""
+    if not body:
+        return False, None, None
+    stream = body.get("stream") is True
+    model = body.get("model")
+    if not isinstance(model, str):
+        model = None
+    max_out = body.get("max_completion_tokens")
+    if not isinstance(max_out, int):
+        max_out = body.get("max_tokens")
+        if not isinstance(max_out, int):
+            max_out = None
+    if max_out.__class__ is bool:  # as CallMetadata would take it
+        max_out = int(max_out)
+    return stream, model, max_out
+
+
+def asks_usage(body: dict[str, Any]) -> bool:
+    """Whether a streamed request asks for its usage (``stream_options``)."""
+    options = body.get("stream_options")
+    return options.__class__ is dict and bool(
+        options.get("include_usage") or options.get("continuous_usage_stats")
+    )
 
 
 def merge_body(body: dict[str, Any], extra: dict[str, Any]) -> None:

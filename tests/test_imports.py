@@ -23,6 +23,7 @@ STAGES = (
     "agentrt._wire",
     "agentrt._retry",
     "agentrt._stream",
+    "agentrt._call_events",
     "agentrt._call",
     "agentrt._transport",
     "agentrt._runtime",
