@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 import anyio
 import httpx
 
 from ._call_events import attempt_failed, call_ended, call_started, log_attempt, moved, sending
-from ._context import Job, Session, _CallState, new_id
+from ._context import Job, Session, new_id
 from ._errors import DeadlineExceeded, EndpointError, only_cancelled
 from ._httplib import ConnTrace, HttpLib, asking_usage, prepare, rebuild, what_to_do
 from ._log import credential_forms, scrub_bytes, transport_log
@@ -33,10 +32,9 @@ from ._wire import (
     usage_into,
 )
 from .scheduling._queue import Ticket
-from .scheduling._retention import RetentionEstimator
-from .scheduling._routing import RouteKey, prefix_fingerprints
+from .scheduling._routing import prefix_fingerprints
 from .telemetry._reply import ReplyFacts
-from .telemetry._report import CallStatus
+from .telemetry._report import CallStatus, _CallState
 
 if TYPE_CHECKING:
     from ._state import _Core, _EndpointState
@@ -73,64 +71,6 @@ class Sender:
         self.lib = lib
         self.observed = lib.derive(ObservedStream)
         self.placeholder = f"Bearer {core.placeholder_key}".encode()
-
-
-def _route(
-    core: _Core, session: Session, avoid: Collection[int], prefix: tuple[int, ...], tokens: int
-) -> tuple[int, str | None]:
-    """The endpoint for the session's call, and why the session moved there from the
-    replica that served its previous turn (its KV cache there is lost), or None if it
-    did not move: ``"unavailable"`` (its replica failed or is down), the router's own
-    reason where it gives one (``SessionAffinity.move_reason``: ``"retention"``,
-    ``"overload"``), else ``"routing"``."""
-    endpoints = core.endpoints
-    home = session.endpoint_index
-    index = 0
-    if len(endpoints) > 1:
-        idle = None
-        if home is not None and session._last_reply_at is not None:
-            idle = anyio.current_time() - session._last_reply_at
-            retention = endpoints[home].retention
-            if retention.dirty:
-                endpoints[home].load.retention_s = retention.estimate()
-        key = RouteKey(session.id, home, home is None, prefix, tokens, idle, session._stable)
-        index = core.router.choose([e.load for e in endpoints], key, avoid)
-        core.router.served(index, key)
-    if home == index:
-        return index, None
-    session.endpoint_index = index
-    if not session._closed:  # an ended session counts nowhere (Session._unpin)
-        endpoints[index].load.sessions += 1
-        if home is not None:
-            endpoints[home].load.sessions -= 1
-    if home is None:
-        return index, None
-    if home in avoid or not endpoints[home].load.healthy:
-        return index, "unavailable"
-    reason: str | None = getattr(core.router, "move_reason", None)
-    return index, reason or "routing"
-
-
-def _replied(core: _Core, session: Session, state: _CallState, idle_s: float | None) -> None:
-    """A call of ``session`` succeeded: if it resumed the session on the replica that
-    served its previous turn, record whether that replica still had the prefix."""
-    index = session.endpoint_index
-    if index is None or not core.learn_retention:
-        return
-    previous, session._cacheable = session._cacheable, None
-    if state.prompt_tokens is None:
-        return
-    session._cacheable = (index, state.prompt_tokens + (state.completion_tokens or 0))
-    if (
-        previous is not None
-        and previous[0] == index
-        and idle_s is not None
-        and state.cached_tokens is not None
-        and not state.moved
-    ):
-        hit = RetentionEstimator.hit(previous[1], state.cached_tokens)
-        if hit is not None:
-            core.endpoints[index].retention.observe(idle_s, hit)
 
 
 class Call:
@@ -311,8 +251,12 @@ class Call:
         """The attempt's endpoint (the router's choice; a move told), its priority (the
         endpoint's policy's queue level, where it takes one)."""
         core, state, ticket = self.core, self.state, self.ticket
-        home = self.session.endpoint_index
-        index, reason = _route(core, self.session, self.failed, self.prefix, ticket.tokens)
+        session = self.session
+        placement = session.placement
+        home = placement.home
+        index, reason = placement.route(
+            core, self.failed, self.prefix, ticket.tokens, not session._closed
+        )
         ep = core.endpoints[index]
         if reason is not None:
             state.moved = True
@@ -720,12 +664,9 @@ class Call:
             program.service_s += service
             program.service_tokens += tokens
             ticket.idle_expected_s = self.turn[3]
-            for e in core.endpoints:
-                e.admission.policy.on_call_end(ticket, service, tokens)
+            core.call_ended(ticket, service, tokens)
             if status == "ok":
-                session._last_reply_at = now
-                if core.learn_retention:
-                    _replied(core, session, state, self.turn[1])  # cache retention
+                session.placement.replied(core, now, state, self.turn[1])  # cache retention
                 if self.tools:
                     session._tool_calls(self.tools)
             if core.hooks:

@@ -21,10 +21,10 @@ from .telemetry._events import (
 from .telemetry._reply import ReplyFacts, temperature_of
 
 if TYPE_CHECKING:
-    from ._context import Session, _CallState
+    from ._context import Session
     from ._state import _Core
     from .scheduling._queue import Ticket
-    from .telemetry._report import CallStatus
+    from .telemetry._report import CallStatus, _CallState
 
 __all__ = ["attempt_failed", "call_ended", "call_started", "log_attempt", "moved", "sending"]
 

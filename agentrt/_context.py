@@ -16,7 +16,7 @@ from contextlib import (
     asynccontextmanager,
     contextmanager,
 )
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, ParamSpec, Protocol, TypeVar, overload
@@ -26,7 +26,8 @@ from pydantic_core import to_json
 
 from ._errors import EndpointError, JobClosedError, SessionClosedError, only_cancelled
 from ._ids import random_bytes
-from ._protocol import IdleSource, trusted_model, validate_id, validate_nonneg
+from ._protocol import IdleSource, validate_id, validate_nonneg
+from ._state import Placement
 from .telemetry._events import (
     JobEnded,
     JobStarted,
@@ -35,15 +36,13 @@ from .telemetry._events import (
     ToolEnded,
     ToolStarted,
 )
-from .telemetry._prefix import tokens as prefix_tokens
 from .telemetry._report import (
-    CallReport,
     CallStatus,
-    IdleCause,
     JobReport,
     JobStatus,
     SessionReport,
     ToolReport,
+    _CallState,
     settle_idle,
     union_length,
 )
@@ -265,91 +264,6 @@ def sync_block(
 
 
 @dataclass(slots=True, eq=False)
-class _CallState:
-    """One call's accounting while it is in flight: a plain slots object on the hot path,
-    turned into a :class:`CallReport` (pydantic) when the job's report is built."""
-
-    call_id: str
-    session_id: str
-    session_name: str | None
-    turn: int
-    path: str
-    model: str | None
-    stream: bool
-    start_s: float
-    started: float
-    """Clock time (``anyio.current_time()``) at which the call entered agentrt."""
-    priority: int | None = None
-    endpoint: str | None = None
-    queue_s: float = 0.0
-    ttft_s: float | None = None
-    latency_s: float | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    cached_tokens: int | None = None
-    attempts: int = 0
-    http_status: int | None = None
-    status: CallStatus = "ok"
-    error: str | None = None
-    moved: bool = False
-    idle_s: float | None = None
-    idle_cause: IdleCause | None = None
-    prefix: tuple[int, int, str | None, int] | None = None
-    """Prefix sharing, journals only: (bytes shared with the session's previous call,
-    bytes shared across sessions, that common prefix's id, the body's bytes)."""
-    done: bool = False
-    final: CallReport | None = field(default=None, repr=False)
-    """The report, once built for a finished call (nothing changes it after that)."""
-
-    def to_report(self) -> CallReport:
-        if self.final is not None:
-            return self.final
-        report = self._build()
-        if self.done:
-            self.final = report
-        return report
-
-    def _build(self) -> CallReport:
-        prefix = self.prefix
-        prev = common = None
-        if prefix is not None:
-            prev = prefix_tokens(prefix[0], prefix[3], self.prompt_tokens)
-            common = prefix_tokens(prefix[1], prefix[3], self.prompt_tokens)
-        # Not validated again: every value is agentrt's own, of the field's type.
-        return trusted_model(
-            CallReport,
-            {
-                "call_id": self.call_id,
-                "session_id": self.session_id,
-                "session_name": self.session_name,
-                "turn": self.turn,
-                "endpoint": self.endpoint,
-                "path": self.path,
-                "model": self.model,
-                "stream": self.stream,
-                "start_s": self.start_s,
-                "queue_s": self.queue_s,
-                "ttft_s": self.ttft_s,
-                "latency_s": self.latency_s,
-                "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens,
-                "cached_tokens": self.cached_tokens,
-                "attempts": self.attempts,
-                "http_status": self.http_status,
-                "status": self.status,
-                "error": self.error,
-                "priority": self.priority,
-                "moved": self.moved,
-                "idle_s": self.idle_s,
-                "idle_cause": self.idle_cause,
-                "prefix_prev_tokens": prev,
-                "prefix_common_tokens": common,
-                "prefix_common_id": None if prefix is None or not common else prefix[2],
-            },
-        )
-
-
-@dataclass(slots=True, eq=False)
 class _ToolWait:
     """A tool wait in progress (between ``Session._start_tool`` and ``_end_tool``)."""
 
@@ -401,9 +315,8 @@ class Session:
         self.job = job
         self.name = name
         self.id = session_id
-        self._stable = stable
-        """The caller gave the id (the conversation may go on in another process): its
-        first turn here is placed by hashing it, as every process places it."""
+        self.placement = Placement(session_id, stable)
+        """Where its calls go (its replica, its last reply): the router side's."""
         self.root_id: str | None
         """The session at the root of this session's tree of sub-agents (None: this one)."""
         if isinstance(parent, Session):
@@ -416,7 +329,6 @@ class Session:
         self._final_next = False
         self._closed = False
         self._turns = 0
-        self._last_reply_at: float | None = None
         self._idle_declared: float | None = None
         self._expect_idle: float | None = None
         self._tool_depth = 0
@@ -428,14 +340,18 @@ class Session:
         by the same tools again (agent loops repeat); that call consumes them."""
         self.echo: dict[str, str] = {}
         """Response headers the dialect asked to echo back on later calls."""
-        self.endpoint_index: int | None = None
-        """The endpoint this session's KV lives on, as the router last chose it."""
-        self._cacheable: tuple[int, int] | None = None
-        """(endpoint, prompt + completion tokens) of the last successful call: what that
-        replica could still hold for the next turn (feeds its retention estimate)."""
 
     def __repr__(self) -> str:
         return f"<Session id={self.id!r} name={self.name!r} job={self.job.id!r}>"
+
+    @property
+    def endpoint_index(self) -> int | None:
+        """The endpoint this session's KV lives on, as the router last chose it."""
+        return self.placement.home
+
+    @endpoint_index.setter
+    def endpoint_index(self, index: int | None) -> None:
+        self.placement.home = index
 
     @property
     def turns(self) -> int:
@@ -649,8 +565,7 @@ class Session:
         if status != "cancelled":  # a cancelled wait is cut short
             if core.waits is not None:
                 core.waits.observe(wait.name, duration)
-            for e in core.endpoints:
-                e.admission.policy.on_tool_end(self.job.id, self.id, duration)
+            core.tool_ended(self.job.id, self.id, duration)
         expected = wait.expected_s
         self.job._tools.append(
             ToolReport(
@@ -698,8 +613,7 @@ class Session:
         if self._closed:
             return
         self._closed = True
-        if self.endpoint_index is not None:
-            self.job._core.endpoints[self.endpoint_index].load.sessions -= 1
+        self.placement.unpin(self.job._core)
 
     # -- used by the transport -----------------------------------------------------------
 
@@ -712,7 +626,8 @@ class Session:
         turn = self._turns
         final, self._final_next = self._final_next, False
         self._turns += 1
-        idle = None if self._last_reply_at is None else max(0.0, now - self._last_reply_at)
+        last = self.placement.last_reply_at
+        idle = None if last is None else max(0.0, now - last)
         declared, self._idle_declared = self._idle_declared, None
         expected, self._expect_idle = self._expect_idle, None
         source: IdleSource | None = None if expected is None else "declared"
@@ -731,9 +646,6 @@ class Session:
     def _tool_calls(self, names: tuple[str, ...]) -> None:
         """A reply called these tools: the session's next waits are expected to be them."""
         self._last_tools = names
-
-    def _replied(self, now: float) -> None:
-        self._last_reply_at = now
 
 
 def _check_metadata(metadata: dict[str, Any] | None) -> dict[str, Any]:
@@ -980,8 +892,7 @@ class Job:
         core = self._core
         report = self._final_report(status, error if error is None else core.redact(error))
         core.active_jobs.pop(self.id, None)
-        for e in core.endpoints:
-            e.admission.policy.on_job_end(self.id, self.program_id)
+        core.job_ended(self.id, self.program_id)
         program = core.programs.get(self.program_id)
         if program is not None:
             program.jobs -= 1

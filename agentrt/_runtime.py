@@ -468,8 +468,7 @@ class Runtime:
     def endpoint_loads(self) -> list[EndpointLoad]:
         """A snapshot of each endpoint's load as agentrt sees it."""
         for e in self._core.endpoints:
-            if e.retention.dirty:
-                e.load.retention_s = e.retention.estimate()
+            e.refresh_retention()
         return [replace(e.load) for e in self._core.endpoints]
 
     def admission_statistics(self) -> list[AdmissionStatistics]:

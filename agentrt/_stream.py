@@ -21,12 +21,12 @@ from .telemetry._events import FirstToken
 if TYPE_CHECKING:
     import httpx
 
-    from ._context import Session, _CallState
+    from ._context import Session
     from ._httplib import HttpLib
     from ._state import _Core, _EndpointState
     from .scheduling._queue import Ticket
     from .telemetry._reply import ReplyFacts
-    from .telemetry._report import CallStatus
+    from .telemetry._report import CallStatus, _CallState
 
 __all__ = ["ObservedStream", "StreamCall", "UsageFilter"]
 
