@@ -148,3 +148,10 @@ def test_each_stage_imports_only_the_stages_before_it() -> None:
     for i, stage in enumerate(STAGES):
         later = set(STAGES[i + 1 :])
         assert not graph[stage] & later, f"{stage} imports {sorted(graph[stage] & later)}"
+
+
+def test_config_is_in_no_import_cycle() -> None:
+    # The value objects name DialectSpec from dialects/_base.py, not the dialects package
+    # (whose session-end hooks import telemetry, which imports _config back).
+    cycles = _cycles(_graph({"module", "typing", "function"}))
+    assert [c for c in cycles if "agentrt._config" in c] == []

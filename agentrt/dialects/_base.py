@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 from .._protocol import CallMetadata
 
-__all__ = ["Dialect", "DialectOptions", "Encoding"]
+__all__ = ["Dialect", "DialectOptions", "DialectSpec", "Encoding"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,3 +39,7 @@ class Dialect:
     """Response headers to remember per session and hand back in ``CallMetadata.echo``
     on the session's later calls (lower case)."""
     doc: str = ""
+
+
+DialectSpec: TypeAlias = str | Dialect | Sequence[str | Dialect]
+"""A dialect by name, a :class:`Dialect`, or several of either (combined in order)."""
