@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from ._call import Call, Sender
+from ._attempts import Sender
+from ._call import Call
 from ._context import Job, call_session
 from ._errors import CLOSED_MESSAGE, WRONG_LOOP_MESSAGE, ClientClosedError, WrongLoopError
 from ._httplib import HttpLib

@@ -24,6 +24,7 @@ STAGES = (
     "agentrt._retry",
     "agentrt._stream",
     "agentrt._call_events",
+    "agentrt._attempts",
     "agentrt._call",
     "agentrt._transport",
     "agentrt._runtime",
@@ -128,7 +129,7 @@ def test_the_graph_is_read() -> None:
     graph = _graph({"module"})
     assert "agentrt._state" in graph["agentrt._runtime"]
     assert "agentrt.telemetry._otel" in _graph({"function"})["agentrt._runtime"]
-    assert "agentrt._state" in _graph({"typing"})["agentrt._call"]
+    assert "agentrt._state" in _graph({"typing"})["agentrt._attempts"]
     # And it finds a cycle where there is one.
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
 
