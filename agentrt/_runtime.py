@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import math
 import os
 import random
@@ -12,7 +11,6 @@ from contextlib import (
     asynccontextmanager,
 )
 from dataclasses import replace
-from functools import partial
 from threading import get_ident
 from types import TracebackType
 from typing import (
@@ -20,7 +18,6 @@ from typing import (
     Any,
     Final,
     Literal,
-    Protocol,
     Self,
     TypeVar,
     cast,
@@ -45,16 +42,23 @@ from ._httplib import HttpLib, http_lib, loop_clock
 from ._ids import random_bytes
 from ._log import health_log
 from ._notice import Notices, NoticeStatistics
+from ._options import (
+    AsyncTransport,
+    PolicySpec,
+    TimeoutLike,
+    _authorization,
+    _endpoints,
+    _poll_interval,
+    _timeout_phases,
+)
 from ._platform import give_platform, openai_platform
 from ._settings import with_config
 from ._state import PLACEHOLDER_KEY, _Core, _EndpointState, metrics_candidates
 from ._transport import AgentTransport, SharedTransport
-from .dialects import DialectOptions, DialectSpec, resolve_dialect
-from .scheduling._admission import Admission, AdmissionStatistics
-from .scheduling._health import DEFAULT_PROBE_INTERVAL_S, EndpointHealth
-from .scheduling._limiter import make_limit
-from .scheduling._poll import AUTO_POLL_S, PollSchedule
-from .scheduling._queue import Policy, make_policy
+from .dialects import DialectSpec
+from .scheduling._admission import AdmissionStatistics
+from .scheduling._health import DEFAULT_PROBE_INTERVAL_S
+from .scheduling._poll import PollSchedule
 from .scheduling._routing import EndpointLoad, Router, make_router
 from .scheduling._signals import EngineSignals, parse_vllm_metrics
 from .telemetry._events import Hook
@@ -85,22 +89,6 @@ def _outcome(exc: BaseException | None) -> tuple[JobStatus, str | None]:
     return "error", f"{type(exc).__name__}: {exc}"
 
 
-def _poll_interval(
-    poll: float | Literal["auto"] | None,
-    n_endpoints: int,
-    concurrency: object,
-    policy: object,
-) -> float | None:
-    """The metrics polls' (base) interval, or None for none. ``"auto"`` polls where a
-    decision reads the engines' load: routing among several endpoints, or an
-    ``"engine"`` cap that holds calls for a policy other than FCFS."""
-    if poll != "auto":
-        return poll
-    if n_endpoints > 1 or (concurrency == "engine" and policy != "fcfs"):
-        return AUTO_POLL_S
-    return None
-
-
 def _still_running(running: list[str]) -> AgentrtError:
     """The error of a runtime's block that ended while jobs (their ids) still ran."""
     names = ", ".join(repr(job_id) for job_id in running[:5])
@@ -110,210 +98,77 @@ def _still_running(running: list[str]) -> AgentrtError:
     )
 
 
-class AsyncTransport(Protocol):
-    """An async transport of legacy ``httpx`` or of ``httpx2`` (same shape)."""
-
-    async def handle_async_request(self, request: Any) -> Any: ...
-
-    async def aclose(self) -> None: ...
-
-
-class TimeoutLike(Protocol):
-    """An ``httpx.Timeout`` or an ``httpx2.Timeout``: each phase's limit in seconds
-    (``None``: none)."""
-
-    @property
-    def connect(self) -> float | None: ...
-    @property
-    def read(self) -> float | None: ...
-    @property
-    def write(self) -> float | None: ...
-    @property
-    def pool(self) -> float | None: ...
-
-
-_PHASES: Final = ("connect", "read", "write", "pool")
-
-
-def _timeout_phases(timeout: object) -> dict[str, float | None]:
-    """The four phases' limits of ``timeout_s``: a number is every phase's but the
-    connect's (10 s); a Timeout of either library gives its own, each checked."""
-    if isinstance(timeout, int | float) and not isinstance(timeout, bool):
-        if not (math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"timeout_s must be a finite number > 0, got {timeout!r}")
-        return {"connect": 10.0, "read": timeout, "write": timeout, "pool": timeout}
-    if type(timeout).__name__ != "Timeout" or not all(hasattr(timeout, p) for p in _PHASES):
-        raise TypeError(
-            "timeout_s must be a number of seconds or an httpx.Timeout (or httpx2.Timeout), "
-            f"got {timeout!r}"
-        )
-    phases: dict[str, float | None] = {}
-    for phase in _PHASES:
-        value = getattr(timeout, phase)
-        if value is not None and not (
-            isinstance(value, int | float) and math.isfinite(value) and value > 0
-        ):
-            raise ValueError(
-                f"timeout_s's {phase} timeout must be a finite number > 0 or None, got {value!r}"
-            )
-        phases[phase] = value
-    return phases
-
-
-PolicySpec = str | Policy | Callable[[], Policy]
-"""A policy name (``"fcfs"``, ``"plas"``, ``"atlas"``, ``"mlfq"``, ``"edf"``), a factory
-(e.g. ``lambda: PLAS(starvation_ratio=2.0)``) or, with a single endpoint, an instance."""
-
-
-def _policy_factory(policy: PolicySpec, n_endpoints: int) -> Callable[[], Policy]:
-    """Each endpoint queues its own calls, so each gets its own policy instance (fed the
-    same feedback, they classify alike)."""
-    if isinstance(policy, str):
-        make_policy(policy)  # fail now on a bad name
-        return partial(make_policy, policy)
-    if isinstance(policy, type) or not hasattr(policy, "pop"):
-        if not callable(policy):
-            raise TypeError(f"policy must be a name, a Policy or a factory, got {policy!r}")
-        return cast("Callable[[], Policy]", policy)
-    if n_endpoints > 1:
-        raise ValueError(
-            "a Policy instance can serve one endpoint only (each endpoint queues its own "
-            "calls); pass a policy name or a factory such as 'lambda: PLAS(...)'"
-        )
-    instance = cast("Policy", policy)
-    return lambda: instance
-
-
-def _endpoints(
-    endpoints: Sequence[str | Endpoint] | str | Endpoint,
-    dialect: DialectSpec,
-    policy: PolicySpec,
-    concurrency: int | Literal["auto", "engine"] | None,
-    token_budget: int | None,
-    send_priority: bool | Literal["auto"],
-    polled: bool,
-) -> list[_EndpointState]:
-    if isinstance(endpoints, str | Endpoint):
-        endpoints = [endpoints]
-    if not endpoints:
-        raise ValueError("Runtime needs at least one endpoint, e.g. ['http://127.0.0.1:8000/v1']")
-    out = []
-    seen: set[str] = set()
-    new_policy = _policy_factory(policy, len(endpoints))
-    if concurrency is not None and not (
-        concurrency in ("auto", "engine")
-        or (isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency >= 1)
-    ):
-        raise ValueError(
-            f"concurrency must be an int >= 1, 'auto', 'engine' or None, got {concurrency!r}"
-        )
-    if not (isinstance(send_priority, bool) or send_priority == "auto"):
-        raise ValueError(f"send_priority must be True, False or 'auto', got {send_priority!r}")
-    # 'engine' caps only on the engine's queue, which only polled metrics show: without
-    # polling it is no limit at all (and keeps the admission gate's fast path).
-    limit = None if concurrency == "engine" and not polled else concurrency
-    if token_budget is not None and not (isinstance(token_budget, int) and token_budget >= 1):
-        raise ValueError(f"token_budget must be an int >= 1 or None, got {token_budget!r}")
-    for item in endpoints:
-        ep = Endpoint(item) if isinstance(item, str) else item
-        if not isinstance(ep, Endpoint):
-            raise TypeError(f"an endpoint must be a URL string or agentrt.Endpoint, got {ep!r}")
-        if ep.url in seen:
-            raise ValueError(f"endpoint {ep.url} is listed twice")
-        seen.add(ep.url)
-        d = resolve_dialect(ep.dialect if ep.dialect is not None else dialect)
-        prio = send_priority if ep.send_priority is None else ep.send_priority
-        state = _EndpointState(
-            ep,
-            d,
-            EndpointLoad(weight=ep.weight),
-            Admission(new_policy(), make_limit(limit), token_budget),
-            EndpointHealth(),
-            DialectOptions(send_priority=prio is True),
-        )
-        state.priority_auto = prio == "auto"
-        out.append(state)
-    return out
-
-
-def _authorization(endpoint: Endpoint, api_key: str | None) -> bytes | None:
-    """The ``Authorization`` header of an endpoint's calls: its own ``api_key``, else its
-    Basic credentials (``basic_auth``, or ``user:password@`` in its URL, as httpx would
-    send them), else the runtime's ``api_key``; None: the caller's header goes as it is
-    (less agentrt's placeholder key)."""
-    if endpoint.api_key is not None:
-        return f"Bearer {endpoint.api_key}".encode()
-    if endpoint.basic_auth is not None:
-        user, password = endpoint.basic_auth
-        return b"Basic " + base64.b64encode(f"{user}:{password}".encode())
-    if api_key is not None:
-        return f"Bearer {api_key}".encode()
-    return None
-
-
 class Runtime:
     """agentrt's runtime: the async context manager that agent code runs its calls through.
 
-    ``endpoints`` are base URLs (``"http://127.0.0.1:8000/v1"``) or :class:`Endpoint`
-    objects. ``dialect`` names how calls are tagged for the engines (see
-    ``docs/protocol.md``). Scheduling (``docs/scheduling.md``, ``docs/routing.md``):
-
-    - ``routing`` picks each call's endpoint: ``"session_affinity"`` (a session's turns
-      stay on the replica holding its KV, SMetric-style), ``"hash"`` (bounded-load
-      rendezvous hashing: processes agree without talking), ``"least_loaded"`` or
-      ``"round_robin"``, or a :class:`~agentrt.scheduling.Router`.
-    - ``concurrency`` and ``token_budget`` bound what each endpoint has in flight (calls;
-      estimated tokens). ``"engine"`` (the default) puts no client-side cap until the
-      endpoint's engine reports a waiting queue (seen through ``poll_metrics_s``; without
-      polling it never caps), then caps at about what the engine runs, so the calls it
-      could not run yet wait in the policy's order. ``"auto"`` adapts the call limit from
-      observed latency per token (a gradient limiter). ``None`` never caps: calls go out at
-      once, as from a plain client.
-    - ``policy`` orders the calls waiting for room: ``"fcfs"``, ``"plas"``, ``"atlas"``,
-      ``"mlfq"`` or ``"edf"``. Its queue level is also what ``send_priority`` passes
-      to engines that accept a priority: ``"auto"`` (the default) to the endpoints whose
-      replies advertise ``x-agentrt-accept: priority``, ``True`` to all (only for servers
-      started with priority scheduling), ``False`` to none; :class:`Endpoint` can
-      override it per endpoint.
-
-    Endpoints that fail (connection errors, bursts of 5xx) are marked down, probed in
-    the background and readmitted when they answer; their sessions fail over (the move is
-    counted in the report). ``poll_metrics_s`` polls each engine's ``/metrics`` (vLLM's
-    running and waiting requests, KV usage) at that interval, so routing sees load from
-    other clients too. An endpoint whose replies advertise ``x-agentrt-accept:
+    Endpoints that fail (connection errors, bursts of 5xx) are marked down, probed in the
+    background and readmitted when they answer; their sessions fail over (the move is
+    counted in the report). An endpoint whose replies advertise ``x-agentrt-accept:
     idle-notice`` is told in the background when one of its sessions starts a tool wait
     (docs/protocol.md; ``notice_statistics()``).
 
-    ``transport`` replaces
-    the HTTP transport underneath (tests, the embedded engine); the clients agentrt builds
-    then come from that transport's library (legacy ``httpx`` or ``httpx2``). Without
-    one, agentrt uses ``httpx2`` when it is installed and openai is 3.x or later (openai's
-    native stack, markedly faster under concurrency), else legacy ``httpx``.
-    Telemetry (docs/telemetry.md): ``on_job_end`` receives each finished job's report;
-    ``hooks`` receive every event (job and session start and end, each call's start,
-    queueing, attempts, first token and end, tool waits, session moves:
-    ``agentrt.telemetry``). ``journal`` appends one JSON line per finished job to that
-    file. ``otel`` (on by default) emits OpenTelemetry spans and metrics to the globally
-    installed providers when ``opentelemetry`` is installed (no-ops without an SDK).
-    ``prometheus`` registers agentrt's metrics: ``True`` in the default registry, or in
-    the ``CollectorRegistry`` given. ``capture_content`` records prompt and completion
-    text in events and spans (off by default). ``learn_waits`` (on by default) learns
-    each tool's typical wait from the finished ones, to expect a wait whose caller gave
-    no ``expected_s`` and to predict a session's idle from the tools its replies call
-    (docs/concepts.md, "Expected tool waits").
+    Parameters:
 
-    ``timeout_s`` bounds each attempt of a call: a number of seconds bounds reading the
-    reply (and writing the request, and waiting for a pooled connection), with 10 s to
-    connect; an ``httpx.Timeout`` (or ``httpx2.Timeout``) sets each phase itself, as
-    openai's clients take it (``None``: no limit). A call's own ``timeout=`` (openai's
-    per-request option) overrides it. ``api_key`` goes to every endpoint without a key
-    of its own; without one, ``rt.openai()`` clients take ``OPENAI_API_KEY`` from the
-    environment, as openai's own do (keyless local servers ignore it).
-
-    ``config`` names a TOML file of these keyword arguments (at its top level or in a
-    ``[runtime]`` table), such as the one ``agentrt tune`` writes; without it, the file
-    named by the ``AGENTRT_CONFIG`` environment variable, if set. Arguments passed here
-    win over the file's settings (docs/tune.md, "Applying the settings").
+    * **endpoints** - base URLs (``"http://127.0.0.1:8000/v1"``) or :class:`Endpoint`
+      objects.
+    * **config** - *(optional)* a TOML file of these keyword arguments (at its top level or
+      in a ``[runtime]`` table), such as the one ``agentrt tune`` writes; without it, the
+      file named by the ``AGENTRT_CONFIG`` environment variable, if set. Arguments passed
+      here win over the file's settings (docs/tune.md, "Applying the settings").
+    * **dialect** - *(optional)* how calls are tagged for the engines (docs/protocol.md).
+    * **api_key** - *(optional)* goes to every endpoint without a key of its own; without
+      one, ``rt.openai()`` clients take ``OPENAI_API_KEY`` from the environment, as
+      openai's own do (keyless local servers ignore it).
+    * **routing** - *(optional)* picks each call's endpoint (docs/routing.md):
+      ``"session_affinity"`` (a session's turns stay on the replica holding its KV,
+      SMetric-style), ``"hash"`` (bounded-load rendezvous hashing: processes agree without
+      talking), ``"least_loaded"`` or ``"round_robin"``, or a
+      :class:`~agentrt.scheduling.Router`.
+    * **policy** - *(optional)* orders the calls waiting for room (docs/scheduling.md):
+      ``"fcfs"``, ``"plas"``, ``"atlas"``, ``"mlfq"`` or ``"edf"``.
+    * **concurrency**, **token_budget** - *(optional)* bound what each endpoint has in
+      flight (calls; estimated tokens). ``"engine"`` (the default) puts no client-side cap
+      until the endpoint's engine reports a waiting queue (seen through
+      ``poll_metrics_s``; without polling it never caps), then caps at about what the
+      engine runs, so the calls it could not run yet wait in the policy's order.
+      ``"auto"`` adapts the call limit from observed latency per token (a gradient
+      limiter). ``None`` never caps: calls go out at once, as from a plain client.
+    * **send_priority** - *(optional)* where the policy's queue level goes as the engine's
+      priority: ``"auto"`` (the default) to the endpoints whose replies advertise
+      ``x-agentrt-accept: priority``, ``True`` to all (only for servers started with
+      priority scheduling), ``False`` to none; :class:`Endpoint` can override it per
+      endpoint.
+    * **retry** - *(optional)* agentrt's one retry layer, a :class:`Retry`.
+    * **timeout_s** - *(optional)* bounds each attempt of a call: a number of seconds
+      bounds reading the reply (and writing the request, and waiting for a pooled
+      connection), with 10 s to connect; an ``httpx.Timeout`` (or ``httpx2.Timeout``) sets
+      each phase itself, as openai's clients take it (``None``: no limit). A call's own
+      ``timeout=`` (openai's per-request option) overrides it.
+    * **transport** - *(optional)* replaces the HTTP transport underneath (tests, the
+      embedded engine); the clients agentrt builds then come from that transport's
+      library (legacy ``httpx`` or ``httpx2``). Without one, agentrt uses ``httpx2`` when
+      it is installed and openai is 3.x or later (openai's native stack, markedly faster
+      under concurrency), else legacy ``httpx``.
+    * **on_job_end** - *(optional)* receives each finished job's report (docs/telemetry.md).
+    * **keep_reports** - *(optional)* how many recent reports :meth:`reports` keeps.
+    * **poll_metrics_s** - *(optional)* polls each engine's ``/metrics`` (vLLM's running
+      and waiting requests, KV usage) at that interval, so routing sees load from other
+      clients too.
+    * **hooks** - *(optional)* receive every event (job and session start and end, each
+      call's start, queueing, attempts, first token and end, tool waits, session moves:
+      ``agentrt.telemetry``).
+    * **journal** - *(optional)* a file that gets one JSON line per finished job.
+    * **otel** - *(optional)* on by default: OpenTelemetry spans and metrics to the
+      globally installed providers when ``opentelemetry`` is installed (no-ops without
+      an SDK).
+    * **prometheus** - *(optional)* registers agentrt's metrics: ``True`` in the default
+      registry, or in the ``CollectorRegistry`` given.
+    * **capture_content** - *(optional)* records prompt and completion text in events
+      and spans (off by default).
+    * **learn_waits** - *(optional)* on by default: learns each tool's typical wait from
+      the finished ones, to expect a wait whose caller gave no ``expected_s`` and to
+      predict a session's idle from the tools its replies call (docs/concepts.md,
+      "Expected tool waits").
     """
 
     @with_config

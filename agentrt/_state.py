@@ -76,7 +76,7 @@ class _EndpointState:
     notices_off: bool = False
     """It refused a notice with 405 or 501: no more are sent, whatever it advertises."""
     authorization: bytes | None = None
-    """The ``Authorization`` header its calls carry (see ``_runtime._authorization``)."""
+    """The ``Authorization`` header its calls carry (see ``_options._authorization``)."""
     priority_auto: bool = False
     """``send_priority='auto'``: priorities go to it while its replies advertise
     ``x-agentrt-accept: priority`` (a server that schedules by priority)."""

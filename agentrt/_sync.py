@@ -35,14 +35,8 @@ from ._context import (
 )
 from ._errors import CLOSED_MESSAGE, AgentrtError, ClientClosedError, RuntimeClosedError
 from ._httplib import HttpLib, unframed
-from ._runtime import (
-    AsyncTransport,
-    PolicySpec,
-    Runtime,
-    TimeoutLike,
-    _copy_kwargs,
-    _still_running,
-)
+from ._options import AsyncTransport, PolicySpec, TimeoutLike
+from ._runtime import Runtime, _copy_kwargs, _still_running
 from ._transport import AgentTransport
 from .dialects import DialectSpec
 from .scheduling._admission import AdmissionStatistics

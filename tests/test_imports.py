@@ -27,6 +27,7 @@ STAGES = (
     "agentrt._attempts",
     "agentrt._call",
     "agentrt._transport",
+    "agentrt._options",
     "agentrt._runtime",
     "agentrt._sync",
 )
