@@ -6,10 +6,11 @@ from __future__ import annotations
 import base64
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final, Literal, Protocol, cast
 
-from ._config import Endpoint
+from ._config import Endpoint, Retry, check_api_key
 from ._state import _EndpointState
 from .dialects import DialectOptions, DialectSpec, resolve_dialect
 from .scheduling._admission import Admission
@@ -17,9 +18,10 @@ from .scheduling._health import EndpointHealth
 from .scheduling._limiter import make_limit
 from .scheduling._poll import AUTO_POLL_S
 from .scheduling._queue import Policy, make_policy
-from .scheduling._routing import EndpointLoad
+from .scheduling._routing import EndpointLoad, Router, make_router
+from .telemetry._events import Hook
 
-__all__ = ["AsyncTransport", "PolicySpec", "TimeoutLike"]
+__all__ = ["AsyncTransport", "Checked", "PolicySpec", "TimeoutLike", "check"]
 
 
 def _poll_interval(
@@ -177,3 +179,84 @@ def _authorization(endpoint: Endpoint, api_key: str | None) -> bytes | None:
     if api_key is not None:
         return f"Bearer {api_key}".encode()
     return None
+
+
+@dataclass(slots=True)
+class Checked:
+    """Runtime's arguments, checked, and what they make without a side effect."""
+
+    states: list[_EndpointState]
+    router: Router
+    timeouts: dict[str, float | None]
+    poll: float | None
+    """The metrics polls' interval (None: no polls)."""
+
+
+def check(
+    endpoints: Sequence[str | Endpoint] | str | Endpoint,
+    *,
+    dialect: DialectSpec,
+    api_key: str | None,
+    routing: str | Router,
+    policy: PolicySpec,
+    concurrency: int | Literal["auto", "engine"] | None,
+    token_budget: int | None,
+    send_priority: bool | Literal["auto"],
+    retry: Retry,
+    timeout_s: float | TimeoutLike,
+    keep_reports: int,
+    poll_metrics_s: float | Literal["auto"] | None,
+    hooks: Sequence[Hook],
+    otel: bool,
+    prometheus: Any,
+    learn_waits: bool,
+) -> Checked:
+    """Check :class:`Runtime`'s arguments (raising as it raises), before anything is
+    opened or registered: ``Runtime.__init__`` builds on the result, and ``SyncRuntime``
+    checks its arguments with it before its thread starts."""
+    if api_key is not None:
+        check_api_key(api_key)
+    if not isinstance(retry, Retry):
+        raise TypeError("retry must be an agentrt.Retry")
+    timeouts = _timeout_phases(timeout_s)
+    if keep_reports < 0:
+        raise ValueError("keep_reports must be >= 0")
+    if (
+        poll_metrics_s is not None
+        and poll_metrics_s != "auto"
+        and not (
+            isinstance(poll_metrics_s, int | float)
+            and not isinstance(poll_metrics_s, bool)
+            and math.isfinite(poll_metrics_s)
+            and poll_metrics_s > 0
+        )
+    ):
+        raise ValueError(
+            f"poll_metrics_s must be 'auto', a number > 0 or None, got {poll_metrics_s!r}"
+        )
+    n_endpoints = 1 if isinstance(endpoints, str | Endpoint) else len(endpoints)
+    poll = _poll_interval(poll_metrics_s, n_endpoints, concurrency, policy)
+    states = _endpoints(
+        endpoints,
+        dialect,
+        policy,
+        concurrency,
+        token_budget,
+        send_priority,
+        polled=poll is not None,
+    )
+    for state in states:
+        state.authorization = _authorization(state.endpoint, api_key)
+    router = make_router(routing, endpoints=[state.endpoint.url for state in states])
+    for hook in hooks:
+        if not callable(hook):
+            raise TypeError(f"a hook must be a callable taking one event, got {hook!r}")
+    if not isinstance(otel, bool):
+        raise TypeError(f"otel must be True or False, got {otel!r}")
+    if not isinstance(learn_waits, bool):
+        raise TypeError(f"learn_waits must be True or False, got {learn_waits!r}")
+    if prometheus is not None and prometheus is not False:
+        from .telemetry._prometheus import check_registry
+
+        check_registry(None if prometheus is True else prometheus)
+    return Checked(states, router, timeouts, poll)

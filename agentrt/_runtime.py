@@ -42,15 +42,7 @@ from ._httplib import HttpLib, http_lib, loop_clock
 from ._ids import random_bytes
 from ._log import health_log
 from ._notice import Notices, NoticeStatistics
-from ._options import (
-    AsyncTransport,
-    PolicySpec,
-    TimeoutLike,
-    _authorization,
-    _endpoints,
-    _poll_interval,
-    _timeout_phases,
-)
+from ._options import AsyncTransport, PolicySpec, TimeoutLike, check
 from ._platform import give_platform, openai_platform
 from ._settings import with_config
 from ._state import PLACEHOLDER_KEY, _Core, _EndpointState, metrics_candidates
@@ -59,7 +51,7 @@ from .dialects import DialectSpec
 from .scheduling._admission import AdmissionStatistics
 from .scheduling._health import DEFAULT_PROBE_INTERVAL_S
 from .scheduling._poll import PollSchedule
-from .scheduling._routing import EndpointLoad, Router, make_router
+from .scheduling._routing import EndpointLoad, Router
 from .scheduling._signals import EngineSignals, parse_vllm_metrics
 from .telemetry._events import Hook
 from .telemetry._journal import Journal, JournalStatistics
@@ -197,50 +189,28 @@ class Runtime:
         capture_content: bool = False,
         learn_waits: bool = True,
     ) -> None:
-        if api_key is not None:
-            check_api_key(api_key)
-        if not isinstance(retry, Retry):
-            raise TypeError("retry must be an agentrt.Retry")
-        timeouts = _timeout_phases(timeout_s)
-        if keep_reports < 0:
-            raise ValueError("keep_reports must be >= 0")
-        if (
-            poll_metrics_s is not None
-            and poll_metrics_s != "auto"
-            and not (
-                isinstance(poll_metrics_s, int | float)
-                and not isinstance(poll_metrics_s, bool)
-                and math.isfinite(poll_metrics_s)
-                and poll_metrics_s > 0
-            )
-        ):
-            raise ValueError(
-                f"poll_metrics_s must be 'auto', a number > 0 or None, got {poll_metrics_s!r}"
-            )
-        n_endpoints = 1 if isinstance(endpoints, str | Endpoint) else len(endpoints)
-        poll = _poll_interval(poll_metrics_s, n_endpoints, concurrency, policy)
-        states = _endpoints(
+        checked = check(
             endpoints,
-            dialect,
-            policy,
-            concurrency,
-            token_budget,
-            send_priority,
-            polled=poll is not None,
+            dialect=dialect,
+            api_key=api_key,
+            routing=routing,
+            policy=policy,
+            concurrency=concurrency,
+            token_budget=token_budget,
+            send_priority=send_priority,
+            retry=retry,
+            timeout_s=timeout_s,
+            keep_reports=keep_reports,
+            poll_metrics_s=poll_metrics_s,
+            hooks=hooks,
+            otel=otel,
+            prometheus=prometheus,
+            learn_waits=learn_waits,
         )
-        for state in states:
-            state.authorization = _authorization(state.endpoint, api_key)
-        urls = [state.endpoint.url for state in states]
-        self._core = _Core(states, make_router(routing, endpoints=urls), retry, api_key)
-        for hook in hooks:
-            if not callable(hook):
-                raise TypeError(f"a hook must be a callable taking one event, got {hook!r}")
+        states, poll = checked.states, checked.poll
+        self._core = _Core(states, checked.router, retry, api_key)
         all_hooks = list(hooks)
-        if not isinstance(otel, bool):
-            raise TypeError(f"otel must be True or False, got {otel!r}")
         self._core.capture_content = bool(capture_content)
-        if not isinstance(learn_waits, bool):
-            raise TypeError(f"learn_waits must be True or False, got {learn_waits!r}")
         if not learn_waits:
             self._core.waits = None
         counters: list[Callable[[bool], None]] = []
@@ -284,7 +254,7 @@ class Runtime:
         # every client this runtime builds comes from it.
         self._lib: HttpLib = http_lib(transport)
         mod = self._lib.mod
-        self._timeout: Any = mod.Timeout(**timeouts)
+        self._timeout: Any = mod.Timeout(**checked.timeouts)
         self._owns_inner = transport is None
         # At most 1,000 connections, as openai's own clients: with no cap, thousands of
         # calls at once open as many sockets, overflow a server's accept backlog and time

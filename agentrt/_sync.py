@@ -4,6 +4,7 @@ their requests into that loop (:class:`SyncTransport`)."""
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, wait
@@ -35,13 +36,15 @@ from ._context import (
 )
 from ._errors import CLOSED_MESSAGE, AgentrtError, ClientClosedError, RuntimeClosedError
 from ._httplib import HttpLib, unframed
-from ._options import AsyncTransport, PolicySpec, TimeoutLike
+from ._options import AsyncTransport, PolicySpec, TimeoutLike, check
 from ._runtime import Runtime, _copy_kwargs, _still_running
+from ._settings import configured
 from ._transport import AgentTransport
 from .dialects import DialectSpec
 from .scheduling._admission import AdmissionStatistics
 from .scheduling._routing import EndpointLoad, Router
 from .telemetry._events import Hook
+from .telemetry._journal import Journal
 from .telemetry._report import JobReport
 
 if TYPE_CHECKING:
@@ -214,6 +217,10 @@ class _RuntimeOptions(TypedDict, total=False):
     learn_waits: bool
 
 
+_RUNTIME_SIGNATURE = inspect.signature(Runtime.__init__)
+"""Runtime's parameters, with their defaults (SyncRuntime checks its arguments by them)."""
+
+
 class SyncRuntime:
     """The same shape as :class:`Runtime` for code that is not async.
 
@@ -236,10 +243,18 @@ class SyncRuntime:
         **kwargs: Unpack[_RuntimeOptions],
     ) -> None:
         self._args = (endpoints, kwargs)
-        # Validate now, before a thread starts: the same errors as Runtime.
-        self._checked = Runtime(endpoints, **kwargs)  # (kept for the repr)
-        if self._checked._journal is not None:
-            self._checked._journal.close()  # the runtime entered opens its own
+        # Checked now, before a thread starts, with the same errors as Runtime's (its
+        # settings file read as it reads it), without building a runtime.
+        args = _RUNTIME_SIGNATURE.bind(None, endpoints, **configured(dict(kwargs)))
+        args.apply_defaults()
+        options = dict(args.arguments)
+        del options["self"], options["endpoints"]
+        journal = options.pop("journal")
+        for unchecked in ("config", "transport", "on_job_end", "capture_content"):
+            del options[unchecked]
+        self._checked = check(endpoints, **options)  # (kept for the repr)
+        if journal is not None:
+            Journal(journal).close()  # a bad path fails here; the runtime opens its own
         self._backend = backend
         self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
         self._portal: BlockingPortal | None = None
@@ -253,11 +268,14 @@ class SyncRuntime:
         self._wake: anyio.Event | None = None
 
     def __repr__(self) -> str:
-        rt = self._rt or self._checked
-        urls = [e.endpoint.url for e in rt._core.endpoints]
+        if self._rt is not None:
+            states, router = self._rt._core.endpoints, self._rt._core.router
+        else:
+            states, router = self._checked.states, self._checked.router
+        urls = [e.endpoint.url for e in states]
         state = "closed" if self._closed else "open" if self._rt is not None else "not entered"
         return (
-            f"<agentrt.SyncRuntime endpoints={urls!r} routing={rt._core.router.name!r} "
+            f"<agentrt.SyncRuntime endpoints={urls!r} routing={router.name!r} "
             f"backend={self._backend!r} {state}>"
         )
 
