@@ -75,7 +75,7 @@ def metadata(
     """The metadata an attempt of a call carries (``state.priority``: its priority where
     its endpoint takes one); ``clock`` tells the time left to its deadline."""
     job = session.job
-    program = job._program
+    service_s, service_tokens = job._attained()
     number, idle_s, declared, expected, source, max_out, final = turn
     deadline = ticket.deadline_at
     # Not validated again: the ids were checked when the job and session were made,
@@ -93,8 +93,8 @@ def metadata(
             "blocks_parent": session.blocks_parent,
             "turn": number,
             "first_turn": number == 0,
-            "service_s": float(program.service_s),
-            "service_tokens": program.service_tokens,
+            "service_s": float(service_s),
+            "service_tokens": service_tokens,
             "idle_expected_s": None if expected is None else float(expected),
             "idle_expected_source": source,
             "idle_s": idle_s,

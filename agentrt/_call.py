@@ -29,7 +29,7 @@ from ._wire import (
 from .scheduling._queue import Ticket
 from .scheduling._routing import prefix_fingerprints
 from .telemetry._reply import ReplyFacts
-from .telemetry._report import CallStatus, _CallState
+from .telemetry._report import CallStatus
 
 if TYPE_CHECKING:
     from ._state import _EndpointState
@@ -86,22 +86,10 @@ class Call(Attempts):
 
         self.clock = clock = core.clock
         now = clock()
-        after_tools = bool(session._period_tools)  # tool waits since the last call
-        turn, idle_s, declared, expected, source, final = session._begin_turn(now)
+        turn, idle_s, declared, expected, source, final, after_tools = session._begin_turn(now)
         self.turn = (turn, idle_s, declared, expected, source, max_out, final)
         call_id = new_id("call")
-        self.state = _CallState(
-            call_id,
-            session.id,
-            session.name,
-            turn,
-            suffix,
-            model,
-            stream,
-            now - job._t0,
-            now,
-        )
-        job._calls.append(self.state)
+        self.state = job._open_call(call_id, session, turn, suffix, model, stream, now)
         if self.turn[1] is not None:
             self.state.idle_s = self.turn[1]
             if after_tools:
@@ -109,9 +97,14 @@ class Call(Attempts):
         if core.prefixes is not None and content:
             self.state.prefix = core.prefixes.observe(session.id, content)
         tokens = len(content) // 4 + (max_out or 0)  # ~4 bytes of JSON per prompt token
-        deadline = None if job.deadline_s is None else job._t0 + job.deadline_s
         self.ticket = Ticket(
-            call_id, job.id, job.program_id, session.id, session.parent_id, tokens, deadline
+            call_id,
+            job.id,
+            job.program_id,
+            session.id,
+            session.parent_id,
+            tokens,
+            job._deadline_at(),
         )
         self.prefix: tuple[int, ...] = ()
         if core.prefix_aware and session.endpoint_index is None and content:
@@ -141,16 +134,13 @@ class Call(Attempts):
         """Why a cancelled call was cancelled: its job's deadline, or something else."""
         deadline = self.ticket.deadline_at
         if deadline is not None and self.clock() >= deadline:
-            job = self.session.job
-            job._deadline_hit = True
-            return f"deadline of {job.deadline_s:g} s exceeded"
+            return self.session.job._hit_deadline()
         return "cancelled"
 
     def deadline_exceeded(self) -> DeadlineExceeded:
         """End the call at its job's deadline; the error to raise."""
         job = self.session.job
-        job._deadline_hit = True
-        self.end("cancelled", f"deadline of {job.deadline_s:g} s exceeded")
+        self.end("cancelled", job._hit_deadline())
         return DeadlineExceeded(f"job {job.id!r} exceeded its deadline of {job.deadline_s:g} s")
 
     async def run(self) -> httpx.Response:
@@ -284,14 +274,11 @@ class Call(Attempts):
             state.status = status
             state.error = error if error is None else self.core.redact(error)
             core, session, ticket = self.core, self.session, self.ticket
-            job = session.job
-            program = job._program
             tokens = (state.prompt_tokens or 0) + (state.completion_tokens or 0)
             service = latency - state.queue_s - self.backoff_s  # not queueing nor backoff
             if service < 0.0:
                 service = 0.0
-            program.service_s += service
-            program.service_tokens += tokens
+            session.job._served(service, tokens)
             ticket.idle_expected_s = self.turn[3]
             core.call_ended(ticket, service, tokens)
             if status == "ok":

@@ -619,10 +619,12 @@ class Session:
 
     def _begin_turn(
         self, now: float
-    ) -> tuple[int, float | None, float | None, float | None, IdleSource | None, bool]:
+    ) -> tuple[int, float | None, float | None, float | None, IdleSource | None, bool, bool]:
         """Claim the next turn: (turn, idle_s, idle_declared_s, idle_expected_s, where
-        that came from: declared by ``expect_idle`` or predicted from learned waits, and
-        whether the caller said it is the session's last)."""
+        that came from: declared by ``expect_idle`` or predicted from learned waits,
+        whether the caller said it is the session's last, and whether tool waits ran
+        since the last call)."""
+        after_tools = bool(self._period_tools)
         turn = self._turns
         final, self._final_next = self._final_next, False
         self._turns += 1
@@ -641,7 +643,7 @@ class Session:
                 if expected is not None:
                     source = "predicted"
             self._last_tools = ()
-        return turn, idle, declared, expected, source, final
+        return turn, idle, declared, expected, source, final, after_tools
 
     def _tool_calls(self, names: tuple[str, ...]) -> None:
         """A reply called these tools: the session's next waits are expected to be them."""
@@ -902,6 +904,45 @@ class Job:
         if core.hooks:
             core.emit(JobEnded(t=anyio.current_time(), job_id=self.id, report=report))
         return report
+
+    # -- used by its calls ---------------------------------------------------------------
+
+    def _open_call(
+        self,
+        call_id: str,
+        session: Session,
+        turn: int,
+        path: str,
+        model: str | None,
+        stream: bool,
+        now: float,
+    ) -> _CallState:
+        """A call of ``session`` starts at ``now``: its record, kept for the job's report."""
+        state = _CallState(
+            call_id, session.id, session.name, turn, path, model, stream, now - self._t0, now
+        )
+        self._calls.append(state)
+        return state
+
+    def _deadline_at(self) -> float | None:
+        """When the job's deadline falls (clock time), if it has one."""
+        return None if self.deadline_s is None else self._t0 + self.deadline_s
+
+    def _hit_deadline(self) -> str:
+        """A call ran into the job's deadline (its report says so); the call's error."""
+        self._deadline_hit = True
+        return f"deadline of {self.deadline_s:g} s exceeded"
+
+    def _attained(self) -> tuple[float, int]:
+        """The service its program has received: seconds, tokens."""
+        program = self._program
+        return program.service_s, program.service_tokens
+
+    def _served(self, service_s: float, tokens: int) -> None:
+        """A call of the job received ``service_s`` of service and ``tokens`` tokens."""
+        program = self._program
+        program.service_s += service_s
+        program.service_tokens += tokens
 
     def _end_implicit(self) -> None:
         """End a job of :meth:`_implicit` (once) with its call's outcome."""
