@@ -28,6 +28,7 @@ STAGES = (
     "agentrt._call",
     "agentrt._transport",
     "agentrt._options",
+    "agentrt._upkeep",
     "agentrt._runtime",
     "agentrt._sync",
 )
