@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     )
     from ._notice import NoticeStatistics
     from ._protocol import PROTOCOL_VERSION, CallMetadata
-    from ._runtime import DEFAULT_TIMEOUT_S, Runtime, SyncJob, SyncRuntime, SyncSession
+    from ._runtime import DEFAULT_TIMEOUT_S, Runtime
+    from ._sync import SyncJob, SyncRuntime, SyncSession
     from .telemetry import CallReport, JobReport, ToolReport
     from .telemetry._journal import JournalStatistics
 
@@ -78,9 +79,9 @@ _HOMES: dict[str, str] = {
     "CallMetadata": "._protocol",
     "DEFAULT_TIMEOUT_S": "._runtime",
     "Runtime": "._runtime",
-    "SyncJob": "._runtime",
-    "SyncRuntime": "._runtime",
-    "SyncSession": "._runtime",
+    "SyncJob": "._sync",
+    "SyncRuntime": "._sync",
+    "SyncSession": "._sync",
     "CallReport": ".telemetry",
     "JobReport": ".telemetry",
     "ToolReport": ".telemetry",

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Final, Literal
 from urllib.parse import unquote, urlsplit
 
 if TYPE_CHECKING:
-    from .dialects import DialectSpec
+    from .dialects._base import DialectSpec
 
 __all__ = [
     "DEFAULT_RETRY",

@@ -16,7 +16,7 @@ from contextlib import (
     asynccontextmanager,
     contextmanager,
 )
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, ParamSpec, Protocol, TypeVar, overload
@@ -26,7 +26,8 @@ from pydantic_core import to_json
 
 from ._errors import EndpointError, JobClosedError, SessionClosedError, only_cancelled
 from ._ids import random_bytes
-from ._protocol import IdleSource, trusted_model, validate_id, validate_nonneg
+from ._protocol import IdleSource, validate_id, validate_nonneg
+from ._state import Placement
 from .telemetry._events import (
     JobEnded,
     JobStarted,
@@ -35,15 +36,13 @@ from .telemetry._events import (
     ToolEnded,
     ToolStarted,
 )
-from .telemetry._prefix import tokens as prefix_tokens
 from .telemetry._report import (
-    CallReport,
     CallStatus,
-    IdleCause,
     JobReport,
     JobStatus,
     SessionReport,
     ToolReport,
+    _CallState,
     settle_idle,
     union_length,
 )
@@ -265,91 +264,6 @@ def sync_block(
 
 
 @dataclass(slots=True, eq=False)
-class _CallState:
-    """One call's accounting while it is in flight: a plain slots object on the hot path,
-    turned into a :class:`CallReport` (pydantic) when the job's report is built."""
-
-    call_id: str
-    session_id: str
-    session_name: str | None
-    turn: int
-    path: str
-    model: str | None
-    stream: bool
-    start_s: float
-    started: float
-    """Clock time (``anyio.current_time()``) at which the call entered agentrt."""
-    priority: int | None = None
-    endpoint: str | None = None
-    queue_s: float = 0.0
-    ttft_s: float | None = None
-    latency_s: float | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    cached_tokens: int | None = None
-    attempts: int = 0
-    http_status: int | None = None
-    status: CallStatus = "ok"
-    error: str | None = None
-    moved: bool = False
-    idle_s: float | None = None
-    idle_cause: IdleCause | None = None
-    prefix: tuple[int, int, str | None, int] | None = None
-    """Prefix sharing, journals only: (bytes shared with the session's previous call,
-    bytes shared across sessions, that common prefix's id, the body's bytes)."""
-    done: bool = False
-    final: CallReport | None = field(default=None, repr=False)
-    """The report, once built for a finished call (nothing changes it after that)."""
-
-    def to_report(self) -> CallReport:
-        if self.final is not None:
-            return self.final
-        report = self._build()
-        if self.done:
-            self.final = report
-        return report
-
-    def _build(self) -> CallReport:
-        prefix = self.prefix
-        prev = common = None
-        if prefix is not None:
-            prev = prefix_tokens(prefix[0], prefix[3], self.prompt_tokens)
-            common = prefix_tokens(prefix[1], prefix[3], self.prompt_tokens)
-        # Not validated again: every value is agentrt's own, of the field's type.
-        return trusted_model(
-            CallReport,
-            {
-                "call_id": self.call_id,
-                "session_id": self.session_id,
-                "session_name": self.session_name,
-                "turn": self.turn,
-                "endpoint": self.endpoint,
-                "path": self.path,
-                "model": self.model,
-                "stream": self.stream,
-                "start_s": self.start_s,
-                "queue_s": self.queue_s,
-                "ttft_s": self.ttft_s,
-                "latency_s": self.latency_s,
-                "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens,
-                "cached_tokens": self.cached_tokens,
-                "attempts": self.attempts,
-                "http_status": self.http_status,
-                "status": self.status,
-                "error": self.error,
-                "priority": self.priority,
-                "moved": self.moved,
-                "idle_s": self.idle_s,
-                "idle_cause": self.idle_cause,
-                "prefix_prev_tokens": prev,
-                "prefix_common_tokens": common,
-                "prefix_common_id": None if prefix is None or not common else prefix[2],
-            },
-        )
-
-
-@dataclass(slots=True, eq=False)
 class _ToolWait:
     """A tool wait in progress (between ``Session._start_tool`` and ``_end_tool``)."""
 
@@ -365,7 +279,7 @@ class _ToolWait:
 
 class _OpenStream(Protocol):
     """A streamed reply of one of a job's calls, not closed yet (the transport's
-    ``_ObservedStream``), as the job settles it when the caller left it unread."""
+    ``_stream.ObservedStream``), as the job settles it when the caller left it unread."""
 
     _session: Session
 
@@ -401,9 +315,8 @@ class Session:
         self.job = job
         self.name = name
         self.id = session_id
-        self._stable = stable
-        """The caller gave the id (the conversation may go on in another process): its
-        first turn here is placed by hashing it, as every process places it."""
+        self.placement = Placement(session_id, stable)
+        """Where its calls go (its replica, its last reply): the router side's."""
         self.root_id: str | None
         """The session at the root of this session's tree of sub-agents (None: this one)."""
         if isinstance(parent, Session):
@@ -416,7 +329,6 @@ class Session:
         self._final_next = False
         self._closed = False
         self._turns = 0
-        self._last_reply_at: float | None = None
         self._idle_declared: float | None = None
         self._expect_idle: float | None = None
         self._tool_depth = 0
@@ -428,14 +340,18 @@ class Session:
         by the same tools again (agent loops repeat); that call consumes them."""
         self.echo: dict[str, str] = {}
         """Response headers the dialect asked to echo back on later calls."""
-        self.endpoint_index: int | None = None
-        """The endpoint this session's KV lives on, as the router last chose it."""
-        self._cacheable: tuple[int, int] | None = None
-        """(endpoint, prompt + completion tokens) of the last successful call: what that
-        replica could still hold for the next turn (feeds its retention estimate)."""
 
     def __repr__(self) -> str:
         return f"<Session id={self.id!r} name={self.name!r} job={self.job.id!r}>"
+
+    @property
+    def endpoint_index(self) -> int | None:
+        """The endpoint this session's KV lives on, as the router last chose it."""
+        return self.placement.home
+
+    @endpoint_index.setter
+    def endpoint_index(self, index: int | None) -> None:
+        self.placement.home = index
 
     @property
     def turns(self) -> int:
@@ -649,8 +565,7 @@ class Session:
         if status != "cancelled":  # a cancelled wait is cut short
             if core.waits is not None:
                 core.waits.observe(wait.name, duration)
-            for e in core.endpoints:
-                e.admission.policy.on_tool_end(self.job.id, self.id, duration)
+            core.tool_ended(self.job.id, self.id, duration)
         expected = wait.expected_s
         self.job._tools.append(
             ToolReport(
@@ -698,21 +613,23 @@ class Session:
         if self._closed:
             return
         self._closed = True
-        if self.endpoint_index is not None:
-            self.job._core.endpoints[self.endpoint_index].load.sessions -= 1
+        self.placement.unpin(self.job._core)
 
     # -- used by the transport -----------------------------------------------------------
 
     def _begin_turn(
         self, now: float
-    ) -> tuple[int, float | None, float | None, float | None, IdleSource | None, bool]:
+    ) -> tuple[int, float | None, float | None, float | None, IdleSource | None, bool, bool]:
         """Claim the next turn: (turn, idle_s, idle_declared_s, idle_expected_s, where
-        that came from: declared by ``expect_idle`` or predicted from learned waits, and
-        whether the caller said it is the session's last)."""
+        that came from: declared by ``expect_idle`` or predicted from learned waits,
+        whether the caller said it is the session's last, and whether tool waits ran
+        since the last call)."""
+        after_tools = bool(self._period_tools)
         turn = self._turns
         final, self._final_next = self._final_next, False
         self._turns += 1
-        idle = None if self._last_reply_at is None else max(0.0, now - self._last_reply_at)
+        last = self.placement.last_reply_at
+        idle = None if last is None else max(0.0, now - last)
         declared, self._idle_declared = self._idle_declared, None
         expected, self._expect_idle = self._expect_idle, None
         source: IdleSource | None = None if expected is None else "declared"
@@ -726,14 +643,11 @@ class Session:
                 if expected is not None:
                     source = "predicted"
             self._last_tools = ()
-        return turn, idle, declared, expected, source, final
+        return turn, idle, declared, expected, source, final, after_tools
 
     def _tool_calls(self, names: tuple[str, ...]) -> None:
         """A reply called these tools: the session's next waits are expected to be them."""
         self._last_tools = names
-
-    def _replied(self, now: float) -> None:
-        self._last_reply_at = now
 
 
 def _check_metadata(metadata: dict[str, Any] | None) -> dict[str, Any]:
@@ -980,8 +894,7 @@ class Job:
         core = self._core
         report = self._final_report(status, error if error is None else core.redact(error))
         core.active_jobs.pop(self.id, None)
-        for e in core.endpoints:
-            e.admission.policy.on_job_end(self.id, self.program_id)
+        core.job_ended(self.id, self.program_id)
         program = core.programs.get(self.program_id)
         if program is not None:
             program.jobs -= 1
@@ -991,6 +904,45 @@ class Job:
         if core.hooks:
             core.emit(JobEnded(t=anyio.current_time(), job_id=self.id, report=report))
         return report
+
+    # -- used by its calls ---------------------------------------------------------------
+
+    def _open_call(
+        self,
+        call_id: str,
+        session: Session,
+        turn: int,
+        path: str,
+        model: str | None,
+        stream: bool,
+        now: float,
+    ) -> _CallState:
+        """A call of ``session`` starts at ``now``: its record, kept for the job's report."""
+        state = _CallState(
+            call_id, session.id, session.name, turn, path, model, stream, now - self._t0, now
+        )
+        self._calls.append(state)
+        return state
+
+    def _deadline_at(self) -> float | None:
+        """When the job's deadline falls (clock time), if it has one."""
+        return None if self.deadline_s is None else self._t0 + self.deadline_s
+
+    def _hit_deadline(self) -> str:
+        """A call ran into the job's deadline (its report says so); the call's error."""
+        self._deadline_hit = True
+        return f"deadline of {self.deadline_s:g} s exceeded"
+
+    def _attained(self) -> tuple[float, int]:
+        """The service its program has received: seconds, tokens."""
+        program = self._program
+        return program.service_s, program.service_tokens
+
+    def _served(self, service_s: float, tokens: int) -> None:
+        """A call of the job received ``service_s`` of service and ``tokens`` tokens."""
+        program = self._program
+        program.service_s += service_s
+        program.service_tokens += tokens
 
     def _end_implicit(self) -> None:
         """End a job of :meth:`_implicit` (once) with its call's outcome."""

@@ -61,6 +61,40 @@ for _cls in (AgentrtError, EndpointError, JobClosedError, RuntimeClosedError, Se
     _cls.__module__ = "agentrt"
 
 
+CLOSED_MESSAGE = (
+    "this Runtime is closed: its block has ended, and neither it nor the clients it built "
+    "(rt.openai(), rt.http_client(), framework models) take new calls"
+)
+
+
+WRONG_LOOP_MESSAGE = (
+    "this Runtime was used from another event loop than the one it was entered in (another "
+    "thread's asyncio.run or trio.run, say): a Runtime, its jobs, sessions and clients live "
+    "in that one loop. Use one Runtime per event loop, or a SyncRuntime to share one "
+    "runtime between threads"
+)
+
+
+class WrongLoopError(AgentrtError, openai.OpenAIError):
+    """A runtime (or a client it built) used from an event loop other than its own: an
+    ``AgentrtError`` that openai's clients pass on as it is (see
+    :class:`ClientClosedError`)."""
+
+
+class ClientClosedError(RuntimeClosedError, openai.OpenAIError):
+    """:class:`RuntimeClosedError` as a client agentrt built raises it. openai-python passes
+    its own errors through as they are and (2.x) wraps any other one from the HTTP client
+    in ``APIConnectionError``: as an ``OpenAIError`` too, the refusal reaches the caller
+    unchanged, from openai's clients and from the frameworks built on them."""
+
+
+class DeadlineExceeded(TimeoutError, openai.OpenAIError):
+    """A call ran into its job's deadline (raised where the call was, as the job's own
+    cancel scope makes ``rt.job(deadline_s=...)`` raise ``TimeoutError``). An
+    ``OpenAIError`` too, so that openai 2.x passes it on instead of wrapping it in
+    ``APIConnectionError``."""
+
+
 def only_cancelled(exc: BaseException) -> bool:
     """Whether ``exc`` is the event loop's cancellation (``anyio.get_cancelled_exc_class()``),
     or an exception group of nothing else. trio delivers a cancellation so when it passes

@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import base64
 import math
 import os
-import random
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, wait
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import (
-    AbstractAsyncContextManager,
-    AbstractContextManager,
     AsyncExitStack,
     asynccontextmanager,
-    contextmanager,
-    suppress,
 )
 from dataclasses import replace
-from functools import partial
-from inspect import isawaitable
 from threading import get_ident
 from types import TracebackType
 from typing import (
@@ -27,61 +18,47 @@ from typing import (
     Any,
     Final,
     Literal,
-    Protocol,
     Self,
-    TypedDict,
     TypeVar,
     cast,
-    overload,
 )
 
 import anyio
 import anyio.abc
 import httpx
 import openai
-from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from ._config import DEFAULT_RETRY, Endpoint, Retry, check_api_key
-from ._context import _CURRENT_JOB, _CURRENT_SESSION, Job, Session, async_block, sync_block
-from ._errors import AgentrtError, RuntimeClosedError, only_cancelled
-from ._ids import random_bytes
-from ._log import health_log
-from ._notice import Notices, NoticeStatistics
-from ._platform import give_platform, openai_platform
-from ._settings import with_config
-from ._state import PLACEHOLDER_KEY, _Core, _EndpointState, metrics_candidates
-from ._transport import (
+from ._context import _CURRENT_JOB, Job, async_block
+from ._errors import (
     CLOSED_MESSAGE,
     WRONG_LOOP_MESSAGE,
-    ClientClosedError,
-    HttpLib,
+    AgentrtError,
+    RuntimeClosedError,
     WrongLoopError,
-    http_lib,
-    loop_clock,
+    only_cancelled,
 )
-from .dialects import DialectOptions, DialectSpec, resolve_dialect
-from .scheduling._admission import Admission, AdmissionStatistics
-from .scheduling._health import DEFAULT_PROBE_INTERVAL_S, EndpointHealth
-from .scheduling._limiter import make_limit
-from .scheduling._poll import AUTO_POLL_S, PollSchedule
-from .scheduling._queue import Policy, make_policy
-from .scheduling._routing import EndpointLoad, Router, make_router
-from .scheduling._signals import EngineSignals, parse_vllm_metrics
+from ._httplib import HttpLib, http_lib, loop_clock
+from ._ids import random_bytes
+from ._notice import Notices, NoticeStatistics
+from ._options import AsyncTransport, PolicySpec, TimeoutLike, check
+from ._platform import give_platform, openai_platform
+from ._settings import with_config
+from ._state import PLACEHOLDER_KEY, _Core
+from ._transport import AgentTransport, SharedTransport
+from ._upkeep import Upkeep
+from .dialects import DialectSpec
+from .scheduling._admission import AdmissionStatistics
+from .scheduling._routing import EndpointLoad, Router
 from .telemetry._events import Hook
 from .telemetry._journal import Journal, JournalStatistics
 from .telemetry._prefix import PrefixTracker
 from .telemetry._report import JobReport, JobStatus
 
 if TYPE_CHECKING:
-    from typing import Unpack
+    pass
 
-    from openai import AsyncStream
-    from openai.types import Completion
-    from openai.types.chat import ChatCompletion, ChatCompletionChunk
-
-    from ._context import ChatArgs, CompleteArgs
-
-__all__ = ["DEFAULT_TIMEOUT_S", "Runtime", "SyncJob", "SyncRuntime", "SyncSession"]
+__all__ = ["DEFAULT_TIMEOUT_S", "Runtime"]
 
 DEFAULT_TIMEOUT_S: Final = 600.0
 """Read timeout of one attempt, seconds (LLM replies can be long). Connect: 10 s."""
@@ -101,22 +78,6 @@ def _outcome(exc: BaseException | None) -> tuple[JobStatus, str | None]:
     return "error", f"{type(exc).__name__}: {exc}"
 
 
-def _poll_interval(
-    poll: float | Literal["auto"] | None,
-    n_endpoints: int,
-    concurrency: object,
-    policy: object,
-) -> float | None:
-    """The metrics polls' (base) interval, or None for none. ``"auto"`` polls where a
-    decision reads the engines' load: routing among several endpoints, or an
-    ``"engine"`` cap that holds calls for a policy other than FCFS."""
-    if poll != "auto":
-        return poll
-    if n_endpoints > 1 or (concurrency == "engine" and policy != "fcfs"):
-        return AUTO_POLL_S
-    return None
-
-
 def _still_running(running: list[str]) -> AgentrtError:
     """The error of a runtime's block that ended while jobs (their ids) still ran."""
     names = ", ".join(repr(job_id) for job_id in running[:5])
@@ -126,210 +87,77 @@ def _still_running(running: list[str]) -> AgentrtError:
     )
 
 
-class AsyncTransport(Protocol):
-    """An async transport of legacy ``httpx`` or of ``httpx2`` (same shape)."""
-
-    async def handle_async_request(self, request: Any) -> Any: ...
-
-    async def aclose(self) -> None: ...
-
-
-class TimeoutLike(Protocol):
-    """An ``httpx.Timeout`` or an ``httpx2.Timeout``: each phase's limit in seconds
-    (``None``: none)."""
-
-    @property
-    def connect(self) -> float | None: ...
-    @property
-    def read(self) -> float | None: ...
-    @property
-    def write(self) -> float | None: ...
-    @property
-    def pool(self) -> float | None: ...
-
-
-_PHASES: Final = ("connect", "read", "write", "pool")
-
-
-def _timeout_phases(timeout: object) -> dict[str, float | None]:
-    """The four phases' limits of ``timeout_s``: a number is every phase's but the
-    connect's (10 s); a Timeout of either library gives its own, each checked."""
-    if isinstance(timeout, int | float) and not isinstance(timeout, bool):
-        if not (math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"timeout_s must be a finite number > 0, got {timeout!r}")
-        return {"connect": 10.0, "read": timeout, "write": timeout, "pool": timeout}
-    if type(timeout).__name__ != "Timeout" or not all(hasattr(timeout, p) for p in _PHASES):
-        raise TypeError(
-            "timeout_s must be a number of seconds or an httpx.Timeout (or httpx2.Timeout), "
-            f"got {timeout!r}"
-        )
-    phases: dict[str, float | None] = {}
-    for phase in _PHASES:
-        value = getattr(timeout, phase)
-        if value is not None and not (
-            isinstance(value, int | float) and math.isfinite(value) and value > 0
-        ):
-            raise ValueError(
-                f"timeout_s's {phase} timeout must be a finite number > 0 or None, got {value!r}"
-            )
-        phases[phase] = value
-    return phases
-
-
-PolicySpec = str | Policy | Callable[[], Policy]
-"""A policy name (``"fcfs"``, ``"plas"``, ``"atlas"``, ``"mlfq"``, ``"edf"``), a factory
-(e.g. ``lambda: PLAS(starvation_ratio=2.0)``) or, with a single endpoint, an instance."""
-
-
-def _policy_factory(policy: PolicySpec, n_endpoints: int) -> Callable[[], Policy]:
-    """Each endpoint queues its own calls, so each gets its own policy instance (fed the
-    same feedback, they classify alike)."""
-    if isinstance(policy, str):
-        make_policy(policy)  # fail now on a bad name
-        return partial(make_policy, policy)
-    if isinstance(policy, type) or not hasattr(policy, "pop"):
-        if not callable(policy):
-            raise TypeError(f"policy must be a name, a Policy or a factory, got {policy!r}")
-        return cast("Callable[[], Policy]", policy)
-    if n_endpoints > 1:
-        raise ValueError(
-            "a Policy instance can serve one endpoint only (each endpoint queues its own "
-            "calls); pass a policy name or a factory such as 'lambda: PLAS(...)'"
-        )
-    instance = cast("Policy", policy)
-    return lambda: instance
-
-
-def _endpoints(
-    endpoints: Sequence[str | Endpoint] | str | Endpoint,
-    dialect: DialectSpec,
-    policy: PolicySpec,
-    concurrency: int | Literal["auto", "engine"] | None,
-    token_budget: int | None,
-    send_priority: bool | Literal["auto"],
-    polled: bool,
-) -> list[_EndpointState]:
-    if isinstance(endpoints, str | Endpoint):
-        endpoints = [endpoints]
-    if not endpoints:
-        raise ValueError("Runtime needs at least one endpoint, e.g. ['http://127.0.0.1:8000/v1']")
-    out = []
-    seen: set[str] = set()
-    new_policy = _policy_factory(policy, len(endpoints))
-    if concurrency is not None and not (
-        concurrency in ("auto", "engine")
-        or (isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency >= 1)
-    ):
-        raise ValueError(
-            f"concurrency must be an int >= 1, 'auto', 'engine' or None, got {concurrency!r}"
-        )
-    if not (isinstance(send_priority, bool) or send_priority == "auto"):
-        raise ValueError(f"send_priority must be True, False or 'auto', got {send_priority!r}")
-    # 'engine' caps only on the engine's queue, which only polled metrics show: without
-    # polling it is no limit at all (and keeps the admission gate's fast path).
-    limit = None if concurrency == "engine" and not polled else concurrency
-    if token_budget is not None and not (isinstance(token_budget, int) and token_budget >= 1):
-        raise ValueError(f"token_budget must be an int >= 1 or None, got {token_budget!r}")
-    for item in endpoints:
-        ep = Endpoint(item) if isinstance(item, str) else item
-        if not isinstance(ep, Endpoint):
-            raise TypeError(f"an endpoint must be a URL string or agentrt.Endpoint, got {ep!r}")
-        if ep.url in seen:
-            raise ValueError(f"endpoint {ep.url} is listed twice")
-        seen.add(ep.url)
-        d = resolve_dialect(ep.dialect if ep.dialect is not None else dialect)
-        prio = send_priority if ep.send_priority is None else ep.send_priority
-        state = _EndpointState(
-            ep,
-            d,
-            EndpointLoad(weight=ep.weight),
-            Admission(new_policy(), make_limit(limit), token_budget),
-            EndpointHealth(),
-            DialectOptions(send_priority=prio is True),
-        )
-        state.priority_auto = prio == "auto"
-        out.append(state)
-    return out
-
-
-def _authorization(endpoint: Endpoint, api_key: str | None) -> bytes | None:
-    """The ``Authorization`` header of an endpoint's calls: its own ``api_key``, else its
-    Basic credentials (``basic_auth``, or ``user:password@`` in its URL, as httpx would
-    send them), else the runtime's ``api_key``; None: the caller's header goes as it is
-    (less agentrt's placeholder key)."""
-    if endpoint.api_key is not None:
-        return f"Bearer {endpoint.api_key}".encode()
-    if endpoint.basic_auth is not None:
-        user, password = endpoint.basic_auth
-        return b"Basic " + base64.b64encode(f"{user}:{password}".encode())
-    if api_key is not None:
-        return f"Bearer {api_key}".encode()
-    return None
-
-
 class Runtime:
     """agentrt's runtime: the async context manager that agent code runs its calls through.
 
-    ``endpoints`` are base URLs (``"http://127.0.0.1:8000/v1"``) or :class:`Endpoint`
-    objects. ``dialect`` names how calls are tagged for the engines (see
-    ``docs/protocol.md``). Scheduling (``docs/scheduling.md``, ``docs/routing.md``):
-
-    - ``routing`` picks each call's endpoint: ``"session_affinity"`` (a session's turns
-      stay on the replica holding its KV, SMetric-style), ``"hash"`` (bounded-load
-      rendezvous hashing: processes agree without talking), ``"least_loaded"`` or
-      ``"round_robin"``, or a :class:`~agentrt.scheduling.Router`.
-    - ``concurrency`` and ``token_budget`` bound what each endpoint has in flight (calls;
-      estimated tokens). ``"engine"`` (the default) puts no client-side cap until the
-      endpoint's engine reports a waiting queue (seen through ``poll_metrics_s``; without
-      polling it never caps), then caps at about what the engine runs, so the calls it
-      could not run yet wait in the policy's order. ``"auto"`` adapts the call limit from
-      observed latency per token (a gradient limiter). ``None`` never caps: calls go out at
-      once, as from a plain client.
-    - ``policy`` orders the calls waiting for room: ``"fcfs"``, ``"plas"``, ``"atlas"``,
-      ``"mlfq"`` or ``"edf"``. Its queue level is also what ``send_priority`` passes
-      to engines that accept a priority: ``"auto"`` (the default) to the endpoints whose
-      replies advertise ``x-agentrt-accept: priority``, ``True`` to all (only for servers
-      started with priority scheduling), ``False`` to none; :class:`Endpoint` can
-      override it per endpoint.
-
-    Endpoints that fail (connection errors, bursts of 5xx) are marked down, probed in
-    the background and readmitted when they answer; their sessions fail over (the move is
-    counted in the report). ``poll_metrics_s`` polls each engine's ``/metrics`` (vLLM's
-    running and waiting requests, KV usage) at that interval, so routing sees load from
-    other clients too. An endpoint whose replies advertise ``x-agentrt-accept:
+    Endpoints that fail (connection errors, bursts of 5xx) are marked down, probed in the
+    background and readmitted when they answer; their sessions fail over (the move is
+    counted in the report). An endpoint whose replies advertise ``x-agentrt-accept:
     idle-notice`` is told in the background when one of its sessions starts a tool wait
     (docs/protocol.md; ``notice_statistics()``).
 
-    ``transport`` replaces
-    the HTTP transport underneath (tests, the embedded engine); the clients agentrt builds
-    then come from that transport's library (legacy ``httpx`` or ``httpx2``). Without
-    one, agentrt uses ``httpx2`` when it is installed and openai is 3.x or later (openai's
-    native stack, markedly faster under concurrency), else legacy ``httpx``.
-    Telemetry (docs/telemetry.md): ``on_job_end`` receives each finished job's report;
-    ``hooks`` receive every event (job and session start and end, each call's start,
-    queueing, attempts, first token and end, tool waits, session moves:
-    ``agentrt.telemetry``). ``journal`` appends one JSON line per finished job to that
-    file. ``otel`` (on by default) emits OpenTelemetry spans and metrics to the globally
-    installed providers when ``opentelemetry`` is installed (no-ops without an SDK).
-    ``prometheus`` registers agentrt's metrics: ``True`` in the default registry, or in
-    the ``CollectorRegistry`` given. ``capture_content`` records prompt and completion
-    text in events and spans (off by default). ``learn_waits`` (on by default) learns
-    each tool's typical wait from the finished ones, to expect a wait whose caller gave
-    no ``expected_s`` and to predict a session's idle from the tools its replies call
-    (docs/concepts.md, "Expected tool waits").
+    Parameters:
 
-    ``timeout_s`` bounds each attempt of a call: a number of seconds bounds reading the
-    reply (and writing the request, and waiting for a pooled connection), with 10 s to
-    connect; an ``httpx.Timeout`` (or ``httpx2.Timeout``) sets each phase itself, as
-    openai's clients take it (``None``: no limit). A call's own ``timeout=`` (openai's
-    per-request option) overrides it. ``api_key`` goes to every endpoint without a key
-    of its own; without one, ``rt.openai()`` clients take ``OPENAI_API_KEY`` from the
-    environment, as openai's own do (keyless local servers ignore it).
-
-    ``config`` names a TOML file of these keyword arguments (at its top level or in a
-    ``[runtime]`` table), such as the one ``agentrt tune`` writes; without it, the file
-    named by the ``AGENTRT_CONFIG`` environment variable, if set. Arguments passed here
-    win over the file's settings (docs/tune.md, "Applying the settings").
+    * **endpoints** - base URLs (``"http://127.0.0.1:8000/v1"``) or :class:`Endpoint`
+      objects.
+    * **config** - *(optional)* a TOML file of these keyword arguments (at its top level or
+      in a ``[runtime]`` table), such as the one ``agentrt tune`` writes; without it, the
+      file named by the ``AGENTRT_CONFIG`` environment variable, if set. Arguments passed
+      here win over the file's settings (docs/tune.md, "Applying the settings").
+    * **dialect** - *(optional)* how calls are tagged for the engines (docs/protocol.md).
+    * **api_key** - *(optional)* goes to every endpoint without a key of its own; without
+      one, ``rt.openai()`` clients take ``OPENAI_API_KEY`` from the environment, as
+      openai's own do (keyless local servers ignore it).
+    * **routing** - *(optional)* picks each call's endpoint (docs/routing.md):
+      ``"session_affinity"`` (a session's turns stay on the replica holding its KV,
+      SMetric-style), ``"hash"`` (bounded-load rendezvous hashing: processes agree without
+      talking), ``"least_loaded"`` or ``"round_robin"``, or a
+      :class:`~agentrt.scheduling.Router`.
+    * **policy** - *(optional)* orders the calls waiting for room (docs/scheduling.md):
+      ``"fcfs"``, ``"plas"``, ``"atlas"``, ``"mlfq"`` or ``"edf"``.
+    * **concurrency**, **token_budget** - *(optional)* bound what each endpoint has in
+      flight (calls; estimated tokens). ``"engine"`` (the default) puts no client-side cap
+      until the endpoint's engine reports a waiting queue (seen through
+      ``poll_metrics_s``; without polling it never caps), then caps at about what the
+      engine runs, so the calls it could not run yet wait in the policy's order.
+      ``"auto"`` adapts the call limit from observed latency per token (a gradient
+      limiter). ``None`` never caps: calls go out at once, as from a plain client.
+    * **send_priority** - *(optional)* where the policy's queue level goes as the engine's
+      priority: ``"auto"`` (the default) to the endpoints whose replies advertise
+      ``x-agentrt-accept: priority``, ``True`` to all (only for servers started with
+      priority scheduling), ``False`` to none; :class:`Endpoint` can override it per
+      endpoint.
+    * **retry** - *(optional)* agentrt's one retry layer, a :class:`Retry`.
+    * **timeout_s** - *(optional)* bounds each attempt of a call: a number of seconds
+      bounds reading the reply (and writing the request, and waiting for a pooled
+      connection), with 10 s to connect; an ``httpx.Timeout`` (or ``httpx2.Timeout``) sets
+      each phase itself, as openai's clients take it (``None``: no limit). A call's own
+      ``timeout=`` (openai's per-request option) overrides it.
+    * **transport** - *(optional)* replaces the HTTP transport underneath (tests, the
+      embedded engine); the clients agentrt builds then come from that transport's
+      library (legacy ``httpx`` or ``httpx2``). Without one, agentrt uses ``httpx2`` when
+      it is installed and openai is 3.x or later (openai's native stack, markedly faster
+      under concurrency), else legacy ``httpx``.
+    * **on_job_end** - *(optional)* receives each finished job's report (docs/telemetry.md).
+    * **keep_reports** - *(optional)* how many recent reports :meth:`reports` keeps.
+    * **poll_metrics_s** - *(optional)* polls each engine's ``/metrics`` (vLLM's running
+      and waiting requests, KV usage) at that interval, so routing sees load from other
+      clients too.
+    * **hooks** - *(optional)* receive every event (job and session start and end, each
+      call's start, queueing, attempts, first token and end, tool waits, session moves:
+      ``agentrt.telemetry``).
+    * **journal** - *(optional)* a file that gets one JSON line per finished job.
+    * **otel** - *(optional)* on by default: OpenTelemetry spans and metrics to the
+      globally installed providers when ``opentelemetry`` is installed (no-ops without
+      an SDK).
+    * **prometheus** - *(optional)* registers agentrt's metrics: ``True`` in the default
+      registry, or in the ``CollectorRegistry`` given.
+    * **capture_content** - *(optional)* records prompt and completion text in events
+      and spans (off by default).
+    * **learn_waits** - *(optional)* on by default: learns each tool's typical wait from
+      the finished ones, to expect a wait whose caller gave no ``expected_s`` and to
+      predict a session's idle from the tools its replies call (docs/concepts.md,
+      "Expected tool waits").
     """
 
     @with_config
@@ -358,50 +186,28 @@ class Runtime:
         capture_content: bool = False,
         learn_waits: bool = True,
     ) -> None:
-        if api_key is not None:
-            check_api_key(api_key)
-        if not isinstance(retry, Retry):
-            raise TypeError("retry must be an agentrt.Retry")
-        timeouts = _timeout_phases(timeout_s)
-        if keep_reports < 0:
-            raise ValueError("keep_reports must be >= 0")
-        if (
-            poll_metrics_s is not None
-            and poll_metrics_s != "auto"
-            and not (
-                isinstance(poll_metrics_s, int | float)
-                and not isinstance(poll_metrics_s, bool)
-                and math.isfinite(poll_metrics_s)
-                and poll_metrics_s > 0
-            )
-        ):
-            raise ValueError(
-                f"poll_metrics_s must be 'auto', a number > 0 or None, got {poll_metrics_s!r}"
-            )
-        n_endpoints = 1 if isinstance(endpoints, str | Endpoint) else len(endpoints)
-        poll = _poll_interval(poll_metrics_s, n_endpoints, concurrency, policy)
-        states = _endpoints(
+        checked = check(
             endpoints,
-            dialect,
-            policy,
-            concurrency,
-            token_budget,
-            send_priority,
-            polled=poll is not None,
+            dialect=dialect,
+            api_key=api_key,
+            routing=routing,
+            policy=policy,
+            concurrency=concurrency,
+            token_budget=token_budget,
+            send_priority=send_priority,
+            retry=retry,
+            timeout_s=timeout_s,
+            keep_reports=keep_reports,
+            poll_metrics_s=poll_metrics_s,
+            hooks=hooks,
+            otel=otel,
+            prometheus=prometheus,
+            learn_waits=learn_waits,
         )
-        for state in states:
-            state.authorization = _authorization(state.endpoint, api_key)
-        urls = [state.endpoint.url for state in states]
-        self._core = _Core(states, make_router(routing, endpoints=urls), retry, api_key)
-        for hook in hooks:
-            if not callable(hook):
-                raise TypeError(f"a hook must be a callable taking one event, got {hook!r}")
+        states, poll = checked.states, checked.poll
+        self._core = _Core(states, checked.router, retry, api_key)
         all_hooks = list(hooks)
-        if not isinstance(otel, bool):
-            raise TypeError(f"otel must be True or False, got {otel!r}")
         self._core.capture_content = bool(capture_content)
-        if not isinstance(learn_waits, bool):
-            raise TypeError(f"learn_waits must be True or False, got {learn_waits!r}")
         if not learn_waits:
             self._core.waits = None
         counters: list[Callable[[bool], None]] = []
@@ -445,7 +251,7 @@ class Runtime:
         # every client this runtime builds comes from it.
         self._lib: HttpLib = http_lib(transport)
         mod = self._lib.mod
-        self._timeout: Any = mod.Timeout(**timeouts)
+        self._timeout: Any = mod.Timeout(**checked.timeouts)
         self._owns_inner = transport is None
         # At most 1,000 connections, as openai's own clients: with no cap, thousands of
         # calls at once open as many sockets, overflow a server's accept backlog and time
@@ -465,8 +271,7 @@ class Runtime:
         self._notices = Notices(mod, self._inner)
         self._core.notices = self._notices
         self._poll_metrics_s = poll
-        self._get_urls: dict[str, Any] = {}  # the URLs _get asks, parsed
-        self._poll_adaptive = poll_metrics_s == "auto"
+        self._upkeep = Upkeep(self._core, self._lib, self._inner, poll, poll_metrics_s == "auto")
         self._platform: Any = openai_platform()  # with the pool, not per first call
 
     def __repr__(self) -> str:
@@ -486,8 +291,7 @@ class Runtime:
     def endpoint_loads(self) -> list[EndpointLoad]:
         """A snapshot of each endpoint's load as agentrt sees it."""
         for e in self._core.endpoints:
-            if e.retention.dirty:
-                e.load.retention_s = e.retention.estimate()
+            e.refresh_retention()
         return [replace(e.load) for e in self._core.endpoints]
 
     def admission_statistics(self) -> list[AdmissionStatistics]:
@@ -546,130 +350,8 @@ class Runtime:
             await self._tasks.__aenter__()
             self._notices.tasks = self._tasks
             self._core.health_changed = anyio.Event()
-            self._tasks.start_soon(self._maintain)
+            self._tasks.start_soon(self._upkeep.run)
         return self
-
-    async def _maintain(self) -> None:
-        """Probe endpoints marked down until they answer; poll engine metrics if asked
-        (scheduling/_poll.py says when)."""
-        core = self._core
-        endpoints = core.endpoints
-        poll = self._poll_metrics_s
-        probe_every = DEFAULT_PROBE_INTERVAL_S
-        schedule = None
-        if poll is not None:
-            rng = random.Random(random_bytes(16))
-            schedule = PollSchedule(
-                len(endpoints),
-                poll,
-                adaptive=self._poll_adaptive,
-                start=anyio.current_time(),
-                rng=rng,
-            )
-        admitted = 0  # calls admitted anywhere, at the previous poll
-        probe_at = -math.inf
-        while True:
-            down = not all(e.health.healthy for e in endpoints)
-            if schedule is None and not down:
-                core.health_changed = event = anyio.Event()
-                await event.wait()
-                continue
-            now = anyio.current_time()
-            if down and probe_at == -math.inf:
-                probe_at = now + probe_every
-            wake = min(schedule.next_at() if schedule else math.inf, probe_at if down else math.inf)
-            await anyio.sleep(max(0.0, wake - now))
-            now = anyio.current_time()
-            if down and now >= probe_at:
-                probe_at = -math.inf
-                for e in endpoints:
-                    if not e.health.healthy and e.health.probe_due(now):
-                        ok = await self._fetch(e, "/models") is not None
-                        e.health.probed(anyio.current_time(), ok)
-                        e.load.healthy = e.health.healthy
-                        if ok:
-                            health_log.info(
-                                "endpoint %s answered a probe: readmitted", e.endpoint.url
-                            )
-            if schedule is None:
-                continue
-            due = schedule.due(now)
-            if not due:
-                continue
-            total = sum(e.admission.admitted for e in endpoints)
-            busy = total != admitted or any(e.load.in_flight for e in endpoints)
-            admitted = total
-            for i in due:
-                e = endpoints[i]
-                text = await self._fetch_metrics(e)
-                if text is not None:
-                    signals: EngineSignals | None = parse_vllm_metrics(text)
-                elif self._poll_adaptive:
-                    signals = EngineSignals()  # no answer: its load is unknown now
-                else:
-                    signals = None  # a fixed interval keeps the last reading
-                if signals is not None:
-                    e.load.running = signals.running
-                    e.load.waiting = signals.waiting
-                    e.load.kv_usage = signals.kv_usage
-                    e.admission.engine_signals(signals.running, signals.waiting)
-                reading = None if text is None or signals is None else signals.reading
-                schedule.polled(i, anyio.current_time(), reading, busy)
-            self._note_view()
-
-    def _note_view(self) -> None:
-        """Record whose load routing compares now, in the settings jobs report."""
-        views = {e.load.view for e in self._core.endpoints}
-        view = views.pop() if len(views) == 1 else "mixed"
-        settings = self._core.settings
-        if settings is not None and settings.get("load_view") != view:
-            settings["load_view"] = view
-
-    async def _fetch(self, ep: _EndpointState, path: str) -> str | None:
-        """GET ``path`` under the endpoint's base URL; the body if it answered below 500,
-        else None."""
-        reply = await self._get(ep, ep.endpoint.url + path)
-        return None if reply is None or reply[0] >= 500 else reply[1]
-
-    async def _fetch_metrics(self, ep: _EndpointState) -> str | None:
-        """The endpoint's ``/metrics`` page, or None. Its place is found once: beside
-        its API first, then at its origin (``_state.metrics_candidates``); one that
-        answers 404 is not asked again while another remains."""
-        if ep.metrics_urls is None:
-            ep.metrics_urls = metrics_candidates(ep.endpoint.url)
-        for url in list(ep.metrics_urls):
-            reply = await self._get(ep, url)
-            if reply is None:
-                return None  # unreachable now: the same place is asked next time
-            status, body = reply
-            if status == 404 and len(ep.metrics_urls) > 1:
-                ep.metrics_urls.remove(url)
-                continue
-            return body if status < 500 else None
-        return None
-
-    async def _get(self, ep: _EndpointState, url: str) -> tuple[int, str] | None:
-        """GET ``url`` with the endpoint's credentials: its status and body, or None
-        when it did not answer within 3 s."""
-        mod = self._lib.mod
-        timeout = {"connect": 2.0, "read": 2.0, "write": 2.0, "pool": 2.0}
-        # With the endpoint's key or credentials, as its calls carry them.
-        headers = [] if ep.authorization is None else [(b"authorization", ep.authorization)]
-        parsed = self._get_urls.get(url)
-        if parsed is None:  # parsed once: every process polls every engine each second
-            parsed = self._get_urls[url] = mod.URL(url)
-        request = mod.Request("GET", parsed, headers=headers, extensions={"timeout": timeout})
-        with anyio.move_on_after(3.0):
-            try:
-                response = await self._inner.handle_async_request(request)
-                try:
-                    body = await response.aread()
-                finally:
-                    await response.aclose()
-            except (*self._lib.transport_errors, ValueError):  # type: ignore[misc]
-                return None
-            return response.status_code, body.decode("utf-8", "replace")
-        return None
 
     async def __aexit__(
         self,
@@ -843,7 +525,7 @@ class Runtime:
         """The transport of :meth:`http_client` (the bench's virtual-time replays send
         their requests to it directly: agentrt's whole path, without the client's)."""
         lib = self._lib
-        return lib.SharedTransport(lib.AgentTransport(self._core, self._inner))  # type: ignore[no-any-return]
+        return lib.derive(SharedTransport)(lib.derive(AgentTransport)(self._core, self._inner))  # type: ignore[no-any-return]
 
     def openai(self, **kwargs: Any) -> openai.AsyncOpenAI:
         """An ``openai.AsyncOpenAI`` whose calls go through agentrt.
@@ -912,497 +594,3 @@ class _AsyncOpenAI(openai.AsyncOpenAI):
         return client
 
     with_options = copy
-
-
-class _OpenAI(openai.OpenAI):
-    """The ``openai.OpenAI`` of ``SyncRuntime.openai()``; its copies keep
-    ``max_retries=0``."""
-
-    def copy(self, *args: Any, **kwargs: Any) -> Self:
-        return super().copy(*args, **_copy_kwargs(kwargs))
-
-    with_options = copy
-
-
-# -- the synchronous facade --------------------------------------------------------------
-
-_CALL, _TOOL, _JOB = 0, 1, 2
-"""What a thread of a SyncRuntime runs in the runtime's loop: a call (or any other
-operation), a tool wait's block, a job's block; closing cuts them in this order."""
-
-_CUT_BOUND_S: Final = 10.0
-"""How long closing waits for what it cut to end (it ends at once; the portal's stop
-cancels whatever is left after this)."""
-
-
-class _Held:
-    """A task that a thread of a SyncRuntime runs in the runtime's loop: a call, cut by
-    cancelling its scope, or the block of a job or tool wait, left when the thread leaves
-    it or, with :class:`RuntimeClosedError`, when the runtime closes under it. Made and
-    used in the loop's thread only."""
-
-    __slots__ = ("error", "left", "scope", "tier")
-
-    def __init__(self, tier: int) -> None:
-        self.tier = tier
-        self.scope: anyio.CancelScope | None = None
-        self.left: anyio.Event | None = None
-        self.error: BaseException | None = None
-
-    def leave(self, error: BaseException | None) -> None:
-        """End the block (the first time only), with the block's exception or None."""
-        if self.left is not None and not self.left.is_set():
-            self.error = error
-            self.left.set()
-
-
-class _RuntimeOptions(TypedDict, total=False):
-    """:class:`Runtime`'s keyword arguments, typed as it types them, for
-    :class:`SyncRuntime`'s (tests/test_sync.py checks that the two agree)."""
-
-    config: str | os.PathLike[str] | None
-    dialect: DialectSpec
-    api_key: str | None
-    routing: str | Router
-    policy: PolicySpec
-    concurrency: int | Literal["auto", "engine"] | None
-    token_budget: int | None
-    send_priority: bool | Literal["auto"]
-    retry: Retry
-    timeout_s: float | TimeoutLike
-    transport: AsyncTransport | None
-    on_job_end: Callable[[JobReport], None] | None
-    keep_reports: int
-    poll_metrics_s: float | Literal["auto"] | None
-    hooks: Sequence[Hook]
-    journal: str | os.PathLike[str] | None
-    otel: bool
-    prometheus: Any
-    capture_content: bool
-    learn_waits: bool
-
-
-class SyncRuntime:
-    """The same shape as :class:`Runtime` for code that is not async.
-
-    An anyio blocking portal runs the async runtime in a background thread::
-
-        with agentrt.SyncRuntime(["http://127.0.0.1:8000/v1"]) as rt:
-            with rt.job("fix-bug") as job, job.session("main") as s:
-                reply = s.chat(model="m", messages=[...])
-
-    It takes Runtime's keyword arguments, typed as Runtime types them (a misspelt one is
-    a type error, and a ``TypeError`` at run time), ``config=`` and ``AGENTRT_CONFIG``
-    included; ``backend`` picks the event loop (``"asyncio"`` or ``"trio"``).
-    """
-
-    def __init__(
-        self,
-        endpoints: Sequence[str | Endpoint] | str | Endpoint,
-        *,
-        backend: Literal["asyncio", "trio"] = "asyncio",
-        **kwargs: Unpack[_RuntimeOptions],
-    ) -> None:
-        self._args = (endpoints, kwargs)
-        # Validate now, before a thread starts: the same errors as Runtime.
-        self._checked = Runtime(endpoints, **kwargs)  # (kept for the repr)
-        if self._checked._journal is not None:
-            self._checked._journal.close()  # the runtime entered opens its own
-        self._backend = backend
-        self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
-        self._portal: BlockingPortal | None = None
-        self._rt: Runtime | None = None
-        self._rt_cm: AbstractContextManager[Runtime] | None = None
-        self._closed = False
-        # What the threads run in the runtime's loop, and whether its close has begun
-        # (the loop's thread only: the close cuts them, SyncRuntime._cut).
-        self._held: set[_Held] = set()
-        self._cutting = False
-        self._wake: anyio.Event | None = None
-
-    def __repr__(self) -> str:
-        rt = self._rt or self._checked
-        urls = [e.endpoint.url for e in rt._core.endpoints]
-        state = "closed" if self._closed else "open" if self._rt is not None else "not entered"
-        return (
-            f"<agentrt.SyncRuntime endpoints={urls!r} routing={rt._core.router.name!r} "
-            f"backend={self._backend!r} {state}>"
-        )
-
-    def __enter__(self) -> SyncRuntime:
-        self._portal_cm = start_blocking_portal(self._backend)
-        self._portal = self._portal_cm.__enter__()
-        endpoints, kwargs = self._args
-        self._rt = Runtime(endpoints, **kwargs)
-        # Entered and left in one task of the portal's loop (the runtime may hold a task
-        # group for its background probes).
-        self._rt_cm = self._portal.wrap_async_context_manager(self._rt)
-        self._rt_cm.__enter__()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        assert self._portal is not None and self._portal_cm is not None
-        assert self._rt_cm is not None
-        self._closed = True  # before the runtime closes: no call reaches its loop after
-        portal = self._portal
-        running: list[str] = []
-        try:
-            # Other threads' jobs still running are cut first, so that their reports
-            # reach the journal and the hooks before the runtime closes them.
-            running = portal.call(self._cut)
-            self._rt_cm.__exit__(exc_type, exc, tb)
-        finally:
-            self._portal = None
-            try:  # nothing is left by now; nothing left may keep the loop's thread alive
-                portal.call(portal.stop, True)
-            except RuntimeError:  # pragma: no cover (already stopped)
-                pass
-            self._portal_cm.__exit__(None, None, None)
-        if running and exc_type is None:
-            raise _still_running(running)  # as the async Runtime's block raises it
-
-    async def _cut(self) -> list[str]:
-        """Cut what other threads still run in the runtime's loop as its block ends (the
-        loop's thread): their calls in flight (cancelled: their threads get
-        ``RuntimeClosedError``), then their tool waits' and jobs' blocks, each left with
-        ``RuntimeClosedError``, so that a job ends as an async job whose runtime closed
-        under its next call does (status ``error``). Returns the ids of the jobs that
-        were still running."""
-        self._cutting = True  # what a thread starts from now on is refused (_run)
-        running = list(self.runtime._core.active_jobs)
-        with anyio.move_on_after(_CUT_BOUND_S):
-            for tier in (_CALL, _TOOL, _JOB):
-                doomed = [held for held in self._held if held.tier == tier]
-                for held in doomed:
-                    if held.scope is not None:
-                        held.scope.cancel()
-                    else:
-                        held.leave(RuntimeClosedError(CLOSED_MESSAGE))
-                while any(held in self._held for held in doomed):
-                    self._wake = anyio.Event()
-                    await self._wake.wait()
-        self._wake = None
-        return running
-
-    @property
-    def runtime(self) -> Runtime:
-        """The async runtime underneath."""
-        if self._rt is None:
-            raise AgentrtError("use the SyncRuntime inside 'with SyncRuntime(...) as rt:'")
-        return self._rt
-
-    def _open_portal(self) -> BlockingPortal:
-        """The portal into the runtime's loop, while the runtime's block lasts."""
-        portal = self._portal
-        if portal is None or self._closed:
-            if self._closed:
-                # As its clients raise it: an openai client passes it on as it is.
-                raise ClientClosedError(CLOSED_MESSAGE)
-            raise AgentrtError("use the SyncRuntime inside 'with SyncRuntime(...) as rt:'")
-        return portal
-
-    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` run in the runtime's loop (awaited if it is async), from this
-        thread; ``RuntimeClosedError`` if the runtime closes first or meanwhile."""
-        return self._result(self._start(self._open_portal(), _CALL, fn, args))
-
-    def _start(
-        self, portal: BlockingPortal, tier: int, fn: Callable[..., Any], args: tuple[Any, ...]
-    ) -> Future[Any]:
-        try:
-            return portal.start_task_soon(self._run, tier, fn, args)
-        except RuntimeError:  # the portal stopped since it was looked up: closed
-            if self._closed:
-                raise ClientClosedError(CLOSED_MESSAGE) from None
-            raise
-
-    def _result(self, future: Future[Any]) -> Any:
-        try:
-            return future.result()
-        except CancelledError:  # the portal cancelled it as it stopped: closed
-            if self._closed:
-                raise ClientClosedError(CLOSED_MESSAGE) from None
-            raise
-
-    async def _run(self, tier: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-        """(The loop's thread.) A thread's call, or ``fn(held, *args)`` for a block,
-        counted where the runtime's close finds it to cut it (:meth:`_cut`)."""
-        if self._cutting:
-            raise ClientClosedError(CLOSED_MESSAGE)
-        held = _Held(tier)
-        self._held.add(held)
-        try:
-            if tier != _CALL:
-                return await fn(held, *args)
-            with anyio.CancelScope() as held.scope:
-                result = fn(*args)
-                if isawaitable(result):
-                    result = await result
-                return result
-            raise ClientClosedError(CLOSED_MESSAGE)  # cut by the close
-        finally:
-            self._held.discard(held)
-            if self._wake is not None:
-                self._wake.set()
-
-    async def _hold(
-        self, held: _Held, cm: AbstractAsyncContextManager[Any], entered: Future[Any]
-    ) -> None:
-        """(The loop's thread.) Hold ``cm`` open while a thread runs its block: entered
-        here, and left when :meth:`_Held.leave` says, with the block's exception thrown
-        in as ``async with`` would (or the close's ``RuntimeClosedError``)."""
-        held.left = anyio.Event()
-        async with cm as value:
-            entered.set_result((value, held))
-            await held.left.wait()
-            if held.error is not None:
-                raise held.error
-
-    @contextmanager
-    def _block(self, tier: int, cm: AbstractAsyncContextManager[_T]) -> Iterator[_T]:
-        """Run this thread's block inside ``cm``, which is entered and left in one task
-        of the runtime's loop (as anyio's ``wrap_async_context_manager`` does). If the
-        runtime closes under the block, ``cm`` is left then, with
-        ``RuntimeClosedError``, and leaving the block raises it (an exception of the
-        block's own goes on instead)."""
-        portal = self._open_portal()
-        entered: Future[Any] = Future()
-        done = self._start(portal, tier, self._hold, (cm, entered))
-        wait((entered, done), return_when=FIRST_COMPLETED)
-        if not entered.done():
-            self._result(done)  # raises: entering failed, or the runtime closed
-        value, held = entered.result()
-        try:
-            yield value
-        except BaseException as exc:
-            self._leave(portal, held, done, exc)
-            raise
-        self._leave(portal, held, done, None)
-
-    def _leave(
-        self, portal: BlockingPortal, held: _Held, done: Future[Any], error: BaseException | None
-    ) -> None:
-        """Leave a block of :meth:`_block`; raises what ``cm`` raised on leaving."""
-        if not self._closed:  # else the close leaves it (or has)
-            try:
-                portal.call(held.leave, error)
-            except RuntimeError:  # the portal stopped meanwhile: the close left it
-                if not self._closed:
-                    raise
-        try:
-            self._result(done)
-        except RuntimeClosedError:
-            if error is None:
-                raise
-
-    def _refuses(self) -> bool:
-        """Whether its block has ended (its sync clients refuse calls from then on)."""
-        return self._closed
-
-    def reports(self) -> list[JobReport]:
-        """The reports of the most recently finished jobs (``keep_reports`` of them)."""
-        return self.runtime.reports()
-
-    def endpoint_loads(self) -> list[EndpointLoad]:
-        """A snapshot of each endpoint's load (see :meth:`Runtime.endpoint_loads`)."""
-        return self._call(self.runtime.endpoint_loads)  # type: ignore[no-any-return]
-
-    def admission_statistics(self) -> list[AdmissionStatistics]:
-        """A snapshot of each endpoint's admission gate (see
-        :meth:`Runtime.admission_statistics`)."""
-        return self._call(self.runtime.admission_statistics)  # type: ignore[no-any-return]
-
-    @sync_block("rt.job(...) as job")
-    def job(
-        self,
-        name: str,
-        *,
-        job_id: str | None = None,
-        program_id: str | None = None,
-        deadline_s: float | None = None,
-        metadata: dict[str, Any] | None = None,
-    ) -> Iterator[SyncJob]:
-        """Run one job (see :meth:`Runtime.job`)."""
-        rt = self.runtime
-        rt._check_not_nested(name)
-        job = rt._new_job(name, job_id, program_id, deadline_s, metadata)
-        with self._block(_JOB, rt._run_job(job, enforce_deadline=False)):
-            token = _CURRENT_JOB.set(job)  # for this thread's sync clients (_SyncTransport)
-            try:
-                yield SyncJob(self, job)
-            finally:
-                _CURRENT_JOB.reset(token)
-
-    def http_client(self) -> httpx.Client:
-        """A synchronous HTTP client whose requests go through agentrt (for frameworks
-        that accept one; see :meth:`Runtime.http_client`). Its requests run in the
-        runtime's event loop; inside ``job.session(...)`` they are that session's turns."""
-        rt = self.runtime
-        rt._check_open()
-        lib = rt._lib
-        return lib.mod.Client(  # type: ignore[no-any-return]
-            transport=lib.SyncTransport(
-                self._call, self._refuses, lib.AgentTransport(rt._core, rt._inner)
-            ),
-            timeout=rt._timeout,
-        )
-
-    def openai(self, **kwargs: Any) -> openai.OpenAI:
-        """A synchronous ``openai.OpenAI`` whose calls go through agentrt."""
-        rt = self.runtime
-        rt._check_open()
-        kwargs = rt._client_kwargs(kwargs)
-        http = self.http_client()
-        # openai 3.x types its client as httpx2.Client and accepts legacy httpx clients.
-        return _OpenAI(http_client=http, **kwargs)  # type: ignore[arg-type,unused-ignore]
-
-
-class SyncJob:
-    """A :class:`Job` seen from synchronous code."""
-
-    def __init__(self, srt: SyncRuntime, job: Job) -> None:
-        self._srt = srt
-        self.job = job
-
-    @property
-    def id(self) -> str:
-        return self.job.id
-
-    @property
-    def report(self) -> JobReport:
-        if self.job._report is not None:
-            return self.job._report
-        return self._srt._call(lambda: self.job.report)  # type: ignore[no-any-return]
-
-    @sync_block("job.session(...) as s")
-    def session(
-        self,
-        name: str | None = None,
-        *,
-        session_id: str | None = None,
-        parent: SyncSession | Session | str | None = None,
-        blocks_parent: bool | None = None,
-    ) -> Iterator[SyncSession]:
-        """Open a session in this job (see :meth:`Job.session`)."""
-        if isinstance(parent, SyncSession):
-            parent = parent.session
-        # Made on the runtime's event loop thread, whose clock stamps its start.
-        session = self._srt._call(
-            partial(self.job._new_session, name, session_id, parent, blocks_parent)
-        )
-        token = _CURRENT_SESSION.set(session)
-        try:
-            yield SyncSession(self._srt, session)
-        finally:
-            # Ended on the loop's thread, as an async session's block ends it: unpinned
-            # from its endpoint, SessionClosed emitted.
-            try:
-                self._srt._call(session._close)
-            except RuntimeClosedError:
-                session._closed = True
-            _CURRENT_SESSION.reset(token)
-            if self.job._streams:  # its streams left unread: ended, connections closed
-                with suppress(RuntimeClosedError):
-                    self._srt._call(self.job._shut_streams, session)
-
-
-class SyncSession:
-    """A :class:`Session` seen from synchronous code."""
-
-    def __init__(self, srt: SyncRuntime, session: Session) -> None:
-        self._srt = srt
-        self.session = session
-
-    @property
-    def id(self) -> str:
-        return self.session.id
-
-    def expect_idle(self, seconds: float | None) -> None:
-        """Declare the idle time expected after the next reply (see :meth:`Session.expect_idle`)."""
-        self.session.expect_idle(seconds)
-
-    def expect_final(self) -> None:
-        """Declare the next call the session's last (see :meth:`Session.expect_final`)."""
-        self.session.expect_final()
-
-    def _run(self, fn: Callable[..., Any], **kwargs: Any) -> Any:
-        job = self.session.job
-        if job.deadline_s is None:
-            return self._srt._call(partial(fn, **kwargs))
-
-        async def bounded() -> Any:
-            remaining = job._t0 + (job.deadline_s or 0.0) - anyio.current_time()
-            with anyio.fail_after(max(remaining, 0.0)):
-                return await fn(**kwargs)
-
-        return self._srt._call(bounded)
-
-    @overload
-    def chat(
-        self,
-        *,
-        stream: Literal[False] | None = ...,
-        final: bool = ...,
-        **kwargs: Unpack[ChatArgs],
-    ) -> ChatCompletion: ...
-    @overload
-    def chat(
-        self, *, stream: Literal[True], final: bool = ..., **kwargs: Unpack[ChatArgs]
-    ) -> Iterator[ChatCompletionChunk]: ...
-    @overload
-    def chat(
-        self, *, stream: bool, final: bool = ..., **kwargs: Unpack[ChatArgs]
-    ) -> ChatCompletion | Iterator[ChatCompletionChunk]: ...
-    def chat(self, **kwargs: Any) -> ChatCompletion | Iterator[ChatCompletionChunk]:
-        """``chat.completions.create`` through agentrt (see :meth:`Session.chat`)."""
-        result = self._run(self.session.chat, **kwargs)
-        if kwargs.get("stream"):
-            return _sync_iter(self._srt, result)
-        return result  # type: ignore[no-any-return]
-
-    @overload
-    def complete(
-        self,
-        *,
-        stream: Literal[False] | None = ...,
-        final: bool = ...,
-        **kwargs: Unpack[CompleteArgs],
-    ) -> Completion: ...
-    @overload
-    def complete(
-        self, *, stream: Literal[True], final: bool = ..., **kwargs: Unpack[CompleteArgs]
-    ) -> Iterator[Completion]: ...
-    @overload
-    def complete(
-        self, *, stream: bool, final: bool = ..., **kwargs: Unpack[CompleteArgs]
-    ) -> Completion | Iterator[Completion]: ...
-    def complete(self, **kwargs: Any) -> Completion | Iterator[Completion]:
-        """``completions.create`` through agentrt (see :meth:`Session.complete`)."""
-        result = self._run(self.session.complete, **kwargs)
-        if kwargs.get("stream"):
-            return _sync_iter(self._srt, result)
-        return result  # type: ignore[no-any-return]
-
-    @sync_block("s.tool(...)")
-    def tool(self, name: str, *, expected_s: float | None = None) -> Iterator[None]:
-        """Mark a tool's execution (see :meth:`Session.tool`)."""
-        with self._srt._block(_TOOL, self.session.tool(name, expected_s=expected_s)):
-            yield
-
-
-def _sync_iter(srt: SyncRuntime, stream: AsyncStream[_T]) -> Iterator[_T]:
-    it = stream.__aiter__()
-    try:
-        while True:
-            try:
-                yield srt._call(it.__anext__)
-            except StopAsyncIteration:
-                return
-    finally:
-        if not srt._closed:  # else the runtime's close has ended it
-            srt._call(stream.close)

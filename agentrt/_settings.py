@@ -236,14 +236,21 @@ def with_config(
 
     @functools.wraps(init)
     def wrapper(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> None:
-        path = kwargs.get("config")
-        if path is None:
-            path = os.environ.get(CONFIG_ENV) or None
-        if path is not None:
-            if not isinstance(path, str | os.PathLike):
-                raise TypeError(f"config must be a file path, got {path!r}")
-            for key, value in load_config(Path(path)).items():
-                kwargs.setdefault(key, value)
+        configured(kwargs)
         init(self, *args, **kwargs)
 
     return wrapper
+
+
+def configured(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` (Runtime's keyword arguments), filled in from the settings file named by
+    their ``config``, or else by ``$AGENTRT_CONFIG``, where the caller passed none."""
+    path = kwargs.get("config")
+    if path is None:
+        path = os.environ.get(CONFIG_ENV) or None
+    if path is not None:
+        if not isinstance(path, str | os.PathLike):
+            raise TypeError(f"config must be a file path, got {path!r}")
+        for key, value in load_config(Path(path)).items():
+            kwargs.setdefault(key, value)
+    return kwargs

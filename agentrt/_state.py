@@ -12,9 +12,9 @@ it back).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import anyio
 import httpx
@@ -28,11 +28,15 @@ from .dialects import Dialect, DialectOptions
 from .scheduling._admission import Admission
 from .scheduling._health import EndpointHealth
 from .scheduling._retention import RetentionEstimator
-from .scheduling._routing import EndpointLoad, Router, SessionAffinity
+from .scheduling._routing import EndpointLoad, RouteKey, Router, SessionAffinity
 from .telemetry._events import Event, Hook
 from .telemetry._journal import RateLimitedLog
 from .telemetry._prefix import PrefixTracker
 from .telemetry._report import JobReport
+
+if TYPE_CHECKING:
+    from .scheduling._queue import Ticket
+    from .telemetry._report import _CallState
 
 __all__: list[str] = []
 
@@ -72,7 +76,7 @@ class _EndpointState:
     notices_off: bool = False
     """It refused a notice with 405 or 501: no more are sent, whatever it advertises."""
     authorization: bytes | None = None
-    """The ``Authorization`` header its calls carry (see ``_runtime._authorization``)."""
+    """The ``Authorization`` header its calls carry (see ``_options._authorization``)."""
     priority_auto: bool = False
     """``send_priority='auto'``: priorities go to it while its replies advertise
     ``x-agentrt-accept: priority`` (a server that schedules by priority)."""
@@ -102,6 +106,12 @@ class _EndpointState:
         self.options = replace(self.options, send_priority=False)
         return True
 
+    def refresh_retention(self) -> None:
+        """Its load's ``retention_s`` from the estimate, if replies moved it since."""
+        retention = self.retention
+        if retention.dirty:
+            self.load.retention_s = retention.estimate()
+
     def url_for(self, suffix: str, original: httpx.URL) -> httpx.URL:
         """This endpoint's URL for a request path suffix, keeping the query."""
         if original.query:
@@ -114,6 +124,94 @@ class _EndpointState:
         if len(self.urls) < 64:
             self.urls[suffix] = url
         return url
+
+
+class Placement:
+    """Where one session's calls go, kept by the router side: the replica its KV lives on
+    (``home``, as the router last chose it), when its last reply came, and what that
+    replica could still hold of it for the next turn (feeds the replica's retention
+    estimate). A session holds one (``Session.placement``); its calls are routed through
+    it (:meth:`route`) and report their replies to it (:meth:`replied`)."""
+
+    __slots__ = ("cacheable", "home", "last_reply_at", "session_id", "stable")
+
+    def __init__(self, session_id: str, stable: bool) -> None:
+        self.session_id = session_id
+        self.stable = stable
+        """The caller gave the session's id (the conversation may go on in another
+        process): its first turn here is placed by hashing it, as every process does."""
+        self.home: int | None = None
+        self.last_reply_at: float | None = None
+        self.cacheable: tuple[int, int] | None = None
+        """(endpoint, prompt + completion tokens) of the last successful call: what that
+        replica could still hold for the next turn."""
+
+    def route(
+        self,
+        core: _Core,
+        avoid: Collection[int],
+        prefix: tuple[int, ...],
+        tokens: int,
+        counted: bool,
+    ) -> tuple[int, str | None]:
+        """The endpoint for the session's call, and why the session moved there from the
+        replica that served its previous turn (its KV cache there is lost), or None if
+        it did not move: ``"unavailable"`` (its replica failed or is down), the router's
+        own reason where it gives one (``SessionAffinity.move_reason``: ``"retention"``,
+        ``"overload"``), else ``"routing"``. ``counted``: the session counts in its
+        replica's load (an ended one counts nowhere: :meth:`unpin`)."""
+        endpoints = core.endpoints
+        home = self.home
+        index = 0
+        if len(endpoints) > 1:
+            idle = None
+            if home is not None and self.last_reply_at is not None:
+                idle = anyio.current_time() - self.last_reply_at
+                endpoints[home].refresh_retention()
+            key = RouteKey(self.session_id, home, home is None, prefix, tokens, idle, self.stable)
+            index = core.router.choose([e.load for e in endpoints], key, avoid)
+            core.router.served(index, key)
+        if home == index:
+            return index, None
+        self.home = index
+        if counted:
+            endpoints[index].load.sessions += 1
+            if home is not None:
+                endpoints[home].load.sessions -= 1
+        if home is None:
+            return index, None
+        if home in avoid or not endpoints[home].load.healthy:
+            return index, "unavailable"
+        reason: str | None = getattr(core.router, "move_reason", None)
+        return index, reason or "routing"
+
+    def replied(self, core: _Core, now: float, state: _CallState, idle_s: float | None) -> None:
+        """A call succeeded at ``now``, after ``idle_s`` idle: if it resumed the session
+        on the replica that served its previous turn, record whether that replica still
+        had the prefix (only where replies feed the retention estimates)."""
+        self.last_reply_at = now
+        index = self.home
+        if index is None or not core.learn_retention:
+            return
+        previous, self.cacheable = self.cacheable, None
+        if state.prompt_tokens is None:
+            return
+        self.cacheable = (index, state.prompt_tokens + (state.completion_tokens or 0))
+        if (
+            previous is not None
+            and previous[0] == index
+            and idle_s is not None
+            and state.cached_tokens is not None
+            and not state.moved
+        ):
+            hit = RetentionEstimator.hit(previous[1], state.cached_tokens)
+            if hit is not None:
+                core.endpoints[index].retention.observe(idle_s, hit)
+
+    def unpin(self, core: _Core) -> None:
+        """The session ended: it no longer counts in its replica's load."""
+        if self.home is not None:
+            core.endpoints[self.home].load.sessions -= 1
 
 
 @dataclass(slots=True)
@@ -253,6 +351,23 @@ class _Core:
             expected_s=expected_s,
             source=source,
         )
+
+    # Feedback to the policies: every endpoint's (they classify alike), from here only.
+
+    def call_ended(self, ticket: Ticket, service_s: float, tokens: int) -> None:
+        """A call ended after ``service_s`` of service and ``tokens`` tokens."""
+        for e in self.endpoints:
+            e.admission.policy.on_call_end(ticket, service_s, tokens)
+
+    def tool_ended(self, job_id: str, session_id: str, duration_s: float) -> None:
+        """A session's tool wait ended (not cut short) after ``duration_s``."""
+        for e in self.endpoints:
+            e.admission.policy.on_tool_end(job_id, session_id, duration_s)
+
+    def job_ended(self, job_id: str, program_id: str) -> None:
+        """A job ended."""
+        for e in self.endpoints:
+            e.admission.policy.on_job_end(job_id, program_id)
 
     def emit(self, event: Event) -> None:
         """Hand ``event`` to every hook. A hook that raises never disturbs the call: the

@@ -320,6 +320,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         metavar=("LOW", "HIGH"),
         help="coding's two loads, jobs/s",
     )
+    ap.add_argument(
+        "--cc-rates",
+        type=float,
+        nargs=2,
+        metavar=("LOW", "HIGH"),
+        help="Claude Code's two loads, jobs/s (default: half and all of the best "
+        "plain>PEER's rate at SLO; give them where that search never crossed the SLO)",
+    )
     ap.add_argument("--pressure-blocks", type=int, default=KV["pressure"])
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--tol", type=float, default=1.3)
@@ -394,6 +402,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         sys.argv[1:] if argv is None else argv
     )
 
+    if args.cc_rates:
+        out["setup"]["cc_rates"] = list(args.cc_rates)
+
     def save() -> None:
         out["wall_s"] = round(time.perf_counter() - started + old.get("wall_s", 0.0), 1)
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -403,9 +414,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         entry = out["kv"].setdefault(
             kv, {"slo": {}, "loads": {}, "clients": [], "best": {}, "rates": {}}
         )
+        # A run cut short left its finished searches: they count (a resumed run skips them).
+        for wl, per_seed in entry.pop("partial_slo", {}).items():
+            for seed, per_client in per_seed.items():
+                entry["slo"].setdefault(wl, {}).setdefault(str(seed), {}).update(per_client)
         todo = [c for c in clients if c not in entry["clients"]]
         if not todo:
             continue
+        searched = {
+            c
+            for c in todo
+            if all(c in entry["slo"].get(wl, {}).get(str(s), {}) for wl in cc for s in seeds)
+        }
         setup = Setup(
             workloads=cc,
             clients=tuple(todo),
@@ -423,11 +443,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             entry["partial_slo"] = runs
             save()
 
-        slo = measure(setup, checkpoint=checkpoint)
+        to_search = tuple(c for c in todo if c not in searched)
+        slo = measure(replace(setup, clients=to_search), checkpoint=checkpoint) if to_search else {}
         entry.pop("partial_slo", None)
         for wl, per_seed in slo.items():
             for seed, per_client in per_seed.items():
-                entry["slo"].setdefault(wl, {}).setdefault(seed, {}).update(per_client)
+                entry["slo"].setdefault(wl, {}).setdefault(str(seed), {}).update(per_client)
         entry["clients"] = list(dict.fromkeys([*entry["clients"], *todo]))
         # The loads are fixed when first measured, so configurations added later
         # (--append) are replayed at the same ones.
@@ -436,7 +457,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             if wl not in rates:
                 best, rate = best_plain_peer(entry["slo"], wl)
                 entry["best"][wl] = best
-                rates[wl] = (0.5 * rate, rate)
+                rates[wl] = tuple(args.cc_rates) if args.cc_rates else (0.5 * rate, rate)
         for wl in coding:
             rates.setdefault(wl, coding_rates)
         print(f"{kv}: JCT at two loads {rates}", file=sys.stderr, flush=True)

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from agentrt import EndpointError, Retry, Runtime
-from agentrt._transport import _retry_after
+from agentrt._retry import retry_after
 from tests._fake import MSG, FakeEngine
 from tests.faults._faultserver import Fault, fault_server
 from tests.test_stream_usage import USAGE, WORDS, Pieces, sse
@@ -179,7 +179,7 @@ NOW = datetime(2026, 10, 21, 7, 28, 0, tzinfo=UTC)
 def test_retry_after_reads_seconds_and_http_dates(
     headers: dict[str, str], wait: float | None
 ) -> None:
-    assert _retry_after(httpx.Headers(headers), now=NOW) == wait
+    assert retry_after(httpx.Headers(headers), now=NOW) == wait
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])

@@ -16,10 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-import agentrt._transport
+import agentrt._attempts
 from agentrt import Endpoint, Runtime
+from agentrt._httplib import encoded, http_lib, loop_clock, prepare
 from agentrt._protocol import CallMetadata, parse_agentrt_header, trusted_model
-from agentrt._transport import _encoded, _request_body, http_lib, loop_clock
+from agentrt._wire import request_body
 from agentrt.telemetry import CallReport
 from tests._fake import MSG, FakeEngine
 
@@ -126,13 +127,13 @@ def test_request_body_reads_what_json_loads_reads(
     value: Any, before: str, after: str, encoding: str
 ) -> None:
     content = (before + json.dumps(value, ensure_ascii=False) + after).encode(encoding)
-    assert _request_body(content) == _reference(content)
+    assert request_body(content) == _reference(content)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=40))
 def test_request_body_of_any_bytes(content: bytes) -> None:
-    assert _request_body(content) == _reference(content)
+    assert request_body(content) == _reference(content)
 
 
 def _assert_validated_alike(model: BaseModel) -> None:
@@ -158,7 +159,7 @@ async def test_trusted_metadata_is_what_validation_would_build(
         built.append(trusted_model(cls, fields))
         return built[-1]
 
-    monkeypatch.setattr(agentrt._transport, "trusted_model", record)
+    monkeypatch.setattr(agentrt._attempts, "trusted_model", record)
     fake = FakeEngine()
     eps = [Endpoint(URL, send_priority=True)]
     async with Runtime(eps, transport=fake.transport(), policy="mlfq") as rt:
@@ -286,8 +287,8 @@ async def test_trusted_call_reports_are_what_validation_would_build() -> None:
 def test_encoded_reads_what_in_reads(headers: list[tuple[str, str]]) -> None:
     for lib in {httpx, http_lib().mod}:
         h = lib.Headers(headers)
-        assert _encoded(h) is ("content-encoding" in h)
-    assert _encoded(dict(headers)) is ("content-encoding" in dict(headers))  # no raw list
+        assert encoded(h) is ("content-encoding" in h)
+    assert encoded(dict(headers)) is ("content-encoding" in dict(headers))  # no raw list
 
 
 _NAMES = st.sampled_from(
@@ -311,14 +312,13 @@ def test_prepared_headers_are_the_callers_filtered_then_agentrts(
     order, less the names agentrt sets and less its placeholder key, then agentrt's."""
     lib = http_lib()
     rt = Runtime([URL], api_key="rt-key" if with_key else None)
-    transport: Any = lib.AgentTransport(rt._core, lib.mod.AsyncHTTPTransport())
+    placeholder = f"Bearer {rt._core.placeholder_key}".encode()
     request = lib.mod.Request("POST", URL + "/chat/completions", headers=caller, content=b"{}")
     before = list(request.headers.raw)
     add = {"x-agentrt": "v=2", "x-b": "2"}
     content = b'{"a":1}' if with_body else None
-    out = transport._prepare(
-        request, request.url, add, b"Bearer rt-key" if with_key else None, content
-    )
+    auth = b"Bearer rt-key" if with_key else None
+    out = prepare(lib, request, request.url, add, auth, content, placeholder)
     new = [(b"x-agentrt", b"v=2"), (b"x-b", b"2")]
     if with_key:
         new.append((b"authorization", b"Bearer rt-key"))

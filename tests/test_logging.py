@@ -15,8 +15,8 @@ import httpx
 import openai
 import pytest
 
+import agentrt._call
 import agentrt._log
-import agentrt._transport
 from agentrt import Endpoint, EndpointError, Retry, Runtime
 from agentrt.scheduling import RoundRobin
 from tests._fake import MSG, FakeEngine
@@ -139,7 +139,7 @@ async def test_attempts_are_not_even_formatted_when_debug_is_off(
     """The hot path pays one ``isEnabledFor`` per attempt when DEBUG is off."""
     made: list[str] = []
     monkeypatch.setattr(
-        agentrt._transport._Call, "_log_attempt", lambda self, ep, outcome: made.append(outcome)
+        agentrt._call.Call, "_log_attempt", lambda self, ep, outcome: made.append(outcome)
     )
     engine = FakeEngine()
     for level in (logging.INFO, logging.DEBUG):

@@ -79,3 +79,12 @@ def test_public_exceptions_are_named_by_the_public_module() -> None:
         3,
     )
     assert isinstance(pickle.loads(pickle.dumps(agentrt.JobClosedError("x"))), agentrt.AgentrtError)
+
+
+def test_the_runtime_docstring_lists_every_parameter() -> None:
+    # A parameter list, as httpx's Client documents its own.
+    import inspect
+
+    doc = agentrt.Runtime.__doc__ or ""
+    params = [p for p in inspect.signature(agentrt.Runtime.__init__).parameters if p != "self"]
+    assert [p for p in params if f"**{p}**" not in doc] == []

@@ -706,13 +706,13 @@ async def test_without_transport_clients_are_httpx2_under_openai_3() -> None:
 async def test_without_httpx2_or_openai_3_clients_are_legacy_httpx(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from agentrt import _transport
+    from agentrt import _httplib
 
-    monkeypatch.setattr(_transport, "_openai_major", lambda: 2)
+    monkeypatch.setattr(_httplib, "_openai_major", lambda: 2)
     async with Runtime([URL]) as rt:
         assert type(rt.http_client()) is httpx.AsyncClient
-    monkeypatch.setattr(_transport, "_openai_major", lambda: 3)
-    monkeypatch.setattr(_transport, "_httpx2", lambda: None)
+    monkeypatch.setattr(_httplib, "_openai_major", lambda: 3)
+    monkeypatch.setattr(_httplib, "_httpx2", lambda: None)
     async with Runtime([URL]) as rt:
         assert type(rt.http_client()) is httpx.AsyncClient
 

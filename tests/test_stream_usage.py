@@ -19,7 +19,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 import agentrt
-from agentrt._transport import _UsageFilter
+from agentrt._stream import UsageFilter
 
 pytestmark = pytest.mark.anyio
 
@@ -321,7 +321,7 @@ class Chunks:
 
 async def filtered(*chunks: bytes, choices: int = 1) -> list[bytes]:
     """What each read of the filter returns, over a stream of these byte chunks."""
-    return [c async for c in _UsageFilter(Chunks(*chunks), choices)]  # type: ignore[arg-type]
+    return [c async for c in UsageFilter(Chunks(*chunks), choices)]  # type: ignore[arg-type]
 
 
 def data(obj: dict[str, Any], end: bytes = b"\n\n") -> bytes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import anyio
 import pytest
@@ -108,7 +109,7 @@ def test_sync_runtime_takes_runtimes_keyword_arguments_typed_alike() -> None:
     """SyncRuntime's ``**kwargs`` are typed by a TypedDict of Runtime's keyword arguments
     (so that ``mypy --strict`` catches a misspelt one: tests/typed/wrong.py): the two
     list the same names with the same types."""
-    from agentrt._runtime import _RuntimeOptions
+    from agentrt._sync import _RuntimeOptions
 
     params = list(inspect.signature(agentrt.Runtime.__init__).parameters.values())[2:]
     assert all(p.kind is p.KEYWORD_ONLY for p in params)
@@ -135,3 +136,28 @@ def test_sync_sessions_stop_counting_at_their_endpoint_when_they_end(backend: st
                 assert [load.sessions for load in rt.endpoint_loads()] == [1]
         assert [load.sessions for load in rt.endpoint_loads()] == [0]
         assert closed.count("SessionClosed") == 10
+
+
+def test_sync_runtime_checks_its_arguments_without_building_a_runtime(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sync_runtime = agentrt.SyncRuntime  # imported before Runtime is patched
+    built: list[object] = []
+    init = agentrt.Runtime.__init__
+
+    def counted(self: agentrt.Runtime, *args: Any, **kwargs: Any) -> None:
+        built.append(self)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(agentrt.Runtime, "__init__", counted)
+    srt = sync_runtime([URL, "http://engine2.test/v1"], routing="hash")
+    assert built == []
+    assert repr(srt) == (
+        "<agentrt.SyncRuntime endpoints=['http://engine.test/v1', "
+        "'http://engine2.test/v1'] routing='hash' backend='asyncio' not entered>"
+    )
+    with pytest.raises(ValueError, match="keep_reports"):
+        sync_runtime([URL], keep_reports=-1)
+    with pytest.raises(TypeError, match="learn_waits"):
+        sync_runtime([URL], learn_waits=1)  # type: ignore[arg-type]
+    assert built == []

@@ -13,12 +13,12 @@ citation behind every field, is docs/protocol.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, Final, TypeAlias
+from typing import Any, Final
 
 from .._protocol import CallMetadata
-from ._base import Dialect, DialectOptions, Encoding, SessionEnd
+from ._base import Dialect, DialectOptions, DialectSpec, Encoding, SessionEnd
 from ._dynamo import DYNAMO, DYNAMO_SESSION_HEADER, dynamo_dialect, dynamo_priority
 from ._generic import GENERIC
 from ._llmd import LLMD, llmd_dialect, llmd_from_option
@@ -96,8 +96,6 @@ __all__ = [
     "vllm_router_session_ends",
 ]
 
-DialectSpec: TypeAlias = str | Dialect | Sequence[str | Dialect]
-"""A dialect by name, a :class:`Dialect`, or several of either (combined in order)."""
 
 _REGISTRY: dict[str, Dialect] = {
     d.name: d
@@ -183,9 +181,12 @@ def register_dialect(dialect: Dialect, *, replace: bool = False) -> None:
     _REGISTRY[name] = dialect
 
 
-def _merge_body(
+def _combine_body(
     into: dict[str, Any], add: Mapping[str, Any], owner: dict[str, str], who: str, path: str
 ) -> None:
+    """Dialect ``who``'s body fields into the combined dialect's (``owner``: who set each
+    field): combined dialects must agree, a field set to two values raises. (What a
+    call's caller set always wins over any dialect's: ``_wire.merge_body``.)"""
     for key, value in add.items():
         where = f"{path}.{key}" if path else key
         if key not in into:
@@ -193,7 +194,7 @@ def _merge_body(
             owner[where] = who
         elif isinstance(into[key], dict) and isinstance(value, Mapping):
             owner.setdefault(where, who)
-            _merge_body(into[key], value, owner, who, where)
+            _combine_body(into[key], value, owner, who, where)
         elif into[key] != value:
             raise ValueError(
                 f"dialects {owner.get(where, '?')!r} and {who!r} both set body field "
@@ -243,7 +244,7 @@ def combine(*dialects: Dialect, name: str | None = None) -> Dialect:
                         f"dialects {header_owner[key]!r} and {d.name!r} both set header "
                         f"{key!r}, to different values; they cannot be combined"
                     )
-            _merge_body(body, enc.body, body_owner, d.name, "")
+            _combine_body(body, enc.body, body_owner, d.name, "")
         return Encoding(headers=headers, body=body)
 
     echo: dict[str, None] = {}

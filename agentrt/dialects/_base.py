@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 from .._protocol import CallMetadata
 
-__all__ = ["Dialect", "DialectOptions", "Encoding", "SessionEnd"]
+__all__ = ["Dialect", "DialectOptions", "DialectSpec", "Encoding", "SessionEnd"]
 
 _PATH_RE: Final = re.compile(r"/[A-Za-z0-9_./-]{0,127}")
 _KEY_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
@@ -80,3 +80,7 @@ class Dialect:
     session_ends: tuple[SessionEnd, ...] = ()
     """Requests the runtime sends when a session that called an endpoint of this dialect
     ends (:class:`SessionEnd`)."""
+
+
+DialectSpec: TypeAlias = str | Dialect | Sequence[str | Dialect]
+"""A dialect by name, a :class:`Dialect`, or several of either (combined in order)."""

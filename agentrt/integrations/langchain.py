@@ -34,7 +34,8 @@ import anyio.from_thread
 import anyio.lowlevel
 
 from .._errors import AgentrtError
-from .._runtime import Runtime, SyncRuntime
+from .._runtime import Runtime
+from .._sync import SyncRuntime
 from ._bridge import Bridge, bind, unbind
 
 try:

@@ -258,7 +258,7 @@ def _rendezvous(key: str, names: list[bytes], loads: Sequence[EndpointLoad]) -> 
 def _coerce_key(key: Any) -> RouteKey:
     """Transitional: accept the runtime's old ``choose(loads, session, avoid)`` call shape.
 
-    Remove once ``_transport._route`` builds a :class:`RouteKey`.
+    Remove once ``_call._route`` builds a :class:`RouteKey`.
     """
     if isinstance(key, RouteKey):
         return key

@@ -96,6 +96,19 @@ def _import_prometheus() -> Any:
     return prometheus_client
 
 
+def check_registry(registry: Any) -> Any:
+    """The registry ``Runtime(prometheus=...)`` names (None: the default one); raises if
+    prometheus_client is missing or ``registry`` is not one of its registries."""
+    prom = _import_prometheus()
+    if registry is None:
+        return prom.REGISTRY
+    if not isinstance(registry, prom.CollectorRegistry):
+        raise TypeError(
+            f"prometheus must be True or a prometheus_client.CollectorRegistry, got {registry!r}"
+        )
+    return registry
+
+
 class _Bounded:
     """Maps a caller's string to itself while fewer than ``limit`` distinct values have
     been seen, else to ``"other"``; a value seen once keeps its label."""
@@ -251,13 +264,7 @@ class PrometheusHook:
         self, registry: Any = None, *, max_label_values: int = DEFAULT_MAX_LABEL_VALUES
     ) -> None:
         prom = _import_prometheus()
-        if registry is None:
-            registry = prom.REGISTRY
-        elif not isinstance(registry, prom.CollectorRegistry):
-            raise TypeError(
-                "prometheus must be True or a prometheus_client.CollectorRegistry, "
-                f"got {registry!r}"
-            )
+        registry = check_registry(registry)
         if max_label_values < 1:
             raise ValueError("max_label_values must be >= 1")
         self.registry = registry

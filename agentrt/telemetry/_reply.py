@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from .._wire import tool_calls_of
+
 __all__ = ["ReplyFacts", "temperature_of"]
 
 MAX_ITEMS: Final = 16
@@ -64,9 +66,8 @@ class ReplyFacts:
         first = choices[0]
         if first.__class__ is not dict or first.get("index", 0) != 0:
             return
-        part = first.get(key)
-        calls = part.get("tool_calls") if part.__class__ is dict else None
-        if calls.__class__ is not list:
+        calls = tool_calls_of(first, key)
+        if calls is None:
             return
         for call in calls:
             if call.__class__ is not dict:

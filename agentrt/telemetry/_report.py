@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .._config import redact_userinfo
+from .._protocol import trusted_model
+from ._prefix import tokens as prefix_tokens
 
 __all__ = [
     "CallReport",
@@ -256,3 +259,88 @@ def settle_idle(calls: list[CallReport], sessions: list[SessionReport]) -> None:
             call.idle_cause = "subagents"
         else:
             call.idle_cause = "think"
+
+
+@dataclass(slots=True, eq=False)
+class _CallState:
+    """One call's accounting while it is in flight: a plain slots object on the hot path,
+    turned into a :class:`CallReport` (pydantic) when the job's report is built."""
+
+    call_id: str
+    session_id: str
+    session_name: str | None
+    turn: int
+    path: str
+    model: str | None
+    stream: bool
+    start_s: float
+    started: float
+    """Clock time (``anyio.current_time()``) at which the call entered agentrt."""
+    priority: int | None = None
+    endpoint: str | None = None
+    queue_s: float = 0.0
+    ttft_s: float | None = None
+    latency_s: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    attempts: int = 0
+    http_status: int | None = None
+    status: CallStatus = "ok"
+    error: str | None = None
+    moved: bool = False
+    idle_s: float | None = None
+    idle_cause: IdleCause | None = None
+    prefix: tuple[int, int, str | None, int] | None = None
+    """Prefix sharing, journals only: (bytes shared with the session's previous call,
+    bytes shared across sessions, that common prefix's id, the body's bytes)."""
+    done: bool = False
+    final: CallReport | None = field(default=None, repr=False)
+    """The report, once built for a finished call (nothing changes it after that)."""
+
+    def to_report(self) -> CallReport:
+        if self.final is not None:
+            return self.final
+        report = self._build()
+        if self.done:
+            self.final = report
+        return report
+
+    def _build(self) -> CallReport:
+        prefix = self.prefix
+        prev = common = None
+        if prefix is not None:
+            prev = prefix_tokens(prefix[0], prefix[3], self.prompt_tokens)
+            common = prefix_tokens(prefix[1], prefix[3], self.prompt_tokens)
+        # Not validated again: every value is agentrt's own, of the field's type.
+        return trusted_model(
+            CallReport,
+            {
+                "call_id": self.call_id,
+                "session_id": self.session_id,
+                "session_name": self.session_name,
+                "turn": self.turn,
+                "endpoint": self.endpoint,
+                "path": self.path,
+                "model": self.model,
+                "stream": self.stream,
+                "start_s": self.start_s,
+                "queue_s": self.queue_s,
+                "ttft_s": self.ttft_s,
+                "latency_s": self.latency_s,
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "cached_tokens": self.cached_tokens,
+                "attempts": self.attempts,
+                "http_status": self.http_status,
+                "status": self.status,
+                "error": self.error,
+                "priority": self.priority,
+                "moved": self.moved,
+                "idle_s": self.idle_s,
+                "idle_cause": self.idle_cause,
+                "prefix_prev_tokens": prev,
+                "prefix_common_tokens": common,
+                "prefix_common_id": None if prefix is None or not common else prefix[2],
+            },
+        )

@@ -1,0 +1,438 @@
+"""A call's attempts: route -> admit -> send once -> check the reply, retried per
+:class:`Retry` (one plain loop, ``Attempts._attempts``). :class:`Sender` is what every
+call of a transport sends through. The call itself (its setup, its outcome, its end) is
+``_call.Call``, built on this."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import httpx
+
+from ._call_events import attempt_failed, log_attempt, moved, sending
+from ._httplib import ConnTrace, HttpLib, prepare
+from ._log import transport_log
+from ._notice import accept_header
+from ._protocol import CallMetadata, trusted_model
+from ._retry import RETRY_STATUS, RetryableError, RetryableStatus, backoff, retry_after
+from ._stream import ObservedStream
+from ._wire import merge_body
+
+if TYPE_CHECKING:
+    from ._context import Job, Session
+    from ._protocol import IdleSource
+    from ._state import _Core, _EndpointState
+    from .scheduling._queue import Ticket
+    from .telemetry._reply import ReplyFacts
+    from .telemetry._report import _CallState
+
+__all__ = ["Attempts", "Sender", "metadata"]
+
+_DEBUG = logging.DEBUG
+_INFO = logging.INFO
+_PRIORITY_REFUSED = re.compile(rb"priority scheduling is not enabled", re.IGNORECASE)
+"""In a 400 to a call that carried a priority: vLLM refuses a non-zero priority with
+``Got priority {priority} but Priority scheduling is not enabled.`` when it was not
+started with ``--scheduling-policy priority`` (``LLMEngine.add_request`` and the async
+engine's ``add_request_async``); a proxy in front of it (LiteLLM) keeps that text."""
+_MAX_ERROR_SCAN = 64 * 1024
+
+_MAX_STALE = 256
+"""Resends of one attempt after kept-alive connections the server had closed. Each such
+connection leaves the pool, so the resends end once the pool's idle connections are
+spent (at most its keep-alive limit, 256 in the runtime's own client); this only bounds
+them. A bound of 8 was too low: a pool of 20 parallel sub-agents' idle connections, all
+closed by the server, ran past it and turned a stale connection into a failed attempt
+(the trio soak test, one run in six)."""
+
+
+class Sender:
+    """What the calls of one transport send through: the runtime's core, the wrapped
+    transport, its library (and the observed stream on it), the placeholder key."""
+
+    __slots__ = ("core", "inner", "lib", "observed", "placeholder")
+
+    def __init__(self, core: _Core, inner: httpx.AsyncBaseTransport, lib: HttpLib) -> None:
+        self.core = core
+        self.inner = inner
+        self.lib = lib
+        self.observed = lib.derive(ObservedStream)
+        self.placeholder = f"Bearer {core.placeholder_key}".encode()
+
+
+def metadata(
+    session: Session,
+    state: _CallState,
+    ticket: Ticket,
+    turn: tuple[int, float | None, float | None, float | None, IdleSource | None, int | None, bool],
+    clock: Callable[[], float],
+) -> CallMetadata:
+    """The metadata an attempt of a call carries (``state.priority``: its priority where
+    its endpoint takes one); ``clock`` tells the time left to its deadline."""
+    job = session.job
+    service_s, service_tokens = job._attained()
+    number, idle_s, declared, expected, source, max_out, final = turn
+    deadline = ticket.deadline_at
+    # Not validated again: the ids were checked when the job and session were made,
+    # the numbers are agentrt's own (tests/test_hot_path.py compares the two ways).
+    return trusted_model(
+        CallMetadata,
+        {
+            "call_id": state.call_id,
+            "job_id": job.id,
+            "session_id": session.id,
+            "program_id": job.program_id,
+            "parent_session_id": session.parent_id,
+            "root_session_id": session.root_id,
+            "session_name": session.name,
+            "blocks_parent": session.blocks_parent,
+            "turn": number,
+            "first_turn": number == 0,
+            "service_s": float(service_s),
+            "service_tokens": service_tokens,
+            "idle_expected_s": None if expected is None else float(expected),
+            "idle_expected_source": source,
+            "idle_s": idle_s,
+            "idle_declared_s": None if declared is None else float(declared),
+            "priority": state.priority,
+            "expected_output_tokens": max_out,
+            "final": final,
+            "deadline_s": None if deadline is None else max(0.0, deadline - clock()),
+            "echo": dict(echo) if (echo := session.echo) else {},
+        },
+    )
+
+
+class Attempts:
+    """A call's attempts (the state is the call's: set by ``Call.__init__``)."""
+
+    __slots__ = (
+        "added_usage",
+        "backoff_s",
+        "base",
+        "body",
+        "clock",
+        "core",
+        "ended",
+        "ep",
+        "failed",
+        "finish_reason",
+        "implicit",
+        "output",
+        "prefix",
+        "reply",
+        "request",
+        "sender",
+        "sent_at",
+        "session",
+        "state",
+        "suffix",
+        "ticket",
+        "tools",
+        "turn",
+    )
+
+    sender: Sender
+    core: _Core
+    clock: Callable[[], float]
+    request: httpx.Request
+    base: str
+    suffix: str
+    session: Session
+    implicit: Job | None
+    body: dict[str, Any] | None
+    added_usage: bool
+    state: _CallState
+    ticket: Ticket
+    turn: tuple[int, float | None, float | None, float | None, IdleSource | None, int | None, bool]
+    prefix: tuple[int, ...]
+    ep: _EndpointState | None
+    """The endpoint of the attempt in flight, counted in its load until released."""
+    failed: set[int]
+    """Endpoints that could not be connected to: the retries go elsewhere."""
+    sent_at: float
+    backoff_s: float
+    """Seconds slept between attempts: not service the program received."""
+    ended: bool
+    finish_reason: str | None
+    output: str | None
+    tools: tuple[str, ...]
+    reply: ReplyFacts | None
+
+    async def _attempt(self) -> httpx.Response:
+        """One attempt: route, admit, send once, check the reply."""
+        index = self._route()
+        ep = self.core.endpoints[index]
+        admission = ep.admission
+        ticket = self.ticket
+        ticket.enqueued_at = -1.0
+        if not admission.try_admit(ticket):
+            await admission.admit(ticket)
+        out = self._admitted(ep)
+        response = await self._send(index, ep, out)
+        status = response.status_code
+        try:
+            self.state.http_status = status
+            if transport_log.isEnabledFor(_DEBUG):  # one dict lookup when off
+                self._log_attempt(ep, f"HTTP {status}")
+            if status in RETRY_STATUS:
+                await response.aread()
+                raise RetryableStatus(response, retry_after(response.headers))
+        except BaseException:
+            self._release(ok=status not in RETRY_STATUS)
+            if status >= 500:
+                self.core.record_health(ep, False)
+            if self.core.hooks:
+                self._failed(ep, f"HTTP {status}")
+            await response.aclose()
+            raise
+        self._accepted(ep, response)
+        return response
+
+    def _route(self) -> int:
+        """The attempt's endpoint (the router's choice; a move told), its priority (the
+        endpoint's policy's queue level, where it takes one)."""
+        core, state, ticket = self.core, self.state, self.ticket
+        session = self.session
+        placement = session.placement
+        home = placement.home
+        index, reason = placement.route(
+            core, self.failed, self.prefix, ticket.tokens, not session._closed
+        )
+        ep = core.endpoints[index]
+        if reason is not None:
+            state.moved = True
+            previous = state.endpoint or (
+                core.endpoints[home].endpoint.url if home is not None else None
+            )
+            moved(core, ticket, state, previous, ep.endpoint.url, reason)
+        policy = ep.admission.policy
+        priority = policy.classify(ticket, state.started)
+        if core.send_priority:
+            if type(priority) is not int:
+                raise TypeError(
+                    f"scheduling policy {type(policy).__name__}.classify returned "
+                    f"{priority!r}; it must return an int (the queue level, lower first)"
+                )
+            # Only to an endpoint that takes priorities (send_priority, or 'auto' and it
+            # advertised a priority scheduler).
+            state.priority = priority if ep.options.send_priority else None
+        return index
+
+    def _admitted(self, ep: _EndpointState) -> httpx.Request:
+        """The attempt let through ``ep``'s admission gate: counted in its load, its
+        request built (the room given back if building it fails)."""
+        state, ticket = self.state, self.ticket
+        try:
+            queued = ticket.enqueued_at >= 0.0
+            if queued or state.attempts:  # it waited in the queue, or this is a retry
+                self.sent_at = now = self.clock()
+                if queued:
+                    state.queue_s += now - ticket.enqueued_at
+            state.attempts += 1
+            state.endpoint = ep.endpoint.url
+            out = self._build(ep, queued)
+        except BaseException:
+            ep.admission.release(ticket, latency_s=None, tokens=0, ok=True)
+            raise
+        load = ep.load
+        load.in_flight += 1
+        load.outstanding_tokens += ticket.tokens
+        self.ep = ep
+        return out
+
+    async def _send(self, index: int, ep: _EndpointState, out: httpx.Request) -> httpx.Response:
+        """Send the attempt's request once; again at once on another connection where a
+        kept-alive one had been closed, and once without the priority where ``ep``
+        refused it. A transport error ends the attempt (:class:`RetryableError`)."""
+        sender = self.sender
+        lib = sender.lib
+        resent = False
+        stale = 0
+        trace = ConnTrace.install(out)
+        while True:
+            try:
+                response = await sender.inner.handle_async_request(out)
+            except lib.transport_errors as exc:
+                if trace.reused and stale < _MAX_STALE and isinstance(exc, lib.stale_errors):
+                    # A kept-alive connection the server had closed (its keep-alive
+                    # expired as this request went out): no reply came, the endpoint is
+                    # not at fault. Resent at once, in the same attempt, on another
+                    # connection (httpcore dropped that one from its pool).
+                    stale += 1
+                    if transport_log.isEnabledFor(_DEBUG):
+                        self._log_attempt(
+                            ep,
+                            f"{type(exc).__name__}: {exc} on a kept-alive connection the "
+                            "server had closed; resent on another connection",
+                        )
+                    trace = ConnTrace.install(out)
+                    continue
+                self._unreached(index, ep, exc)
+                raise RetryableError(exc, index) from exc
+            except BaseException:
+                self._release(ok=True)
+                raise
+            if (
+                response.status_code != 400
+                or resent
+                or self.state.priority is None
+                or not await self._priority_refused(ep, response)
+            ):
+                return response
+            # Resent at once without the priority, in the same attempt (it holds its
+            # room and its retries): once per call, so a second 400 goes to the caller.
+            resent = True
+            try:
+                self.sent_at = self.clock()
+                out = self._build(ep, False)
+            except BaseException:
+                self._release(ok=True)
+                raise
+            trace = ConnTrace.install(out)
+
+    def _unreached(self, index: int, ep: _EndpointState, exc: Exception) -> None:
+        """The attempt's request got no reply (``exc``): released, told, and counted
+        against ``ep``'s health. Only a connection that could not be made marks the
+        endpoint down at once and sends the retry elsewhere; a read timeout or a
+        connection closed without a reply is one failure toward the threshold, and the
+        retry stays where the session is. Our own pool's timeout is no failure of the
+        endpoint's."""
+        self._release(ok=False)
+        core, lib = self.core, self.sender.lib
+        connect = isinstance(exc, lib.connect_errors)
+        if not isinstance(exc, lib.mod.PoolTimeout):
+            core.record_health(ep, False, connect=connect)
+        if connect:
+            self.failed.add(index)
+        if core.hooks:
+            self._failed(ep, f"{type(exc).__name__}: {exc}")
+        if transport_log.isEnabledFor(_DEBUG):
+            self._log_attempt(ep, f"{type(exc).__name__}: {exc}")
+
+    def _accepted(self, ep: _EndpointState, response: httpx.Response) -> None:
+        """A reply that ends the attempts: ``ep``'s health, the features it accepts, the
+        headers the dialect echoes on the session's next calls."""
+        status = response.status_code
+        if status < 500:
+            ep.health.record_success(self.sent_at)
+        if status < 300:  # the features it accepts (tool-start notices)
+            accept = accept_header(response.headers)
+            if accept != ep.accept:
+                ep.accept_header(accept)
+        for name in ep.dialect.echo_headers:
+            value = response.headers.get(name)
+            if value is not None and len(value) <= 1024 and "\r" not in value:
+                self.session.echo[name] = value
+
+    def _build(self, ep: _EndpointState, queued: bool) -> httpx.Request:
+        """The request of the attempt to ``ep``: the dialect's headers and body fields for
+        the call's metadata (its priority where ``ep`` takes one), the hooks' headers."""
+        meta = metadata(self.session, self.state, self.ticket, self.turn, self.clock)
+        enc = ep.dialect.encode(meta, ep.options)
+        if self.core.hooks:
+            self._sending(ep, queued, enc.headers)
+        content = None
+        if enc.body and self.body is not None:
+            send_body = dict(self.body)
+            merge_body(send_body, enc.body)
+            content = json.dumps(send_body, separators=(",", ":")).encode()
+        request = self.request
+        base = ep.endpoint.url
+        url = request.url if base == self.base else ep.url_for(self.suffix, request.url)
+        return prepare(
+            self.sender.lib,
+            request,
+            url,
+            enc.headers,
+            ep.authorization,
+            content,
+            self.sender.placeholder,
+        )
+
+    async def _priority_refused(self, ep: _EndpointState, response: httpx.Response) -> bool:
+        """Whether a 400 to a call that carried a priority refuses the priority itself
+        (vLLM not started with ``--scheduling-policy priority``). If so, the reply is
+        closed and ``ep`` gets no more priorities; the call's priority is cleared (its
+        report shows none was sent). Any other 400 stays as it is, read, for the caller."""
+        try:
+            body = await response.aread()
+        except BaseException:
+            self._release(ok=True)
+            await response.aclose()
+            raise
+        if _PRIORITY_REFUSED.search(body[:_MAX_ERROR_SCAN]) is None:
+            return False
+        await response.aclose()
+        state = self.state
+        state.http_status = 400
+        if transport_log.isEnabledFor(_DEBUG):
+            self._log_attempt(ep, "HTTP 400 (priority scheduling is not enabled)")
+        if self.core.hooks:
+            self._failed(ep, "HTTP 400", will_retry=True)
+        state.priority = None
+        if ep.refuse_priority():
+            transport_log.warning(
+                "endpoint %s refused a call's priority (HTTP 400: priority scheduling is "
+                "not enabled there); the call was resent without one, and this runtime "
+                "sends that endpoint no more priorities. To silence this, set "
+                "send_priority=False for it (Endpoint(url, send_priority=False)), or start "
+                "the server with --scheduling-policy priority",
+                ep.endpoint.url,
+            )
+        return True
+
+    def _log_attempt(self, ep: _EndpointState, outcome: str) -> None:
+        elapsed = self.clock() - self.sent_at
+        log_attempt(
+            self.core, self.ticket, self.state, ep.endpoint.url, self.suffix, outcome, elapsed
+        )
+
+    def _sending(self, ep: _EndpointState, queued: bool, headers: dict[str, str]) -> None:
+        sending(self.core, self.ticket, self.state, ep.endpoint.url, queued, self.sent_at, headers)
+
+    def _failed(self, ep: _EndpointState, error: str, *, will_retry: bool = False) -> None:
+        attempt_failed(self.core, self.ticket, self.state, ep.endpoint.url, error, will_retry)
+
+    async def _sleep(self, seconds: float) -> None:
+        """A backoff between attempts, counted apart from the call's service."""
+        start = self.clock()
+        try:
+            await anyio.sleep(seconds)
+        finally:
+            self.backoff_s += self.clock() - start
+
+    async def _attempts(self) -> httpx.Response:
+        """The call's attempts, one after another with a backoff between them, until one
+        is not retried; the last one's failure if every one failed."""
+        retry = self.core.retry
+        n = 1
+        while True:
+            try:
+                return await self._attempt()
+            except (RetryableStatus, RetryableError) as exc:
+                if n >= retry.attempts:
+                    raise
+                delay = backoff(retry, n, exc)
+            await self._sleep(delay)
+            n += 1
+
+    def _release(self, *, ok: bool, now: float | None = None) -> None:
+        """The attempt in flight is over (at ``now``, else read from the clock): its
+        endpoint no longer carries it, its room in the admission gate goes to the next
+        call, and its latency feeds the limit."""
+        ep = self.ep
+        if ep is None:
+            return
+        self.ep = None
+        ticket = self.ticket
+        load = ep.load
+        load.in_flight -= 1
+        load.outstanding_tokens -= ticket.tokens
+        latency = (self.clock() if now is None else now) - self.sent_at
+        ep.admission.release(ticket, latency, self.state.completion_tokens or 0, ok)

@@ -1,0 +1,165 @@
+"""A runtime's background work, in its task group while its block lasts: endpoints marked
+down are probed until they answer, and engines' metrics are polled when asked
+(scheduling/_poll.py says when). Runs only with several endpoints or metrics polls."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import anyio
+import httpx
+
+from ._httplib import HttpLib
+from ._ids import random_bytes
+from ._log import health_log
+from ._state import _Core, _EndpointState, metrics_candidates
+from .scheduling._health import DEFAULT_PROBE_INTERVAL_S
+from .scheduling._poll import PollSchedule
+from .scheduling._signals import EngineSignals, parse_vllm_metrics
+
+__all__ = ["Upkeep"]
+
+
+class Upkeep:
+    """The probes and polls of one runtime's endpoints (:meth:`run`, in its task group)."""
+
+    def __init__(
+        self,
+        core: _Core,
+        lib: HttpLib,
+        inner: httpx.AsyncBaseTransport,
+        poll_s: float | None,
+        adaptive: bool,
+    ) -> None:
+        self._core = core
+        self._lib = lib
+        self._inner = inner
+        self._poll_s = poll_s
+        """The polls' interval (None: no polls)."""
+        self._poll_adaptive = adaptive
+        """``poll_metrics_s="auto"``: the schedule adapts to what the polls read."""
+        self._get_urls: dict[str, Any] = {}  # the URLs _get asks, parsed
+
+    async def run(self) -> None:
+        """Probe endpoints marked down until they answer; poll engine metrics if asked
+        (scheduling/_poll.py says when)."""
+        core = self._core
+        endpoints = core.endpoints
+        poll = self._poll_s
+        probe_every = DEFAULT_PROBE_INTERVAL_S
+        schedule = None
+        if poll is not None:
+            rng = random.Random(random_bytes(16))
+            schedule = PollSchedule(
+                len(endpoints),
+                poll,
+                adaptive=self._poll_adaptive,
+                start=anyio.current_time(),
+                rng=rng,
+            )
+        admitted = 0  # calls admitted anywhere, at the previous poll
+        probe_at = -math.inf
+        while True:
+            down = not all(e.health.healthy for e in endpoints)
+            if schedule is None and not down:
+                core.health_changed = event = anyio.Event()
+                await event.wait()
+                continue
+            now = anyio.current_time()
+            if down and probe_at == -math.inf:
+                probe_at = now + probe_every
+            wake = min(schedule.next_at() if schedule else math.inf, probe_at if down else math.inf)
+            await anyio.sleep(max(0.0, wake - now))
+            now = anyio.current_time()
+            if down and now >= probe_at:
+                probe_at = -math.inf
+                for e in endpoints:
+                    if not e.health.healthy and e.health.probe_due(now):
+                        ok = await self._fetch(e, "/models") is not None
+                        e.health.probed(anyio.current_time(), ok)
+                        e.load.healthy = e.health.healthy
+                        if ok:
+                            health_log.info(
+                                "endpoint %s answered a probe: readmitted", e.endpoint.url
+                            )
+            if schedule is None:
+                continue
+            due = schedule.due(now)
+            if not due:
+                continue
+            total = sum(e.admission.admitted for e in endpoints)
+            busy = total != admitted or any(e.load.in_flight for e in endpoints)
+            admitted = total
+            for i in due:
+                e = endpoints[i]
+                text = await self._fetch_metrics(e)
+                if text is not None:
+                    signals: EngineSignals | None = parse_vllm_metrics(text)
+                elif self._poll_adaptive:
+                    signals = EngineSignals()  # no answer: its load is unknown now
+                else:
+                    signals = None  # a fixed interval keeps the last reading
+                if signals is not None:
+                    e.load.running = signals.running
+                    e.load.waiting = signals.waiting
+                    e.load.kv_usage = signals.kv_usage
+                    e.admission.engine_signals(signals.running, signals.waiting)
+                reading = None if text is None or signals is None else signals.reading
+                schedule.polled(i, anyio.current_time(), reading, busy)
+            self._note_view()
+
+    def _note_view(self) -> None:
+        """Record whose load routing compares now, in the settings jobs report."""
+        views = {e.load.view for e in self._core.endpoints}
+        view = views.pop() if len(views) == 1 else "mixed"
+        settings = self._core.settings
+        if settings is not None and settings.get("load_view") != view:
+            settings["load_view"] = view
+
+    async def _fetch(self, ep: _EndpointState, path: str) -> str | None:
+        """GET ``path`` under the endpoint's base URL; the body if it answered below 500,
+        else None."""
+        reply = await self._get(ep, ep.endpoint.url + path)
+        return None if reply is None or reply[0] >= 500 else reply[1]
+
+    async def _fetch_metrics(self, ep: _EndpointState) -> str | None:
+        """The endpoint's ``/metrics`` page, or None. Its place is found once: beside
+        its API first, then at its origin (``_state.metrics_candidates``); one that
+        answers 404 is not asked again while another remains."""
+        if ep.metrics_urls is None:
+            ep.metrics_urls = metrics_candidates(ep.endpoint.url)
+        for url in list(ep.metrics_urls):
+            reply = await self._get(ep, url)
+            if reply is None:
+                return None  # unreachable now: the same place is asked next time
+            status, body = reply
+            if status == 404 and len(ep.metrics_urls) > 1:
+                ep.metrics_urls.remove(url)
+                continue
+            return body if status < 500 else None
+        return None
+
+    async def _get(self, ep: _EndpointState, url: str) -> tuple[int, str] | None:
+        """GET ``url`` with the endpoint's credentials: its status and body, or None
+        when it did not answer within 3 s."""
+        mod = self._lib.mod
+        timeout = {"connect": 2.0, "read": 2.0, "write": 2.0, "pool": 2.0}
+        # With the endpoint's key or credentials, as its calls carry them.
+        headers = [] if ep.authorization is None else [(b"authorization", ep.authorization)]
+        parsed = self._get_urls.get(url)
+        if parsed is None:  # parsed once: every process polls every engine each second
+            parsed = self._get_urls[url] = mod.URL(url)
+        request = mod.Request("GET", parsed, headers=headers, extensions={"timeout": timeout})
+        with anyio.move_on_after(3.0):
+            try:
+                response = await self._inner.handle_async_request(request)
+                try:
+                    body = await response.aread()
+                finally:
+                    await response.aclose()
+            except (*self._lib.transport_errors, ValueError):  # type: ignore[misc]
+                return None
+            return response.status_code, body.decode("utf-8", "replace")
+        return None
