@@ -22,6 +22,7 @@ from typing import Any
 
 import anyio
 from langchain.agents import create_agent
+from langchain_core.messages import HumanMessage
 from langchain_core.tools import tool
 
 import agentrt
@@ -53,7 +54,7 @@ def build_agent(rt: agentrt.Runtime, model_name: str) -> Any:
     @tool
     async def ask_researcher(question: str) -> str:
         """Ask the researcher about local files."""
-        out = await researcher.ainvoke({"messages": [("user", question)]})
+        out = await researcher.ainvoke({"messages": [HumanMessage(question)]})
         return str(out["messages"][-1].content)
 
     return create_agent(llm, [calculator, ask_researcher], name="assistant")

@@ -57,9 +57,13 @@ class Engine:
 
     def __init__(self) -> None:
         self.seen: list[httpx.Request] = []
+        self.ends: list[httpx.Request] = []
         self.fake = FakeEngine()
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/finish_session"):  # a session's end, not a call
+            self.ends.append(request)
+            return httpx.Response(200, request=request)
         self.seen.append(request)
         response = await self.fake.handle(request)
         response.headers["x-session-token"] = TOKEN
