@@ -24,7 +24,7 @@ _EXPECTED = re.compile(r"# E: (?P<code>[a-z-]+)")
 # imports as Any, as the project's own mypy config does for LlamaIndex, and the example
 # may use its decorators (untyped then). Each example is checked in full where its
 # framework is installed.
-_FRAMEWORKS = ("langchain_core", "langgraph", "agents", "llama_index")
+_FRAMEWORKS = ("langchain", "langchain_core", "langgraph", "agents", "llama_index")
 
 
 def _config(tmp: Path) -> Path:
