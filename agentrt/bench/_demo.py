@@ -160,9 +160,9 @@ def demo_table(result: BenchResult, title: str) -> TextTable:
         ("client", "JCT mean", "JCT p50", "JCT p90", "TTFT p50", "cache hit"),
         tuple(rows),
         "JCT: job completion time (s); TTFT: time to first token of streamed calls (s); "
-        "cache hit: prompt tokens served from the prefix cache, as the calls' usage "
-        "reports them (agentrt report's cache share). Lower JCT and TTFT are better, a "
-        "higher cache hit is better.",
+        "cache hit: prompt tokens served from the prefix cache, as agentrt report counts "
+        "them in the journals (the engines' counters with --no-journal). Lower JCT and "
+        "TTFT are better, a higher cache hit is better.",
     )
 
 
