@@ -22,7 +22,7 @@ import anyio
 import pytest
 
 import agentrt
-from agentrt.dialects import vllm_router_session_ends
+from agentrt.dialects import vllm_router_agentic_dialect
 from agentrt.testing.vllm_cpu import (
     ROUTER_SETUP_MESSAGE,
     EngineEnv,
@@ -273,8 +273,9 @@ async def test_sticky_least_loaded_releases_a_finished_session(
     vllm_pair: list[Replica], router_binary: Path, tmp_path: Path
 ) -> None:
     """``sticky_least_loaded`` puts a new session on the replica with the fewest sessions;
-    agentrt's ``vllm_router_session_ends`` hook tells it when a session ended
-    (``POST /finish_session``), which frees that replica for the next new session."""
+    the ``vllm-router-agentic`` dialect tells it when a session ended (``POST
+    /finish_session``, by default), which frees that replica for the next new session; a
+    runtime with ``finish_session=False`` leaves its sessions counted."""
     model = vllm_pair[0].model
     where: dict[str, int] = {}
 
@@ -286,17 +287,15 @@ async def test_sticky_least_loaded_releases_a_finished_session(
 
     spec = RouterSpec(policy="sticky_least_loaded")
     async with routed(vllm_pair, router_binary, tmp_path, spec) as router:
-        async with agentrt.Runtime([router.base_url], dialect=DIALECT) as plain_rt:
+        silent = vllm_router_agentic_dialect(finish_session=False)
+        async with agentrt.Runtime([router.base_url], dialect=silent) as plain_rt:
             async with plain_rt.job("others") as others:
-                async with vllm_router_session_ends(router.url) as ends:
-                    async with agentrt.Runtime(
-                        [router.base_url], dialect=DIALECT, hooks=[ends]
-                    ) as rt:
-                        async with rt.job("ends") as job, job.session(session_id="a") as a:
-                            await call(a)
-                            async with others.session(session_id="b") as b:
-                                await call(b)  # the other replica: a's has one session
-                # a has ended, and the hook's posts are all sent when its block exits;
+                async with agentrt.Runtime([router.base_url], dialect=DIALECT) as rt:
+                    async with rt.job("ends") as job, job.session(session_id="a") as a:
+                        await call(a)
+                        async with others.session(session_id="b") as b:
+                            await call(b)  # the other replica: a's has one session
+                # a has ended, and its runtime's posts are all sent when its block exits;
                 # b ended unannounced, so its replica still counts it.
                 async with others.session(session_id="c") as c:
                     await call(c)
