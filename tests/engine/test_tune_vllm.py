@@ -82,7 +82,11 @@ async def test_record_tune_apply_on_two_replicas(
         await run_jobs(rt, model, f"rec{tag}")
     reports = read_journal(recorded)
     assert len(reports) == JOBS and all(r.status == "ok" for r in reports)
-    assert {c.endpoint for r in reports for c in r.call_reports} == set(urls)  # both used
+    # One replica or both: new sessions sharing the system prompt go to the replica that
+    # holds it while it carries no more than the mean load plus one call, and 4 small
+    # staggered jobs may all fit there (a CI run saw it once; docs/routing.md).
+    used = {c.endpoint for r in reports for c in r.call_reports}
+    assert used and used <= set(urls)
     assert reports[0].runtime is not None
     assert reports[0].runtime["concurrency"] == "engine"  # the default, as recorded
 
