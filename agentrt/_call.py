@@ -11,9 +11,10 @@ import httpx
 
 from ._attempts import Attempts, Sender
 from ._call_events import call_ended, call_started
-from ._context import Job, Session, new_id
+from ._context import Job, Session
 from ._errors import DeadlineExceeded, EndpointError, only_cancelled
 from ._httplib import asking_usage, rebuild, what_to_do
+from ._ids import new_id
 from ._log import credential_forms, scrub_bytes, transport_log
 from ._retry import RetryableError, RetryableStatus
 from ._wire import (

@@ -8,26 +8,21 @@ share a KV prefix. A tool wait (``session.tool(...)``) is an idle gap in a sessi
 from __future__ import annotations
 
 import contextvars
-import functools
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import (
-    AbstractAsyncContextManager,
-    AbstractContextManager,
-    asynccontextmanager,
-    contextmanager,
-)
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal, ParamSpec, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 import anyio
-from pydantic_core import to_json
 
-from ._errors import EndpointError, JobClosedError, SessionClosedError, only_cancelled
-from ._ids import random_bytes
-from ._protocol import IdleSource, validate_id, validate_nonneg
+from ._blocks import async_block
+from ._checks import check_expected, check_metadata, check_name
+from ._errors import JobClosedError, SessionClosedError, only_cancelled, raise_own_error
+from ._ids import new_id
+from ._protocol import validate_id, validate_nonneg
 from ._state import Placement
+from ._turns import NextTurn, TurnStart
 from .telemetry._events import (
     JobEnded,
     JobStarted,
@@ -43,41 +38,22 @@ from .telemetry._report import (
     SessionReport,
     ToolReport,
     _CallState,
-    settle_idle,
-    union_length,
+    job_report,
+    settle_calls,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-    from typing import TypedDict, Unpack
+    from typing import Unpack
 
-    from openai import AsyncStream, NotGiven, Omit, Timeout
+    from openai import AsyncStream
     from openai.types import Completion
-    from openai.types import completion_create_params as _text_params
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
-    from openai.types.chat import completion_create_params as _chat_params
 
     from ._notice import Sender
     from ._state import _Core, _Program
-
-    class _Extras(TypedDict, total=False):
-        # The request options every openai ``create`` takes besides the API's fields.
-        extra_headers: Mapping[str, str | Omit] | None
-        extra_query: Mapping[str, object] | None
-        extra_body: object | None
-        timeout: float | Timeout | NotGiven | None
-
-    class ChatArgs(_chat_params.CompletionCreateParamsBase, _Extras, total=False):
-        """The keyword arguments of ``chat.completions.create`` but ``stream``, typed as
-        the installed openai types them (``Session.chat``'s overloads take ``stream``)."""
-
-    class CompleteArgs(_text_params.CompletionCreateParamsBase, _Extras, total=False):
-        """The keyword arguments of ``completions.create`` but ``stream``."""
-
+    from ._types import ChatArgs, CompleteArgs
 
 __all__ = ["Job", "Session"]
-
-MAX_NAME_BYTES = 256
 
 # The session whose call is being made right now (set by Session.chat around one call),
 # and the session whose ``async with`` block we are in (for rt.openai() clients).
@@ -97,10 +73,6 @@ DEFAULT_SESSION = "default"
 session (through ``rt.openai()``, ``rt.http_client()``, a framework's model)."""
 
 
-_MAX_TOOLS_KEPT = 16
-"""Tool names a session remembers per idle period (and per reply's tool calls)."""
-
-
 def current_session() -> Session | None:
     """The session a call made now belongs to, if any."""
     return _CALL_SESSION.get() or _CURRENT_SESSION.get()
@@ -116,151 +88,6 @@ def call_session(core: _Core) -> Session | None:
         if job is not None and job._core is core and not job._closed:
             return job._default_session()
     return session
-
-
-def _check_name(value: str | None, what: str) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, got {type(value).__name__}")
-    if len(value.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
-        raise ValueError(f"{what} is longer than {MAX_NAME_BYTES} bytes")
-    if any(c in value for c in "\r\n\x00"):
-        raise ValueError(f"{what} {value[:40]!r} contains CR, LF or NUL")
-    return value
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{random_bytes(8).hex()}"
-
-
-MAX_EXPECTED_S: Final = 86_400.0
-"""The longest idle a tool wait or ``expect_idle`` may declare (a day): more is a typo
-(``1e12``), refused before any request rather than sent to engines as a wait."""
-
-
-def _check_expected(seconds: float | None, what: str) -> float | None:
-    """An expected idle: a finite number of seconds in [0, a day], or None."""
-    value = validate_nonneg(seconds, what)
-    if value is not None and value > MAX_EXPECTED_S:
-        raise ValueError(
-            f"{what} must be at most {MAX_EXPECTED_S:.0f} s (a day), got {seconds!r}; "
-            "give the tool's expected duration in seconds"
-        )
-    return value
-
-
-# -- blocks that say how they are used ---------------------------------------------------
-
-_P = ParamSpec("_P")
-_T = TypeVar("_T")
-_T_co = TypeVar("_T_co", covariant=True)
-
-
-class _AsyncBlock(AbstractAsyncContextManager[_T_co]):
-    """An ``async with`` block (what ``@asynccontextmanager`` makes) that, entered with a
-    plain ``with``, says how to write it instead of Python's bare protocol error."""
-
-    __slots__ = ("_cm", "_usage")
-
-    def __init__(self, cm: AbstractAsyncContextManager[_T_co], usage: str) -> None:
-        self._cm = cm
-        self._usage = usage
-
-    async def __aenter__(self) -> _T_co:
-        return await self._cm.__aenter__()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        return await self._cm.__aexit__(exc_type, exc, tb)
-
-    if not TYPE_CHECKING:  # (type checkers reject a plain ``with`` on their own)
-
-        def __enter__(self):
-            raise TypeError(
-                f"{self._usage.split(' as ')[0]} is an async context manager: write "
-                f"'async with {self._usage}:' (code that is not async uses "
-                "agentrt.SyncRuntime, whose blocks take a plain 'with')"
-            )
-
-        def __exit__(self, *exc_info):
-            return None
-
-
-class _SyncBlock(AbstractContextManager[_T_co]):
-    """A ``with`` block of :class:`~agentrt.SyncRuntime` that, entered with ``async
-    with``, says how to write it instead of Python's bare protocol error."""
-
-    __slots__ = ("_cm", "_usage")
-
-    def __init__(self, cm: AbstractContextManager[_T_co], usage: str) -> None:
-        self._cm = cm
-        self._usage = usage
-
-    def __enter__(self) -> _T_co:
-        return self._cm.__enter__()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        return self._cm.__exit__(exc_type, exc, tb)
-
-    if not TYPE_CHECKING:
-
-        async def __aenter__(self):
-            raise TypeError(
-                f"a SyncRuntime's {self._usage.split(' as ')[0]} is a plain context "
-                f"manager: write 'with {self._usage}:' (async code uses agentrt.Runtime, "
-                "whose blocks take 'async with')"
-            )
-
-        async def __aexit__(self, *exc_info):
-            return None
-
-
-def async_block(
-    usage: str,
-) -> Callable[[Callable[_P, AsyncIterator[_T]]], Callable[_P, AbstractAsyncContextManager[_T]]]:
-    """``@asynccontextmanager``, whose blocks say how to write them (``usage``, as in
-    ``"rt.job(...) as job"``) when entered with a plain ``with``."""
-
-    def wrap(
-        fn: Callable[_P, AsyncIterator[_T]],
-    ) -> Callable[_P, AbstractAsyncContextManager[_T]]:
-        make = asynccontextmanager(fn)
-
-        @functools.wraps(fn)
-        def block(*args: _P.args, **kwargs: _P.kwargs) -> AbstractAsyncContextManager[_T]:
-            return _AsyncBlock(make(*args, **kwargs), usage)
-
-        return block
-
-    return wrap
-
-
-def sync_block(
-    usage: str,
-) -> Callable[[Callable[_P, Iterator[_T]]], Callable[_P, AbstractContextManager[_T]]]:
-    """``@contextmanager``, whose blocks say how to write them when entered with ``async
-    with`` (a SyncRuntime's)."""
-
-    def wrap(fn: Callable[_P, Iterator[_T]]) -> Callable[_P, AbstractContextManager[_T]]:
-        make = contextmanager(fn)
-
-        @functools.wraps(fn)
-        def block(*args: _P.args, **kwargs: _P.kwargs) -> AbstractContextManager[_T]:
-            return _SyncBlock(make(*args, **kwargs), usage)
-
-        return block
-
-    return wrap
 
 
 @dataclass(slots=True, eq=False)
@@ -326,18 +153,9 @@ class Session:
             self.parent_id = self.root_id = parent
         self.blocks_parent = blocks_parent
         """Whether the parent waits for this sub-agent's result (None: not said)."""
-        self._final_next = False
         self._closed = False
-        self._turns = 0
-        self._idle_declared: float | None = None
-        self._expect_idle: float | None = None
         self._tool_depth = 0
-        self._period_tools: list[str] = []
-        """Tool waits started since the last call (at most ``_MAX_TOOLS_KEPT``)."""
-        self._last_tools: tuple[str, ...] = ()
-        """The tools the session ran since its last call: that idle period's tool waits,
-        else the tool calls of its last reply. The next call is expected to be followed
-        by the same tools again (agent loops repeat); that call consumes them."""
+        self._next = NextTurn()
         self.echo: dict[str, str] = {}
         """Response headers the dialect asked to echo back on later calls."""
 
@@ -356,7 +174,7 @@ class Session:
     @property
     def turns(self) -> int:
         """Calls made in this session so far."""
-        return self._turns
+        return self._next.turns
 
     @property
     def idle(self) -> bool:
@@ -378,7 +196,7 @@ class Session:
         completion whether to keep, offload or drop the session's KV. Without it, a
         runtime that learns waits sends its estimate for the tools the session ran last.
         """
-        self._expect_idle = _check_expected(seconds, "expected idle seconds")
+        self._next.expect_idle = check_expected(seconds, "expected idle seconds")
 
     def expect_final(self) -> None:
         """Declare the session's next call its last: no turn follows its reply.
@@ -388,7 +206,7 @@ class Session:
         Dynamo reads ``X-Dynamo-Session-Final``. ``chat(..., final=True)`` says the same.
         A later call is still allowed (it is tagged as a new turn).
         """
-        self._final_next = True
+        self._next.final = True
 
     @overload
     async def chat(
@@ -453,12 +271,12 @@ class Session:
         if final.__class__ is not bool:
             raise TypeError(f"final must be a bool, got {type(final).__name__}")
         if final:
-            self._final_next = True
+            self._next.final = True
         token = _CALL_SESSION.set(self)
         try:
             return await create(**kwargs)
         except Exception as exc:
-            _raise_endpoint_error(exc)
+            raise_own_error(exc)
             raise
         finally:
             _CALL_SESSION.reset(token)
@@ -514,23 +332,21 @@ class Session:
 
     def _start_tool(self, name: str, expected_s: float | None) -> _ToolWait:
         """Begin a tool wait; end it with :meth:`_end_tool` (what ``tool()`` does)."""
-        _check_name(name, "tool name")
+        check_name(name, "tool name")
         if not name:
             raise ValueError("tool name must not be empty")
-        expected = _check_expected(expected_s, "expected_s")
+        expected = check_expected(expected_s, "expected_s")
         self._check_usable()
         now = anyio.current_time()
         core = self.job._core
         source: Literal["declared", "learned"] | None = None
+        self._next.tool_started(name, expected)
         if expected is not None:
-            self._idle_declared = (self._idle_declared or 0.0) + expected
             source = "declared"
         elif core.waits is not None:
             expected = core.waits.estimate(name)
             if expected is not None:
                 source = "learned"
-        if len(self._period_tools) < _MAX_TOOLS_KEPT:
-            self._period_tools.append(name)
         self._tool_depth += 1
         wait = _ToolWait(self.job._tool_seq, name, now, expected, source)
         self.job._tool_seq += 1
@@ -617,72 +433,13 @@ class Session:
 
     # -- used by the transport -----------------------------------------------------------
 
-    def _begin_turn(
-        self, now: float
-    ) -> tuple[int, float | None, float | None, float | None, IdleSource | None, bool, bool]:
-        """Claim the next turn: (turn, idle_s, idle_declared_s, idle_expected_s, where
-        that came from: declared by ``expect_idle`` or predicted from learned waits,
-        whether the caller said it is the session's last, and whether tool waits ran
-        since the last call)."""
-        after_tools = bool(self._period_tools)
-        turn = self._turns
-        final, self._final_next = self._final_next, False
-        self._turns += 1
-        last = self.placement.last_reply_at
-        idle = None if last is None else max(0.0, now - last)
-        declared, self._idle_declared = self._idle_declared, None
-        expected, self._expect_idle = self._expect_idle, None
-        source: IdleSource | None = None if expected is None else "declared"
-        if self._period_tools:
-            self._last_tools = tuple(self._period_tools)
-            self._period_tools.clear()
-        if self._last_tools:  # consumed, like the declarations
-            waits = self.job._core.waits
-            if expected is None and waits is not None:
-                expected = waits.estimate_many(self._last_tools)
-                if expected is not None:
-                    source = "predicted"
-            self._last_tools = ()
-        return turn, idle, declared, expected, source, final, after_tools
+    def _begin_turn(self, now: float) -> TurnStart:
+        """Claim the session's next turn for a call starting at ``now``."""
+        return self._next.begin(now, self.placement.last_reply_at, self.job._core.waits)
 
     def _tool_calls(self, names: tuple[str, ...]) -> None:
         """A reply called these tools: the session's next waits are expected to be them."""
-        self._last_tools = names
-
-
-def _check_metadata(metadata: dict[str, Any] | None) -> dict[str, Any]:
-    """A copy of a job's metadata, if its report can carry it: str keys, and values that
-    serialize to JSON as the report does (pydantic's serializer: what the journal writes).
-    Checked when the job opens, before any request, so that the job's journal line
-    cannot be lost to it later."""
-    if metadata is None:
-        return {}
-    if not isinstance(metadata, dict):
-        raise TypeError(f"job metadata must be a dict, got {type(metadata).__name__}")
-    for key, value in metadata.items():
-        if not isinstance(key, str):
-            raise TypeError(f"job metadata keys must be str, got {key!r}")
-        try:
-            to_json(value)
-        except (TypeError, ValueError) as exc:  # PydanticSerializationError is a ValueError
-            raise TypeError(
-                f"job metadata {key!r}: a {type(value).__name__} that cannot be written as "
-                f"JSON ({str(exc).splitlines()[0]}); give str, numbers, bools, None, or "
-                "lists and dicts of them"
-            ) from None
-    return dict(metadata)
-
-
-def _raise_endpoint_error(exc: Exception) -> None:
-    """openai 2.x wraps whatever the transport raised in APIConnectionError; surface
-    agentrt's own errors (an endpoint that failed, bad input caught before sending) as
-    they are, as openai 3.x does."""
-    cause = exc.__cause__
-    if isinstance(cause, EndpointError | ValueError | TypeError) and not isinstance(
-        exc, ValueError | TypeError
-    ):
-        # Its own cause (the transport error) stays its cause, as under openai 3.x.
-        raise cause from cause.__cause__
+        self._next.last_tools = names
 
 
 class Job:
@@ -701,7 +458,7 @@ class Job:
         deadline_s: float | None,
         metadata: dict[str, Any] | None,
     ) -> None:
-        _check_name(name, "job name")
+        check_name(name, "job name")
         self._core = core
         self.name = name
         self.id = validate_id(job_id, "job_id") if job_id is not None else new_id("job")
@@ -709,7 +466,7 @@ class Job:
             validate_id(program_id, "program_id") if program_id is not None else self.id
         )
         self.deadline_s = validate_nonneg(deadline_s, "deadline_s")
-        self.metadata: dict[str, Any] = _check_metadata(metadata)
+        self.metadata: dict[str, Any] = check_metadata(metadata)
         self._closed = False
         self._deadline_hit = False
         """A call of this job ran into its deadline (the transport bounds every call)."""
@@ -719,7 +476,6 @@ class Job:
         self._tools: list[ToolReport] = []
         self._tool_seq = 0
         """Tool waits started so far (numbers them for the tool events)."""
-        self._sessions = 0
         self._session_reports: list[SessionReport] = []
         """The job's sessions as they opened (its report's session tree)."""
         self._report: JobReport | None = None
@@ -829,7 +585,7 @@ class Job:
         parent: Session | str | None,
         blocks_parent: bool | None = None,
     ) -> Session:
-        _check_name(name, "session name")
+        check_name(name, "session name")
         sid = validate_id(session_id, "session_id") if session_id is not None else new_id("ses")
         if isinstance(parent, str):
             validate_id(parent, "parent session id")
@@ -842,7 +598,6 @@ class Job:
                 raise ValueError("blocks_parent is given for a session without a parent")
         if self._closed:
             raise JobClosedError(f"job {self.id!r} has ended; it cannot open a new session")
-        self._sessions += 1
         self._session_reports.append(
             SessionReport(
                 session_id=sid,
@@ -961,53 +716,25 @@ class Job:
     def _final_report(self, status: JobStatus, error: str | None) -> JobReport:
         end = anyio.current_time()
         self._closed = True
-        for call in self._calls:
-            if not call.done:
-                # A call whose reply was never consumed to the end: count it as ended now.
-                call.done = True
-                call.latency_s = end - call.started
-                if call.status == "ok":
-                    call.status = "cancelled" if status == "cancelled" else "error"
-                    call.error = call.error or "the job ended before the reply was read"
+        settle_calls(self._calls, end, status)
         self._report = self._build_report(status, error, end)
         return self._report
 
     def _build_report(self, status: JobStatus, error: str | None, end: float) -> JobReport:
-        calls = [c.to_report() for c in self._calls]
-        settle_idle(calls, self._session_reports)
-        intervals = []  # while a call is served: its queueing in agentrt (first) left out
-        for c in self._calls:
-            served = c.started + c.queue_s
-            if c.latency_s is not None:
-                if c.latency_s > c.queue_s:
-                    intervals.append((served, c.started + c.latency_s))
-            elif not c.done and end > served:
-                intervals.append((served, end))
-        return JobReport(
+        return job_report(
+            self._calls,
+            self._tools,
+            self._session_reports,
+            t0=self._t0,
+            end=end,
             job_id=self.id,
             name=self.name,
             program_id=self.program_id,
             status=status,
             error=error,
             started_at=self._started_at,
-            jct_s=end - self._t0,
-            llm_s=sum(c.latency_s or 0.0 for c in calls),
-            critical_llm_s=union_length(intervals),
-            queue_s=sum(c.queue_s for c in calls),
-            tool_s=sum(t.duration_s for t in self._tools),
-            calls=len(calls),
-            tool_waits=len(self._tools),
-            sessions=self._sessions,
-            prompt_tokens=sum(c.prompt_tokens or 0 for c in calls),
-            completion_tokens=sum(c.completion_tokens or 0 for c in calls),
-            cached_tokens=sum(c.cached_tokens or 0 for c in calls),
-            retries=sum(max(0, c.attempts - 1) for c in calls),
-            session_moves=sum(c.moved for c in calls),
             deadline_s=self.deadline_s,
             metadata=self.metadata,
-            call_reports=calls,
-            tool_reports=list(self._tools),
             arrival_s=self._t0 - self._core.opened_at,
-            session_reports=list(self._session_reports),
             runtime=self._core.settings,
         )

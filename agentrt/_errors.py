@@ -106,3 +106,15 @@ def only_cancelled(exc: BaseException) -> bool:
     import anyio  # here: this module is imported by the command at start-up (stdlib only)
 
     return isinstance(exc, anyio.get_cancelled_exc_class())
+
+
+def raise_own_error(exc: Exception) -> None:
+    """openai 2.x wraps whatever the transport raised in APIConnectionError; surface
+    agentrt's own errors (an endpoint that failed, bad input caught before sending) as
+    they are, as openai 3.x does."""
+    cause = exc.__cause__
+    if isinstance(cause, EndpointError | ValueError | TypeError) and not isinstance(
+        exc, ValueError | TypeError
+    ):
+        # Its own cause (the transport error) stays its cause, as under openai 3.x.
+        raise cause from cause.__cause__

@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-__all__ = ["random_bytes", "seeded"]
+__all__ = ["new_id", "random_bytes", "seeded"]
 
 _source: Callable[[int], bytes] = os.urandom
 
@@ -22,6 +22,11 @@ _source: Callable[[int], bytes] = os.urandom
 def random_bytes(n: int) -> bytes:
     """``n`` random bytes from the current source (``os.urandom`` unless seeded)."""
     return _source(n)
+
+
+def new_id(prefix: str) -> str:
+    """An id for a job, session or call: ``prefix``, a dash and 16 hex digits."""
+    return f"{prefix}-{random_bytes(8).hex()}"
 
 
 @contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -20,8 +21,9 @@ from .scheduling._poll import AUTO_POLL_S
 from .scheduling._queue import Policy, make_policy
 from .scheduling._routing import EndpointLoad, Router, make_router
 from .telemetry._events import Hook
+from .telemetry._journal import Journal
 
-__all__ = ["AsyncTransport", "Checked", "PolicySpec", "TimeoutLike", "check"]
+__all__ = ["AsyncTransport", "Checked", "PolicySpec", "TimeoutLike", "check", "telemetry_hooks"]
 
 
 def _poll_interval(
@@ -260,3 +262,38 @@ def check(
 
         check_registry(None if prometheus is True else prometheus)
     return Checked(states, router, timeouts, poll)
+
+
+def telemetry_hooks(
+    hooks: Sequence[Hook],
+    *,
+    otel: bool,
+    prometheus: Any,
+    journal: str | os.PathLike[str] | None,
+    capture_content: bool,
+) -> tuple[tuple[Hook, ...], Journal | None]:
+    """A runtime's hooks, in the order they hear each event: the caller's, OpenTelemetry's
+    (when it is installed), Prometheus's, then the journal (opened now: a bad path fails
+    here), which tells the exporters of each line it writes or loses."""
+    out = list(hooks)
+    counters: list[Callable[[bool], None]] = []
+    """The exporters' journal-line counters."""
+    if otel:
+        from .telemetry._otel import otel_hook
+
+        span_hook = otel_hook(capture_content=bool(capture_content))
+        if span_hook is not None:  # None: opentelemetry is not installed
+            out.append(span_hook)
+            counters.append(span_hook.journal_line)  # type: ignore[attr-defined]
+    if prometheus is not None and prometheus is not False:
+        from .telemetry._prometheus import PrometheusHook
+
+        prom_hook = PrometheusHook(None if prometheus is True else prometheus)
+        out.append(prom_hook)
+        counters.append(prom_hook.journal_line)
+    opened = None
+    if journal is not None:
+        opened = Journal(journal)
+        opened.observers.extend(counters)
+        out.append(opened)
+    return tuple(out), opened

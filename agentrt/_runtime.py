@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import math
 import os
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import (
-    AsyncExitStack,
-    asynccontextmanager,
-)
 from dataclasses import replace
 from threading import get_ident
 from types import TracebackType
@@ -18,7 +13,6 @@ from typing import (
     Any,
     Final,
     Literal,
-    Self,
     TypeVar,
     cast,
 )
@@ -28,32 +22,34 @@ import anyio.abc
 import httpx
 import openai
 
-from ._config import DEFAULT_RETRY, Endpoint, Retry, check_api_key
-from ._context import _CURRENT_JOB, Job, async_block
+from ._blocks import async_block
+from ._clients import AgentOpenAI, client_kwargs
+from ._config import DEFAULT_RETRY, Endpoint, Retry
+from ._context import Job
 from ._errors import (
     CLOSED_MESSAGE,
     WRONG_LOOP_MESSAGE,
     AgentrtError,
     RuntimeClosedError,
     WrongLoopError,
-    only_cancelled,
 )
 from ._httplib import HttpLib, http_lib, loop_clock
 from ._ids import random_bytes
+from ._jobs import check_not_nested, close_job, run_job, still_running
 from ._notice import Notices, NoticeStatistics
-from ._options import AsyncTransport, PolicySpec, TimeoutLike, check
+from ._options import AsyncTransport, PolicySpec, TimeoutLike, check, telemetry_hooks
 from ._platform import give_platform, openai_platform
 from ._settings import with_config
-from ._state import PLACEHOLDER_KEY, _Core
+from ._state import _Core
 from ._transport import AgentTransport, SharedTransport
 from ._upkeep import Upkeep
 from .dialects import DialectSpec
 from .scheduling._admission import AdmissionStatistics
 from .scheduling._routing import EndpointLoad, Router
 from .telemetry._events import Hook
-from .telemetry._journal import Journal, JournalStatistics
+from .telemetry._journal import JournalStatistics
 from .telemetry._prefix import PrefixTracker
-from .telemetry._report import JobReport, JobStatus
+from .telemetry._report import JobReport
 
 if TYPE_CHECKING:
     pass
@@ -67,24 +63,6 @@ _MAX_CONNECTIONS: Final = 1000
 """Connections the default HTTP pool opens at most (openai's clients cap theirs alike)."""
 
 _T = TypeVar("_T")
-
-
-def _outcome(exc: BaseException | None) -> tuple[JobStatus, str | None]:
-    """A job's status and error for the exception that ended it (None: it succeeded)."""
-    if exc is None:
-        return "ok", None
-    if only_cancelled(exc):  # trio's may come in a group (a nursery)
-        return "cancelled", "cancelled"
-    return "error", f"{type(exc).__name__}: {exc}"
-
-
-def _still_running(running: list[str]) -> AgentrtError:
-    """The error of a runtime's block that ended while jobs (their ids) still ran."""
-    names = ", ".join(repr(job_id) for job_id in running[:5])
-    return AgentrtError(
-        f"Runtime closed while {len(running)} job(s) were still running ({names}); "
-        "end every job's block before leaving the Runtime's block"
-    )
 
 
 class Runtime:
@@ -206,32 +184,18 @@ class Runtime:
         )
         states, poll = checked.states, checked.poll
         self._core = _Core(states, checked.router, retry, api_key)
-        all_hooks = list(hooks)
         self._core.capture_content = bool(capture_content)
         if not learn_waits:
             self._core.waits = None
-        counters: list[Callable[[bool], None]] = []
-        """The exporters' journal-line counters."""
-        if otel:
-            from .telemetry._otel import otel_hook
-
-            span_hook = otel_hook(capture_content=bool(capture_content))
-            if span_hook is not None:  # None: opentelemetry is not installed
-                all_hooks.append(span_hook)
-                counters.append(span_hook.journal_line)  # type: ignore[attr-defined]
-        if prometheus is not None and prometheus is not False:
-            from .telemetry._prometheus import PrometheusHook
-
-            prom_hook = PrometheusHook(None if prometheus is True else prometheus)
-            all_hooks.append(prom_hook)
-            counters.append(prom_hook.journal_line)
-        self._journal: Journal | None = None
-        if journal is not None:
-            self._journal = Journal(journal)  # opened now: a bad path fails here
+        self._core.hooks, self._journal = telemetry_hooks(
+            hooks,
+            otel=otel,
+            prometheus=prometheus,
+            journal=journal,
+            capture_content=capture_content,
+        )
+        if self._journal is not None:
             self._core.prefixes = PrefixTracker()
-            self._journal.observers.extend(counters)
-            all_hooks.append(self._journal)
-        self._core.hooks = tuple(all_hooks)
         self._core.settings = {
             "routing": routing if isinstance(routing, str) else self._core.router.name,
             "policy": policy if isinstance(policy, str) else type(policy).__name__,
@@ -265,13 +229,11 @@ class Runtime:
         self._http: httpx.AsyncClient | None = None
         self._opened = False
         self._closed = False
-        self._tasks: anyio.abc.TaskGroup | None = None
-        self._session_ends: AsyncExitStack | None = None
-        """The dialects' session-end requests (dialects/_session_ends.py), when any."""
         self._notices = Notices(mod, self._inner)
         self._core.notices = self._notices
-        self._poll_metrics_s = poll
-        self._upkeep = Upkeep(self._core, self._lib, self._inner, poll, poll_metrics_s == "auto")
+        self._upkeep = Upkeep(
+            self._core, self._lib, self._inner, self._notices, poll, poll_metrics_s == "auto"
+        )
         self._platform: Any = openai_platform()  # with the pool, not per first call
 
     def __repr__(self) -> str:
@@ -329,28 +291,7 @@ class Runtime:
         self._core.clock = loop_clock()
         self._core.loop_thread = get_ident()  # its loop's: other loops are refused
         self._core.opened_at = self._core.clock()
-        self._notices.open = True
-        ends = [
-            (state.endpoint.url, state.dialect.session_ends, state.authorization)
-            for state in self._core.endpoints
-            if state.dialect.session_ends
-        ]
-        if ends:  # a dialect asks for a request when each session ends
-            from .dialects._session_ends import open_session_ends
-
-            self._session_ends, end_hooks = await open_session_ends(ends, self._inner)
-            self._core.hooks = (*self._core.hooks, *end_hooks)
-        # Background work (with several endpoints or metrics polling: health probes and
-        # polls) runs in the runtime's task group (structured: it ends when the runtime's
-        # block does). Only then is there one: its cancel scope would enclose all the
-        # agent's code, and every cancel scope and checkpoint of the HTTP stack on every
-        # call would walk one level more (docs/benchmarks.md, "Cancel scopes").
-        if len(self._core.endpoints) > 1 or self._poll_metrics_s is not None:
-            self._tasks = anyio.create_task_group()
-            await self._tasks.__aenter__()
-            self._notices.tasks = self._tasks
-            self._core.health_changed = anyio.Event()
-            self._tasks.start_soon(self._upkeep.run)
+        await self._upkeep.start()
         return self
 
     async def __aexit__(
@@ -361,24 +302,15 @@ class Runtime:
     ) -> None:
         self._closed = True
         self._core.closed = True  # the clients it built refuse new calls from now on
-        self._notices.open = False  # nothing is sent after close
-        self._notices.tasks = None
         running = list(self._core.active_jobs)  # their ids
-        if self._tasks is not None:
-            # Its scope encloses the runtime's block: leave it first (it ends at once).
-            self._tasks.cancel_scope.cancel()
-            await self._tasks.__aexit__(None, None, None)
-        if self._session_ends is not None:
-            # Entered before the task group, left after it (its own task group's scope
-            # must be the current one: no shield around it); pending ends are sent.
-            await self._session_ends.aclose()
+        await self._upkeep.stop()
         with anyio.CancelScope(shield=True):
             if self._owns_inner:
                 await self._inner.aclose()
             if self._journal is not None:
                 self._journal.close()
         if running and exc is None:
-            raise _still_running(running)
+            raise still_running(running)
 
     def _check_open(self) -> None:
         if not self._opened:
@@ -406,66 +338,10 @@ class Runtime:
         self._check_open()
         if get_ident() != self._core.loop_thread:  # before the job starts
             raise WrongLoopError(WRONG_LOOP_MESSAGE)
-        self._check_not_nested(name)
+        check_not_nested(self._core, name)
         job = self._new_job(name, job_id, program_id, deadline_s, metadata)
-        async with self._run_job(job, enforce_deadline=True):
+        async with run_job(job, enforce_deadline=True):
             yield job
-
-    def _check_not_nested(self, name: str) -> None:
-        """Refuse a job opened in the block of another job of this runtime that still
-        runs (in it, or in a task or thread of it): jobs do not nest."""
-        outer = _CURRENT_JOB.get()
-        if outer is not None and outer._core is self._core and not outer._closed:
-            raise AgentrtError(
-                f"rt.job({name!r}) was opened inside job {outer.name!r} ({outer.id}), which "
-                "is still running: jobs do not nest (a job is one piece of work whose "
-                "completion time is measured). Make the inner work a session of that job "
-                "(job.session(..., parent=...)), or run it as a job of its own outside "
-                "that job's block"
-            )
-
-    @asynccontextmanager
-    async def _run_job(self, job: Job, *, enforce_deadline: bool) -> AsyncIterator[Job]:
-        """A job's lifecycle. Without ``enforce_deadline`` (sync code, whose calls run in
-        other tasks) each call enforces the deadline itself."""
-        job._start()
-        status: JobStatus = "ok"
-        error: str | None = None
-        deadline = math.inf if job.deadline_s is None else job._t0 + job.deadline_s
-        token = _CURRENT_JOB.set(job)  # its calls outside any session: its default session
-        try:
-            if deadline == math.inf:
-                # No cancel scope without a deadline: every scope around the job's calls
-                # makes each of the HTTP stack's own scopes and checkpoints on those calls
-                # walk one level more (about 500 bytecodes a call in anyio).
-                yield job
-                return
-            if enforce_deadline:
-                with anyio.CancelScope(deadline=deadline) as scope:
-                    yield job
-                late = scope.cancelled_caught
-            else:
-                # Sync code cannot be cancelled: each call is bounded by the transport,
-                # and a block that ends past the deadline ends as the async one would.
-                yield job
-                late = anyio.current_time() >= deadline
-            if late or job._deadline_hit:
-                status, error = "deadline", f"deadline of {job.deadline_s} s exceeded"
-                raise TimeoutError(f"job {job.id!r} exceeded its deadline of {job.deadline_s} s")
-        except BaseException as exc:
-            if status == "ok":
-                if job._deadline_hit or (
-                    isinstance(exc, TimeoutError) and anyio.current_time() >= deadline
-                ):
-                    status, error = "deadline", f"deadline of {job.deadline_s} s exceeded"
-                else:
-                    status, error = _outcome(exc)
-            raise
-        finally:
-            _CURRENT_JOB.reset(token)
-            job._finish(status, error)
-            if job._streams:  # streams left unread (their calls ended): connections closed
-                await job._shut_streams(None)
 
     def _open_job(
         self,
@@ -501,13 +377,8 @@ class Runtime:
         )
 
     def _close_job(self, job: Job, exc: BaseException | None = None) -> JobReport:
-        """End a job started by :meth:`_open_job`, with the status ``rt.job`` gives: ``ok``,
-        or ``cancelled`` / ``error`` for the exception that ended its work. A second call
-        returns the report."""
-        if job._report is not None:
-            return job._report
-        status, error = _outcome(exc)
-        return job._finish(status, error)
+        """End a job started by :meth:`_open_job` (:func:`close_job`)."""
+        return close_job(job, exc)
 
     def http_client(self) -> httpx.AsyncClient:
         """An async HTTP client whose requests go through agentrt (for frameworks that
@@ -541,56 +412,9 @@ class Runtime:
         own key or credentials replace it on that endpoint's calls.
         """
         self._check_open()
-        kwargs = self._client_kwargs(kwargs)
+        kwargs = client_kwargs(self._core, kwargs)
         http = self._http or self.http_client()
         # openai 3.x types its client as httpx2.AsyncClient and accepts legacy httpx clients.
-        client = _AsyncOpenAI(http_client=http, **kwargs)  # type: ignore[arg-type,unused-ignore]
+        client = AgentOpenAI(http_client=http, **kwargs)  # type: ignore[arg-type,unused-ignore]
         give_platform(client, self._platform)  # found once, not per client (_platform.py)
         return client
-
-    def _client_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Keyword arguments for an openai client that agentrt builds."""
-        if kwargs.get("max_retries", 0) != 0:
-            raise ValueError(_OWN_RETRIES)
-        if "http_client" in kwargs:
-            raise ValueError(
-                "rt.openai() builds its own HTTP client; to use yours, wrap agentrt's "
-                "transport instead (rt.http_client())"
-            )
-        out = dict(kwargs, max_retries=0)
-        out.setdefault("base_url", self._core.endpoints[0].endpoint.url)
-        if "api_key" not in out:
-            key = self._core.api_key
-            if key is None:
-                key = os.environ.get("OPENAI_API_KEY") or None
-                if key is not None:
-                    check_api_key(key, "OPENAI_API_KEY")  # before any request, as ours
-            out["api_key"] = key or PLACEHOLDER_KEY
-        return out
-
-
-_OWN_RETRIES = "agentrt owns retries; configure them with Runtime(retry=...)"
-
-
-def _copy_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """A copy's keyword arguments (``with_options``/``copy`` of a client agentrt built):
-    openai's own retries are refused there as in ``rt.openai(max_retries=...)``."""
-    retries = kwargs.get("max_retries", 0)
-    if not isinstance(retries, openai.NotGiven) and retries != 0:
-        raise ValueError(
-            f"{_OWN_RETRIES}; a client rt.openai() built keeps max_retries=0 "
-            f"(with_options(max_retries={retries!r}) would retry on top of agentrt)"
-        )
-    return kwargs
-
-
-class _AsyncOpenAI(openai.AsyncOpenAI):
-    """The ``openai.AsyncOpenAI`` of ``rt.openai()``: its copies (``with_options``,
-    ``copy``) keep ``max_retries=0`` and the platform tag."""
-
-    def copy(self, *args: Any, **kwargs: Any) -> Self:
-        client = super().copy(*args, **_copy_kwargs(kwargs))
-        give_platform(client, self._platform)
-        return client
-
-    with_options = copy

@@ -24,6 +24,8 @@ import httpx
 import openai
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
+from ._blocks import sync_block
+from ._clients import client_kwargs, copy_kwargs
 from ._config import Endpoint, Retry
 from ._context import (
     _CALL_SESSION,
@@ -32,12 +34,12 @@ from ._context import (
     Job,
     Session,
     current_session,
-    sync_block,
 )
 from ._errors import CLOSED_MESSAGE, AgentrtError, ClientClosedError, RuntimeClosedError
 from ._httplib import HttpLib, unframed
+from ._jobs import check_not_nested, run_job, still_running
 from ._options import AsyncTransport, PolicySpec, TimeoutLike, check
-from ._runtime import Runtime, _copy_kwargs, _still_running
+from ._runtime import Runtime
 from ._settings import configured
 from ._transport import AgentTransport
 from .dialects import DialectSpec
@@ -54,7 +56,7 @@ if TYPE_CHECKING:
     from openai.types import Completion
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-    from ._context import ChatArgs, CompleteArgs
+    from ._types import ChatArgs, CompleteArgs
 
 __all__ = ["SyncJob", "SyncRuntime", "SyncSession", "SyncTransport"]
 
@@ -154,7 +156,7 @@ class _OpenAI(openai.OpenAI):
     ``max_retries=0``."""
 
     def copy(self, *args: Any, **kwargs: Any) -> Self:
-        return super().copy(*args, **_copy_kwargs(kwargs))
+        return super().copy(*args, **copy_kwargs(kwargs))
 
     with_options = copy
 
@@ -314,7 +316,7 @@ class SyncRuntime:
                 pass
             self._portal_cm.__exit__(None, None, None)
         if running and exc_type is None:
-            raise _still_running(running)  # as the async Runtime's block raises it
+            raise still_running(running)  # as the async Runtime's block raises it
 
     async def _cut(self) -> list[str]:
         """Cut what other threads still run in the runtime's loop as its block ends (the
@@ -479,9 +481,9 @@ class SyncRuntime:
     ) -> Iterator[SyncJob]:
         """Run one job (see :meth:`Runtime.job`)."""
         rt = self.runtime
-        rt._check_not_nested(name)
+        check_not_nested(rt._core, name)
         job = rt._new_job(name, job_id, program_id, deadline_s, metadata)
-        with self._block(_JOB, rt._run_job(job, enforce_deadline=False)):
+        with self._block(_JOB, run_job(job, enforce_deadline=False)):
             token = _CURRENT_JOB.set(job)  # for this thread's sync clients (SyncTransport)
             try:
                 yield SyncJob(self, job)
@@ -506,7 +508,7 @@ class SyncRuntime:
         """A synchronous ``openai.OpenAI`` whose calls go through agentrt."""
         rt = self.runtime
         rt._check_open()
-        kwargs = rt._client_kwargs(kwargs)
+        kwargs = client_kwargs(rt._core, kwargs)
         http = self.http_client()
         # openai 3.x types its client as httpx2.Client and accepts legacy httpx clients.
         return _OpenAI(http_client=http, **kwargs)  # type: ignore[arg-type,unused-ignore]

@@ -1,19 +1,24 @@
-"""A runtime's background work, in its task group while its block lasts: endpoints marked
-down are probed until they answer, and engines' metrics are polled when asked
-(scheduling/_poll.py says when). Runs only with several endpoints or metrics polls."""
+"""A runtime's background work while its block lasts: endpoints marked down are probed
+until they answer, and engines' metrics are polled when asked (scheduling/_poll.py says
+when), in the runtime's task group (there is one only with several endpoints or metrics
+polls); the tool-start notices are sent in it, and the dialects' session-end requests
+beside it."""
 
 from __future__ import annotations
 
 import math
 import random
+from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
+import anyio.abc
 import httpx
 
 from ._httplib import HttpLib
 from ._ids import random_bytes
 from ._log import health_log
+from ._notice import Notices
 from ._state import _Core, _EndpointState, metrics_candidates
 from .scheduling._health import DEFAULT_PROBE_INTERVAL_S
 from .scheduling._poll import PollSchedule
@@ -23,24 +28,71 @@ __all__ = ["Upkeep"]
 
 
 class Upkeep:
-    """The probes and polls of one runtime's endpoints (:meth:`run`, in its task group)."""
+    """One runtime's background work: :meth:`start` when its block begins, :meth:`stop`
+    when it ends; the probes and polls of its endpoints (:meth:`run`) in between."""
 
     def __init__(
         self,
         core: _Core,
         lib: HttpLib,
         inner: httpx.AsyncBaseTransport,
+        notices: Notices,
         poll_s: float | None,
         adaptive: bool,
     ) -> None:
         self._core = core
         self._lib = lib
         self._inner = inner
+        self._notices = notices
+        self._tasks: anyio.abc.TaskGroup | None = None
+        self._session_ends: AsyncExitStack | None = None
+        """The dialects' session-end requests (dialects/_session_ends.py), when any."""
         self._poll_s = poll_s
         """The polls' interval (None: no polls)."""
         self._poll_adaptive = adaptive
         """``poll_metrics_s="auto"``: the schedule adapts to what the polls read."""
         self._get_urls: dict[str, Any] = {}  # the URLs _get asks, parsed
+
+    async def start(self) -> None:
+        """The runtime's block begins: notices may be sent, the dialects' session-end
+        requests open, and the background work starts if there is any."""
+        core = self._core
+        self._notices.open = True
+        ends = [
+            (state.endpoint.url, state.dialect.session_ends, state.authorization)
+            for state in core.endpoints
+            if state.dialect.session_ends
+        ]
+        if ends:  # a dialect asks for a request when each session ends
+            from .dialects._session_ends import open_session_ends
+
+            self._session_ends, end_hooks = await open_session_ends(ends, self._inner)
+            core.hooks = (*core.hooks, *end_hooks)
+        # Background work (with several endpoints or metrics polling: health probes and
+        # polls) runs in the runtime's task group (structured: it ends when the runtime's
+        # block does). Only then is there one: its cancel scope would enclose all the
+        # agent's code, and every cancel scope and checkpoint of the HTTP stack on every
+        # call would walk one level more (docs/benchmarks.md, "Cancel scopes").
+        if len(core.endpoints) > 1 or self._poll_s is not None:
+            self._tasks = anyio.create_task_group()
+            await self._tasks.__aenter__()
+            self._notices.tasks = self._tasks
+            core.health_changed = anyio.Event()
+            self._tasks.start_soon(self.run)
+
+    async def stop(self) -> None:
+        """The runtime's block ends: no notice is sent from now on, the background work
+        ends, and the pending session ends are sent."""
+        self._notices.open = False
+        self._notices.tasks = None
+        if self._tasks is not None:
+            # Its scope encloses the runtime's block: leave it first (it ends at once).
+            self._tasks.cancel_scope.cancel()
+            await self._tasks.__aexit__(None, None, None)
+        if self._session_ends is not None:
+            # Entered before the task group, left after it (its own task group's scope
+            # must be the current one: no shield around it); pending ends are sent.
+            await self._session_ends.aclose()
 
     async def run(self) -> None:
         """Probe endpoints marked down until they answer; poll engine metrics if asked

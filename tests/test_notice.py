@@ -224,7 +224,7 @@ async def test_a_single_endpoint_runtime_opens_no_task_group() -> None:
     cancel scope would make every call's HTTP-level scopes dearer); notices still go."""
     server = Server()
     async with Runtime([URL], transport=server.transport(), retry=FAST) as rt:
-        assert rt._tasks is None
+        assert rt._upkeep._tasks is None
         async with rt.job("j") as job, job.session() as s:
             await s.chat(model="m", messages=MSG)
             async with s.tool("search", expected_s=1.0):
@@ -232,7 +232,7 @@ async def test_a_single_endpoint_runtime_opens_no_task_group() -> None:
     assert len(server.notices) == 1
     eps = ["http://a.test/v1", "http://b.test/v1"]
     async with Runtime(eps, transport=server.transport(), retry=FAST) as rt:
-        assert rt._tasks is not None  # health probes
+        assert rt._upkeep._tasks is not None  # health probes
 
 
 @pytest.mark.parametrize("endpoints", [1, 2])

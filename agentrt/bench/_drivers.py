@@ -19,7 +19,7 @@ import openai
 from openai.types.chat import ChatCompletionMessageParam
 
 from .._config import redact_userinfo
-from .._context import new_id
+from .._ids import new_id
 from .._platform import give_platform, openai_platform
 from .._runtime import Runtime
 from ..sim import prompt_for_blocks

@@ -33,6 +33,7 @@ from uuid import UUID
 import anyio.from_thread
 import anyio.lowlevel
 
+from .._clients import client_kwargs
 from .._errors import AgentrtError
 from .._runtime import Runtime
 from .._sync import SyncRuntime
@@ -84,7 +85,7 @@ def chat_model(rt: Runtime | SyncRuntime, *, model: str, **kwargs: Any) -> ChatO
     for name in ("http_client", "http_async_client"):
         if name in kwargs:
             raise ValueError(f"chat_model builds its own {name}: it goes through agentrt")
-    kwargs = runtime._client_kwargs(kwargs)
+    kwargs = client_kwargs(runtime._core, kwargs)
     if isinstance(rt, SyncRuntime):
         kwargs["http_client"] = rt.http_client()
     else:

@@ -42,6 +42,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .._clients import client_kwargs
 from .._context import Session
 from .._errors import AgentrtError
 from ._bridge import Binding, Bridge, bind, unbind
@@ -76,7 +77,7 @@ def llm(rt: Runtime, *, model: str, **kwargs: Any) -> Any:
     for name in ("http_client", "async_http_client"):
         if name in kwargs:
             raise ValueError(f"llm() builds the {name} itself (agentrt's); do not pass one")
-    base = rt._client_kwargs({"max_retries": kwargs.pop("max_retries", 0)})
+    base = client_kwargs(rt._core, {"max_retries": kwargs.pop("max_retries", 0)})
     kwargs.setdefault("api_base", base["base_url"])
     kwargs.setdefault("api_key", base["api_key"])
     kwargs.setdefault("is_chat_model", True)

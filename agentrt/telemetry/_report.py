@@ -344,3 +344,58 @@ class _CallState:
                 "prefix_common_id": None if prefix is None or not common else prefix[2],
             },
         )
+
+
+def settle_calls(calls: list[_CallState], end: float, status: JobStatus) -> None:
+    """Count the calls whose reply was never read to its end as ended at ``end`` (their
+    job ended with ``status`` first): ``cancelled`` with a cancelled job, else ``error``."""
+    for call in calls:
+        if not call.done:
+            call.done = True
+            call.latency_s = end - call.started
+            if call.status == "ok":
+                call.status = "cancelled" if status == "cancelled" else "error"
+                call.error = call.error or "the job ended before the reply was read"
+
+
+def job_report(
+    states: list[_CallState],
+    tools: list[ToolReport],
+    sessions: list[SessionReport],
+    *,
+    t0: float,
+    end: float,
+    **fields: Any,
+) -> JobReport:
+    """The report of a job that started at ``t0`` (clock time), as of ``end``: its calls'
+    reports and the totals over its calls and tool waits, beside the job's own ``fields``
+    (id, name, status, ...)."""
+    calls = [c.to_report() for c in states]
+    settle_idle(calls, sessions)
+    intervals = []  # while a call is served: its queueing in agentrt (first) left out
+    for c in states:
+        served = c.started + c.queue_s
+        if c.latency_s is not None:
+            if c.latency_s > c.queue_s:
+                intervals.append((served, c.started + c.latency_s))
+        elif not c.done and end > served:
+            intervals.append((served, end))
+    return JobReport(
+        jct_s=end - t0,
+        llm_s=sum(c.latency_s or 0.0 for c in calls),
+        critical_llm_s=union_length(intervals),
+        queue_s=sum(c.queue_s for c in calls),
+        tool_s=sum(t.duration_s for t in tools),
+        calls=len(calls),
+        tool_waits=len(tools),
+        sessions=len(sessions),
+        prompt_tokens=sum(c.prompt_tokens or 0 for c in calls),
+        completion_tokens=sum(c.completion_tokens or 0 for c in calls),
+        cached_tokens=sum(c.cached_tokens or 0 for c in calls),
+        retries=sum(max(0, c.attempts - 1) for c in calls),
+        session_moves=sum(c.moved for c in calls),
+        call_reports=calls,
+        tool_reports=list(tools),
+        session_reports=list(sessions),
+        **fields,
+    )
