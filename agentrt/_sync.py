@@ -545,7 +545,7 @@ class SyncJob:
             parent = parent.session
         # Made on the runtime's event loop thread, whose clock stamps its start.
         session = self._srt._call(
-            partial(self.job._new_session, name, session_id, parent, blocks_parent)
+            partial(self.job._open_session, name, session_id, parent, blocks_parent)
         )
         token = _CURRENT_SESSION.set(session)
         try:

@@ -161,3 +161,33 @@ def test_sync_runtime_checks_its_arguments_without_building_a_runtime(
     with pytest.raises(TypeError, match="learn_waits"):
         sync_runtime([URL], learn_waits=1)  # type: ignore[arg-type]
     assert built == []
+
+
+def test_a_sync_job_emits_the_events_of_an_async_one() -> None:
+    # The same job, written sync and async, tells its hooks the same events in the same
+    # order (a sync session once emitted no SessionOpened: its agent span was missing).
+    def job_events(sync: bool) -> list[str]:
+        seen: list[str] = []
+        hooks = [lambda e: seen.append(type(e).__name__)]
+        fake = FakeEngine()
+        if sync:
+            with agentrt.SyncRuntime([URL], transport=fake.transport(), hooks=hooks) as rt:
+                with rt.job("j") as job, job.session("main") as s:
+                    s.chat(model="m", messages=MSG)
+                    with s.tool("grep", expected_s=1.0):
+                        pass
+            return seen
+
+        async def main() -> None:
+            async with agentrt.Runtime([URL], transport=fake.transport(), hooks=hooks) as rt:
+                async with rt.job("j") as job, job.session("main") as s:
+                    await s.chat(model="m", messages=MSG)
+                    async with s.tool("grep", expected_s=1.0):
+                        pass
+
+        anyio.run(main)
+        return seen
+
+    expected = job_events(sync=False)
+    assert expected[:2] == ["JobStarted", "SessionOpened"]
+    assert job_events(sync=True) == expected
