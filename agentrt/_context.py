@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextvars
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
@@ -22,14 +21,12 @@ from ._errors import JobClosedError, SessionClosedError, only_cancelled, raise_o
 from ._ids import new_id
 from ._protocol import validate_id, validate_nonneg
 from ._state import Placement
-from ._turns import NextTurn, TurnStart
+from ._turns import NextTurn, ToolWait, TurnStart
 from .telemetry._events import (
     JobEnded,
     JobStarted,
     SessionClosed,
     SessionOpened,
-    ToolEnded,
-    ToolStarted,
 )
 from .telemetry._report import (
     CallStatus,
@@ -49,7 +46,6 @@ if TYPE_CHECKING:
     from openai.types import Completion
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-    from ._notice import Sender
     from ._state import _Core, _Program
     from ._types import ChatArgs, CompleteArgs
 
@@ -88,20 +84,6 @@ def call_session(core: _Core) -> Session | None:
         if job is not None and job._core is core and not job._closed:
             return job._default_session()
     return session
-
-
-@dataclass(slots=True, eq=False)
-class _ToolWait:
-    """A tool wait in progress (between ``Session._start_tool`` and ``_end_tool``)."""
-
-    wait_id: int
-    name: str
-    start: float
-    expected_s: float | None
-    source: Literal["declared", "learned"] | None
-    notice: Sender | None = None
-    """The tool-start notice to post while the wait lasts (its endpoint takes them)."""
-    ended: bool = False
 
 
 class _OpenStream(Protocol):
@@ -311,7 +293,7 @@ class Session:
                 raise error
 
     @contextmanager
-    def _tool_wait(self, name: str, expected_s: float | None) -> Iterator[_ToolWait]:
+    def _tool_wait(self, name: str, expected_s: float | None) -> Iterator[ToolWait]:
         wait = self._start_tool(name, expected_s)
         status: CallStatus = "ok"
         error_type: str | None = None
@@ -330,7 +312,7 @@ class Session:
     # -- tool waits and the session's end without a block (framework adapters whose
     # callbacks start and end them: agentrt.integrations._bridge) --------------------------
 
-    def _start_tool(self, name: str, expected_s: float | None) -> _ToolWait:
+    def _start_tool(self, name: str, expected_s: float | None) -> ToolWait:
         """Begin a tool wait; end it with :meth:`_end_tool` (what ``tool()`` does)."""
         check_name(name, "tool name")
         if not name:
@@ -348,7 +330,7 @@ class Session:
             if expected is not None:
                 source = "learned"
         self._tool_depth += 1
-        wait = _ToolWait(self.job._tool_seq, name, now, expected, source)
+        wait = ToolWait(self.job._tool_seq, name, now, expected, source)
         self.job._tool_seq += 1
         # Policies hear of it; the notice, if any, is posted by the caller (tool()'s block,
         # or the runtime's task group for a framework adapter's wait).
@@ -356,20 +338,10 @@ class Session:
             self.job.id, self.id, self.endpoint_index, name, expected, source
         )
         if core.hooks:
-            core.emit(
-                ToolStarted(
-                    t=now,
-                    job_id=self.job.id,
-                    session_id=self.id,
-                    wait_id=wait.wait_id,
-                    name=name,
-                    expected_s=expected,
-                    expected_source=source,
-                )
-            )
+            core.emit(wait.started(self.job.id, self.id))
         return wait
 
-    def _end_tool(self, wait: _ToolWait, status: CallStatus, error_type: str | None) -> None:
+    def _end_tool(self, wait: ToolWait, status: CallStatus, error_type: str | None) -> None:
         """End a tool wait begun by :meth:`_start_tool` (a second call does nothing)."""
         if wait.ended:
             return
@@ -382,32 +354,9 @@ class Session:
             if core.waits is not None:
                 core.waits.observe(wait.name, duration)
             core.tool_ended(self.job.id, self.id, duration)
-        expected = wait.expected_s
-        self.job._tools.append(
-            ToolReport(
-                session_id=self.id,
-                name=wait.name,
-                start_s=wait.start - self.job._t0,
-                duration_s=duration,
-                expected_s=expected,
-                expected_source=wait.source,
-                error_s=None if expected is None else duration - expected,
-                status=status,
-            )
-        )
+        self.job._tools.append(wait.report(self.id, self.job._t0, end, status))
         if core.hooks:
-            core.emit(
-                ToolEnded(
-                    t=end,
-                    job_id=self.job.id,
-                    session_id=self.id,
-                    wait_id=wait.wait_id,
-                    name=wait.name,
-                    duration_s=duration,
-                    status=status,
-                    error_type=error_type,
-                )
-            )
+            core.emit(wait.ended_event(self.job.id, self.id, end, status, error_type))
 
     def _close(self) -> None:
         """End the session (what leaving ``job.session(...)``'s block does); idempotent.

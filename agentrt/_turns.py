@@ -1,17 +1,23 @@
-"""What a session's next call carries: the caller's declarations since its last call
+"""A session between its calls: its tool waits in progress (:class:`ToolWait`), and what
+its next call carries (:class:`NextTurn`): the caller's declarations since its last call
 (``expect_idle``, ``expect_final``, tool waits' ``expected_s``) and the tools that ran,
 consumed by the call as it claims its turn."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
+
+from .telemetry._events import ToolEnded, ToolStarted
+from .telemetry._report import ToolReport
 
 if TYPE_CHECKING:
+    from ._notice import Sender
     from ._protocol import IdleSource
     from ._waits import WaitEstimator
+    from .telemetry._report import CallStatus
 
-__all__ = ["MAX_TOOLS_KEPT", "NextTurn", "TurnStart"]
+__all__ = ["MAX_TOOLS_KEPT", "NextTurn", "ToolWait", "TurnStart"]
 
 MAX_TOOLS_KEPT = 16
 """Tool names a session remembers per idle period (and per reply's tool calls)."""
@@ -81,3 +87,56 @@ class NextTurn:
                     source = "predicted"
             self.last_tools = ()
         return TurnStart(turn, idle, declared, expected, source, final, after_tools)
+
+
+@dataclass(slots=True, eq=False)
+class ToolWait:
+    """A tool wait in progress (between ``Session._start_tool`` and ``_end_tool``)."""
+
+    wait_id: int
+    name: str
+    start: float
+    expected_s: float | None
+    source: Literal["declared", "learned"] | None
+    notice: Sender | None = None
+    """The tool-start notice to post while the wait lasts (its endpoint takes them)."""
+    ended: bool = False
+
+    def started(self, job_id: str, session_id: str) -> ToolStarted:
+        return ToolStarted(
+            t=self.start,
+            job_id=job_id,
+            session_id=session_id,
+            wait_id=self.wait_id,
+            name=self.name,
+            expected_s=self.expected_s,
+            expected_source=self.source,
+        )
+
+    def report(self, session_id: str, t0: float, end: float, status: CallStatus) -> ToolReport:
+        """Its report, ended at ``end`` (clock time) in a job that started at ``t0``."""
+        duration, expected = end - self.start, self.expected_s
+        return ToolReport(
+            session_id=session_id,
+            name=self.name,
+            start_s=self.start - t0,
+            duration_s=duration,
+            expected_s=expected,
+            expected_source=self.source,
+            error_s=None if expected is None else duration - expected,
+            status=status,
+        )
+
+    def ended_event(
+        self, job_id: str, session_id: str, end: float, status: CallStatus, error_type: str | None
+    ) -> ToolEnded:
+        return ToolEnded(
+            t=end,
+            job_id=job_id,
+            session_id=session_id,
+            wait_id=self.wait_id,
+            name=self.name,
+            duration_s=end - self.start,
+            status=status,
+            error_type=error_type,
+        )

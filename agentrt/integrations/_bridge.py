@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .._context import _CALL_SESSION, Job, Session, _ToolWait
+from .._context import _CALL_SESSION, Job, Session
+from .._turns import ToolWait
 from ..telemetry._report import CallStatus, JobReport
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ def unbind(binding: Binding) -> None:
 class _OpenJob:
     job: Job
     sessions: dict[Hashable, Session] = field(default_factory=dict)
-    tools: dict[Hashable, tuple[Session, _ToolWait]] = field(default_factory=dict)
+    tools: dict[Hashable, tuple[Session, ToolWait]] = field(default_factory=dict)
     thread: str | None = None
     """The conversation the job continues (a LangGraph ``thread_id``, an Agents SDK
     ``group_id``): its sessions get ids derived from it (:func:`thread_session_id`)."""
