@@ -12,6 +12,7 @@ from functools import partial
 from typing import Any, Final, Literal, Protocol, cast
 
 from ._config import Endpoint, Retry, check_api_key
+from ._ids import random_bytes
 from ._state import _EndpointState
 from .dialects import DialectOptions, DialectSpec, resolve_dialect
 from .scheduling._admission import Admission
@@ -192,6 +193,8 @@ class Checked:
     timeouts: dict[str, float | None]
     poll: float | None
     """The metrics polls' interval (None: no polls)."""
+    settings: dict[str, Any]
+    """The settings each job's report records (``JobReport.runtime``)."""
 
 
 def check(
@@ -261,7 +264,22 @@ def check(
         from .telemetry._prometheus import check_registry
 
         check_registry(None if prometheus is True else prometheus)
-    return Checked(states, router, timeouts, poll)
+    settings = {
+        "routing": routing if isinstance(routing, str) else router.name,
+        "policy": policy if isinstance(policy, str) else type(policy).__name__,
+        "concurrency": concurrency,
+        "token_budget": token_budget,
+        "send_priority": send_priority,
+        "learn_waits": learn_waits,
+        "poll_metrics_s": poll_metrics_s,  # "engine" caps only when polled
+        "endpoints": len(states),
+        # Whose load routing compares: "engine" (polled metrics: the fleet's),
+        # "local" (this process's calls only) or "mixed"; kept current by the polls.
+        "load_view": "local",
+        # This runtime, so that journals written by a fleet tell its processes apart.
+        "runtime_id": random_bytes(6).hex(),
+    }
+    return Checked(states, router, timeouts, poll, settings)
 
 
 def telemetry_hooks(

@@ -34,7 +34,6 @@ from ._errors import (
     WrongLoopError,
 )
 from ._httplib import HttpLib, http_lib, loop_clock
-from ._ids import random_bytes
 from ._jobs import check_not_nested, close_job, run_job, still_running
 from ._notice import Notices, NoticeStatistics
 from ._options import AsyncTransport, PolicySpec, TimeoutLike, check, telemetry_hooks
@@ -196,21 +195,7 @@ class Runtime:
         )
         if self._journal is not None:
             self._core.prefixes = PrefixTracker()
-        self._core.settings = {
-            "routing": routing if isinstance(routing, str) else self._core.router.name,
-            "policy": policy if isinstance(policy, str) else type(policy).__name__,
-            "concurrency": concurrency,
-            "token_budget": token_budget,
-            "send_priority": send_priority,
-            "learn_waits": learn_waits,
-            "poll_metrics_s": poll_metrics_s,  # "engine" caps only when polled
-            "endpoints": len(states),
-            # Whose load routing compares: "engine" (polled metrics: the fleet's),
-            # "local" (this process's calls only) or "mixed"; kept current by the polls.
-            "load_view": "local",
-            # This runtime, so that journals written by a fleet tell its processes apart.
-            "runtime_id": random_bytes(6).hex(),
-        }
+        self._core.settings = checked.settings
         # The HTTP library (legacy httpx or httpx2), chosen once: everything below and
         # every client this runtime builds comes from it.
         self._lib: HttpLib = http_lib(transport)
