@@ -5,7 +5,6 @@ admits or counts (the attempts do, ``_attempts``)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +12,7 @@ import httpx
 
 from ._httplib import HttpLib, asking_usage, prepare
 from ._protocol import CallMetadata, IdleSource, trusted_model
-from ._wire import USAGE_PATHS, asks_usage, merge_body
+from ._wire import USAGE_PATHS, ask_usage, asks_usage, json_bytes, merged
 
 if TYPE_CHECKING:
     from ._context import Session
@@ -74,12 +73,22 @@ def metadata(
 
 class Outgoing:
     """A call's request as its attempts send it: the caller's (``request``) to the URL
-    its path (``suffix``) has on each endpoint; its JSON body (``body``, parsed once);
-    for a streamed call whose caller did not ask for usage, agentrt's question for it
-    (``added_usage``: the usage chunk is read for the report and dropped from what the
-    caller receives)."""
+    its path (``suffix``) has on each endpoint; its JSON body (``body``) parsed once per
+    call and serialized at most once per attempt. For a streamed call whose caller did
+    not ask for usage, agentrt asks for it (``added_usage``: the usage chunk is read for
+    the report and dropped from what the caller receives)."""
 
-    __slots__ = ("added_usage", "base", "body", "lib", "placeholder", "request", "suffix")
+    __slots__ = (
+        "added_usage",
+        "asked",
+        "asked_whole",
+        "base",
+        "body",
+        "lib",
+        "placeholder",
+        "request",
+        "suffix",
+    )
 
     def __init__(
         self,
@@ -99,20 +108,37 @@ class Outgoing:
         self.body = body
         self.added_usage = False
         if stream and body is not None and suffix in USAGE_PATHS and not asks_usage(body):
-            self.request = asking_usage(lib, request, body)
+            ask_usage(body)
             self.added_usage = True
+        self.asked: httpx.Request | None = None
+        """The caller's request asking for usage (``added_usage``), built on the first
+        attempt: with the body (``asked_whole``), else without one."""
+        self.asked_whole = False
 
     def to(self, ep: _EndpointState, enc: Encoding) -> httpx.Request:
         """The request of an attempt to ``ep``: ``enc``'s headers (those the caller did
         not set), its body fields merged into the body (never over the caller's), the
         endpoint's URL and ``Authorization``."""
+        body = self.body
         content = None
-        if enc.body and self.body is not None:
-            send_body = dict(self.body)
-            merge_body(send_body, enc.body)
-            content = json.dumps(send_body, separators=(",", ":")).encode()
-        request = self.request
+        if enc.body and body is not None:
+            content = json_bytes(merged(body, enc.body))
+            request = self._asking(False) if self.added_usage else self.request
+        else:
+            request = self._asking(True) if self.added_usage else self.request
         url = request.url if ep.endpoint.url == self.base else ep.url_for(self.suffix, request.url)
         return prepare(
             self.lib, request, url, enc.headers, ep.authorization, content, self.placeholder
         )
+
+    def _asking(self, whole: bool) -> httpx.Request:
+        """The caller's request asking for usage, built once: with the body serialized
+        where it goes as it is (``whole``), else without one (an attempt's body, with a
+        dialect's fields merged, takes its place); one with the body serves both."""
+        asked = self.asked
+        if asked is None or (whole and not self.asked_whole):
+            assert self.body is not None
+            content = json_bytes(self.body) if whole else None
+            asked = self.asked = asking_usage(self.lib, self.request, content)
+            self.asked_whole = whole
+        return asked

@@ -228,3 +228,71 @@ EXPECTED: dict[str, Any] = {
         ],
     },
 }
+
+
+# -- parsed once, serialized once per attempt -----------------------------------------------
+
+NESTED = {"model": "m", "messages": MSG, "stream": True, "max_tokens": 8, "nvext": {"x": 1}}
+
+
+@pytest.mark.parametrize("first", ["dynamo", "generic"])
+async def test_a_dialects_nested_fields_stay_out_of_the_callers_body(first: str) -> None:
+    """A dialect's fields merged into a dict the caller set (Dynamo's ``nvext``) are
+    merged into a copy: the call's next attempt, to an endpoint of another dialect, sends
+    the caller's dict as it was."""
+    import httpx
+
+    other = "generic" if first == "dynamo" else "dynamo"
+    endpoints = [Endpoint(A, dialect=first), Endpoint(B, dialect=other)]
+    got = await _calls(httpx, endpoints, NESTED, fail=1, error=True)
+    assert len(got) == 2
+    for url, _, body in got:
+        nvext = json.loads(body)["nvext"]
+        dynamo = url.startswith(A) == (first == "dynamo")
+        assert nvext == ({"x": 1, "agent_hints": {"osl": 8}} if dynamo else {"x": 1})
+
+
+@pytest.mark.parametrize(
+    ("body", "dialect", "fail", "parsed", "serialized"),
+    [
+        (PLAIN, "generic", 0, 1, 0),
+        (PLAIN, "vllm", 1, 1, 2),
+        (STREAMED, "generic", 0, 1, 1),
+        (STREAMED, "generic", 2, 1, 1),
+        (STREAMED, "vllm", 0, 1, 1),
+        (STREAMED, "vllm", 2, 1, 3),
+    ],
+)
+async def test_the_body_is_parsed_once_and_serialized_once_per_attempt(
+    monkeypatch: pytest.MonkeyPatch,
+    body: dict[str, Any],
+    dialect: str,
+    fail: int,
+    parsed: int,
+    serialized: int,
+) -> None:
+    """Parsed once per call; serialized once per attempt where a dialect adds body fields,
+    else once per call where agentrt asks for the stream's usage, else never."""
+    import httpx
+
+    import agentrt._call
+    import agentrt._outgoing
+
+    counts = {"parsed": 0, "serialized": 0}
+
+    def counted(name: str, fn: Any) -> Any:
+        def wrapper(*args: Any) -> Any:
+            counts[name] += 1
+            return fn(*args)
+
+        return wrapper
+
+    monkeypatch.setattr(
+        agentrt._call, "request_body", counted("parsed", agentrt._call.request_body)
+    )
+    monkeypatch.setattr(
+        agentrt._outgoing, "json_bytes", counted("serialized", agentrt._outgoing.json_bytes)
+    )
+    sent = await _calls(httpx, [A], body, dialect=dialect, fail=fail)
+    assert len(sent) == fail + 1
+    assert counts == {"parsed": parsed, "serialized": serialized}
