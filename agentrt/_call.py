@@ -144,9 +144,7 @@ class Call(Attempts):
             return self._out_of_attempts(exc.response)
         except RetryableError as exc:
             raise self._unreachable(exc) from exc.error
-        except EndpointError:  # (as it was: a call it ends has ended)
-            raise
-        except BaseException as exc:
+        except BaseException as exc:  # an EndpointError of a wrapped agentrt transport too
             self._ended_by(exc)
             raise
         if (
