@@ -5,42 +5,37 @@ call of a transport sends through. The call itself (its setup, its outcome, its 
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 import httpx
 
-from ._call_events import attempt_failed, log_attempt, moved, sending
-from ._httplib import ConnTrace, HttpLib, prepare
+from ._call_events import attempt_failed, log_attempt, moved, priority_refused, sending
+from ._httplib import ConnTrace, HttpLib
 from ._log import transport_log
 from ._notice import accept_header
-from ._protocol import CallMetadata, trusted_model
-from ._retry import RETRY_STATUS, RetryableError, RetryableStatus, backoff, retry_after
+from ._outgoing import Outgoing, Turn, metadata
+from ._retry import (
+    RETRY_STATUS,
+    RetryableError,
+    RetryableStatus,
+    backoff,
+    refuses_priority,
+    retry_after,
+)
 from ._stream import ObservedStream
-from ._wire import merge_body
 
 if TYPE_CHECKING:
-    from ._context import Job, Session
-    from ._protocol import IdleSource
+    from ._context import Session
     from ._state import _Core, _EndpointState
     from .scheduling._queue import Ticket
-    from .telemetry._reply import ReplyFacts
     from .telemetry._report import _CallState
 
-__all__ = ["Attempts", "Sender", "metadata"]
+__all__ = ["Attempts", "Sender"]
 
 _DEBUG = logging.DEBUG
-_INFO = logging.INFO
-_PRIORITY_REFUSED = re.compile(rb"priority scheduling is not enabled", re.IGNORECASE)
-"""In a 400 to a call that carried a priority: vLLM refuses a non-zero priority with
-``Got priority {priority} but Priority scheduling is not enabled.`` when it was not
-started with ``--scheduling-policy priority`` (``LLMEngine.add_request`` and the async
-engine's ``add_request_async``); a proxy in front of it (LiteLLM) keeps that text."""
-_MAX_ERROR_SCAN = 64 * 1024
 
 _MAX_STALE = 256
 """Resends of one attempt after kept-alive connections the server had closed. Each such
@@ -65,91 +60,35 @@ class Sender:
         self.placeholder = f"Bearer {core.placeholder_key}".encode()
 
 
-def metadata(
-    session: Session,
-    state: _CallState,
-    ticket: Ticket,
-    turn: tuple[int, float | None, float | None, float | None, IdleSource | None, int | None, bool],
-    clock: Callable[[], float],
-) -> CallMetadata:
-    """The metadata an attempt of a call carries (``state.priority``: its priority where
-    its endpoint takes one); ``clock`` tells the time left to its deadline."""
-    job = session.job
-    service_s, service_tokens = job._attained()
-    number, idle_s, declared, expected, source, max_out, final = turn
-    deadline = ticket.deadline_at
-    # Not validated again: the ids were checked when the job and session were made,
-    # the numbers are agentrt's own (tests/test_hot_path.py compares the two ways).
-    return trusted_model(
-        CallMetadata,
-        {
-            "call_id": state.call_id,
-            "job_id": job.id,
-            "session_id": session.id,
-            "program_id": job.program_id,
-            "parent_session_id": session.parent_id,
-            "root_session_id": session.root_id,
-            "session_name": session.name,
-            "blocks_parent": session.blocks_parent,
-            "turn": number,
-            "first_turn": number == 0,
-            "service_s": float(service_s),
-            "service_tokens": service_tokens,
-            "idle_expected_s": None if expected is None else float(expected),
-            "idle_expected_source": source,
-            "idle_s": idle_s,
-            "idle_declared_s": None if declared is None else float(declared),
-            "priority": state.priority,
-            "expected_output_tokens": max_out,
-            "final": final,
-            "deadline_s": None if deadline is None else max(0.0, deadline - clock()),
-            "echo": dict(echo) if (echo := session.echo) else {},
-        },
-    )
-
-
 class Attempts:
-    """A call's attempts (the state is the call's: set by ``Call.__init__``)."""
+    """A call's attempts (the state they share with the call is set by ``Call.__init__``)."""
 
     __slots__ = (
-        "added_usage",
         "backoff_s",
-        "base",
-        "body",
         "clock",
         "core",
-        "ended",
         "ep",
         "failed",
-        "finish_reason",
-        "implicit",
-        "output",
+        "out",
         "prefix",
-        "reply",
-        "request",
         "sender",
         "sent_at",
         "session",
         "state",
         "suffix",
         "ticket",
-        "tools",
         "turn",
     )
 
     sender: Sender
     core: _Core
     clock: Callable[[], float]
-    request: httpx.Request
-    base: str
+    out: Outgoing
     suffix: str
     session: Session
-    implicit: Job | None
-    body: dict[str, Any] | None
-    added_usage: bool
     state: _CallState
     ticket: Ticket
-    turn: tuple[int, float | None, float | None, float | None, IdleSource | None, int | None, bool]
+    turn: Turn
     prefix: tuple[int, ...]
     ep: _EndpointState | None
     """The endpoint of the attempt in flight, counted in its load until released."""
@@ -158,11 +97,6 @@ class Attempts:
     sent_at: float
     backoff_s: float
     """Seconds slept between attempts: not service the program received."""
-    ended: bool
-    finish_reason: str | None
-    output: str | None
-    tools: tuple[str, ...]
-    reply: ReplyFacts | None
 
     async def _attempt(self) -> httpx.Response:
         """One attempt: route, admit, send once, check the reply."""
@@ -331,29 +265,13 @@ class Attempts:
                 self.session.echo[name] = value
 
     def _build(self, ep: _EndpointState, queued: bool) -> httpx.Request:
-        """The request of the attempt to ``ep``: the dialect's headers and body fields for
-        the call's metadata (its priority where ``ep`` takes one), the hooks' headers."""
+        """The request of the attempt to ``ep``, for the call's metadata (its priority
+        where ``ep`` takes one) in ``ep``'s dialect, with the hooks' headers."""
         meta = metadata(self.session, self.state, self.ticket, self.turn, self.clock)
         enc = ep.dialect.encode(meta, ep.options)
         if self.core.hooks:
             self._sending(ep, queued, enc.headers)
-        content = None
-        if enc.body and self.body is not None:
-            send_body = dict(self.body)
-            merge_body(send_body, enc.body)
-            content = json.dumps(send_body, separators=(",", ":")).encode()
-        request = self.request
-        base = ep.endpoint.url
-        url = request.url if base == self.base else ep.url_for(self.suffix, request.url)
-        return prepare(
-            self.sender.lib,
-            request,
-            url,
-            enc.headers,
-            ep.authorization,
-            content,
-            self.sender.placeholder,
-        )
+        return self.out.to(ep, enc)
 
     async def _priority_refused(self, ep: _EndpointState, response: httpx.Response) -> bool:
         """Whether a 400 to a call that carried a priority refuses the priority itself
@@ -366,7 +284,7 @@ class Attempts:
             self._release(ok=True)
             await response.aclose()
             raise
-        if _PRIORITY_REFUSED.search(body[:_MAX_ERROR_SCAN]) is None:
+        if not refuses_priority(body):
             return False
         await response.aclose()
         state = self.state
@@ -377,14 +295,7 @@ class Attempts:
             self._failed(ep, "HTTP 400", will_retry=True)
         state.priority = None
         if ep.refuse_priority():
-            transport_log.warning(
-                "endpoint %s refused a call's priority (HTTP 400: priority scheduling is "
-                "not enabled there); the call was resent without one, and this runtime "
-                "sends that endpoint no more priorities. To silence this, set "
-                "send_priority=False for it (Endpoint(url, send_priority=False)), or start "
-                "the server with --scheduling-policy priority",
-                ep.endpoint.url,
-            )
+            priority_refused(ep.endpoint.url)
         return True
 
     def _log_attempt(self, ep: _EndpointState, outcome: str) -> None:

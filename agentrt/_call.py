@@ -13,13 +13,12 @@ from ._attempts import Attempts, Sender
 from ._call_events import call_ended, call_started
 from ._context import Job, Session
 from ._errors import DeadlineExceeded, EndpointError, only_cancelled
-from ._httplib import asking_usage, rebuild, what_to_do
+from ._httplib import rebuild, what_to_do
 from ._ids import new_id
 from ._log import credential_forms, scrub_bytes, transport_log
+from ._outgoing import Outgoing
 from ._retry import RetryableError, RetryableStatus
 from ._wire import (
-    USAGE_PATHS,
-    asks_usage,
     reply_object,
     request_body,
     request_facts,
@@ -41,7 +40,7 @@ __all__ = ["Call"]
 class Call(Attempts):
     """One call through the transport: its metadata, its attempts, its accounting."""
 
-    __slots__ = ()
+    __slots__ = ("base", "ended", "finish_reason", "implicit", "output", "reply", "tools")
 
     def __init__(
         self,
@@ -54,7 +53,6 @@ class Call(Attempts):
     ) -> None:
         self.sender = sender
         self.core = core = sender.core
-        self.request = request
         self.base = base
         self.suffix = suffix
         self.session = session
@@ -76,14 +74,9 @@ class Call(Attempts):
         """The reply's id, model, finish reasons and tool calls, read only for hooks."""
         job = session.job
         content = request.content if request.method == "POST" else b""
-        self.body = body = request_body(content) if content else None
+        body = request_body(content) if content else None
         stream, model, max_out = request_facts(body)
-        self.added_usage = False
-        """agentrt asked for the stream's usage chunk (the caller did not): the chunk is
-        read for the report and dropped from what the caller receives."""
-        if stream and body is not None and suffix in USAGE_PATHS and not asks_usage(body):
-            self.request = asking_usage(sender.lib, request, body)
-            self.added_usage = True
+        self.out = Outgoing(sender.lib, sender.placeholder, request, base, suffix, body, stream)
 
         self.clock = clock = core.clock
         now = clock()
@@ -118,7 +111,7 @@ class Call(Attempts):
         """An error reply's body without the runtime's secrets or the credential the call
         carried, before the caller's client reads it: servers echo them (OpenAI's 401
         quotes the key), and the exception, the job's error and the journal would."""
-        own = credential_forms(self.request.headers.get("authorization"))
+        own = credential_forms(self.out.request.headers.get("authorization"))
         return scrub_bytes(body, tuple(sorted({*self.core.secrets, *own}, key=len, reverse=True)))
 
     async def run_bounded(self, deadline: float) -> httpx.Response:
@@ -152,9 +145,7 @@ class Call(Attempts):
             return self._out_of_attempts(exc.response)
         except RetryableError as exc:
             raise self._unreachable(exc) from exc.error
-        except EndpointError:  # (as it was: a call it ends has ended)
-            raise
-        except BaseException as exc:
+        except BaseException as exc:  # an EndpointError of a wrapped agentrt transport too
             self._ended_by(exc)
             raise
         if (

@@ -26,7 +26,15 @@ if TYPE_CHECKING:
     from .scheduling._queue import Ticket
     from .telemetry._report import CallStatus, _CallState
 
-__all__ = ["attempt_failed", "call_ended", "call_started", "log_attempt", "moved", "sending"]
+__all__ = [
+    "attempt_failed",
+    "call_ended",
+    "call_started",
+    "log_attempt",
+    "moved",
+    "priority_refused",
+    "sending",
+]
 
 _INFO = logging.INFO
 
@@ -156,6 +164,18 @@ def log_attempt(
         suffix,
         core.redact(outcome),
         s,
+    )
+
+
+def priority_refused(url: str) -> None:
+    """The warning, once per endpoint, that the endpoint at ``url`` refused a priority."""
+    transport_log.warning(
+        "endpoint %s refused a call's priority (HTTP 400: priority scheduling is not "
+        "enabled there); the call was resent without one, and this runtime sends that "
+        "endpoint no more priorities. To silence this, set send_priority=False for it "
+        "(Endpoint(url, send_priority=False)), or start the server with "
+        "--scheduling-policy priority",
+        url,
     )
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.metadata
-import json
 import operator
 from collections.abc import Callable, Iterator
 from functools import cache
@@ -325,16 +324,11 @@ def prepare(
     return out
 
 
-def asking_usage(lib: HttpLib, request: httpx.Request, body: dict[str, Any]) -> httpx.Request:
-    """The request of a streamed call whose caller did not ask for usage, asking for it
-    (``stream_options.include_usage``; the caller's other stream options kept), so that
-    its tokens are counted; and without compression, so that the stream can be read and
-    its usage-only chunk dropped. Built once per such call, never for others."""
-    options = body.get("stream_options")
-    asked = dict(options) if options.__class__ is dict else {}
-    asked["include_usage"] = True
-    body["stream_options"] = asked
-    content = json.dumps(body, separators=(",", ":")).encode()
+def asking_usage(lib: HttpLib, request: httpx.Request, content: bytes | None) -> httpx.Request:
+    """The request of a streamed call whose caller did not ask for usage, with the body
+    ``content`` that asks for it (``_wire.ask_usage``), or none where each attempt brings
+    its own (a dialect's fields merged); and without compression, so that the stream can
+    be read and its usage-only chunk dropped. Built once per such call, never for others."""
     headers = [
         (k, v)
         for k, v in request.headers.raw

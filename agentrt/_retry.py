@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import email.utils
 import random
+import re
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Final
 
@@ -18,11 +19,24 @@ import httpx
 if TYPE_CHECKING:
     from ._config import Retry
 
-__all__ = ["RETRY_STATUS", "RetryableError", "RetryableStatus", "backoff", "retry_after"]
+__all__ = [
+    "RETRY_STATUS",
+    "RetryableError",
+    "RetryableStatus",
+    "backoff",
+    "refuses_priority",
+    "retry_after",
+]
 
 RETRY_STATUS: Final = frozenset({408, 409, 429, 500, 502, 503, 504})
 """The statuses an attempt is retried on (openai-python's: timeout, conflict, rate limit,
 server errors)."""
+_PRIORITY_REFUSED = re.compile(rb"priority scheduling is not enabled", re.IGNORECASE)
+"""In a 400 to a call that carried a priority: vLLM refuses a non-zero priority with
+``Got priority {priority} but Priority scheduling is not enabled.`` when it was not
+started with ``--scheduling-policy priority`` (``LLMEngine.add_request`` and the async
+engine's ``add_request_async``); a proxy in front of it (LiteLLM) keeps that text."""
+_MAX_ERROR_SCAN = 64 * 1024
 
 
 class RetryableStatus(Exception):
@@ -79,3 +93,9 @@ def backoff(retry: Retry, n: int, exc: BaseException | None) -> float:
     if isinstance(exc, RetryableStatus) and exc.retry_after is not None:
         delay = max(delay, min(exc.retry_after, retry.retry_after_max))
     return float(delay)
+
+
+def refuses_priority(body: bytes) -> bool:
+    """Whether the body of a 400 to a call that carried a priority refuses the priority
+    itself: the attempt is then resent at once without it, not retried."""
+    return _PRIORITY_REFUSED.search(body[:_MAX_ERROR_SCAN]) is not None

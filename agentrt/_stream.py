@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from ._context import Session
     from ._httplib import HttpLib
+    from ._outgoing import Outgoing
     from ._state import _Core, _EndpointState
     from .scheduling._queue import Ticket
     from .telemetry._reply import ReplyFacts
@@ -51,8 +52,7 @@ class StreamCall(Protocol):
     ticket: Ticket
     ep: _EndpointState | None
     base: str
-    body: dict[str, Any] | None
-    added_usage: bool
+    out: Outgoing
     reply: ReplyFacts | None
     finish_reason: str | None
     output: str | None
@@ -94,8 +94,8 @@ class ObservedStream:
         self._deadline = call.ticket.deadline_at
         """The job's deadline: every read is bounded by it."""
         self._filter: UsageFilter | None = None
-        if call.added_usage and self._parse:
-            n = call.body.get("n") if call.body else None
+        if call.out.added_usage and self._parse:
+            n = call.out.body.get("n") if call.out.body else None
             self._filter = UsageFilter(self, n if n.__class__ is int and n > 1 else 1)
         """What the caller reads when agentrt asked for the usage chunk (else this)."""
         self._session = call.session

@@ -11,10 +11,12 @@ from typing import Any, Final, Protocol
 __all__ = [
     "FINISH",
     "USAGE_PATHS",
+    "ask_usage",
     "asks_usage",
     "content_of",
+    "json_bytes",
     "json_value",
-    "merge_body",
+    "merged",
     "reply_object",
     "request_body",
     "request_facts",
@@ -104,14 +106,31 @@ def asks_usage(body: dict[str, Any]) -> bool:
     )
 
 
-def merge_body(body: dict[str, Any], extra: dict[str, Any]) -> None:
-    """Merge a dialect's fields into a request body; never overwrite what the caller set
-    (its own metadata wins: docs/protocol.md, section 3)."""
+def ask_usage(body: dict[str, Any]) -> None:
+    """Ask a streamed request's usage (``stream_options.include_usage``), the caller's other
+    stream options kept (in a copy: the caller's dict stays as it was)."""
+    options = body.get("stream_options")
+    asked = dict(options) if options.__class__ is dict else {}
+    asked["include_usage"] = True
+    body["stream_options"] = asked
+
+
+def merged(body: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """A request body with a dialect's fields merged in; never over what the caller set
+    (its own metadata wins: docs/protocol.md, section 3), nested dicts key by key. A copy:
+    ``body`` and the dicts in it stay as they were, for the call's next attempt."""
+    out = dict(body)
     for key, value in extra.items():
-        if key not in body:
-            body[key] = value
-        elif isinstance(body[key], dict) and isinstance(value, dict):
-            merge_body(body[key], value)
+        if key not in out:
+            out[key] = value
+        elif out[key].__class__ is dict and isinstance(value, dict):
+            out[key] = merged(out[key], value)
+    return out
+
+
+def json_bytes(body: dict[str, Any]) -> bytes:
+    """A request body as agentrt sends one it wrote: compact JSON (no spaces)."""
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def content_of(body: dict[str, Any] | None) -> Any:

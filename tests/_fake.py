@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -9,6 +10,20 @@ from typing import Any
 
 import anyio
 import httpx
+
+
+def _http_libs() -> list[Any]:
+    out = [importlib.import_module("httpx")]
+    try:  # httpx2 comes with openai 3; with openai 2 only httpx is there
+        out.append(importlib.import_module("httpx2"))
+    except ImportError:
+        pass
+    return out
+
+
+HTTP_LIBS = _http_libs()
+"""The HTTP libraries a runtime may speak (legacy httpx, and httpx2 where installed), for
+tests parametrized over both."""
 
 
 @dataclass

@@ -27,6 +27,7 @@ STAGES = (
     "agentrt._httplib",
     "agentrt._wire",
     "agentrt._retry",
+    "agentrt._outgoing",
     "agentrt._stream",
     "agentrt._call_events",
     "agentrt._attempts",

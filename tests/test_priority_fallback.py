@@ -9,7 +9,6 @@ tests: a MockTransport (of httpx, and of httpx2 where installed) plays the serve
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -23,6 +22,7 @@ import pytest
 from agentrt import Endpoint, Retry, Runtime
 from agentrt.scheduling import FCFS, Ticket
 from agentrt.telemetry import AttemptFailed, CallSent, Event
+from tests._fake import HTTP_LIBS
 
 pytestmark = pytest.mark.anyio
 
@@ -44,18 +44,6 @@ def vllm_refusal(priority: int) -> dict[str, Any]:
             "code": 400,
         }
     }
-
-
-def _libs() -> list[Any]:
-    out = [importlib.import_module("httpx")]
-    try:  # httpx2 comes with openai 3; with openai 2 only httpx is there
-        out.append(importlib.import_module("httpx2"))
-    except ImportError:
-        pass
-    return out
-
-
-LIBS = _libs()
 
 
 class Level(FCFS):
@@ -143,7 +131,7 @@ def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("lib", LIBS, ids=[m.__name__ for m in LIBS])
+@pytest.mark.parametrize("lib", HTTP_LIBS, ids=[m.__name__ for m in HTTP_LIBS])
 async def test_refused_priority_is_resent_without_it_and_not_sent_again(
     lib: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -10,6 +10,7 @@ import pytest
 import agentrt
 from agentrt import Endpoint, Retry, Runtime
 from agentrt._protocol import CallMetadata, parse_agentrt_header
+from agentrt.telemetry import CallEnded, Event
 from tests._fake import MSG, FakeEngine, Seen
 
 pytestmark = pytest.mark.anyio
@@ -320,6 +321,35 @@ async def test_non_openai_reply_names_the_endpoint() -> None:
         with pytest.raises(agentrt.EndpointError, match="OpenAI-compatible"):
             async with rt.job("r") as job, job.session() as s:
                 await s.chat(model="m", messages=MSG)
+    assert job.report.status == "error"
+
+
+class _Subclassed(agentrt.EndpointError):
+    pass
+
+
+@pytest.mark.parametrize("error", [agentrt.EndpointError, _Subclassed])
+async def test_an_endpoint_error_of_the_inner_transport_ends_the_call(
+    error: type[agentrt.EndpointError],
+) -> None:
+    """A wrapped transport that raises agentrt's own EndpointError (another runtime's
+    transport, say): the call ends, once, with status error; the caller sees that error."""
+
+    class Inner(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            raise error("inner endpoint failed", endpoint="http://inner.test/v1")
+
+    events: list[Event] = []
+    async with Runtime([URL], transport=Inner(), retry=FAST, hooks=[events.append]) as rt:
+        with pytest.raises(error, match="inner endpoint failed") as info:
+            async with rt.job("r") as job, job.session() as s:
+                await s.chat(model="m", messages=MSG)
+    assert type(info.value) is error
+    (call,) = job.report.call_reports
+    assert call.status == "error" and call.attempts == 1
+    assert "inner endpoint failed" in (call.error or "")
+    ended = [e for e in events if isinstance(e, CallEnded)]
+    assert len(ended) == 1 and ended[0].report.status == "error"
     assert job.report.status == "error"
 
 

@@ -186,7 +186,7 @@ def _combine_body(
 ) -> None:
     """Dialect ``who``'s body fields into the combined dialect's (``owner``: who set each
     field): combined dialects must agree, a field set to two values raises. (What a
-    call's caller set always wins over any dialect's: ``_wire.merge_body``.)"""
+    call's caller set always wins over any dialect's: ``_wire.merged``.)"""
     for key, value in add.items():
         where = f"{path}.{key}" if path else key
         if key not in into:
