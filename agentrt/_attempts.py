@@ -135,9 +135,7 @@ class Attempts:
         session = self.session
         placement = session.placement
         home = placement.home
-        index, reason = placement.route(
-            core, self.failed, self.prefix, ticket.tokens, not session._closed
-        )
+        index, reason = placement.route(core, self.failed, self.prefix, ticket.tokens)
         ep = core.endpoints[index]
         if reason is not None:
             state.moved = True

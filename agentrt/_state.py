@@ -133,7 +133,7 @@ class Placement:
     estimate). A session holds one (``Session.placement``); its calls are routed through
     it (:meth:`route`) and report their replies to it (:meth:`replied`)."""
 
-    __slots__ = ("cacheable", "home", "last_reply_at", "session_id", "stable")
+    __slots__ = ("cacheable", "ended", "home", "last_reply_at", "session_id", "stable")
 
     def __init__(self, session_id: str, stable: bool) -> None:
         self.session_id = session_id
@@ -145,6 +145,8 @@ class Placement:
         self.cacheable: tuple[int, int] | None = None
         """(endpoint, prompt + completion tokens) of the last successful call: what that
         replica could still hold for the next turn."""
+        self.ended = False
+        """The session ended (:meth:`unpin`): it counts in no replica's load."""
 
     def route(
         self,
@@ -152,14 +154,13 @@ class Placement:
         avoid: Collection[int],
         prefix: tuple[int, ...],
         tokens: int,
-        counted: bool,
     ) -> tuple[int, str | None]:
         """The endpoint for the session's call, and why the session moved there from the
         replica that served its previous turn (its KV cache there is lost), or None if
         it did not move: ``"unavailable"`` (its replica failed or is down), the router's
         own reason where it gives one (``SessionAffinity.move_reason``: ``"retention"``,
-        ``"overload"``), else ``"routing"``. ``counted``: the session counts in its
-        replica's load (an ended one counts nowhere: :meth:`unpin`)."""
+        ``"overload"``), else ``"routing"``. A session counts in its replica's load
+        until it ends (a call still in flight may move an ended one: counted nowhere)."""
         endpoints = core.endpoints
         home = self.home
         index = 0
@@ -174,7 +175,7 @@ class Placement:
         if home == index:
             return index, None
         self.home = index
-        if counted:
+        if not self.ended:
             endpoints[index].load.sessions += 1
             if home is not None:
                 endpoints[home].load.sessions -= 1
@@ -209,7 +210,10 @@ class Placement:
                 core.endpoints[index].retention.observe(idle_s, hit)
 
     def unpin(self, core: _Core) -> None:
-        """The session ended: it no longer counts in its replica's load."""
+        """The session ended: it no longer counts in its replica's load. Idempotent."""
+        if self.ended:
+            return
+        self.ended = True
         if self.home is not None:
             core.endpoints[self.home].load.sessions -= 1
 
