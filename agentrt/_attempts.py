@@ -16,7 +16,7 @@ from ._call_events import attempt_failed, log_attempt, moved, priority_refused, 
 from ._httplib import ConnTrace, HttpLib
 from ._log import transport_log
 from ._notice import accept_header
-from ._outgoing import Outgoing, Turn, metadata
+from ._outgoing import Outgoing, metadata
 from ._retry import (
     RETRY_STATUS,
     RetryableError,
@@ -30,6 +30,7 @@ from ._stream import ObservedStream
 if TYPE_CHECKING:
     from ._context import Session
     from ._state import _Core, _EndpointState
+    from ._turns import TurnStart
     from .scheduling._queue import Ticket
     from .telemetry._report import _CallState
 
@@ -69,6 +70,7 @@ class Attempts:
         "core",
         "ep",
         "failed",
+        "max_out",
         "out",
         "prefix",
         "sender",
@@ -88,7 +90,9 @@ class Attempts:
     session: Session
     state: _CallState
     ticket: Ticket
-    turn: Turn
+    turn: TurnStart
+    max_out: int | None
+    """The output tokens the request allows (``max_tokens`` and its kin), if it says."""
     prefix: tuple[int, ...]
     ep: _EndpointState | None
     """The endpoint of the attempt in flight, counted in its load until released."""
@@ -265,7 +269,7 @@ class Attempts:
     def _build(self, ep: _EndpointState, queued: bool) -> httpx.Request:
         """The request of the attempt to ``ep``, for the call's metadata (its priority
         where ``ep`` takes one) in ``ep``'s dialect, with the hooks' headers."""
-        meta = metadata(self.session, self.state, self.ticket, self.turn, self.clock)
+        meta = metadata(self.session, self.state, self.ticket, self.turn, self.max_out, self.clock)
         enc = ep.dialect.encode(meta, ep.options)
         if self.core.hooks:
             self._sending(ep, queued, enc.headers)

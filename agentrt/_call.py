@@ -80,13 +80,13 @@ class Call(Attempts):
 
         self.clock = clock = core.clock
         now = clock()
-        turn, idle_s, declared, expected, source, final, after_tools = session._begin_turn(now)
-        self.turn = (turn, idle_s, declared, expected, source, max_out, final)
+        self.turn = start = session._begin_turn(now)
+        self.max_out = max_out
         call_id = new_id("call")
-        self.state = job._open_call(call_id, session, turn, suffix, model, stream, now)
-        if self.turn[1] is not None:
-            self.state.idle_s = self.turn[1]
-            if after_tools:
+        self.state = job._open_call(call_id, session, start.turn, suffix, model, stream, now)
+        if start.idle_s is not None:
+            self.state.idle_s = start.idle_s
+            if start.after_tools:
                 self.state.idle_cause = "tool"
         if core.prefixes is not None and content:
             self.state.prefix = core.prefixes.observe(session.id, content)
@@ -271,10 +271,10 @@ class Call(Attempts):
             if service < 0.0:
                 service = 0.0
             session.job._served(service, tokens)
-            ticket.idle_expected_s = self.turn[3]
+            ticket.idle_expected_s = self.turn.idle_expected_s
             core.call_ended(ticket, service, tokens)
             if status == "ok":
-                session.placement.replied(core, now, state, self.turn[1])  # cache retention
+                session.placement.replied(core, now, state, self.turn.idle_s)  # cache retention
                 if self.tools:
                     session._tool_calls(self.tools)
             if core.hooks:

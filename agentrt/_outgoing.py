@@ -11,35 +11,34 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from ._httplib import HttpLib, asking_usage, prepare
-from ._protocol import CallMetadata, IdleSource, trusted_model
+from ._protocol import CallMetadata, trusted_model
 from ._wire import USAGE_PATHS, ask_usage, asks_usage, json_bytes, merged
 
 if TYPE_CHECKING:
     from ._context import Session
     from ._state import _EndpointState
+    from ._turns import TurnStart
     from .dialects._base import Encoding
     from .scheduling._queue import Ticket
     from .telemetry._report import _CallState
 
-__all__ = ["Outgoing", "Turn", "metadata"]
-
-Turn = tuple[int, float | None, float | None, float | None, IdleSource | None, int | None, bool]
-"""A call's turn as its metadata tells it: number, idle seconds, declared and expected
-idle seconds, where the expectation came from, the output tokens allowed, final."""
+__all__ = ["Outgoing", "metadata"]
 
 
 def metadata(
     session: Session,
     state: _CallState,
     ticket: Ticket,
-    turn: Turn,
+    turn: TurnStart,
+    max_out: int | None,
     clock: Callable[[], float],
 ) -> CallMetadata:
     """The metadata an attempt of a call carries (``state.priority``: its priority where
-    its endpoint takes one); ``clock`` tells the time left to its deadline."""
+    its endpoint takes one; ``max_out``: the output tokens the request allows); ``clock``
+    tells the time left to its deadline."""
     job = session.job
     service_s, service_tokens = job._attained()
-    number, idle_s, declared, expected, source, max_out, final = turn
+    number, idle_s, declared, expected, source, final, _ = turn
     deadline = ticket.deadline_at
     # Not validated again: the ids were checked when the job and session were made,
     # the numbers are agentrt's own (tests/test_hot_path.py compares the two ways).
