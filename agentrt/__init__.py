@@ -11,7 +11,6 @@ or more to import on a small machine.
 from __future__ import annotations
 
 from importlib import import_module
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -31,11 +30,7 @@ if TYPE_CHECKING:
     from .telemetry import CallReport, JobReport, ToolReport
     from .telemetry._journal import JournalStatistics
 
-try:
-    __version__ = version("agentjct")  # the distribution's name on PyPI (README)
-    """The installed distribution's version (``0.0.0`` when run from a source tree)."""
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0.0.0"
+from ._version import __version__
 
 __all__ = [
     "DEFAULT_RETRY",

@@ -624,12 +624,9 @@ def _print_help(parser: argparse.ArgumentParser) -> int:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from ._version import __version__
 
-    try:
-        return version("agentjct")  # the distribution's name on PyPI
-    except PackageNotFoundError:  # pragma: no cover - running from a source tree
-        return "0.0.0"
+    return __version__
 
 
 def _workers(text: str) -> int | str:

@@ -9,10 +9,11 @@ prefix cache and an optional host tier. Time only passes through ``anyio.sleep``
 """
 
 from ._calibrate import probe_engine
-from ._cluster import Cluster, Replica
+from ._cluster import Cluster
 from ._config import PRESETS, EngineConfig
 from ._cost import CostModel, StepSample, calibrate
 from ._engine import ReplicaStats
+from ._replica import Replica
 from ._serve import ServedURLs, ServeError, serve, serve_async
 from ._tokenize import count_tokens, output_text, prompt_for_blocks
 

@@ -10,39 +10,14 @@ import anyio
 import httpx
 from anyio.abc import TaskGroup
 
-from ._app import ASGIApp, ClusterApp, ReplicaApp, render_metrics
+from ._app import ASGIApp, ClusterApp
 from ._config import EngineConfig, resolve_config
-from ._engine import Engine, ReplicaStats
+from ._engine import ReplicaStats
+from ._replica import Replica
 from ._transport import ASGIDispatchTransport
 from .peers import GatewayApp, Policy, make_policy
 
-__all__ = ["Cluster", "Replica"]
-
-
-class Replica:
-    """One simulated engine: its ASGI app, its base URL and its statistics."""
-
-    def __init__(self, index: int, config: EngineConfig, host_suffix: str) -> None:
-        self.index = index
-        self.name = f"replica-{index}"
-        self.host = f"{self.name}{host_suffix}"
-        self.base_url = f"http://{self.host}/v1"
-        """The OpenAI base URL that :meth:`Cluster.transport` routes to this replica."""
-        self.config = config
-        self.engine = Engine(config, self.name)
-        self.app: ASGIApp = ReplicaApp(self.engine)
-        """The replica's ASGI application (works only while its cluster runs)."""
-
-    def stats(self) -> ReplicaStats:
-        """A frozen snapshot of the engine's state and counters."""
-        return self.engine.stats()
-
-    def metrics_text(self) -> str:
-        """What ``GET /metrics`` returns."""
-        return render_metrics(self.engine)
-
-    def __repr__(self) -> str:
-        return f"<Replica {self.name} {self.base_url}>"
+__all__ = ["Cluster"]
 
 
 class Cluster:

@@ -230,7 +230,7 @@ class _OtelHook:
         with them the hook counts as installed."""
         from opentelemetry import context, metrics, propagate, trace
 
-        from .. import __version__
+        from .._version import __version__
 
         if semconv not in ("default", "latest", "both"):
             raise ValueError(f"semconv must be 'default', 'latest' or 'both', not {semconv!r}")

@@ -29,7 +29,7 @@ from .._tokenize import PromptError
 from ._base import GatewayRequest, Policy, ReplicaView
 
 if TYPE_CHECKING:
-    from .._cluster import Replica
+    from .._replica import Replica
 
 __all__ = ["GatewayApp"]
 
