@@ -14,7 +14,6 @@ replica's ``/metrics`` every 0.5 s), and a fixed cap of 4, each with ``fcfs`` an
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from _harness import write_result
 from trio.testing import MockClock
 
 from agentrt import Runtime
@@ -124,8 +124,7 @@ def main() -> None:
                     flush=True,
                 )
     print(f"wall {time.perf_counter() - started:.0f} s")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=1))
+    write_result(args.out, rows, __doc__)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ and ``coding`` (the fitted generator at the demo's scale). KV settings: ``ample`
 ``h100-8b`` preset's 26,624 blocks of 16 tokens per replica) and ``pressure``
 (--pressure-blocks). 8 replicas; 2 seeds by default.
 
-    .venv/bin/python benchmarks/alternatives.py                 # results/alternatives.json
+    .venv/bin/python benchmarks/alternatives.py                 # results/alternatives_kv_ample.json
     .venv/bin/python benchmarks/alternatives.py --quick         # a small run
     .venv/bin/python benchmarks/alternatives.py --append --peer llm-d   # add configurations
 """
@@ -42,6 +42,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from _harness import write_result
 from slo_rate import Setup, at_rate, measure
 
 from agentrt.bench import Arrivals, BenchConfig, TraceOptions, make_workload
@@ -343,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "below a replica's KV, or its longest calls are refused)",
     )
     ap.add_argument("--append", action="store_true", help="add to --out's configurations")
-    ap.add_argument("--out", type=Path, default=Path("results/alternatives.json"))
+    ap.add_argument("--out", type=Path, default=Path("results/alternatives_kv_ample.json"))
     ap.add_argument(
         "--show", action="store_true", help="print --out's tables (text and Markdown), run nothing"
     )
@@ -407,8 +408,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     def save() -> None:
         out["wall_s"] = round(time.perf_counter() - started + old.get("wall_s", 0.0), 1)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=1))
+        write_result(args.out, out, __doc__)
 
     for kv, blocks in kvs.items():
         entry = out["kv"].setdefault(

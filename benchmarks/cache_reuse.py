@@ -17,7 +17,6 @@ Every run uses fresh, unique prompts, so no run reuses another's cache.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from _harness import write_result
 
 import agentrt
 from agentrt.testing.vllm_cpu import SETUP_MESSAGE, ReplicaSpec, find_engine, launch
@@ -109,8 +109,7 @@ def main() -> int:
     print(f"{'setup':40} {'cached share of prompt tokens':>30} {'replicas used':>14}")
     for name, row in summary.items():
         print(f"{name:40} {row['cache_share_median']:>30.1%} {row['replicas_used']:>14}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"turns": args.turns, "setups": summary}, indent=2))
+    write_result(args.out, {"turns": args.turns, "setups": summary}, __doc__, indent=2)
     print(f"wrote {args.out}")
     return 0
 

@@ -32,7 +32,6 @@ Needs ``valgrind`` (Debian: ``apt-get install valgrind``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -42,6 +41,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from _harness import write_result
 
 HERE = Path(__file__).resolve().parent
 CLIENTS = (
@@ -169,8 +170,7 @@ def main() -> None:
         "instructions_per_call": per_call,
         "added_vs_openai": {n: per_call[n] - base for n in names[1:]},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result, __doc__, indent=2)
     print(f"\nwrote {args.out}")
 
 

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from _harness import write_result
 
 import agentrt
 from agentrt.telemetry import AttemptFailed, Event, SessionMoved
@@ -257,8 +258,7 @@ def main() -> int:
         },
         "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    write_result(args.out, out, __doc__, indent=2)
     print(f"wrote {args.out}")
     return 0
 

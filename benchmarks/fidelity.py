@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from dataclasses import asdict
@@ -23,6 +22,7 @@ from typing import Any
 
 import anyio
 import httpx
+from _harness import write_result
 
 import agentrt
 from agentrt.bench import Call, JobPlan, Prompts, SessionPlan, VirtualTimeLoop
@@ -154,8 +154,7 @@ def main() -> int:
     for key in ("latency_p50_s", "cache_hit_rate", "jct_p50_s", "prompt_tokens"):
         ratio = s[key] / r[key] if r[key] else float("nan")
         print(f"{key:24} {r[key]:14.4f} {s[key]:10.4f} {ratio:14.2f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"real_side": real, "sim": sim}, indent=1))
+    write_result(args.out, {"real_side": real, "sim": sim}, __doc__)
     print(f"wrote {args.out}")
     return 0
 

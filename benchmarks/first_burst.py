@@ -33,6 +33,7 @@ from typing import Any
 import anyio
 import httpx
 import openai
+from _harness import write_result
 
 import agentrt
 import agentrt._runtime
@@ -125,7 +126,7 @@ def main() -> None:
         print(f"{v:<18}{s['p50_ms']:>12.1f}{s['max_ms']:>12.1f}{s['wall_s']:>14.2f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"calls": args.calls, "rounds": args.rounds, "openai": openai.__version__}
-    args.out.write_text(json.dumps({"config": meta, "summary": summary, "runs": runs}, indent=2))
+    write_result(args.out, {"config": meta, "summary": summary, "runs": runs}, __doc__, indent=2)
     print(f"results: {args.out}")
 
 

@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from _harness import write_result
+
 _FIRST_USE = """
 import json, time
 w0, c0 = time.perf_counter(), time.process_time()
@@ -78,8 +80,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ("import openai (alone)", "openai"),
     ):
         print(f"{label:<28}{m[key + '_wall']:>8.3f}{m[key + '_cpu']:>8.3f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.out, result, __doc__)
     print(f"results: {args.out}")
     return result
 

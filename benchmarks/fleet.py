@@ -16,13 +16,14 @@ Claude Code replays, 8 replicas, 0.1 jobs/s; needs ../shared/traces).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from _harness import write_result
 
 from agentrt.bench import BenchConfig, run_study
 
@@ -110,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{r['call_imbalance'] or 0:>5.2f} {ratio:>7}"
                 )
     print(f"\nwall {wall:.0f} s; results: {args.out}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1))
+    write_result(args.out, out, __doc__)
     return 0
 
 

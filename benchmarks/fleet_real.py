@@ -43,6 +43,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from _harness import write_result
+
 CLIENTS = ("plain", "defaults", "hash")
 WORDS = (
     "agent tool call session prefix cache token engine queue batch priority schedule latency "
@@ -408,8 +410,7 @@ def main() -> int:
                     rows.append(summarize(client, jobs, moves, replicas, time.monotonic() - t0))
             _table(fleet, rows)
             results["runs"][str(fleet)] = rows
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    write_result(out, results, __doc__, indent=2)
     print(f"wrote {out}")
     return 0
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
 import socket
@@ -43,6 +42,7 @@ from typing import Any
 import anyio
 import httpx
 import openai
+from _harness import write_result
 
 import agentrt
 
@@ -247,7 +247,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
     doc = {"pin": args.pin, "rounds": args.rounds, "loadavg": load, "clients": rows}
-    args.out.write_text(json.dumps(doc, indent=2))
+    write_result(args.out, doc, __doc__, indent=2)
     print(f"load average {load[0]:.2f}; results: {args.out}")
 
 

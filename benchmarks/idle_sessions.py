@@ -14,7 +14,6 @@ call.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tracemalloc
 from contextlib import AsyncExitStack
@@ -23,6 +22,7 @@ from typing import Any
 
 import anyio
 import httpx2
+from _harness import write_result
 
 import agentrt
 
@@ -81,8 +81,7 @@ def main() -> int:
         f"({result['per_session_kb']:.1f} kB each; goal: < 100 MB for 10,000); "
         f"sessions per endpoint {result['sessions_per_endpoint']}"
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_result(args.out, result, __doc__, indent=2)
     return 0
 
 

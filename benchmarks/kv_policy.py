@@ -40,12 +40,13 @@ processes (default: one per core; 1: one by one; ray: on Ray), with the same res
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from _harness import write_result
 
 from agentrt.bench import (
     Arrivals,
@@ -323,8 +324,7 @@ def main() -> int:
         "policies": args.policies,
         "final_drop": args.final_drop,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"setup": setup, "rows": rows, "failures": failures}, indent=1))
+    write_result(args.out, {"setup": setup, "rows": rows, "failures": failures}, __doc__)
     print(f"wrote {args.out} in {time.perf_counter() - started:.0f} s")
     return 0
 

@@ -26,14 +26,13 @@ from reports).
 ``--warmup-fraction`` of the run), no sample above 1.1x the first post-warm-up sample.
 
     .venv/bin/python benchmarks/load.py                       # results/load.json
-    .venv/bin/python benchmarks/load.py --soak 30             # results/load-soak.json
+    .venv/bin/python benchmarks/load.py --soak 30             # results/load_soak.json
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import resource
@@ -48,6 +47,7 @@ from typing import Any
 
 import anyio
 import openai
+from _harness import write_result
 
 import agentrt
 
@@ -414,7 +414,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{s['fds_max']:.0f}; lost {s['totals']['lost']}; "
             f"{'flat' if s['flat'] else 'NOT flat'}"
         )
-        out = args.out or Path("results/load-soak.json")
+        out = args.out or Path("results/load_soak.json")
     else:
         rows: list[dict[str, Any]] = []
         print(HEADER)
@@ -424,8 +424,7 @@ def main(argv: list[str] | None = None) -> None:
                 rows += anyio.run(compare, args, url)
         result = {**meta, "rows": rows}
         out = args.out or Path("results/load.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    write_result(out, result, __doc__)
     print(f"wrote {out}")
 
 

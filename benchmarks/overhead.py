@@ -72,6 +72,7 @@ from typing import Any, cast
 import anyio
 import httpx
 import openai
+from _harness import write_result
 
 import agentrt
 
@@ -729,8 +730,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         **result,
     }
     print_tables(result, args.concurrency)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result, __doc__, indent=2)
     print(f"\nwrote {args.out}")
 
 

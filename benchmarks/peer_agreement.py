@@ -49,6 +49,7 @@ from typing import Any
 
 import anyio
 import httpx
+from _harness import write_result
 
 from agentrt.sim import Cluster
 from agentrt.sim.peers import ReplicaView
@@ -652,8 +653,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "rows": rows,
         "notes": NOTES,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    write_result(args.out, result, __doc__)
     print(table(rows))
     print(f"wrote {args.out} ({wall:.0f} s)")
 

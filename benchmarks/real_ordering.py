@@ -26,7 +26,6 @@ tokens per short turn, 160 per long turn, arrivals at 2 jobs/s.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -39,6 +38,7 @@ from typing import Any, Literal
 
 import anyio
 import openai
+from _harness import write_result
 
 import agentrt
 from agentrt.testing.vllm_cpu import SETUP_MESSAGE, ReplicaSpec, find_engine, launch
@@ -230,18 +230,17 @@ def main() -> int:
             f"{client:20} {row['short_mean_s']:>10.2f} {row['long_mean_s']:>10.2f} "
             f"{row['all_mean_s']:>10.2f}"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    args.out.write_text(
-        json.dumps(
-            {
-                "config": config,
-                "summary": table,
-                "runs": results,
-                "wall_s": time.monotonic() - started,
-            },
-            indent=2,
-        )
+    write_result(
+        args.out,
+        {
+            "config": config,
+            "summary": table,
+            "runs": results,
+            "wall_s": time.monotonic() - started,
+        },
+        __doc__,
+        indent=2,
     )
     print(f"wrote {args.out} ({time.monotonic() - started:.0f} s)")
     return 0

@@ -44,6 +44,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from _harness import write_result
+
 from agentrt.bench import BenchConfig, TraceOptions, run_bench
 from agentrt.bench._workloads import default_trace_dir
 
@@ -210,8 +212,7 @@ def main() -> None:
         "load_avg_1m": os.getloadavg()[0],
         "slices": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    write_result(args.out, record, __doc__)
     print(f"results: {args.out}")
 
 

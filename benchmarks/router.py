@@ -31,8 +31,8 @@ Two engines (--engine; defaults in DEFAULTS):
   the tiny model's fitted costs, in wall-clock time, restarted for each run) behind the
   same router: a cluster larger than this machine can run vLLM at.
 
-    .venv/bin/python benchmarks/router.py --engine vllm   # results/router-vllm.json
-    .venv/bin/python benchmarks/router.py --engine sim    # results/router-sim.json
+    .venv/bin/python benchmarks/router.py --engine vllm   # results/router_vllm.json
+    .venv/bin/python benchmarks/router.py --engine sim    # results/router_sim.json
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from _harness import write_result
 
 from agentrt.bench import (
     Arrivals,
@@ -490,7 +491,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for key, value in DEFAULTS[args.engine].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    out = args.out or Path("results") / f"router-{args.engine}.json"
+    out = args.out or Path("results") / f"router_{args.engine}.json"
     router_bin = find_router()
     if router_bin is None:
         raise SystemExit(ROUTER_SETUP_MESSAGE)
@@ -531,8 +532,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "rows": rows,
         "goals": checked,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    write_result(out, result, __doc__)
     if rows:
         print(table(rows))
         print(json.dumps(checked, indent=1))

@@ -20,12 +20,13 @@ with the previous turn.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from _harness import write_result
 
 from agentrt.bench import (
     Arrivals,
@@ -170,8 +171,12 @@ def main() -> int:
                 f"{r['jct_p50_vs_plain']:5.2f} {r['jct_p99']:7.0f} {r['jct_p99_vs_plain']:5.2f} "
                 f"{r['ttft_p50']:8.3f} {r['ttft_p50_vs_plain']:5.2f} {r['ttft_p99']:8.2f}"
             )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"jobs": args.jobs, "allowed": bound, "raw": raw, "rows": rows}))
+    write_result(
+        args.out,
+        {"jobs": args.jobs, "allowed": bound, "raw": raw, "rows": rows},
+        __doc__,
+        indent=None,
+    )
     print(f"wrote {args.out} in {time.perf_counter() - started:.0f} s")
     return 0
 

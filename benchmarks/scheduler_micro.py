@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import platform
 import random
 import statistics
@@ -23,6 +22,8 @@ import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
+
+from _harness import write_result
 
 from agentrt.scheduling import Admission, FixedLimit, Policy, Ticket, make_policy
 
@@ -215,8 +216,7 @@ def main() -> int:
         "memory": memory,
         "goals": {"decision_us": DECISION_GOAL_US, "memory_mb": MEMORY_GOAL_MB},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result, __doc__, indent=2)
     return 0
 
 

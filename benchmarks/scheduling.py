@@ -27,12 +27,13 @@ same results.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from _harness import write_result
 
 from agentrt.bench import BenchConfig, ClientResult, TraceOptions, run_bench, run_study
 from agentrt.bench._parallel import parse_workers
@@ -133,8 +134,7 @@ def knee(args: argparse.Namespace) -> int:
         rows.append({"limit": n, "calls_per_s": calls_s, "vs_max": c.jobs_per_s / best})
         print(f"  {n:6d} {calls_s:8.2f} {c.jobs_per_s / best:6.0%} {c.call_latency['p50']:12.2f}")
     out = args.out.with_name("scheduling_knee.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rows": rows}, indent=1))
+    write_result(out, {"rows": rows}, __doc__)
     print(f"wrote {out}")
     return 0
 
@@ -186,8 +186,7 @@ def main() -> int:
             f"done {result.wall_s:.0f} s into the study"
         )
         print_rows(these)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"jobs": args.jobs, "rows": rows}, indent=1))
+    write_result(args.out, {"jobs": args.jobs, "rows": rows}, __doc__)
     print(f"wrote {args.out} in {time.perf_counter() - started:.0f} s")
     return 0
 

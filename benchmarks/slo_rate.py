@@ -34,6 +34,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from _harness import write_result
+
 from agentrt.bench import Arrivals, BenchConfig, JobPlan, TraceOptions, make_workload
 from agentrt.bench._drivers import ClientSpec
 from agentrt.bench._parallel import parse_workers
@@ -436,8 +438,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "runs": merged,
             "alone": {f"{wl}/{seed}": jcts for (wl, seed), jcts in cache.items()},
         }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=1))
+        write_result(args.out, out, __doc__)
         return out
 
     out = save(measure(setup, cache, lambda runs: save(runs, True)), False)

@@ -16,7 +16,6 @@ Writes ``results/telemetry_cost.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from _harness import write_result
 from transport_micro import run, stub_only  # this folder: run as a script
 
 from agentrt.telemetry import Event
@@ -138,23 +138,21 @@ def main() -> int:
     for name in skipped:
         print(f"skipped {name!r}: its package is not installed")
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "calls": args.calls,
-                "calls_per_job": args.calls_per_job,
-                "rounds": args.rounds,
-                "stub_us": stub,
-                "python": platform.python_version(),
-                "machine": platform.machine(),
-                "us_per_call": own,
-                "added_us_per_call": {n: v - base for n, v in own.items()},
-                "rounds_us": {n: [x - stub for x in v] for n, v in rounds.items()},
-                "skipped": skipped,
-            },
-            indent=1,
-        )
+    write_result(
+        args.out,
+        {
+            "calls": args.calls,
+            "calls_per_job": args.calls_per_job,
+            "rounds": args.rounds,
+            "stub_us": stub,
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "us_per_call": own,
+            "added_us_per_call": {n: v - base for n, v in own.items()},
+            "rounds_us": {n: [x - stub for x in v] for n, v in rounds.items()},
+            "skipped": skipped,
+        },
+        __doc__,
     )
     print(f"results: {args.out}")
     return 0

@@ -43,6 +43,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from _harness import write_result
+
 from agentrt.bench import BenchConfig, run_study
 from agentrt.bench._drivers import ClientSpec
 from agentrt.bench._runner import BenchResult, journal_paths
@@ -518,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
             entry.update(command=out["command"], commit=commit, wall_s=wall, cpu_s=cpu)
         merged["workloads"].update(out["workloads"])
         out = merged
-    args.out.write_text(json.dumps(out, indent=1))
+    write_result(args.out, out, __doc__)
     print(f"wrote {args.out}")
     return 0
 

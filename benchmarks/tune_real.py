@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from _harness import write_result
 from router import _pct, replay  # this folder: run as a script
 
 from agentrt import Runtime
@@ -329,8 +330,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "summary": summary,
         "wall_s": wall,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result_doc, indent=1))
+    write_result(args.out, result_doc, __doc__)
     print()
     print(report(summary, fits))
     print(f"wrote {args.out} ({wall:.0f} s)")

@@ -10,10 +10,11 @@ alike. The margin (3x, and a second try before failing) leaves room for a noisy 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
+
+from tests._benchmarks import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = ROOT / "results" / "replay_cost.json"
@@ -21,13 +22,7 @@ MARGIN = 3.0
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "replay_cost", ROOT / "benchmarks" / "replay_cost.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("replay_cost")
 
 
 def test_replay_cost_per_call_stays_near_the_recorded_figure() -> None:

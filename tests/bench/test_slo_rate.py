@@ -4,27 +4,22 @@ real run on the embedded cluster in virtual time (about 20 replays of 40 ReAct j
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
+from tests._benchmarks import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @functools.cache
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("slo_rate", ROOT / "benchmarks" / "slo_rate.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("slo_rate")
 
 
 def _search(bench: ModuleType, stretch: Any, **kw: Any) -> Any:

@@ -11,14 +11,13 @@ the router under ``.engine/router``.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import pytest
 
 from agentrt.testing.vllm_cpu import ROUTER_SETUP_MESSAGE, RouterSpec, find_router, start_router
+from tests._benchmarks import load_benchmark
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(120)]
 
@@ -26,14 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _benchmark() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "peer_agreement", ROOT / "benchmarks" / "peer_agreement.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["peer_agreement"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("peer_agreement")
 
 
 @pytest.mark.parametrize("policy", ["consistent_hash", "sticky_least_loaded", "round_robin"])

@@ -4,9 +4,7 @@ finalists on fresh jobs. Asserts that each step did its part, not the goals."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -15,19 +13,13 @@ import pytest
 from agentrt import Runtime
 from agentrt._settings import load_config
 from agentrt.tune._search import Setting
+from tests._benchmarks import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "tune_check", ROOT / "benchmarks" / "tune_check.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("tune_check")
 
 
 @pytest.mark.timeout(300)  # ~20 s of CPU; far more wall time on a busy shared machine

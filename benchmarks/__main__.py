@@ -1,0 +1,127 @@
+"""``python -m benchmarks list | index | SUITE [ENTRY] [OPTIONS...]`` (see __init__.py)."""
+
+from __future__ import annotations
+
+import json
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+from ._suites import HERE, SUITES, Suite, find
+
+ROOT = HERE.parent
+RESULTS = ROOT / "results"
+
+
+def _list() -> None:
+    for suite in SUITES:
+        print(f"{suite.name}: {suite.question}  (docs/benchmarks/{suite.page})")
+        main = suite.main()
+        for e in suite.entries:
+            mark = "*" if e is main else " " if e.script.exists() else "-"
+            print(f"  {mark} {e.name:20s} {e.what}")
+    print("\n* the suite's main entry; - not in this tree yet")
+    print("run: python -m benchmarks SUITE [ENTRY] [OPTIONS...]  (ENTRY --help for its options)")
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        return ""
+
+
+def _recorded(path: Path) -> dict[str, str]:
+    """The run record a result carries (``run``, or the older ``command`` / ``commit`` /
+    ``date`` keys), else the commit and date that last wrote the file in git (a rename
+    is no writing)."""
+    found: dict[str, str] = {}
+    if path.suffix == ".json":
+        try:
+            doc = json.loads(path.read_text())
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict):
+            for where in (doc.get("run"), doc.get("meta"), doc):
+                if isinstance(where, dict):
+                    for key in ("command", "commit", "date", "when"):
+                        value = where.get(key)
+                        if isinstance(value, str) and key not in found:
+                            found["date" if key == "when" else key] = value
+    if "commit" not in found or "date" not in found:
+        log = _git(
+            "log",
+            "--follow",
+            "--diff-filter=AM",
+            "--format=%h %cs",
+            "--",
+            str(path.relative_to(ROOT)),
+        )
+        if log:
+            head, _, day = log.splitlines()[0].partition(" ")
+            found.setdefault("commit", head)
+            found.setdefault("date", day)
+    return found
+
+
+def _index() -> None:
+    """Write results/README.md: each file, what it measures, its command, commit, date."""
+    lines = [
+        "# results/",
+        "",
+        "What each file measures, the command that wrote it, and its commit and date (the",
+        "file's own record where it has one, else the commit that last changed it). Written",
+        "by `python -m benchmarks index`; the pages of docs/benchmarks/ read these files.",
+        "",
+    ]
+    listed: set[str] = set()
+    for suite in SUITES:
+        lines += [f"## {suite.name}: {suite.question}", ""]
+        lines += ["| file | what | command | commit | date |", "|---|---|---|---|---|"]
+        for e in suite.entries:
+            for name in e.results:
+                path = RESULTS / name
+                if not path.exists():
+                    continue
+                listed.add(name)
+                rec = _recorded(path)
+                command = rec.get("command", f"benchmarks/{e.name}.py")
+                lines.append(
+                    f"| `{name}` | {e.what} | `{command}` | {rec.get('commit', '')} "
+                    f"| {rec.get('date', '')[:10]} |"
+                )
+        lines.append("")
+    stray = sorted(p.name for p in RESULTS.iterdir() if p.name not in listed | {"README.md"})
+    if stray:
+        lines += ["## Not yet filed under a suite", ""] + [f"- `{n}`" for n in stray] + [""]
+    (RESULTS / "README.md").write_text("\n".join(lines))
+    print(f"wrote {RESULTS / 'README.md'}")
+
+
+def _run(suite: Suite, argv: list[str]) -> None:
+    entry = suite.main()
+    names = {e.name: e for e in suite.entries}
+    if argv and argv[0] in names:
+        entry = names[argv.pop(0)]
+        if not entry.script.exists():
+            raise SystemExit(f"{entry.name} is not in this tree yet")
+    # As ``python benchmarks/NAME.py ARGV`` would: the script's folder on the path first.
+    sys.path.insert(0, str(HERE))
+    sys.argv = [str(entry.script), *argv]
+    runpy.run_path(str(entry.script), run_name="__main__")
+
+
+def main(argv: list[str]) -> None:
+    if not argv or argv[0] in ("list", "LIST", "-h", "--help"):
+        _list()
+    elif argv[0] == "index":
+        _index()
+    else:
+        _run(find(argv[0]), argv[1:])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

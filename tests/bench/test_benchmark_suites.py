@@ -1,0 +1,73 @@
+"""benchmarks/ as a few suites (benchmarks/_suites.py): every script is an entry of one
+suite, every suite has a page, and every file of results/ is named by what it measures and
+listed in results/README.md."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests._benchmarks import BENCHMARKS, load_benchmark
+
+ROOT = BENCHMARKS.parent
+RESULTS = ROOT / "results"
+SLOTS = {"steady_state"}
+"""Entries announced before their script lands."""
+
+
+def _suites() -> tuple[object, ...]:
+    return tuple(load_benchmark("_suites").SUITES)
+
+
+def test_every_script_is_an_entry_of_one_suite_and_every_entry_is_a_script() -> None:
+    entries = [e.name for s in _suites() for e in s.entries]  # type: ignore[attr-defined]
+    assert len(entries) == len(set(entries))
+    scripts = {p.stem for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_")}
+    assert scripts - set(entries) == set()
+    assert set(entries) - scripts <= SLOTS
+
+
+def test_every_suite_has_its_page_and_the_index_links_it() -> None:
+    index = (ROOT / "docs" / "benchmarks.md").read_text()
+    for suite in _suites():
+        page = ROOT / "docs" / "benchmarks" / suite.page  # type: ignore[attr-defined]
+        assert page.exists(), page
+        assert f"benchmarks/{suite.page}" in index  # type: ignore[attr-defined]
+
+
+def test_results_are_named_by_what_they_measure_and_indexed() -> None:
+    listed = (RESULTS / "README.md").read_text()
+    claimed = {n for s in _suites() for e in s.entries for n in e.results}  # type: ignore[attr-defined]
+    for path in RESULTS.iterdir():
+        if path.name == "README.md":
+            continue
+        assert not re.search(r"issue|before|after", path.name), path.name
+        assert path.name in claimed, f"{path.name} is claimed by no entry of benchmarks/_suites.py"
+        assert f"`{path.name}`" in listed, f"{path.name} is not in results/README.md"
+
+
+def test_the_command_lists_the_suites() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "list"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for suite in _suites():
+        assert f"{suite.name}: " in out  # type: ignore[attr-defined]
+
+
+def test_a_run_records_what_command_commit_and_date(tmp_path: Path) -> None:
+    harness = load_benchmark("_harness")
+    out = tmp_path / "r.json"
+    harness.write_result(out, {"x": 1}, "What it measures.\n\nMore.")
+    doc = json.loads(out.read_text())
+    assert doc["x"] == 1
+    assert doc["run"]["what"] == "What it measures."
+    assert {"command", "date"} <= set(doc["run"])
+    lo, hi = harness.interval([1.0, 2.0, 3.0, 4.0, 100.0], lambda v: sorted(v)[len(v) // 2])
+    assert 1.0 <= lo <= 3.0 <= hi <= 100.0
