@@ -72,7 +72,7 @@ from typing import Any, cast
 import anyio
 import httpx
 import openai
-from _harness import write_result
+from _harness import commit, write_result
 
 import agentrt
 
@@ -464,23 +464,6 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _git() -> dict[str, Any]:
-    """The checkout's commit, and whether agentrt/ differs from it (what was measured)."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "agentrt"],
-            cwd=HERE.parent,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except OSError:
-        return {}
-    return {"commit": head, "agentrt_modified": bool(dirty)}
-
-
 def print_tables(result: dict[str, Any], concurrency: int) -> None:
     seq = result["concurrency_1"]
     vs = seq[f"vs_{BASELINE}"]
@@ -708,7 +691,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if pin:
         os.sched_setaffinity(0, {cpus[0]})
     load_before = list(os.getloadavg())
-    git = _git()
+    git = commit()
     with echo_server(args.server, server_cpu) as base_url:
         size = len(json.dumps(make_request(args.prompt_kb)))
         print(f"echo server ({args.server}) at {base_url}; client pinned: {pin}; body {size} B")
