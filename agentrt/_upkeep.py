@@ -72,7 +72,7 @@ class Upkeep:
         # polls) runs in the runtime's task group (structured: it ends when the runtime's
         # block does). Only then is there one: its cancel scope would enclose all the
         # agent's code, and every cancel scope and checkpoint of the HTTP stack on every
-        # call would walk one level more (docs/benchmarks.md, "Cancel scopes").
+        # call would walk one level more (docs/benchmarks/cost.md, "Cancel scopes").
         if len(core.endpoints) > 1 or self._poll_s is not None:
             self._tasks = anyio.create_task_group()
             await self._tasks.__aenter__()

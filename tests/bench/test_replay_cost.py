@@ -41,6 +41,6 @@ def test_replay_cost_per_call_stays_near_the_recorded_figure() -> None:
     assert growth <= MARGIN, (
         f"a replay costs {growth:.1f}x the CPU per call recorded in {RECORD.name} "
         f"(ratio to the reference {min(tries):.4f}, recorded {recorded['ratio']:.4f} at "
-        f"{record.get('commit', '?')}); profile it (docs/benchmarks.md), or re-record "
+        f"{record.get('commit', '?')}); profile it (docs/benchmarks/twin.md), or re-record "
         "with benchmarks/replay_cost.py if the cost is meant to grow"
     )
