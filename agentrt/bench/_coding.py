@@ -5,8 +5,8 @@ a context that grows call by call (tool results and replies), now and then a rew
 (compaction), tool waits between most calls and a person's think time between some, and
 in a few sessions sub-agents that run concurrently. Every size, count and wait is drawn
 from :data:`FIT`, the quantiles of the 710 Claude Code sessions in ``shared/traces``
-(``benchmarks/fit_coding_workload.py`` computes it; docs/benchmarks/alternatives.md shows the numbers),
-so the workload needs no trace files: it runs from a plain install.
+(``benchmarks/fit_coding_workload.py`` computes it; docs/benchmarks/alternatives.md shows
+the numbers), so the workload needs no trace files: it runs from a plain install.
 
 :class:`CodingScale` shrinks it for the embedded engine: tokens and times are multiplied,
 long waits (a person away for an hour) and very long sessions capped.
