@@ -1,7 +1,7 @@
 """A call's attempts: route -> admit -> send once -> check the reply, retried per
-:class:`Retry` (one plain loop, ``Attempts._attempts``). :class:`Sender` is what every
-call of a transport sends through. The call itself (its setup, its outcome, its end) is
-``_call.Call``, built on this."""
+:class:`Retry` (one plain loop, :meth:`Attempts.run`). :class:`Sender` is what every call
+of a transport sends through. The call itself (its setup, its outcome, its end) is
+``_call.Call``, which holds its :class:`Attempts`."""
 
 from __future__ import annotations
 
@@ -62,7 +62,10 @@ class Sender:
 
 
 class Attempts:
-    """A call's attempts (the state they share with the call is set by ``Call.__init__``)."""
+    """A call's attempts: what each one is sent with (the call's request, metadata,
+    record and ticket, handed over by the call), and what the attempts keep between
+    them (the endpoint in flight, the endpoints that could not be reached, the time
+    spent backing off)."""
 
     __slots__ = (
         "backoff_s",
@@ -82,25 +85,40 @@ class Attempts:
         "turn",
     )
 
-    sender: Sender
-    core: _Core
-    clock: Callable[[], float]
-    out: Outgoing
-    suffix: str
-    session: Session
-    state: _CallState
-    ticket: Ticket
-    turn: TurnStart
-    max_out: int | None
-    """The output tokens the request allows (``max_tokens`` and its kin), if it says."""
-    prefix: tuple[int, ...]
-    ep: _EndpointState | None
-    """The endpoint of the attempt in flight, counted in its load until released."""
-    failed: set[int]
-    """Endpoints that could not be connected to: the retries go elsewhere."""
-    sent_at: float
-    backoff_s: float
-    """Seconds slept between attempts: not service the program received."""
+    def __init__(
+        self,
+        sender: Sender,
+        out: Outgoing,
+        session: Session,
+        state: _CallState,
+        ticket: Ticket,
+        turn: TurnStart,
+        max_out: int | None,
+        prefix: tuple[int, ...],
+        now: float,
+    ) -> None:
+        self.sender = sender
+        self.core = core = sender.core
+        self.clock: Callable[[], float] = core.clock
+        self.out = out
+        """What each attempt sends: the caller's request, re-encoded per endpoint."""
+        self.suffix = out.suffix
+        self.session = session
+        self.state = state
+        self.ticket = ticket
+        self.turn = turn
+        self.max_out = max_out
+        """The output tokens the request allows (``max_tokens`` and its kin), if it says."""
+        self.prefix = prefix
+        """The prompt's prefix fingerprints, for a router that places by prefix."""
+        self.ep: _EndpointState | None = None
+        """The endpoint of the attempt in flight, counted in its load until released."""
+        self.failed: set[int] = set()
+        """Endpoints that could not be connected to: the retries go elsewhere."""
+        self.sent_at = now
+        """When the attempt in flight was sent (its latency's start)."""
+        self.backoff_s = 0.0
+        """Seconds slept between attempts: not service the program received."""
 
     async def _attempt(self) -> httpx.Response:
         """One attempt: route, admit, send once, check the reply."""
@@ -122,7 +140,7 @@ class Attempts:
                 await response.aread()
                 raise RetryableStatus(response, retry_after(response.headers))
         except BaseException:
-            self._release(ok=status not in RETRY_STATUS)
+            self.release(ok=status not in RETRY_STATUS)
             if status >= 500:
                 self.core.record_health(ep, False)
             if self.core.hooks:
@@ -212,7 +230,7 @@ class Attempts:
                 self._unreached(index, ep, exc)
                 raise RetryableError(exc, index) from exc
             except BaseException:
-                self._release(ok=True)
+                self.release(ok=True)
                 raise
             if (
                 response.status_code != 400
@@ -228,7 +246,7 @@ class Attempts:
                 self.sent_at = self.clock()
                 out = self._build(ep, False)
             except BaseException:
-                self._release(ok=True)
+                self.release(ok=True)
                 raise
             trace = ConnTrace.install(out)
 
@@ -239,7 +257,7 @@ class Attempts:
         connection closed without a reply is one failure toward the threshold, and the
         retry stays where the session is. Our own pool's timeout is no failure of the
         endpoint's."""
-        self._release(ok=False)
+        self.release(ok=False)
         core, lib = self.core, self.sender.lib
         connect = isinstance(exc, lib.connect_errors)
         if not isinstance(exc, lib.mod.PoolTimeout):
@@ -283,7 +301,7 @@ class Attempts:
         try:
             body = await response.aread()
         except BaseException:
-            self._release(ok=True)
+            self.release(ok=True)
             await response.aclose()
             raise
         if not refuses_priority(body):
@@ -320,7 +338,7 @@ class Attempts:
         finally:
             self.backoff_s += self.clock() - start
 
-    async def _attempts(self) -> httpx.Response:
+    async def run(self) -> httpx.Response:
         """The call's attempts, one after another with a backoff between them, until one
         is not retried; the last one's failure if every one failed."""
         retry = self.core.retry
@@ -335,7 +353,7 @@ class Attempts:
             await self._sleep(delay)
             n += 1
 
-    def _release(self, *, ok: bool, now: float | None = None) -> None:
+    def release(self, *, ok: bool, now: float | None = None) -> None:
         """The attempt in flight is over (at ``now``, else read from the clock): its
         endpoint no longer carries it, its room in the admission gate goes to the next
         call, and its latency feeds the limit."""

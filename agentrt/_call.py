@@ -1,10 +1,8 @@
 """One call through the transport: its setup (the request read once, the turn claimed,
-its record and ticket), its attempts (``_attempts``), its outcome (the reply checked, or
-the error raised) and its end (accounted once)."""
+its record and ticket), its attempts (an ``_attempts.Attempts`` it holds), its outcome
+(the reply checked, or the error raised) and its end (accounted once)."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import anyio
 import httpx
@@ -31,16 +29,31 @@ from .scheduling._routing import prefix_fingerprints
 from .telemetry._reply import ReplyFacts
 from .telemetry._report import CallStatus
 
-if TYPE_CHECKING:
-    from ._state import _EndpointState
-
 __all__ = ["Call"]
 
 
-class Call(Attempts):
+class Call:
     """One call through the transport: its metadata, its attempts, its accounting."""
 
-    __slots__ = ("base", "ended", "finish_reason", "implicit", "output", "reply", "tools")
+    __slots__ = (
+        "attempts",
+        "base",
+        "clock",
+        "core",
+        "ended",
+        "finish_reason",
+        "implicit",
+        "out",
+        "output",
+        "reply",
+        "sender",
+        "session",
+        "state",
+        "suffix",
+        "ticket",
+        "tools",
+        "turn",
+    )
 
     def __init__(
         self,
@@ -53,15 +66,11 @@ class Call(Attempts):
     ) -> None:
         self.sender = sender
         self.core = core = sender.core
+        self.clock = clock = core.clock
         self.base = base
         self.suffix = suffix
         self.session = session
         self.implicit = implicit
-        self.ep: _EndpointState | None = None
-        """The endpoint of the attempt in flight, counted in its load until released."""
-        self.failed: set[int] = set()
-        self.backoff_s = 0.0
-        """Seconds slept between attempts: not service the program received."""
         self.ended = False
         self.output: str | None = None
         """The completion text, collected only with ``capture_content`` and hooks."""
@@ -77,19 +86,22 @@ class Call(Attempts):
         body = request_body(content) if content else None
         stream, model, max_out = request_facts(body)
         self.out = Outgoing(sender.lib, sender.placeholder, request, base, suffix, body, stream)
+        """What each attempt sends."""
 
-        self.clock = clock = core.clock
         now = clock()
         self.turn = start = session._begin_turn(now)
-        self.max_out = max_out
+        """The session's turn this call takes (its idle time before it, what it expects)."""
         call_id = new_id("call")
-        self.state = job._open_call(call_id, session, start.turn, suffix, model, stream, now)
+        self.state = state = job._open_call(
+            call_id, session, start.turn, suffix, model, stream, now
+        )
+        """The call's record: what its report is built from."""
         if start.idle_s is not None:
-            self.state.idle_s = start.idle_s
+            state.idle_s = start.idle_s
             if start.after_tools:
-                self.state.idle_cause = "tool"
+                state.idle_cause = "tool"
         if core.prefixes is not None and content:
-            self.state.prefix = core.prefixes.observe(session.id, content)
+            state.prefix = core.prefixes.observe(session.id, content)
         tokens = len(content) // 4 + (max_out or 0)  # ~4 bytes of JSON per prompt token
         self.ticket = Ticket(
             call_id,
@@ -100,12 +112,16 @@ class Call(Attempts):
             tokens,
             job._deadline_at(),
         )
-        self.prefix: tuple[int, ...] = ()
+        """What the scheduler and the router know of the call."""
+        prefix: tuple[int, ...] = ()
         if core.prefix_aware and session.endpoint_index is None and content:
-            self.prefix = prefix_fingerprints(content)
-        self.sent_at = now
+            prefix = prefix_fingerprints(content)
+        self.attempts = Attempts(
+            sender, self.out, session, state, self.ticket, start, max_out, prefix, now
+        )
+        """Its attempts: route, admit, send, retry."""
         if core.hooks:
-            call_started(core, session, self.state, body, max_out)
+            call_started(core, session, state, body, max_out)
 
     def _scrubbed(self, body: bytes) -> bytes:
         """An error reply's body without the runtime's secrets or the credential the call
@@ -124,6 +140,12 @@ class Call(Attempts):
         assert scope.cancelled_caught
         raise self.deadline_exceeded()
 
+    def replied_from(self) -> str:
+        """The URL of the endpoint whose reply this is (the attempt in flight), else the
+        URL the caller's client sent to."""
+        ep = self.attempts.ep
+        return ep.endpoint.url if ep is not None else self.base
+
     def why_cancelled(self) -> str:
         """Why a cancelled call was cancelled: its job's deadline, or something else."""
         deadline = self.ticket.deadline_at
@@ -140,7 +162,7 @@ class Call(Attempts):
     async def run(self) -> httpx.Response:
         """Send the call (with retries) and check its reply."""
         try:
-            response = await self._attempts()
+            response = await self.attempts.run()
         except RetryableStatus as exc:
             return self._out_of_attempts(exc.response)
         except RetryableError as exc:
@@ -221,7 +243,7 @@ class Call(Attempts):
         if reply is None or state.stream:
             if state.stream:  # a JSON reply to a streamed call: no client can read it
                 problem = "a JSON body, not an event stream, to a streamed call"
-            url = self.ep.endpoint.url if self.ep is not None else self.base
+            url = self.replied_from()
             ctype = response.headers.get("content-type", "?")
             message = self.core.redact(
                 f"endpoint {url} did not answer like an OpenAI-compatible server: "
@@ -257,8 +279,9 @@ class Call(Attempts):
             return
         self.ended = True
         now = self.clock()  # one read for the release and the accounting
-        if self.ep is not None:
-            self._release(ok=status != "error", now=now)
+        attempts = self.attempts
+        if attempts.ep is not None:
+            attempts.release(ok=status != "error", now=now)
         state = self.state
         if not state.done:
             state.done = True
@@ -267,7 +290,7 @@ class Call(Attempts):
             state.error = error if error is None else self.core.redact(error)
             core, session, ticket = self.core, self.session, self.ticket
             tokens = (state.prompt_tokens or 0) + (state.completion_tokens or 0)
-            service = latency - state.queue_s - self.backoff_s  # not queueing nor backoff
+            service = latency - state.queue_s - attempts.backoff_s  # not queueing nor backoff
             if service < 0.0:
                 service = 0.0
             session.job._served(service, tokens)

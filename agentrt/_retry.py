@@ -2,7 +2,7 @@
 
 Pure helpers, as openai-python's (``_should_retry``, ``_parse_retry_after_header``,
 ``_calculate_retry_timeout``); the loop over attempts is the call's own, a plain one
-(``_attempts.Attempts._attempts``): the first attempt costs nothing extra, and a retried call skips
+(``_attempts.Attempts.run``): the first attempt costs nothing extra, and a retried call skips
 the tenacity machinery (tens of microseconds) that the loop used to go through.
 """
 

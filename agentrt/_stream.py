@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ._context import Session
     from ._httplib import HttpLib
     from ._outgoing import Outgoing
-    from ._state import _Core, _EndpointState
+    from ._state import _Core
     from .scheduling._queue import Ticket
     from .telemetry._reply import ReplyFacts
     from .telemetry._report import CallStatus, _CallState
@@ -50,8 +50,6 @@ class StreamCall(Protocol):
     state: _CallState
     session: Session
     ticket: Ticket
-    ep: _EndpointState | None
-    base: str
     out: Outgoing
     reply: ReplyFacts | None
     finish_reason: str | None
@@ -60,6 +58,8 @@ class StreamCall(Protocol):
     clock: Callable[[], float]
 
     def end(self, status: CallStatus, error: str | None) -> None: ...
+
+    def replied_from(self) -> str: ...
 
     def why_cancelled(self) -> str: ...
 
@@ -79,7 +79,7 @@ class ObservedStream:
         self._inner = inner
         self._call = call
         self._state = call.state
-        self._url = call.ep.endpoint.url if call.ep is not None else call.base
+        self._url = call.replied_from()
         self._parse = not encoded(response.headers)
         self._hooks = bool(call.core.hooks)
         self._capture = call.core.capture_content and self._hooks

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-import agentrt._call
+import agentrt._attempts
 import agentrt._log
 from agentrt import Endpoint, EndpointError, Retry, Runtime
 from agentrt.scheduling import RoundRobin
@@ -139,7 +139,7 @@ async def test_attempts_are_not_even_formatted_when_debug_is_off(
     """The hot path pays one ``isEnabledFor`` per attempt when DEBUG is off."""
     made: list[str] = []
     monkeypatch.setattr(
-        agentrt._call.Call, "_log_attempt", lambda self, ep, outcome: made.append(outcome)
+        agentrt._attempts.Attempts, "_log_attempt", lambda self, ep, outcome: made.append(outcome)
     )
     engine = FakeEngine()
     for level in (logging.INFO, logging.DEBUG):
