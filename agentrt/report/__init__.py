@@ -5,9 +5,14 @@ need nothing beyond agentrt; the terminal table needs rich and the plots matplot
 in the ``report`` extra (``pip install "agentjct[report]"``) and imported only when used.
 """
 
-from ._command import ReportError, Run, load_run, report
-from ._stats import Breakdown, ComparisonRow, NameSummary, breakdown, compare, summarize
-from ._timeline import Activity, activities, critical_path
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_names
+
+if TYPE_CHECKING:
+    from ._command import ReportError, Run, load_run, report
+    from ._stats import Breakdown, ComparisonRow, NameSummary, breakdown, compare, summarize
+    from ._timeline import Activity, activities, critical_path
 
 __all__ = [
     "Activity",
@@ -24,3 +29,22 @@ __all__ = [
     "report",
     "summarize",
 ]
+
+_HOMES: dict[str, str] = {
+    "ReportError": "._command",
+    "Run": "._command",
+    "load_run": "._command",
+    "report": "._command",
+    "Breakdown": "._stats",
+    "ComparisonRow": "._stats",
+    "NameSummary": "._stats",
+    "breakdown": "._stats",
+    "compare": "._stats",
+    "summarize": "._stats",
+    "Activity": "._timeline",
+    "activities": "._timeline",
+    "critical_path": "._timeline",
+}
+"""Where each public name lives: imported on first use (the package's face stays light)."""
+
+__getattr__, __dir__ = lazy_names(__name__, globals(), _HOMES)

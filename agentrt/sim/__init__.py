@@ -8,14 +8,19 @@ prefix cache and an optional host tier. Time only passes through ``anyio.sleep``
 ``MockClock(autojump_threshold=0)``. See docs/sim.md.
 """
 
-from ._calibrate import probe_engine
-from ._cluster import Cluster
-from ._config import PRESETS, EngineConfig
-from ._cost import CostModel, StepSample, calibrate
-from ._engine import ReplicaStats
-from ._replica import Replica
-from ._serve import ServedURLs, ServeError, serve, serve_async
-from ._tokenize import count_tokens, output_text, prompt_for_blocks
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_names
+
+if TYPE_CHECKING:
+    from ._calibrate import probe_engine
+    from ._cluster import Cluster
+    from ._config import PRESETS, EngineConfig
+    from ._cost import CostModel, StepSample, calibrate
+    from ._engine import ReplicaStats
+    from ._replica import Replica
+    from ._serve import ServedURLs, ServeError, serve, serve_async
+    from ._tokenize import count_tokens, output_text, prompt_for_blocks
 
 __all__ = [
     "PRESETS",
@@ -35,3 +40,25 @@ __all__ = [
     "serve",
     "serve_async",
 ]
+
+_HOMES: dict[str, str] = {
+    "probe_engine": "._calibrate",
+    "Cluster": "._cluster",
+    "PRESETS": "._config",
+    "EngineConfig": "._config",
+    "CostModel": "._cost",
+    "StepSample": "._cost",
+    "calibrate": "._cost",
+    "ReplicaStats": "._engine",
+    "Replica": "._replica",
+    "ServedURLs": "._serve",
+    "ServeError": "._serve",
+    "serve": "._serve",
+    "serve_async": "._serve",
+    "count_tokens": "._tokenize",
+    "output_text": "._tokenize",
+    "prompt_for_blocks": "._tokenize",
+}
+"""Where each public name lives: imported on first use (the package's face stays light)."""
+
+__getattr__, __dir__ = lazy_names(__name__, globals(), _HOMES)
