@@ -363,7 +363,7 @@ class Engine:
             final=final,
         )
         req.anonymous = session is None
-        if cfg.tool_wait_policy == "resume" and session is not None:
+        if (cfg.tool_wait_policy == "resume" or cfg.retention_directives) and session is not None:
             self._hint(session, QUEUED)  # its prefix is needed next: evicted last
         if cfg.tool_wait_policy != "lru" and cfg.scheduling == "fcfs" and session is not None:
             path = self._paths.get(session)
@@ -379,7 +379,8 @@ class Engine:
         if req.status >= FINISHED:
             return
         if req.status == WAITING:
-            if self.config.tool_wait_policy == "resume" and not req.anonymous:
+            cfg = self.config
+            if (cfg.tool_wait_policy == "resume" or cfg.retention_directives) and not req.anonymous:
                 self._hint(req.session, 0.0)
             req.status = ABORTED
             self._num_waiting -= 1
@@ -658,7 +659,9 @@ class Engine:
                     blocked = True
                     break
                 self._pop_waiting()
-                if cfg.tool_wait_policy == "resume" and not req.anonymous:
+                if (
+                    cfg.tool_wait_policy == "resume" or cfg.retention_directives
+                ) and not req.anonymous:
                     self._hint(req.session, 0.0)  # what the request does not match ages
                 if self._prefetch_of:
                     self._cancel_prefetch(req.session)

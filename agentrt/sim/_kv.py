@@ -25,8 +25,10 @@ said about its session's own blocks instead: :data:`ENDED` (the session ended) o
 its retention runs out (the expected wake-up plus a margin). Eviction then takes, in
 order: ended sessions' leaves (LRU among them); leaves with no directive or whose
 retention ran out (plain LRU); retained leaves, the one retained longest first (the
-session that wakes latest). Four heaps (ended, LRU, retained by end, retained by expiry,
-lazily moved to LRU as their retention runs out): O(log n) per eviction, no scan.
+session that wakes latest); last, leaves of sessions whose next request is queued
+(:data:`QUEUED`: they woke). Five heaps (ended, LRU, retained by end, queued, and
+retained by expiry, lazily moved to LRU as their retention runs out): O(log n) per
+eviction, no scan.
 
 Pins protect blocks on either tier: a pinned GPU block is not evicted, a pinned host block is
 not dropped to make room on the host. The tool-wait policies work on a session's *own tail*
@@ -187,6 +189,9 @@ class KVCache:
         self._directives = directives
         self._ended: list[tuple[float, int, int, Node]] = []
         """``directives``: ended sessions' evictable leaves, LRU first."""
+        self._queued: list[tuple[float, int, int, Node]] = []
+        """``directives``: leaves of sessions whose next request waits (:data:`QUEUED`):
+        they wake now, so they go last of all (LRU among them)."""
         self._expiry: list[tuple[float, int, int, Node]] = []
         """``directives``: retained evictable leaves, the retention ending first (moved to
         ``_lru`` once it has)."""
@@ -617,6 +622,8 @@ class KVCache:
         if self._directives:
             if r < 0.0:
                 heapq.heappush(self._ended, (n.last_access, n.uid, seq, n))
+            elif r == QUEUED:
+                heapq.heappush(self._queued, (n.last_access, n.uid, seq, n))
             elif r > self.now:
                 heapq.heappush(self._far, (-r, n.uid, seq, n))
                 heapq.heappush(self._expiry, (r, n.uid, seq, n))
@@ -721,26 +728,20 @@ class KVCache:
     def _directed_victim(self) -> Node | None:
         """``directives``: the next leaf to evict, popped from its heap: an ended
         session's (LRU first), else one with no retention in force (LRU first), else the
-        retained one whose retention ends last."""
-        for heap in (self._ended, self._lru):
+        retained one whose retention ends last, else one whose session's next request
+        waits (LRU first)."""
+        self._expire_retention()
+        for heap in (self._ended, self._lru, self._far, self._queued):
             while heap:
-                n = heap[0][3]
-                if heap[0][2] == n.heap_seq and self._evictable_leaf(n):
-                    heapq.heappop(heap)
+                _, _, seq, n = heapq.heappop(heap)
+                if seq == n.heap_seq and self._evictable_leaf(n):
                     return n
-                heapq.heappop(heap)
-            if heap is self._ended:
-                self._expire_retention()
-        far = self._far
-        while far:
-            _, _, seq, n = heapq.heappop(far)
-            if seq == n.heap_seq and self._evictable_leaf(n):
-                return n
         return None
 
     def _expire_retention(self) -> None:
-        """Move the retained leaves whose retention ran out by ``now`` to the LRU heap
-        (same entry: its ``_far`` twin goes stale once the leaf leaves by either)."""
+        """Move the retained leaves whose retention ran out by ``now`` to the LRU heap (a
+        fresh entry: their ``_far`` entries go stale), aged from the end of their
+        retention: a session late for its expected wake-up counts as used then."""
         expiry = self._expiry
         now = self.now
         lru = self._lru
@@ -748,7 +749,7 @@ class KVCache:
             _, uid, seq, n = heapq.heappop(expiry)
             if seq == n.heap_seq and self._evictable_leaf(n):
                 n.heap_seq = fresh = next(self._seq)
-                heapq.heappush(lru, (n.last_access, uid, fresh, n))
+                heapq.heappush(lru, (max(n.last_access, n.resume_at), uid, fresh, n))
 
     @staticmethod
     def _evictable_leaf(n: Node) -> bool:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentrt.sim import EngineConfig
-from agentrt.sim._kv import ENDED, GPU, KVCache, Node
+from agentrt.sim._kv import ENDED, GPU, QUEUED, KVCache, Node
 from agentrt.sim._tokenize import Run, slice_runs
 
 
@@ -74,9 +74,25 @@ def test_ended_first_then_lru_then_the_latest_wake() -> None:
     assert order == ["d", "b", "e", "c", "a"]
 
 
+def test_a_session_whose_request_waits_goes_last() -> None:
+    """A queued request's session woke: its blocks go after every retained one."""
+    kv = KVCache(30, 0, False, directives=True)
+    nodes = idle_sessions(kv, "abc")
+    kv.expire_pins(3.0)
+    directive(kv, nodes["a"], QUEUED)
+    directive(kv, nodes["b"], 100.0)
+    directive(kv, nodes["c"], 50.0)
+    assert kv.allocate(20)
+    assert (cached(kv, "a"), cached(kv, "b"), cached(kv, "c")) == (10, 0, 0)
+    assert kv.allocate(5)
+    assert cached(kv, "a") == 5
+    kv.check()
+
+
 def test_a_retention_that_ran_out_falls_back_to_lru() -> None:
-    """"a" was retained until 20 and did not come back by 30: it is as any other idle
-    session (and, least recently used, goes before "b"); "c" is still retained."""
+    """"a" was retained until 20 and did not come back by 30: it is LRU again, aged from
+    20 (when it was expected), so "b" (used at 1, no directive) goes first, then "a";
+    "c" is still retained."""
     kv = KVCache(30, 0, False, directives=True)
     nodes = idle_sessions(kv, "abc")
     kv.expire_pins(5.0)
@@ -84,9 +100,9 @@ def test_a_retention_that_ran_out_falls_back_to_lru() -> None:
     directive(kv, nodes["c"], 100.0)
     kv.expire_pins(30.0)
     assert kv.allocate(10)
-    assert (cached(kv, "a"), cached(kv, "b"), cached(kv, "c")) == (0, 10, 10)
+    assert (cached(kv, "a"), cached(kv, "b"), cached(kv, "c")) == (10, 0, 10)
     assert kv.allocate(10)
-    assert (cached(kv, "b"), cached(kv, "c")) == (0, 10)
+    assert (cached(kv, "a"), cached(kv, "c")) == (0, 10)
     kv.check()
 
 
