@@ -753,11 +753,7 @@ class KVCache:
 
     @staticmethod
     def _evictable_leaf(n: Node) -> bool:
-        return (
-            n.alive
-            and n.tier == GPU
-            and not (n.refcount or n.pinned or n.gpu_children)
-        )
+        return n.alive and n.tier == GPU and not (n.refcount or n.pinned or n.gpu_children)
 
     def _far_leaf(self) -> Node | None:
         """The evictable leaf that resumes last, if one resumes after ``now`` (lazy: stale

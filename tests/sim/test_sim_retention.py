@@ -90,7 +90,7 @@ def test_a_session_whose_request_waits_goes_last() -> None:
 
 
 def test_a_retention_that_ran_out_falls_back_to_lru() -> None:
-    """"a" was retained until 20 and did not come back by 30: it is LRU again, aged from
+    """ "a" was retained until 20 and did not come back by 30: it is LRU again, aged from
     20 (when it was expected), so "b" (used at 1, no directive) goes first, then "a";
     "c" is still retained."""
     kv = KVCache(30, 0, False, directives=True)
