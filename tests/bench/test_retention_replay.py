@@ -3,6 +3,9 @@ replicas that honour directives and on replicas that do not (plain LRU, as relea
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from agentrt.bench import BenchConfig, run_bench
@@ -39,3 +42,28 @@ def test_honouring_directives_prefills_fewer_uncached_tokens(seed: int) -> None:
     honour, applied = _uncached(seed, True)
     assert applied_lru == 0 and applied > 100
     assert honour <= 0.9 * lru, (honour, lru, honour / lru)
+
+
+def test_cli_runs_replicas_that_honour_directives(tmp_path: Path) -> None:
+    from agentrt.cli import main
+
+    rc = main(
+        [
+            *("bench", "--workload", "react-longtail", "--jobs", "2", "--replicas", "1"),
+            *("--client", "agentrt:session,declare=oracle", "--retention-directives"),
+            *("--no-stretch", "--no-plots", "--no-journal", "--out", str(tmp_path)),
+        ]
+    )
+    assert rc == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["config"]["retention_directives"] is True
+    kv = data["clients"][0]["kv"]
+    assert kv["directives_ended"] == 2 and kv["directives_retained"] > 0
+
+
+def test_sim_serve_config_takes_the_switch() -> None:
+    """``agentrt sim serve --retention-directives`` builds replicas that honour them."""
+    from agentrt.cli import _parser
+
+    args = _parser().parse_args(["sim", "serve", "--retention-directives"])
+    assert args.retention_directives is True
