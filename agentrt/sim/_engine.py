@@ -1039,15 +1039,18 @@ class Engine:
             return
         if req.final:
             until = ENDED
-            self.directives_ended += 1
         elif idle is not None and idle > 0:
             until = now + idle + self.config.pin_margin_s
-            self.directives_retained += 1
         else:
             return
         top, _ = self.kv.own_tail(deepest, req.session)
-        if top is not None:
-            self.kv.hint_resume(deepest, top, until)
+        if top is None:  # nothing of its own cached (all shared): nothing to mark
+            return
+        self.kv.hint_resume(deepest, top, until)
+        if req.final:
+            self.directives_ended += 1
+        else:
+            self.directives_retained += 1
 
     def _end_session(self, session: Any, deepest: Node) -> None:
         """``final_policy='drop'``: ``session`` ended with its call to ``deepest``. Free its

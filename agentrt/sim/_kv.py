@@ -510,7 +510,9 @@ class KVCache:
 
     def hint_resume(self, deepest: Node, top: Node, resume_at: float) -> None:
         """Declare that the own tail ``top``..``deepest`` (see :meth:`own_tail`) is next used
-        at ``resume_at``: eviction keeps it ahead of leaves expected back later."""
+        at ``resume_at``: eviction keeps it ahead of leaves expected back later. With
+        ``directives``: :data:`ENDED`, :data:`QUEUED`, 0 (no directive) or the time its
+        retention runs out (see the module docstring)."""
         n: Node | None = deepest
         stop = top.parent
         while n is not None and n is not stop:
