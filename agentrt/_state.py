@@ -398,6 +398,19 @@ class _Core:
         for paths in self._paths.values():
             paths.sort(key=lambda p: -len(p[0]))
 
+    def note_kv(self) -> None:
+        """Put what placement assumes of each replica's KV capacity (tokens, and where
+        the figure came from) in the settings jobs report (the journal's record)."""
+        settings = self.settings
+        if not self.kv_aware or settings is None:
+            return
+        capacities: list[int | None] = []
+        for e in self.endpoints:
+            tokens = e.shadow.capacity_tokens
+            capacities.append(None if tokens is None else round(tokens))
+        settings["kv_capacity"] = capacities
+        settings["kv_capacity_source"] = [e.shadow.source for e in self.endpoints]
+
     def redact(self, text: str, extra: tuple[str, ...] = ()) -> str:
         """``text`` (an error) without the runtime's secrets (:attr:`secrets`), the
         ``extra`` forms (:func:`~agentrt._log.credential_forms`) or URL userinfo."""
