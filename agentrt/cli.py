@@ -13,7 +13,7 @@ import os
 import sys
 import textwrap
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NoReturn
 
@@ -412,7 +412,8 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         metavar="DIR",
-        help="Claude Code traces folder (default: $AGENTRT_TRACES or ../shared/traces/claude-code)",
+        help="Claude Code traces folder (default: $AGENTRT_TRACES, else what 'agentrt traces "
+        "fetch' wrote, else the package's sample of 40)",
     )
     p.add_argument(
         "--token-scale", type=float, default=1.0, metavar="X", help="traces: scale token counts"
@@ -609,6 +610,7 @@ def _parser() -> argparse.ArgumentParser:
         "vllm-router:cache_aware (docs/sim.md, Peers; the list: --gateway list)",
     )
     _engine_args(serve, serve=True)
+    _traces_args(command)
     parser.set_defaults(run=lambda _: _print_help(parser))
     demo.set_defaults(run=_demo)
     bench.set_defaults(run=_bench)
@@ -616,6 +618,51 @@ def _parser() -> argparse.ArgumentParser:
     tune.set_defaults(run=_tune)
     serve.set_defaults(run=_sim_serve)
     return parser
+
+
+def _traces_args(command: Callable[[str, str, str, str], _Parser]) -> None:
+    """``agentrt traces fetch``: the full Claude Code traces (agentrt/bench/_traces.py)."""
+    traces = command(
+        "traces",
+        "get the Claude Code traces (bench --workload claude-code)",
+        "The Claude Code traces (callanjfox/kv-cache-tester on GitHub, Apache-2.0): the "
+        "package ships a sample of 40; 'fetch' downloads the repository at a pinned commit, "
+        "checks every trace against its git hash and writes the 710 under 4 MiB, which "
+        "agentrt bench then reads by default.",
+        _examples(
+            "agentrt traces fetch",
+            "agentrt traces fetch --out traces/",
+            "agentrt bench --workload claude-code --traces traces/",
+        ),
+    )
+    traces.add_argument("action", choices=("fetch",), help="what to do")
+    traces.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where to write them (default: ~/.cache/agentrt/traces/claude-code)",
+    )
+    traces.add_argument(
+        "--archive",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="check and unpack this archive of the repository instead of downloading it",
+    )
+    traces.add_argument("--url", default=None, help="download the archive from here instead")
+    traces.add_argument("--all", action="store_true", help="also the 29 traces of 4 MiB or more")
+    traces.set_defaults(run=_traces_fetch)
+
+
+def _traces_fetch(args: argparse.Namespace) -> int:
+    from .bench._traces import TARBALL_URL, FetchError, fetch
+
+    try:
+        fetch(args.out, url=args.url or TARBALL_URL, archive=args.archive, include_large=args.all)
+    except FetchError as exc:
+        raise _CommandError(str(exc)) from None
+    return 0
 
 
 def _print_help(parser: argparse.ArgumentParser) -> int:
