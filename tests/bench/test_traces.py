@@ -154,10 +154,8 @@ def test_the_error_for_a_folder_without_traces_names_the_source_and_the_fetch(
     message = missing_traces_message(tmp_path)
     assert SOURCE_REPO in message and "agentrt traces fetch" in message
     assert str(sample_dir()) in message
-    status = main(
-        ["bench", "--workload", "claude-code", "--traces", str(tmp_path), "--jobs", "2"]
-        + ["--no-plots", "--no-journal", "--out", str(tmp_path / "out"), "--workers", "1"]
-    )
+    out = ["--no-plots", "--no-journal", "--out", str(tmp_path / "out"), "--workers", "1"]
+    status = main(["bench", "--workload", "claude-code", "--traces", str(tmp_path), *out])
     err = capsys.readouterr().err
     assert status == 2 and err.count("\n") == 1
     assert SOURCE_REPO in err and "agentrt traces fetch" in err
