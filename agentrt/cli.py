@@ -30,14 +30,21 @@ DEMO_CLIENTS: Final = ("plain", "agentrt:round-robin", "agentrt:session")
 """``agentrt bench``'s clients unless ``--client`` is given."""
 
 WORKLOADS: Final = {
-    "coding": "coding jobs shaped like Claude Code sessions (the demo's)",
-    "mixed": "ReAct loops, fan-outs and chats",
-    "react": "tool loops of 4-12 turns",
-    "react-longtail": "long tool loops, heavy-tailed tool waits",
-    "fanout": "a planner, 3-6 concurrent sub-agents, a reducer",
-    "chat": "people chatting, streamed replies",
-    "claude-code": "replays of the Claude Code traces (--traces)",
-    "mixed-cc": "short ReAct jobs and long Claude Code replays",
+    "coding": "the default and the demo's: coding sessions shaped like Claude Code's (long "
+    "shared prompts, contexts growing turn by turn, tool waits); session routing's cache "
+    "hits and TTFT show here",
+    "mixed": "ReAct loops, fan-outs and chats with short contexts: little for routing to "
+    "keep; the ordering policies under load (--rate)",
+    "react": "tool loops of 4-12 turns: tool waits declared and learned, KV kept across them",
+    "react-longtail": "long tool loops, heavy-tailed tool waits: the KV policies around a "
+    "long wait (--tool-wait-policy)",
+    "fanout": "a planner, 3-6 concurrent sub-agents, a reducer: program-aware ordering "
+    "(agentrt:plas, agentrt:atlas)",
+    "chat": "people chatting, streamed replies: TTFT",
+    "claude-code": "replays of recorded Claude Code sessions, full size (the package's sample "
+    "of 40; all 710: agentrt traces fetch): routing with real contexts",
+    "mixed-cc": "short ReAct jobs among long Claude Code replays: head-of-line blocking, "
+    "the ordering policies (agentrt:plas, agentrt:mlfq)",
 }
 """The workloads of ``agentrt bench`` (tests check them against the bench package)."""
 
@@ -128,9 +135,18 @@ def _examples(*lines: str) -> str:
     return "examples:\n" + "\n".join(f"  {line}" for line in lines)
 
 
-def _listing(items: dict[str, str]) -> str:
+def _listing(items: dict[str, str], columns: int = 79) -> str:
     width = max(map(len, items))
-    return "\n".join(f"  {name.ljust(width)}  {text}" for name, text in items.items())
+    return "\n".join(
+        textwrap.fill(
+            text,
+            columns,
+            initial_indent=f"  {name.ljust(width)}  ",
+            subsequent_indent=" " * (width + 4),
+            break_on_hyphens=False,
+        )
+        for name, text in items.items()
+    )
 
 
 def _output_args(p: argparse.ArgumentParser, default_out: str) -> None:
@@ -313,7 +329,7 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
 def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workload",
-        default="mixed",
+        default="coding",
         choices=tuple(WORKLOADS),
         metavar="NAME",
         help="the jobs to run (listed above)",
@@ -481,7 +497,7 @@ def _parser() -> argparse.ArgumentParser:
         _examples(
             "agentrt demo",
             "agentrt demo --out /tmp/demo --no-plots",
-            "agentrt bench --workload mixed      # the older mixed workload",
+            "agentrt bench                       # coding jobs through three clients",
         ),
     )
     _output_args(demo, "results/demo")
@@ -710,6 +726,11 @@ def _run_bench(
         result,
         f"{title} ({result.calls} calls per client, {clock}, {result.wall_s:.1f} s wall)",
     )
+    from .bench._output import terminal_width
+    from .bench._takeaway import takeaway
+
+    for line in takeaway(result, min(terminal_width(), 100)):
+        print(line)
     out.mkdir(parents=True, exist_ok=True)
     result.save(out / "results.json")
     print(f"results: {out / 'results.json'}")
