@@ -6,7 +6,8 @@
 #                                         # CPU engine (set up here: its own Python 3.11), the
 #                                         # openai 2.x / LlamaIndex pass, packaging, the docs
 #   bash scripts/test.sh --quick          # no engine: lint, types and every test not marked
-#                                         # engine, on any Python >= 3.11; nothing else installed
+#                                         # engine, on any Python >= 3.11; no engine, Ray or
+#                                         # docs tools installed
 #   bash scripts/test.sh [--quick] ARGS   # ARGS go to every pytest pass (e.g. -k routing, -x,
 #                                         # tests/test_runtime.py); no stage is skipped for them
 #
@@ -43,7 +44,8 @@ stage "install agentrt and its test tools into .venv ($(.venv/bin/python --versi
 .venv/bin/python -m pip uninstall -q -y agentrt 2>/dev/null || true
 .venv/bin/python -m pip install -q --upgrade pip
 if [[ $MODE == quick ]]; then
-    .venv/bin/python -m pip install -q -e ".[dev,otel,prometheus,report,serve]"
+    # The frameworks too (pure Python): mypy --strict checks the adapters against them.
+    .venv/bin/python -m pip install -q -e ".[dev,otel,prometheus,report,serve,test-frameworks]"
 else
     .venv/bin/python -m pip install -q -e ".[dev,otel,prometheus,report,serve,ray,test-frameworks]"
 
