@@ -162,6 +162,8 @@ def _critical_table(run: Run, job: JobReport, top: int | None = None) -> TextTab
 def _slowest_and_median(run: Run) -> list[tuple[str, JobReport]]:
     jobs = sorted(run.reports, key=lambda r: r.jct_s)
     median = jobs[min(len(jobs) - 1, max(0, math.ceil(0.5 * len(jobs)) - 1))]
+    if median is jobs[-1]:  # one job
+        return [("slowest", jobs[-1])]
     return [("slowest", jobs[-1]), ("median", median)]
 
 
@@ -175,7 +177,7 @@ def _strip_rows(runs: Sequence[Run]) -> list[tuple[str, JobReport]]:
         (f"{ab} {which}\n{job.name}", job)
         for i in range(2)
         for ab, run_picks in zip("AB", picks, strict=False)
-        for which, job in [run_picks[i]]
+        for which, job in run_picks[i : i + 1]
     ]
 
 
