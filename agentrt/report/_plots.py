@@ -209,7 +209,7 @@ def job_strips(rows: Sequence[tuple[str, JobReport]], title: str = "") -> Figure
     that lengths compare; each bar's shares are written after it."""
     from matplotlib.patches import Patch
 
-    fig = _figure(11, 0.62 * len(rows) + 1.7)
+    fig = _figure(11, 0.62 * len(rows) + 1.5)
     ax = fig.add_subplot()
     longest = max([r.jct_s for _, r in rows] + [1e-9])
     for y, (_, job) in enumerate(rows):
@@ -246,17 +246,18 @@ def job_strips(rows: Sequence[tuple[str, JobReport]], title: str = "") -> Figure
     for spine in ("top", "right"):
         ax.spines[spine].set_visible(False)
     if title:
-        ax.set_title(title, fontsize="medium", loc="left")
+        ax.set_title(title, fontsize="medium", loc="left", pad=24)
     ax.legend(
         handles=[
             Patch(facecolor=color, hatch=hatch, edgecolor="#777777" if hatch else color, label=n)
             for n, color, hatch in _PHASE_STYLE.values()
         ],
         fontsize="small",
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.55 / max(len(rows), 1) - 0.12),
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.0),
         ncol=4,
         frameon=False,
+        borderaxespad=0.2,
     )
     return fig
 
