@@ -87,7 +87,7 @@ if [[ $MODE == quick ]]; then
     stage "pytest -m 'not engine' ${PYTEST_ARGS[*]}"
     run_pytest .venv/bin/python -m pytest -m "not engine" "${PYTEST_ARGS[@]}"
     echo "--- [quick] passed in $((SECONDS - STARTED)) s. Not run in quick mode: the engine tests," \
-        "the openai 2.x / LlamaIndex pass, the framework adapters, packaging and the docs build" \
+        "the openai 2.x / LlamaIndex pass, scripts/test_frameworks.sh, packaging and the docs build" \
         "(bash scripts/test.sh runs them all)"
     exit 0
 fi
