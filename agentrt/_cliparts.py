@@ -70,9 +70,18 @@ def examples(*lines: str) -> str:
     return "examples:\n" + "\n".join(f"  {line}" for line in lines)
 
 
-def listing(items: dict[str, str]) -> str:
+def listing(items: dict[str, str], columns: int = 79) -> str:
     width = max(map(len, items))
-    return "\n".join(f"  {name.ljust(width)}  {text}" for name, text in items.items())
+    return "\n".join(
+        textwrap.fill(
+            text,
+            columns,
+            initial_indent=f"  {name.ljust(width)}  ",
+            subsequent_indent=" " * (width + 4),
+            break_on_hyphens=False,
+        )
+        for name, text in items.items()
+    )
 
 
 def positive(value: int | float | None, option: str) -> None:

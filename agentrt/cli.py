@@ -1,4 +1,5 @@
-"""The ``agentrt`` command: ``demo``, ``bench``, ``report``, ``tune`` and ``sim serve``.
+"""The ``agentrt`` command: ``demo``, ``bench``, ``report``, ``tune``, ``sim serve`` and
+``traces fetch``.
 
 Each command's arguments, and what it runs, live with its package (``bench/_cli.py``,
 ``report/_cli.py``, ``tune/_cli.py``, ``sim/_cli.py``); this module puts them together
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from ._cliparts import CommandError, Formatter, Parser, examples, print_help
-from .bench._cli import add_bench, add_demo
+from .bench._cli import add_bench, add_demo, add_traces
 from .report._cli import add_report
 from .sim._cli import add_sim
 from .tune._cli import add_tune
@@ -69,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     add_report(command)
     add_tune(command)
     add_sim(command)
+    add_traces(command)
     parser.set_defaults(run=lambda _: print_help(parser))
     return parser
 

@@ -1,5 +1,6 @@
-"""The command line of the benchmark harness: ``agentrt demo`` and ``agentrt bench``, their
-arguments and what they run. The harness itself is imported when a command runs."""
+"""The command line of the benchmark harness: ``agentrt demo``, ``agentrt bench`` and
+``agentrt traces``, their arguments and what they run. The harness itself is imported
+when a command runs."""
 
 from __future__ import annotations
 
@@ -7,27 +8,42 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from .._cliparts import Command, examples, listing, positive
+from .._cliparts import Command, CommandError, examples, listing, positive
 from ..sim._cli import engine_args
 
 if TYPE_CHECKING:
     from ._parallel import Workers
     from ._runner import BenchConfig
 
-__all__ = ["CLIENT_HELP", "DEMO_CLIENTS", "WORKLOADS", "add_bench", "add_demo", "workers"]
+__all__ = [
+    "CLIENT_HELP",
+    "DEMO_CLIENTS",
+    "WORKLOADS",
+    "add_bench",
+    "add_demo",
+    "add_traces",
+    "workers",
+]
 
 DEMO_CLIENTS: Final = ("plain", "agentrt:round-robin", "agentrt:session")
 """``agentrt bench``'s clients unless ``--client`` is given."""
 
 WORKLOADS: Final = {
-    "coding": "coding jobs shaped like Claude Code sessions (the demo's)",
-    "mixed": "ReAct loops, fan-outs and chats",
-    "react": "tool loops of 4-12 turns",
-    "react-longtail": "long tool loops, heavy-tailed tool waits",
-    "fanout": "a planner, 3-6 concurrent sub-agents, a reducer",
-    "chat": "people chatting, streamed replies",
-    "claude-code": "replays of the Claude Code traces (--traces)",
-    "mixed-cc": "short ReAct jobs and long Claude Code replays",
+    "coding": "the default and the demo's: coding sessions shaped like Claude Code's (long "
+    "shared prompts, contexts growing turn by turn, tool waits); session routing's cache "
+    "hits and TTFT show here",
+    "mixed": "ReAct loops, fan-outs and chats with short contexts: little for routing to "
+    "keep; the ordering policies under load (--rate)",
+    "react": "tool loops of 4-12 turns: tool waits declared and learned, KV kept across them",
+    "react-longtail": "long tool loops, heavy-tailed tool waits: the KV policies around a "
+    "long wait (--tool-wait-policy)",
+    "fanout": "a planner, 3-6 concurrent sub-agents, a reducer: program-aware ordering "
+    "(agentrt:plas, agentrt:atlas)",
+    "chat": "people chatting, streamed replies: TTFT",
+    "claude-code": "replays of recorded Claude Code sessions, full size (the package's sample "
+    "of 40; all 710: agentrt traces fetch): routing with real contexts",
+    "mixed-cc": "short ReAct jobs among long Claude Code replays: head-of-line blocking, "
+    "the ordering policies (agentrt:plas, agentrt:mlfq)",
 }
 """The workloads of ``agentrt bench`` (tests check them against the bench package)."""
 
@@ -86,7 +102,7 @@ def output_args(p: argparse.ArgumentParser, default_out: str) -> None:
 def bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workload",
-        default="mixed",
+        default="coding",
         choices=tuple(WORKLOADS),
         metavar="NAME",
         help="the jobs to run (listed above)",
@@ -185,7 +201,8 @@ def bench_args(p: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         metavar="DIR",
-        help="Claude Code traces folder (default: $AGENTRT_TRACES or ../shared/traces/claude-code)",
+        help="Claude Code traces folder (default: $AGENTRT_TRACES, else what 'agentrt traces "
+        "fetch' wrote, else the package's sample of 40)",
     )
     p.add_argument(
         "--token-scale", type=float, default=1.0, metavar="X", help="traces: scale token counts"
@@ -229,7 +246,7 @@ def add_demo(command: Command, started: float) -> None:
         examples(
             "agentrt demo",
             "agentrt demo --out /tmp/demo --no-plots",
-            "agentrt bench --workload mixed      # the older mixed workload",
+            "agentrt bench                       # coding jobs through three clients",
         ),
     )
     output_args(demo, "results/demo")
@@ -256,6 +273,51 @@ def add_bench(command: Command) -> None:
     bench.set_defaults(run=_bench)
 
 
+def add_traces(command: Command) -> None:
+    """``agentrt traces fetch``: the full Claude Code traces (agentrt/bench/_traces.py)."""
+    traces = command(
+        "traces",
+        "get the Claude Code traces (bench --workload claude-code)",
+        "The Claude Code traces (callanjfox/kv-cache-tester on GitHub, Apache-2.0): the "
+        "package ships a sample of 40; 'fetch' downloads the repository at a pinned commit, "
+        "checks every trace against its git hash and writes the 710 under 4 MiB, which "
+        "agentrt bench then reads by default.",
+        examples(
+            "agentrt traces fetch",
+            "agentrt traces fetch --out traces/",
+            "agentrt bench --workload claude-code --traces traces/",
+        ),
+    )
+    traces.add_argument("action", choices=("fetch",), help="what to do")
+    traces.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where to write them (default: ~/.cache/agentrt/traces/claude-code)",
+    )
+    traces.add_argument(
+        "--archive",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="check and unpack this archive of the repository instead of downloading it",
+    )
+    traces.add_argument("--url", default=None, help="download the archive from here instead")
+    traces.add_argument("--all", action="store_true", help="also the 29 traces of 4 MiB or more")
+    traces.set_defaults(run=_traces_fetch)
+
+
+def _traces_fetch(args: argparse.Namespace) -> int:
+    from ._traces import TARBALL_URL, FetchError, fetch
+
+    try:
+        fetch(args.out, url=args.url or TARBALL_URL, archive=args.archive, include_large=args.all)
+    except FetchError as exc:
+        raise CommandError(str(exc)) from None
+    return 0
+
+
 def _run(
     cfg: BenchConfig, out: Path, plots: bool, title: str, journal: bool, workers: Workers = 1
 ) -> int:
@@ -269,6 +331,11 @@ def _run(
         result,
         f"{title} ({result.calls} calls per client, {clock}, {result.wall_s:.1f} s wall)",
     )
+    from ._output import terminal_width
+    from ._takeaway import takeaway
+
+    for line in takeaway(result, min(terminal_width(), 100)):
+        print(line)
     out.mkdir(parents=True, exist_ok=True)
     result.save(out / "results.json")
     print(f"results: {out / 'results.json'}")
@@ -339,6 +406,7 @@ def _bench(args: argparse.Namespace) -> int:
         api=args.api,
         long_share=args.long_share,
         tool_wait_policy=args.tool_wait_policy,
+        retention_directives=args.retention_directives,
         gpu_blocks=args.gpu_blocks,
         host_blocks=args.host_blocks,
         fleet=args.fleet,

@@ -36,7 +36,10 @@ def add_report(command: Command) -> None:
         help="two journals A and B side by side per job name, with ratios B/A",
     )
     report.add_argument(
-        "--png", type=Path, metavar="DIR", help="write jct_cdf.png, breakdown.png, timeline.png"
+        "--png",
+        type=Path,
+        metavar="DIR",
+        help="write jct_cdf.png, breakdown.png, timeline.png, jobs.png",
     )
     report.add_argument(
         "--html", type=Path, metavar="FILE", help="write one self-contained HTML page"

@@ -63,6 +63,13 @@ def engine_args(p: argparse.ArgumentParser, *, serve: bool) -> None:
         + ", ".join(KV_POLICIES)
         + " (default: the preset's, lru; docs/sim.md)",
     )
+    p.add_argument(
+        "--retention-directives",
+        action="store_true",
+        help="the replicas honour retention directives: a session's declared end and "
+        "expected idle order their evictions (ended first, then LRU, then the session "
+        "waking latest); default: plain LRU, as released vLLM (docs/sim.md)",
+    )
     if serve:
         p.add_argument(
             "--scheduling",
@@ -179,6 +186,7 @@ def _serve(args: argparse.Namespace) -> int:
         "num_host_blocks": args.host_blocks,
         "tool_wait_policy": args.tool_wait_policy,
         "final_policy": args.final_policy,
+        "retention_directives": args.retention_directives or None,
     }
     config = resolve_config(args.preset)
     names = tuple(args.served_model_name or (config.model_name,))
