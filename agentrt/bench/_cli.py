@@ -22,7 +22,7 @@ __all__ = [
     "add_bench",
     "add_demo",
     "add_traces",
-    "workers",
+    "workers_option",
 ]
 
 DEMO_CLIENTS: Final = ("plain", "agentrt:round-robin", "agentrt:session")
@@ -71,7 +71,7 @@ CLIENT_HELP: Final = (
 )
 
 
-def workers(text: str) -> int | str:
+def workers_option(text: str) -> int | str:
     """``--workers``: checked here, so a bad value is a usage error."""
     from ._parallel import parse_workers
 
@@ -174,7 +174,7 @@ def bench_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--workers",
-        type=workers,
+        type=workers_option,
         default="auto",
         metavar="N",
         help="embedded runs: replay the clients (and the solo runs) side by side on N "

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from .._cliparts import Command, CommandError, examples, positive
-from ..bench._cli import workers
+from ..bench._cli import workers_option
 from ..sim._cli import PRESETS, gateway_name
 
 __all__ = ["add_tune", "tune_args"]
@@ -107,7 +107,7 @@ def tune_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--workers",
-        type=workers,
+        type=workers_option,
         default="auto",
         metavar="N",
         help="processes the replays run on (auto: one per core; 1: in this process)",
