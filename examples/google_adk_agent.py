@@ -45,9 +45,7 @@ async def ask(agent: LlmAgent, text: str) -> str:
     session = await runner.session_service.create_session(app_name=agent.name, user_id="user")
     message = types.Content(role="user", parts=[types.Part(text=text)])
     answer = ""
-    async for event in runner.run_async(
-        user_id="user", session_id=session.id, new_message=message
-    ):
+    async for event in runner.run_async(user_id="user", session_id=session.id, new_message=message):
         if event.is_final_response() and event.content and event.content.parts:
             answer = "".join(part.text or "" for part in event.content.parts)
     return answer

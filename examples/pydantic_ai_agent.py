@@ -40,7 +40,9 @@ async def run_agent(
     agents = Agents(rt)
 
     def model(agent: str) -> OpenAIChatModel:
-        return OpenAIChatModel(model_name, provider=OpenAIProvider(openai_client=agents.openai(agent)))
+        return OpenAIChatModel(
+            model_name, provider=OpenAIProvider(openai_client=agents.openai(agent))
+        )
 
     researcher = Agent(
         model("researcher"),

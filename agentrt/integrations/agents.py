@@ -190,8 +190,8 @@ class Agents:
         async def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
             if is_async:
                 return await fn(*args, **kwargs)  # type: ignore[no-any-return,misc]
-            call = functools.partial(fn, *args, **kwargs)
-            return await anyio.to_thread.run_sync(call)  # type: ignore[return-value]
+            call: Callable[[], _R] = functools.partial(fn, *args, **kwargs)  # type: ignore[assignment]
+            return await anyio.to_thread.run_sync(call)
 
         @functools.wraps(fn)
         async def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:

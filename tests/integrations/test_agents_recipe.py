@@ -82,7 +82,10 @@ async def test_tool_errors_sync_tools_and_calls_outside_a_job() -> None:
     async def broken() -> str:
         raise RuntimeError("tool broke")
 
-    async with Cluster(1, CONFIG) as cluster, Runtime(cluster.base_urls, transport=cluster.transport()) as rt:
+    async with (
+        Cluster(1, CONFIG) as cluster,
+        Runtime(cluster.base_urls, transport=cluster.transport()) as rt,
+    ):
         agents = Agents(rt)
         add_tool = agents.tool("a", add, name="adder")
         assert await add_tool(1, 2) == 3  # outside a job: just runs
@@ -104,7 +107,10 @@ async def test_tool_errors_sync_tools_and_calls_outside_a_job() -> None:
 
 
 async def test_a_cancelled_run_ends_its_job_and_tool_cancelled() -> None:
-    async with Cluster(1, CONFIG) as cluster, Runtime(cluster.base_urls, transport=cluster.transport()) as rt:
+    async with (
+        Cluster(1, CONFIG) as cluster,
+        Runtime(cluster.base_urls, transport=cluster.transport()) as rt,
+    ):
         agents = Agents(rt)
         slow = agents.tool("a", anyio.sleep, name="sleep")
         with anyio.move_on_after(0.2):
