@@ -15,7 +15,8 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 export PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
-export LITELLM_LOCAL_MODEL_COST_MAP=True AGNO_TELEMETRY=false
+export LITELLM_LOCAL_MODEL_COST_MAP=True AGNO_TELEMETRY=false CREWAI_DISABLE_TELEMETRY=true
+export CREWAI_TRACING_ENABLED=false
 PY="${PYTHON:-python3}"
 VENVS="${AGENTRT_FRAMEWORK_VENVS:-$REPO/.venv-frameworks}"
 
@@ -34,11 +35,12 @@ declare -A TESTS=(
     [ag2]="tests/integrations/test_frameworks.py -k ag2"
     [google-adk]="tests/integrations/test_frameworks.py -k google_adk"
     [smolagents]="tests/integrations/test_frameworks.py -k smolagents"
+    [crewai]="tests/integrations/test_frameworks.py -k crewai"
     [langchain]="tests/integrations/test_langchain.py tests/integrations/test_langchain_stream_usage.py"
     [openai-agents]="tests/integrations/test_openai_agents.py"
     [llamaindex]="tests/integrations/test_llamaindex.py"
 )
-PINNED_HERE="pydantic-ai agno strands autogen ag2 google-adk smolagents"
+PINNED_HERE="pydantic-ai agno strands autogen ag2 google-adk smolagents crewai"
 if [[ $# -gt 0 ]]; then
     FRAMEWORKS="$*"
 else
@@ -59,7 +61,7 @@ for fw in $FRAMEWORKS; do
             "$UV" pip install -q -p "$venv" --upgrade -e ".[dev,serve,$fw]"
         fi
         echo "--- $fw ($kind): $("$UV" pip list -p "$venv" 2>/dev/null \
-            | grep -i -E '^(pydantic-ai-slim|agno|strands-agents|autogen-agentchat|ag2|google-adk|litellm|smolagents|langchain|langgraph|openai-agents|llama-index-core|openai) ' \
+            | grep -i -E '^(pydantic-ai-slim|agno|strands-agents|autogen-agentchat|ag2|google-adk|litellm|smolagents|crewai|langchain|langgraph|openai-agents|llama-index-core|openai) ' \
             | tr -s ' ' | tr '\n' ' ')"
         # shellcheck disable=SC2086
         if ! "$venv/bin/python" -m pytest ${TESTS[$fw]} -q -p no:cacheprovider -m "not engine"; then

@@ -1,5 +1,5 @@
 """The agent frameworks without adapters of their own (PydanticAI, Agno, Strands, AutoGen,
-AG2, Google ADK, smolagents): each example runs as written against ``agentrt sim serve
+AG2, Google ADK, smolagents, CrewAI): each example runs as written against ``agentrt sim serve
 --replies agent`` on loopback, and its job report shows the agents' sessions (the
 researcher's under the assistant's) and each tool wait in its agent's session.
 
@@ -29,6 +29,7 @@ EXAMPLES = {
     "ag2_agent": "ag2",
     "google_adk_agent": "google.adk",
     "smolagents_agent": "smolagents",
+    "crewai_agent": "crewai",
 }
 """Each example and the module its framework installs."""
 
