@@ -32,15 +32,15 @@ os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 from crewai import LLM, Agent, Crew, Task
 from crewai.tools import tool
 
-# A warning per call that the sim's model has no known tokenizer.
-logging.getLogger("crewai.llms.base_llm").setLevel(logging.ERROR)
-
 import agentrt
 
 # The tools' logic, the command line and the report, shared by the examples
 from _shared import arg_parser, calculate, print_report, scripted_question
 
 QUESTION = scripted_question(helper_arg="task")
+
+# A warning per call that the sim's model has no known tokenizer.
+logging.getLogger("crewai.llms.base_llm").setLevel(logging.ERROR)
 
 
 def crew_llm(srt: agentrt.SyncRuntime, model_name: str) -> LLM:
