@@ -6,14 +6,13 @@
     python examples/strands_agent.py --base-url http://127.0.0.1:8000/v1 \
         --model my-model "What is 17 * 23, and how many words are in README.md?"
 
-Needs ``pip install "agentjct[strands]"``. Two lines wire Strands to agentrt: each agent's
-model is ``OpenAIModel(client=agents.openai(<agent>))`` (its calls are that agent's
-session's turns), and the run is ``async with agents.job(...)``; the tools, wrapped by
-``agents.tool(<agent>, fn)`` under Strands' ``@tool``, are tool waits, and the
-researcher, run from the assistant's tool, gets a session whose parent is the
-assistant's. The default question carries the embedded engine's ``CALL``/``ANSWER``
-directives (docs/sim.md), so the run is the same every time; a real model reads them as
-instructions.
+Needs ``pip install "agentjct[strands]"`` (openai<3: an environment of its own). Two lines
+wire Strands to agentrt: the agents' model is ``agentrt_strands.model(rt, name)`` (its
+calls go through agentrt), and ``hooks=[agentrt_strands.hooks(rt)]`` maps each invocation
+onto a job, each agent onto a session (the researcher's, run as the assistant's tool,
+under the assistant's) and each tool call onto a tool wait. The default question carries
+the embedded engine's ``CALL``/``ANSWER`` directives (docs/sim.md), so the run is the
+same every time; a real model reads them as instructions.
 """
 
 from __future__ import annotations
@@ -22,47 +21,55 @@ import sys
 
 import anyio
 from strands import Agent, tool
-from strands.models.openai import OpenAIModel
 
 import agentrt
-from agentrt.integrations.agents import Agents
+from agentrt.integrations import strands as agentrt_strands
 
 # The tools' logic, the command line and the report, shared by the examples
 from _shared import arg_parser, calculate, count_words, print_report, scripted_question
 
-QUESTION = scripted_question(helper_arg="task")
+QUESTION = scripted_question(helper_arg="input")
+
+
+@tool
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression (+ - * /), e.g. "17 * 23"."""
+    return calculate(expression)
+
+
+@tool
+async def word_count(path: str) -> str:
+    """Count the words of a local text file."""
+    return await count_words(path)
 
 
 async def run_agent(
     rt: agentrt.Runtime, model_name: str, question: str
 ) -> tuple[str, agentrt.JobReport]:
     """Run the assistant once; its answer and the job's report."""
-    agents = Agents(rt)
+    model = agentrt_strands.model(rt, model_name)
+    hooks = agentrt_strands.hooks(rt)
     researcher = Agent(
         name="researcher",
-        model=OpenAIModel(client=agents.openai("researcher"), model_id=model_name),
+        model=model,
         system_prompt="You answer questions about local files with the word_count tool.",
-        tools=[tool(agents.tool("researcher", count_words, name="word_count"))],
+        tools=[word_count],
+        hooks=[hooks],
         callback_handler=None,  # Strands prints the streamed reply by default
     )
-
-    async def ask_researcher(task: str) -> str:
-        """Ask the researcher about local files."""
-        return str(await researcher.invoke_async(task)).strip()
-
     assistant = Agent(
         name="assistant",
-        model=OpenAIModel(client=agents.openai("assistant"), model_id=model_name),
+        model=model,
         system_prompt="Answer with the calculator, and ask the researcher about files.",
         tools=[
-            tool(agents.tool("assistant", calculate, name="calculator")),
-            tool(agents.tool("assistant", ask_researcher)),
+            calculator,
+            researcher.as_tool(name="ask_researcher", description="Ask about local files."),
         ],
+        hooks=[hooks],
         callback_handler=None,
     )
-    async with agents.job("assistant") as job:
-        result = await assistant.invoke_async(question)
-    return str(result).strip(), job.report
+    result = await assistant.invoke_async(question)
+    return str(result).strip(), rt.reports()[-1]  # the run's job, just ended
 
 
 async def main() -> int:

@@ -4,7 +4,7 @@ that report their waits.
 Most agent frameworks take an OpenAI client (or an HTTP client, or a base URL and
 headers) for their model, and plain Python functions as tools. That is all this module
 needs, so it serves frameworks without a tracing or callback API of their own
-(PydanticAI, AG2, AutoGen, Agno, Strands, Google ADK through LiteLLM, ...)::
+(PydanticAI, AG2, AutoGen, Agno, Google ADK through LiteLLM, ...)::
 
     from agentrt.integrations.agents import Agents
 
@@ -34,6 +34,7 @@ import inspect
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import anyio
@@ -43,6 +44,7 @@ import httpx
 from .._clients import AgentOpenAI, client_kwargs
 from .._context import _CURRENT_JOB, Job, Session
 from .._platform import give_platform
+from ..telemetry._report import CallStatus
 from ._bridge import Bridge, bind, unbind
 
 if TYPE_CHECKING:
@@ -98,24 +100,41 @@ class Agents:
         ``rt.reports()[-1]``); it ends ``ok``, ``error`` or ``cancelled`` as the block
         does."""
         self.rt._check_open()
-        key = ("job", next(self._keys))
-        job = self._bridge.start_job(
-            key, name, job_id=job_id, program_id=program_id, metadata=metadata, thread=thread
+        opened = self._start_job(
+            name, job_id=job_id, program_id=program_id, metadata=metadata, thread=thread
         )
-        if job is None:  # pragma: no cover - _check_open raised first
+        if opened is None:  # pragma: no cover - _check_open raised first
             raise RuntimeError("the runtime is closed")
-        token = _JOB.set((self, key))
-        job_token = _CURRENT_JOB.set(job)  # other clients' calls: the job's default session
         raised: BaseException | None = None
         try:
-            yield job
+            yield opened.job
         except BaseException as exc:
             raised = exc
             raise
         finally:
-            _CURRENT_JOB.reset(job_token)
-            _JOB.reset(token)
-            self._bridge.end_job(key, raised)
+            self._end_job(opened, raised)
+
+    def _start_job(self, name: str, **kwargs: Any) -> _OpenJob | None:
+        """Open a job and make it this context's (for a framework's run-start hook);
+        None if the runtime is closed. :meth:`_end_job` ends it."""
+        key = ("job", next(self._keys))
+        job = self._bridge.start_job(key, name, **kwargs)
+        if job is None:
+            return None
+        # other clients' calls: the job's default session
+        return _OpenJob(key, job, _JOB.set((self, key)), _CURRENT_JOB.set(job))
+
+    def _end_job(self, opened: _OpenJob, exc: BaseException | None = None) -> None:
+        """End a job of :meth:`_start_job` (what is still open in it first)."""
+        _reset(_CURRENT_JOB, opened.job_token)
+        _reset(_JOB, opened.token)
+        self._bridge.end_job(opened.key, exc)
+
+    def in_job(self) -> bool:
+        """Whether this context runs in one of this object's jobs (a sub-agent's run, in
+        a framework's run hook, opens none of its own)."""
+        found = _JOB.get()
+        return found is not None and found[0] is self and self._bridge.job(found[1]) is not None
 
     # -- sessions: one per agent (and per tool call that runs a sub-agent) --------------
 
@@ -195,31 +214,68 @@ class Agents:
 
         @functools.wraps(fn)
         async def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-            session_key = self._session_key(agent)
-            if session_key is None:
+            opened = self._start_tool(agent, tool_name)
+            if opened is None:
                 return await run(*args, **kwargs)
-            key = ("tool", next(self._keys))
-            self._bridge.start_tool(key, session_key, tool_name)
-            token = _TOOL.set((key, session_key))
             try:
                 result = await run(*args, **kwargs)
             except BaseException as exc:
-                cancelled = isinstance(exc, anyio.get_cancelled_exc_class())
-                self._end_tool(key, "cancelled" if cancelled else "error", type(exc).__name__)
+                self._end_tool(opened, exc)
                 raise
-            finally:
-                _TOOL.reset(token)
-            self._end_tool(key, "ok", None)
+            self._end_tool(opened)
             return result
 
         if name:  # frameworks name the tool after the function
             wrapper.__name__ = wrapper.__qualname__ = name
         return wrapper
 
-    def _end_tool(self, key: Hashable, status: Any, error_type: str | None) -> None:
-        for child in self._children.pop(key, ()):
-            self._bridge.end_session(child)  # the sub-agent's run ended with its tool call
-        self._bridge.end_tool(key, status, error_type)
+    def _start_tool(self, agent: str, name: str) -> _OpenTool | None:
+        """Begin a tool wait named ``name`` in ``agent``'s session and make it this
+        context's (a sub-agent run from here is its child): for a framework's tool-start
+        hook. None outside this object's jobs. :meth:`_end_tool` ends it."""
+        session_key = self._session_key(agent)
+        if session_key is None:
+            return None
+        key = ("tool", next(self._keys))
+        self._bridge.start_tool(key, session_key, name)
+        return _OpenTool(key, _TOOL.set((key, session_key)))
+
+    def _end_tool(self, opened: _OpenTool, exc: BaseException | None = None) -> None:
+        """End a tool wait of :meth:`_start_tool`: ``ok``, or ``error`` / ``cancelled``
+        for the exception that ended the tool. The sessions of sub-agents run in it end
+        with it."""
+        _reset(_TOOL, opened.token)
+        for child in self._children.pop(opened.key, ()):
+            self._bridge.end_session(child)
+        if exc is None:
+            self._bridge.end_tool(opened.key)
+        else:
+            cancelled = isinstance(exc, anyio.get_cancelled_exc_class())
+            status: CallStatus = "cancelled" if cancelled else "error"
+            self._bridge.end_tool(opened.key, status, type(exc).__name__)
+
+
+@dataclass(slots=True, eq=False)
+class _OpenJob:
+    key: Hashable
+    job: Job
+    token: contextvars.Token[tuple[Agents, Hashable] | None]
+    job_token: contextvars.Token[Job | None]
+
+
+@dataclass(slots=True, eq=False)
+class _OpenTool:
+    key: Hashable
+    token: contextvars.Token[tuple[Hashable, Hashable] | None]
+
+
+def _reset(var: contextvars.ContextVar[Any], token: contextvars.Token[Any]) -> None:
+    """Undo ``var.set``; in another context (a hook that ends elsewhere) there is
+    nothing to undo here."""
+    try:
+        var.reset(token)
+    except (ValueError, RuntimeError):
+        pass
 
 
 class _AgentTransport:

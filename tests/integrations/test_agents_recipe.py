@@ -120,3 +120,27 @@ async def test_a_cancelled_run_ends_its_job_and_tool_cancelled() -> None:
     assert report.status == "cancelled"
     assert [(t.name, t.status) for t in report.tool_reports] == [("sleep", "cancelled")]
     json.dumps(report.model_dump(mode="json"))
+
+
+async def test_clients_and_jobs_refuse_once_the_runtime_is_closed() -> None:
+    from agentrt import RuntimeClosedError
+
+    async with Cluster(1, CONFIG) as cluster:
+        async with Runtime(cluster.base_urls, transport=cluster.transport()) as rt:
+            agents = Agents(rt)
+            client = agents.openai("a")
+            async with agents.job("one"):
+                await client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+                )
+        with pytest.raises(RuntimeClosedError, match="this Runtime is closed"):
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
+        with pytest.raises(RuntimeClosedError):
+            async with agents.job("two"):
+                pass
+        with pytest.raises(RuntimeClosedError):
+            agents.openai("a")
+        assert sum(s.requests_received for s in cluster.stats()) == 1
+    assert [r.name for r in rt.reports()] == ["one"]

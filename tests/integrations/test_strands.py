@@ -1,0 +1,109 @@
+"""The Strands adapter: real agents with real tools, run by ``invoke_async`` against the
+embedded engine in its scripted-reply mode; what the server sees is recorded by wrapping
+the cluster's transport."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+strands = pytest.importorskip("strands")
+
+from strands import Agent, tool  # noqa: E402
+
+from agentrt import Runtime  # noqa: E402
+from agentrt._protocol import parse_agentrt_header  # noqa: E402
+from agentrt.integrations import strands as agentrt_strands  # noqa: E402
+from agentrt.sim import PRESETS, Cluster  # noqa: E402
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # Strands runs on asyncio
+
+
+class Recorder(httpx.AsyncBaseTransport):
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self.inner = inner
+        self.sessions: list[str] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/chat/completions"):
+            self.sessions.append(parse_agentrt_header(request.headers["x-agentrt"]).session_id)
+        return await self.inner.handle_async_request(request)
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[tuple[Runtime, Recorder]]:
+    async with Cluster(1, PRESETS["h100-8b"].replace(replies="agent")) as cluster:
+        server = Recorder(cluster.transport())
+        async with Runtime(cluster.base_urls, transport=server) as rt:
+            yield rt, server
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@tool
+def explode() -> str:
+    """Fail."""
+    raise RuntimeError("tool broke")
+
+
+def agent(
+    rt: Runtime, hooks: agentrt_strands.AgentrtHooks, name: str, tools: list[object]
+) -> Agent:
+    model = agentrt_strands.model(rt, "m")
+    return Agent(name=name, model=model, tools=tools, hooks=[hooks], callback_handler=None)
+
+
+async def test_invocations_agents_and_tools_map_to_jobs_sessions_and_waits(
+    env: tuple[Runtime, Recorder],
+) -> None:
+    rt, server = env
+    hooks = agentrt_strands.hooks(rt)
+    helper = agent(rt, hooks, "helper", [add])
+    lead = agent(rt, hooks, "lead", [add, helper.as_tool(name="ask_helper", description="Ask.")])
+    task = 'Sum.\nCALL add {"a": 5, "b": 6}'
+    question = (
+        f'Go.\nCALL add {{"a": 1, "b": 2}}\nCALL ask_helper {json.dumps({"input": task})}\n'
+        "ANSWER three"
+    )
+    result = await lead.invoke_async(question)
+    assert str(result).strip() == "three"
+    (report,) = rt.reports()
+    assert (report.name, report.status, report.calls, report.sessions) == ("lead", "ok", 5, 2)
+    lead_s, helper_s = report.session_reports
+    assert (lead_s.name, lead_s.parent_id) == ("lead", None)
+    assert (helper_s.name, helper_s.parent_id) == ("helper", lead_s.session_id)
+    assert server.sessions == [lead_s.session_id] * 2 + [helper_s.session_id] * 2 + [
+        lead_s.session_id
+    ]
+    waits = [(t.name, t.session_id, t.status) for t in report.tool_reports]
+    assert waits == [
+        ("add", lead_s.session_id, "ok"),
+        ("add", helper_s.session_id, "ok"),
+        ("ask_helper", lead_s.session_id, "ok"),
+    ]
+    # a second invocation: a job of its own
+    await lead.invoke_async("ANSWER again")
+    assert [r.name for r in rt.reports()] == ["lead", "lead"]
+
+
+async def test_a_failing_tool_is_an_error_wait_and_the_run_goes_on(
+    env: tuple[Runtime, Recorder],
+) -> None:
+    rt, _ = env
+    lead = agent(rt, agentrt_strands.hooks(rt), "lead", [explode])
+    await lead.invoke_async("Try.\nCALL explode {}\nANSWER it broke")
+    (report,) = rt.reports()
+    assert report.status == "ok"
+    assert [(t.name, t.status) for t in report.tool_reports] == [("explode", "error")]
