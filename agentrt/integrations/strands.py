@@ -31,9 +31,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-import sniffio
-
-from ._bridge import Binding, bind, unbind
+from ._bridge import Binding, bind, in_event_loop, unbind
 from .agents import Agents, _OpenJob, _OpenTool
 
 try:
@@ -92,7 +90,7 @@ class AgentrtHooks:
         registry.add_callback(AfterToolCallEvent, self._after_tool)
 
     def _before_invocation(self, event: BeforeInvocationEvent) -> None:
-        if not _in_event_loop() or not self._agents.rt._opened or self._agents.rt._closed:
+        if not in_event_loop() or not self._agents.rt._opened or self._agents.rt._closed:
             return  # a sync ``agent(...)`` runs in a loop of its own: implicit jobs
         if self._agents.in_job():
             return  # a sub-agent: its calls join the job of the run that invoked it
@@ -133,11 +131,3 @@ class AgentrtHooks:
 
 def _name(agent: Any) -> str:
     return str(getattr(agent, "name", None) or "agent")
-
-
-def _in_event_loop() -> bool:
-    try:
-        sniffio.current_async_library()
-    except sniffio.AsyncLibraryNotFoundError:
-        return False
-    return True

@@ -7,27 +7,15 @@ from __future__ import annotations
 import json
 
 import anyio
-import httpx
 import pytest
 
 from agentrt import Runtime
-from agentrt._protocol import parse_agentrt_header
 from agentrt.integrations.agents import Agents
 from agentrt.sim import PRESETS, Cluster
+from tests.integrations._sessions import SessionRecorder
 
 pytestmark = pytest.mark.anyio
 CONFIG = PRESETS["h100-8b"].replace(replies="agent")
-
-
-class Recorder(httpx.AsyncBaseTransport):
-    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
-        self.inner = inner
-        self.sessions: list[str] = []
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if request.url.path.endswith("/chat/completions"):
-            self.sessions.append(parse_agentrt_header(request.headers["x-agentrt"]).session_id)
-        return await self.inner.handle_async_request(request)
 
 
 async def chat(agents: Agents, agent: str, text: str) -> None:
@@ -38,7 +26,7 @@ async def chat(agents: Agents, agent: str, text: str) -> None:
 
 async def test_sessions_per_agent_and_sub_agents_under_their_tool_call() -> None:
     async with Cluster(1, CONFIG) as cluster:
-        server = Recorder(cluster.transport())
+        server = SessionRecorder(cluster.transport())
         async with Runtime(cluster.base_urls, transport=server) as rt:
             agents = Agents(rt)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-import httpx
 import pytest
 
 strands = pytest.importorskip("strands")
@@ -15,9 +14,9 @@ strands = pytest.importorskip("strands")
 from strands import Agent, tool  # noqa: E402
 
 from agentrt import Runtime  # noqa: E402
-from agentrt._protocol import parse_agentrt_header  # noqa: E402
 from agentrt.integrations import strands as agentrt_strands  # noqa: E402
 from agentrt.sim import PRESETS, Cluster  # noqa: E402
+from tests.integrations._sessions import SessionRecorder  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 
@@ -27,21 +26,10 @@ def anyio_backend() -> str:
     return "asyncio"  # Strands runs on asyncio
 
 
-class Recorder(httpx.AsyncBaseTransport):
-    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
-        self.inner = inner
-        self.sessions: list[str] = []
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if request.url.path.endswith("/chat/completions"):
-            self.sessions.append(parse_agentrt_header(request.headers["x-agentrt"]).session_id)
-        return await self.inner.handle_async_request(request)
-
-
 @pytest.fixture
-async def env() -> AsyncIterator[tuple[Runtime, Recorder]]:
+async def env() -> AsyncIterator[tuple[Runtime, SessionRecorder]]:
     async with Cluster(1, PRESETS["h100-8b"].replace(replies="agent")) as cluster:
-        server = Recorder(cluster.transport())
+        server = SessionRecorder(cluster.transport())
         async with Runtime(cluster.base_urls, transport=server) as rt:
             yield rt, server
 
@@ -66,7 +54,7 @@ def agent(
 
 
 async def test_invocations_agents_and_tools_map_to_jobs_sessions_and_waits(
-    env: tuple[Runtime, Recorder],
+    env: tuple[Runtime, SessionRecorder],
 ) -> None:
     rt, server = env
     hooks = agentrt_strands.hooks(rt)
@@ -99,7 +87,7 @@ async def test_invocations_agents_and_tools_map_to_jobs_sessions_and_waits(
 
 
 async def test_a_failing_tool_is_an_error_wait_and_the_run_goes_on(
-    env: tuple[Runtime, Recorder],
+    env: tuple[Runtime, SessionRecorder],
 ) -> None:
     rt, _ = env
     lead = agent(rt, agentrt_strands.hooks(rt), "lead", [explode])
