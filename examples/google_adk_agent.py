@@ -6,12 +6,11 @@
     python examples/google_adk_agent.py --base-url http://127.0.0.1:8000/v1 \
         --model my-model "What is 17 * 23, and how many words are in README.md?"
 
-Needs ``pip install "agentjct[google-adk]"``. Two lines wire ADK to agentrt: each agent's
-model is ``LiteLlm(model="openai/<name>", client=agents.openai(<agent>))`` (LiteLLM sends
-through that client, so its calls are that agent's session's turns), and the run is
-``async with agents.job(...)``; the tools, wrapped by ``agents.tool(<agent>, fn)``, are
-tool waits, and the researcher, run from the assistant's tool, gets a session whose
-parent is the assistant's. The default question carries the embedded engine's
+Needs ``pip install "agentjct[google-adk]"``. Two lines wire ADK to agentrt: the agents'
+model is ``google_adk.model(rt, name)`` (a ``LiteLlm`` that sends through agentrt), and
+the apps' ``plugins=[google_adk.plugin(rt)]`` maps each run onto a job, each agent onto
+a session (the researcher's, run from the assistant's tool, under the assistant's) and
+each tool call onto a tool wait. The default question carries the embedded engine's
 ``CALL``/``ANSWER`` directives (docs/sim.md), so the run is the same every time; a real
 model reads them as instructions.
 """
@@ -25,13 +24,15 @@ import sys
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import anyio
+import litellm  # noqa: F401  # ADK imports it at the first call (seconds), inside the job
 from google.adk.agents import LlmAgent
-from google.adk.models.lite_llm import LiteLlm
+from google.adk.apps import App
+from google.adk.plugins.base_plugin import BasePlugin
 from google.adk.runners import InMemoryRunner
 from google.genai import types
 
 import agentrt
-from agentrt.integrations.agents import Agents
+from agentrt.integrations import google_adk
 
 # The tools' logic, the command line and the report, shared by the examples
 from _shared import arg_parser, calculate, count_words, print_report, scripted_question
@@ -39,9 +40,9 @@ from _shared import arg_parser, calculate, count_words, print_report, scripted_q
 QUESTION = scripted_question(helper_arg="task")
 
 
-async def ask(agent: LlmAgent, text: str) -> str:
+async def ask(agent: LlmAgent, plugin: BasePlugin, text: str) -> str:
     """Run ``agent`` on one message in a fresh ADK session; its final text."""
-    runner = InMemoryRunner(agent=agent, app_name=agent.name)
+    runner = InMemoryRunner(app=App(name=agent.name, root_agent=agent, plugins=[plugin]))
     session = await runner.session_service.create_session(app_name=agent.name, user_id="user")
     message = types.Content(role="user", parts=[types.Part(text=text)])
     answer = ""
@@ -55,34 +56,36 @@ async def run_agent(
     rt: agentrt.Runtime, model_name: str, question: str
 ) -> tuple[str, agentrt.JobReport]:
     """Run the assistant once; its answer and the job's report."""
-    agents = Agents(rt)
+    model = google_adk.model(rt, model_name)
+    plugin = google_adk.plugin(rt)
 
-    def model(agent: str) -> LiteLlm:
-        return LiteLlm(model=f"openai/{model_name}", client=agents.openai(agent))
+    async def word_count(path: str) -> str:
+        """Count the words of a local text file."""
+        return await count_words(path)
 
     researcher = LlmAgent(
         name="researcher",
-        model=model("researcher"),
+        model=model,
         instruction="You answer questions about local files with the word_count tool.",
-        tools=[agents.tool("researcher", count_words, name="word_count")],
+        tools=[word_count],
     )
+
+    def calculator(expression: str) -> str:
+        """Evaluate an arithmetic expression (+ - * /), e.g. "17 * 23"."""
+        return calculate(expression)
 
     async def ask_researcher(task: str) -> str:
         """Ask the researcher about local files."""
-        return await ask(researcher, task)
+        return await ask(researcher, plugin, task)
 
     assistant = LlmAgent(
         name="assistant",
-        model=model("assistant"),
+        model=model,
         instruction="Answer with the calculator, and ask the researcher about files.",
-        tools=[
-            agents.tool("assistant", calculate, name="calculator"),
-            agents.tool("assistant", ask_researcher),
-        ],
+        tools=[calculator, ask_researcher],
     )
-    async with agents.job("assistant") as job:
-        answer = await ask(assistant, question)
-    return answer, job.report
+    answer = await ask(assistant, plugin, question)
+    return answer, rt.reports()[-1]  # the run's job, just ended
 
 
 async def main() -> int:
