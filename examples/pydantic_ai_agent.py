@@ -6,13 +6,13 @@
     python examples/pydantic_ai_agent.py --base-url http://127.0.0.1:8000/v1 \
         --model my-model "What is 17 * 23, and how many words are in README.md?"
 
-Needs ``pip install "agentjct[pydantic-ai]"``. Two lines wire PydanticAI to agentrt: each
-agent's model is an ``OpenAIChatModel`` on ``agents.openai(<agent>)`` (its calls are that
-agent's session's turns), and the run is ``async with agents.job(...)``; the tools,
-wrapped by ``agents.tool(<agent>, fn)``, are tool waits, and the researcher, run from the
-assistant's tool, gets a session whose parent is the assistant's. The default question
-carries the embedded engine's ``CALL``/``ANSWER`` directives (docs/sim.md), so the run
-is the same every time; a real model reads them as instructions.
+Needs ``pip install "agentjct[pydantic-ai]"``. Two lines wire PydanticAI to agentrt: the
+agents' model is ``agentrt_pydantic_ai.model(rt, name)`` (its calls go through agentrt),
+and ``capabilities=[agentrt_pydantic_ai.capability(rt)]`` maps each run onto a job, each
+agent onto a session (the researcher's, run from the assistant's tool, under the
+assistant's) and each tool call onto a tool wait. The default question carries the
+embedded engine's ``CALL``/``ANSWER`` directives (docs/sim.md), so the run is the same
+every time; a real model reads them as instructions.
 """
 
 from __future__ import annotations
@@ -21,11 +21,9 @@ import sys
 
 import anyio
 from pydantic_ai import Agent
-from pydantic_ai.models.openai import OpenAIChatModel
-from pydantic_ai.providers.openai import OpenAIProvider
 
 import agentrt
-from agentrt.integrations.agents import Agents
+from agentrt.integrations import pydantic_ai as agentrt_pydantic_ai
 
 # The tools' logic, the command line and the report, shared by the examples
 from _shared import arg_parser, calculate, count_words, print_report, scripted_question
@@ -37,36 +35,38 @@ async def run_agent(
     rt: agentrt.Runtime, model_name: str, question: str
 ) -> tuple[str, agentrt.JobReport]:
     """Run the assistant once; its answer and the job's report."""
-    agents = Agents(rt)
+    model = agentrt_pydantic_ai.model(rt, model_name)
+    capability = agentrt_pydantic_ai.capability(rt)
 
-    def model(agent: str) -> OpenAIChatModel:
-        return OpenAIChatModel(
-            model_name, provider=OpenAIProvider(openai_client=agents.openai(agent))
-        )
+    async def word_count(path: str) -> str:
+        """Count the words of a local text file."""
+        return await count_words(path)
 
     researcher = Agent(
-        model("researcher"),
+        model,
         name="researcher",
         instructions="You answer questions about local files with the word_count tool.",
-        tools=[agents.tool("researcher", count_words, name="word_count")],
+        tools=[word_count],
+        capabilities=[capability],
     )
+
+    def calculator(expression: str) -> str:
+        """Evaluate an arithmetic expression (+ - * /), e.g. "17 * 23"."""
+        return calculate(expression)
 
     async def ask_researcher(task: str) -> str:
         """Ask the researcher about local files."""
         return (await researcher.run(task)).output
 
     assistant = Agent(
-        model("assistant"),
+        model,
         name="assistant",
         instructions="Answer with the calculator, and ask the researcher about files.",
-        tools=[
-            agents.tool("assistant", calculate, name="calculator"),
-            agents.tool("assistant", ask_researcher),
-        ],
+        tools=[calculator, ask_researcher],
+        capabilities=[capability],
     )
-    async with agents.job("assistant") as job:
-        result = await assistant.run(question)
-    return result.output, job.report
+    result = await assistant.run(question)
+    return result.output, rt.reports()[-1]  # the run's job, just ended
 
 
 async def main() -> int:

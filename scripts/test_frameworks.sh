@@ -29,7 +29,7 @@ UV="$VENVS/uv/bin/uv"
 
 # framework -> the tests that cover it
 declare -A TESTS=(
-    [pydantic-ai]="tests/integrations/test_frameworks.py -k pydantic_ai"
+    [pydantic-ai]="tests/integrations/test_pydantic_ai.py tests/integrations/test_frameworks.py -k pydantic_ai"
     [agno]="tests/integrations/test_frameworks.py -k agno"
     [strands]="tests/integrations/test_strands.py tests/integrations/test_frameworks.py -k strands"
     [autogen]="tests/integrations/test_frameworks.py -k autogen"

@@ -4,7 +4,7 @@ that report their waits.
 Most agent frameworks take an OpenAI client (or an HTTP client, or a base URL and
 headers) for their model, and plain Python functions as tools. That is all this module
 needs, so it serves frameworks without a tracing or callback API of their own
-(PydanticAI, AG2, AutoGen, Agno, ...)::
+(Agno, AutoGen, AG2, ...)::
 
     from agentrt.integrations.agents import Agents
 
@@ -32,6 +32,7 @@ import contextvars
 import functools
 import inspect
 import itertools
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -65,6 +66,19 @@ _TOOL: contextvars.ContextVar[tuple[Hashable, Hashable] | None] = contextvars.Co
     "agentrt_agents_tool", default=None
 )
 """The tool wait this context runs in: its key and its session's key."""
+
+
+_SHARED: weakref.WeakKeyDictionary[Runtime, Agents] = weakref.WeakKeyDictionary()
+
+
+def _shared(rt: Runtime) -> Agents:
+    """The one :class:`Agents` of ``rt`` that the framework adapters' hooks share, so
+    that an agent run inside another's run, whatever hook object it was given, joins
+    that run's job."""
+    agents = _SHARED.get(rt)
+    if agents is None:
+        agents = _SHARED[rt] = Agents(rt)
+    return agents
 
 
 class Agents:

@@ -32,7 +32,7 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 from ._bridge import Binding, bind, in_event_loop, unbind
-from .agents import Agents, _OpenJob, _OpenTool
+from .agents import _OpenJob, _OpenTool, _shared
 
 try:
     from google.adk.models.lite_llm import LiteLlm
@@ -69,7 +69,7 @@ class AgentrtPlugin(BasePlugin):  # type: ignore[misc]  # ADK is not installed f
 
     def __init__(self, rt: Runtime, name: str = "agentrt") -> None:
         super().__init__(name=name)
-        self._agents = Agents(rt)
+        self._agents = _shared(rt)
         self._runs: dict[str, _OpenJob] = {}
         self._bindings: dict[Hashable, Binding] = {}
         self._tools: dict[Hashable, _OpenTool] = {}

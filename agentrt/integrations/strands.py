@@ -32,7 +32,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ._bridge import Binding, bind, in_event_loop, unbind
-from .agents import Agents, _OpenJob, _OpenTool
+from .agents import _OpenJob, _OpenTool, _shared
 
 try:
     from strands.hooks import (
@@ -75,7 +75,7 @@ class AgentrtHooks:
     call or the tool, which is what lets them bind a session to the call that follows."""
 
     def __init__(self, rt: Runtime) -> None:
-        self._agents = Agents(rt)
+        self._agents = _shared(rt)
         self._runs: dict[int, tuple[_OpenJob, BaseException | None]] = {}
         self._bindings: dict[int, Binding] = {}
         self._tools: dict[str, _OpenTool] = {}

@@ -4,7 +4,6 @@ recorded by wrapping the cluster's transport."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import AsyncIterator
 
@@ -22,7 +21,11 @@ from google.genai import types  # noqa: E402
 from agentrt import Runtime  # noqa: E402
 from agentrt.integrations import google_adk  # noqa: E402
 from agentrt.sim import PRESETS, Cluster  # noqa: E402
-from tests.integrations._sessions import SessionRecorder  # noqa: E402
+from tests.integrations._sessions import (  # noqa: E402
+    SessionRecorder,
+    check_lead_and_helper,
+    lead_and_helper_question,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -71,25 +74,9 @@ async def test_runs_agents_and_tools_map_to_jobs_sessions_and_waits(
     model = google_adk.model(rt, "m")
     helper = LlmAgent(name="helper", model=model, instruction="Add.", tools=[add])
     lead = LlmAgent(name="lead", model=model, instruction="Go.", tools=[add, AgentTool(helper)])
-    task = 'Sum.\nCALL add {"a": 5, "b": 6}\nANSWER eleven'
-    question = (
-        f'Go.\nCALL add {{"a": 1, "b": 2}}\nCALL helper {json.dumps({"request": task})}\n'
-        "ANSWER three"
-    )
-    assert await run(rt, lead, question) == "three"
+    assert await run(rt, lead, lead_and_helper_question("helper", "request")) == "three"
     (report,) = rt.reports()
-    assert (report.name, report.status, report.calls, report.sessions) == ("lead", "ok", 5, 2)
-    lead_s, helper_s = report.session_reports
-    assert (lead_s.name, lead_s.parent_id) == ("lead", None)
-    assert (helper_s.name, helper_s.parent_id) == ("helper", lead_s.session_id)
-    assert server.sessions == [lead_s.session_id] * 2 + [helper_s.session_id] * 2 + [
-        lead_s.session_id
-    ]
-    assert [(t.name, t.session_id, t.status) for t in report.tool_reports] == [
-        ("add", lead_s.session_id, "ok"),
-        ("add", helper_s.session_id, "ok"),
-        ("helper", lead_s.session_id, "ok"),
-    ]
+    check_lead_and_helper(report, server.sessions, "helper")
 
 
 async def test_a_failing_tool_is_an_error_wait_and_ends_the_run_with_an_error(

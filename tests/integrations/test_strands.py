@@ -4,7 +4,6 @@ the cluster's transport."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -16,7 +15,11 @@ from strands import Agent, tool  # noqa: E402
 from agentrt import Runtime  # noqa: E402
 from agentrt.integrations import strands as agentrt_strands  # noqa: E402
 from agentrt.sim import PRESETS, Cluster  # noqa: E402
-from tests.integrations._sessions import SessionRecorder  # noqa: E402
+from tests.integrations._sessions import (  # noqa: E402
+    SessionRecorder,
+    check_lead_and_helper,
+    lead_and_helper_question,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -60,27 +63,10 @@ async def test_invocations_agents_and_tools_map_to_jobs_sessions_and_waits(
     hooks = agentrt_strands.hooks(rt)
     helper = agent(rt, hooks, "helper", [add])
     lead = agent(rt, hooks, "lead", [add, helper.as_tool(name="ask_helper", description="Ask.")])
-    task = 'Sum.\nCALL add {"a": 5, "b": 6}'
-    question = (
-        f'Go.\nCALL add {{"a": 1, "b": 2}}\nCALL ask_helper {json.dumps({"input": task})}\n'
-        "ANSWER three"
-    )
-    result = await lead.invoke_async(question)
+    result = await lead.invoke_async(lead_and_helper_question("ask_helper", "input"))
     assert str(result).strip() == "three"
     (report,) = rt.reports()
-    assert (report.name, report.status, report.calls, report.sessions) == ("lead", "ok", 5, 2)
-    lead_s, helper_s = report.session_reports
-    assert (lead_s.name, lead_s.parent_id) == ("lead", None)
-    assert (helper_s.name, helper_s.parent_id) == ("helper", lead_s.session_id)
-    assert server.sessions == [lead_s.session_id] * 2 + [helper_s.session_id] * 2 + [
-        lead_s.session_id
-    ]
-    waits = [(t.name, t.session_id, t.status) for t in report.tool_reports]
-    assert waits == [
-        ("add", lead_s.session_id, "ok"),
-        ("add", helper_s.session_id, "ok"),
-        ("ask_helper", lead_s.session_id, "ok"),
-    ]
+    check_lead_and_helper(report, server.sessions, "ask_helper")
     # a second invocation: a job of its own
     await lead.invoke_async("ANSWER again")
     assert [r.name for r in rt.reports()] == ["lead", "lead"]
