@@ -6,13 +6,13 @@
     python examples/ag2_agent.py --base-url http://127.0.0.1:8000/v1 \
         --model my-model "What is 17 * 23, and how many words are in README.md?"
 
-Needs ``pip install "agentjct[ag2]"``. Two lines wire AG2 to agentrt: each agent's config
-is ``OpenAIConfig(model=..., **agents.client_kwargs(<agent>))`` (its calls are that
-agent's session's turns), and the run is ``async with agents.job(...)``; the tools,
-wrapped by ``agents.tool(<agent>, fn)``, are tool waits, and the researcher, asked from
-the assistant's tool, gets a session whose parent is the assistant's. The default
-question carries the embedded engine's ``CALL``/``ANSWER`` directives (docs/sim.md), so
-the run is the same every time; a real model reads them as instructions.
+Needs ``pip install "agentjct[ag2]"``. Two lines wire AG2 to agentrt: the agents' config is
+``agentrt_ag2.config(rt, name)`` (its calls go through agentrt), and
+``middleware=[agentrt_ag2.middleware(rt, <agent>)]`` maps each turn onto a job, each
+agent onto a session (the researcher's, asked from the assistant's tool, under the
+assistant's) and each tool call onto a tool wait. The default question carries the
+embedded engine's ``CALL``/``ANSWER`` directives (docs/sim.md), so the run is the same
+every time; a real model reads them as instructions.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ import sys
 
 import anyio
 from ag2 import Agent
-from ag2.config import OpenAIConfig
 
 import agentrt
-from agentrt.integrations.agents import Agents
+from agentrt.integrations import ag2 as agentrt_ag2
 
 # The tools' logic, the command line and the report, shared by the examples
 from _shared import arg_parser, calculate, count_words, print_report, scripted_question
@@ -36,13 +35,23 @@ async def run_agent(
     rt: agentrt.Runtime, model_name: str, question: str
 ) -> tuple[str, agentrt.JobReport]:
     """Run the assistant once; its answer and the job's report."""
-    agents = Agents(rt)
+    config = agentrt_ag2.config(rt, model_name)
+
+    async def word_count(path: str) -> str:
+        """Count the words of a local text file."""
+        return await count_words(path)
+
     researcher = Agent(
         "researcher",
         prompt="You answer questions about local files with the word_count tool.",
-        config=OpenAIConfig(model=model_name, **agents.client_kwargs("researcher")),
-        tools=[agents.tool("researcher", count_words, name="word_count")],
+        config=config,
+        tools=[word_count],
+        middleware=[agentrt_ag2.middleware(rt, "researcher")],
     )
+
+    def calculator(expression: str) -> str:
+        """Evaluate an arithmetic expression (+ - * /), e.g. "17 * 23"."""
+        return calculate(expression)
 
     async def ask_researcher(task: str) -> str:
         """Ask the researcher about local files."""
@@ -51,15 +60,12 @@ async def run_agent(
     assistant = Agent(
         "assistant",
         prompt="Answer with the calculator, and ask the researcher about files.",
-        config=OpenAIConfig(model=model_name, **agents.client_kwargs("assistant")),
-        tools=[
-            agents.tool("assistant", calculate, name="calculator"),
-            agents.tool("assistant", ask_researcher),
-        ],
+        config=config,
+        tools=[calculator, ask_researcher],
+        middleware=[agentrt_ag2.middleware(rt, "assistant")],
     )
-    async with agents.job("assistant") as job:
-        reply = await assistant.ask(question)
-    return reply.body or "", job.report
+    reply = await assistant.ask(question)
+    return reply.body or "", rt.reports()[-1]  # the run's job, just ended
 
 
 async def main() -> int:

@@ -4,7 +4,7 @@ that report their waits.
 Most agent frameworks take an OpenAI client (or an HTTP client, or a base URL and
 headers) for their model, and plain Python functions as tools. That is all this module
 needs, so it serves frameworks without a tracing or callback API of their own
-(Agno, AutoGen, AG2, ...)::
+(Agno, AutoGen, ...)::
 
     from agentrt.integrations.agents import Agents
 
