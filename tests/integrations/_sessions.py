@@ -4,11 +4,14 @@ header as a server reads it."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import httpx
 
-from agentrt import JobReport
+from agentrt import JobReport, Runtime
 from agentrt._protocol import parse_agentrt_header
+from agentrt.sim import PRESETS, Cluster
 
 
 class SessionRecorder(httpx.AsyncBaseTransport):
@@ -46,3 +49,13 @@ def check_lead_and_helper(report: JobReport, sessions: list[str], helper_tool: s
         ("add", helper.session_id, "ok"),
         (helper_tool, lead.session_id, "ok"),
     ]
+
+
+@asynccontextmanager
+async def scripted_runtime() -> AsyncIterator[tuple[Runtime, SessionRecorder]]:
+    """A runtime on one embedded engine in its scripted-reply mode, whose requests are
+    recorded."""
+    async with Cluster(1, PRESETS["h100-8b"].replace(replies="agent")) as cluster:
+        server = SessionRecorder(cluster.transport())
+        async with Runtime(cluster.base_urls, transport=server) as rt:
+            yield rt, server

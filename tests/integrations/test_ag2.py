@@ -14,11 +14,11 @@ from ag2 import Agent
 
 from agentrt import Runtime
 from agentrt.integrations import ag2 as agentrt_ag2
-from agentrt.sim import PRESETS, Cluster
 from tests.integrations._sessions import (
     SessionRecorder,
     check_lead_and_helper,
     lead_and_helper_question,
+    scripted_runtime,
 )
 
 pytestmark = pytest.mark.anyio
@@ -31,10 +31,8 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 async def env() -> AsyncIterator[tuple[Runtime, SessionRecorder]]:
-    async with Cluster(1, PRESETS["h100-8b"].replace(replies="agent")) as cluster:
-        server = SessionRecorder(cluster.transport())
-        async with Runtime(cluster.base_urls, transport=server) as rt:
-            yield rt, server
+    async with scripted_runtime() as env:
+        yield env
 
 
 def add(a: int, b: int) -> int:

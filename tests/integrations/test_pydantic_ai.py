@@ -15,11 +15,11 @@ from pydantic_ai import Agent
 
 from agentrt import Runtime
 from agentrt.integrations import pydantic_ai as agentrt_pydantic_ai
-from agentrt.sim import PRESETS, Cluster
 from tests.integrations._sessions import (
     SessionRecorder,
     check_lead_and_helper,
     lead_and_helper_question,
+    scripted_runtime,
 )
 
 pytestmark = pytest.mark.anyio
@@ -32,10 +32,8 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 async def env() -> AsyncIterator[tuple[Runtime, SessionRecorder]]:
-    async with Cluster(1, PRESETS["h100-8b"].replace(replies="agent")) as cluster:
-        server = SessionRecorder(cluster.transport())
-        async with Runtime(cluster.base_urls, transport=server) as rt:
-            yield rt, server
+    async with scripted_runtime() as env:
+        yield env
 
 
 def add(a: int, b: int) -> int:

@@ -14,11 +14,11 @@ from strands import Agent, tool  # noqa: E402
 
 from agentrt import Runtime  # noqa: E402
 from agentrt.integrations import strands as agentrt_strands  # noqa: E402
-from agentrt.sim import PRESETS, Cluster  # noqa: E402
 from tests.integrations._sessions import (  # noqa: E402
     SessionRecorder,
     check_lead_and_helper,
     lead_and_helper_question,
+    scripted_runtime,
 )
 
 pytestmark = pytest.mark.anyio
@@ -31,10 +31,8 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 async def env() -> AsyncIterator[tuple[Runtime, SessionRecorder]]:
-    async with Cluster(1, PRESETS["h100-8b"].replace(replies="agent")) as cluster:
-        server = SessionRecorder(cluster.transport())
-        async with Runtime(cluster.base_urls, transport=server) as rt:
-            yield rt, server
+    async with scripted_runtime() as env:
+        yield env
 
 
 @tool
