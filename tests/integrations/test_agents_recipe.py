@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from agentrt import Runtime
@@ -132,3 +133,18 @@ async def test_clients_and_jobs_refuse_once_the_runtime_is_closed() -> None:
             agents.openai("a")
         assert sum(s.requests_received for s in cluster.stats()) == 1
     assert [r.name for r in rt.reports()] == ["one"]
+
+
+async def test_a_callable_object_with_an_async_call_is_awaited() -> None:
+    class Lookup:
+        async def __call__(self, key: str) -> str:
+            await anyio.lowlevel.checkpoint()
+            return f"value of {key}"
+
+    async with Cluster(1, CONFIG) as cluster:
+        async with Runtime(cluster.base_urls, transport=cluster.transport()) as rt:
+            agents = Agents(rt)
+            lookup = agents.tool("a", Lookup(), name="lookup")
+            async with agents.job("j") as job:
+                assert await lookup("k") == "value of k"
+    assert [(t.name, t.status) for t in job.report.tool_reports] == [("lookup", "ok")]
