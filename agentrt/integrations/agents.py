@@ -218,8 +218,9 @@ class Agents:
         The wrapper keeps ``fn``'s name, docstring and signature, which frameworks read
         to describe the tool to the model."""
         tool_name = name or getattr(fn, "__name__", "tool")
-        is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-            getattr(fn, "__call__", None)  # an object whose __call__ is async
+        is_async = inspect.iscoroutinefunction(fn) or (
+            not inspect.isroutine(fn)  # an object whose __call__ is async
+            and inspect.iscoroutinefunction(type(fn).__call__)
         )
 
         async def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
