@@ -46,6 +46,9 @@ def anyio_backend() -> str:
     return "asyncio"  # uvicorn, and most frameworks, run on asyncio
 
 
+# A fresh interpreter imports its framework (LiteLLM, CrewAI: tens of seconds on a busy
+# machine) before the run.
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("example", sorted(EXAMPLES))
 async def test_example_against_sim_serve(example: str, tmp_path: Path) -> None:
     if not _installed(EXAMPLES[example]):
@@ -55,7 +58,7 @@ async def test_example_against_sim_serve(example: str, tmp_path: Path) -> None:
     config = PRESETS["h100-8b"].replace(replies="agent")
     async with anyio.create_task_group() as tg:
         urls = await tg.start(serve_async, 1, "127.0.0.1", 0, config)
-        with anyio.fail_after(240):
+        with anyio.fail_after(540):
             run = await anyio.run_process(
                 [sys.executable, str(ROOT / "examples" / f"{example}.py"), "--base-url", urls.url],
                 cwd=tmp_path,

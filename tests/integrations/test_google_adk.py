@@ -11,6 +11,9 @@ import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 adk = pytest.importorskip("google.adk")
+# ADK imports LiteLLM at the first model call: here, at collection, where its import (tens
+# of seconds on a busy machine) counts against no test's timeout.
+pytest.importorskip("litellm")
 
 from google.adk.agents import LlmAgent  # noqa: E402
 from google.adk.apps import App  # noqa: E402
