@@ -30,7 +30,12 @@ from tests.integrations._sessions import (  # noqa: E402
     scripted_runtime,
 )
 
-pytestmark = pytest.mark.anyio
+pytestmark = [
+    pytest.mark.anyio,
+    # pydantic (2.14) warns of a TypedDict of LiteLLM's with ReadOnly items as ADK builds
+    # a schema from it: nothing of agentrt's.
+    pytest.mark.filterwarnings("ignore:Items? .* `ReadOnly` qualifier:UserWarning"),
+]
 
 
 @pytest.fixture
