@@ -47,7 +47,7 @@ def crew_llm(srt: agentrt.SyncRuntime, model_name: str) -> LLM:
     """A CrewAI LLM whose calls go through agentrt."""
     url = srt.runtime.endpoints[0].url
     llm = LLM(model=f"openai/{model_name}", base_url=url, api_key="none", max_retries=0)
-    llm._client = srt.openai()  # type: ignore[attr-defined]
+    llm._client = srt.openai()  # type: ignore[attr-defined,unused-ignore]
     return llm
 
 

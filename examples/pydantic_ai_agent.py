@@ -56,7 +56,7 @@ async def run_agent(
 
     async def ask_researcher(task: str) -> str:
         """Ask the researcher about local files."""
-        return (await researcher.run(task)).output
+        return str((await researcher.run(task)).output)
 
     assistant = Agent(
         model,
@@ -66,7 +66,7 @@ async def run_agent(
         capabilities=[capability],
     )
     result = await assistant.run(question)
-    return result.output, rt.reports()[-1]  # the run's job, just ended
+    return str(result.output), rt.reports()[-1]  # the run's job, just ended
 
 
 async def main() -> int:

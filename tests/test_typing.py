@@ -20,11 +20,29 @@ _ERROR = re.compile(r"^(?P<path>[^:]+):(?P<line>\d+): error: .*\[(?P<code>[a-z-]
 _EXPECTED = re.compile(r"# E: (?P<code>[a-z-]+)")
 
 # Frameworks the examples use: where one is not installed in this environment (the
-# openai 2.x one has LlamaIndex only, the main one all but LlamaIndex), mypy takes its
+# openai 2.x one has LlamaIndex only, the main one LangChain and the Agents SDK), mypy takes its
 # imports as Any, as the project's own mypy config does for LlamaIndex, and the example
 # may use its decorators (untyped then). Each example is checked in full where its
 # framework is installed.
-_FRAMEWORKS = ("langchain", "langchain_core", "langgraph", "agents", "llama_index")
+_FRAMEWORKS = (
+    "langchain",
+    "langchain_core",
+    "langgraph",
+    "agents",
+    "llama_index",
+    # issue 36's: each tested in an environment of its own (scripts/test_frameworks.sh)
+    "pydantic_ai",
+    "agno",
+    "strands",
+    "autogen_agentchat",
+    "autogen_ext",
+    "ag2",
+    "google.adk",
+    "google.genai",
+    "litellm",
+    "smolagents",
+    "crewai",
+)
 
 
 def _config(tmp: Path) -> Path:

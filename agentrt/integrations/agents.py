@@ -36,7 +36,7 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 import anyio
 import anyio.to_thread
@@ -208,6 +208,14 @@ class Agents:
 
     # -- tools -------------------------------------------------------------------------
 
+    @overload
+    def tool(
+        self, agent: str, fn: Callable[_P, Awaitable[_R]], *, name: str = ""
+    ) -> Callable[_P, Awaitable[_R]]: ...
+    @overload
+    def tool(
+        self, agent: str, fn: Callable[_P, _R], *, name: str = ""
+    ) -> Callable[_P, Awaitable[_R]]: ...
     def tool(
         self, agent: str, fn: Callable[_P, Awaitable[_R]] | Callable[_P, _R], *, name: str = ""
     ) -> Callable[_P, Awaitable[_R]]:
