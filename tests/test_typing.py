@@ -45,9 +45,16 @@ _FRAMEWORKS = (
 )
 
 
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package (google, of google.adk) is not
+        return False
+
+
 def _config(tmp: Path) -> Path:
     lines = ["[mypy]", "strict = True", "python_version = 3.11", "warn_unused_ignores = True"]
-    missing = [m for m in _FRAMEWORKS if importlib.util.find_spec(m) is None]
+    missing = [m for m in _FRAMEWORKS if not _installed(m)]
     for module in missing:
         lines += [f"[mypy-{module}.*]", "ignore_missing_imports = True"]
     for example in sorted((ROOT / "examples").glob("*.py")):
