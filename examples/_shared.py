@@ -109,7 +109,14 @@ def print_report(answer: str, report: agentrt.JobReport) -> None:
         f"jct={report.jct_s:.3f}s llm(critical)={report.critical_llm_s:.3f}s "
         f"tools={report.tool_s:.3f}s calls={report.calls} sessions={report.sessions}"
     )
+    names = {s.session_id: s.name for s in report.session_reports}
+    for s in report.session_reports:
+        under = "" if s.parent_id is None else f" (parent: {names.get(s.parent_id)})"
+        print(f"  session {s.name}{under}")
     for call in report.call_reports:
         print(f"  {call.session_name} turn {call.turn}: latency={call.latency_s or 0:.3f}s")
     for tool in report.tool_reports:
-        print(f"  tool {tool.name}: {tool.duration_s:.3f}s ({tool.status})")
+        print(
+            f"  tool {tool.name} in {names.get(tool.session_id)}: "
+            f"{tool.duration_s:.3f}s ({tool.status})"
+        )

@@ -114,6 +114,13 @@ if [[ -f scripts/test_frameworks.sh ]]; then
     bash scripts/test_frameworks.sh "${PYTEST_ARGS[@]}"
 fi
 
+# The agent frameworks (issue 36): each supported framework at its pinned version and at
+# its newest release, each in a virtual environment of its own (PyPI only; uv resolves).
+if [[ $# -eq 0 ]]; then
+    echo "--- frameworks: pinned and newest releases (scripts/test_frameworks.sh)"
+    PYTHON="$PY" bash scripts/test_frameworks.sh
+fi
+
 # Packaging: build the sdist and the wheel (from the sdist), check them, install the wheel
 # (not editable) into a fresh virtual environment and run `agentrt demo` from a folder
 # outside the repo, so that a file missing from the wheel fails here.

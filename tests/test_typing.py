@@ -20,16 +20,41 @@ _ERROR = re.compile(r"^(?P<path>[^:]+):(?P<line>\d+): error: .*\[(?P<code>[a-z-]
 _EXPECTED = re.compile(r"# E: (?P<code>[a-z-]+)")
 
 # Frameworks the examples use: where one is not installed in this environment (the
-# openai 2.x one has LlamaIndex only, the main one all but LlamaIndex), mypy takes its
+# openai 2.x one has LlamaIndex only, the main one LangChain and the Agents SDK), mypy takes its
 # imports as Any, as the project's own mypy config does for LlamaIndex, and the example
 # may use its decorators (untyped then). Each example is checked in full where its
 # framework is installed.
-_FRAMEWORKS = ("langchain", "langchain_core", "langgraph", "agents", "llama_index")
+_FRAMEWORKS = (
+    "langchain",
+    "langchain_core",
+    "langgraph",
+    "agents",
+    "llama_index",
+    # issue 36's: each tested in an environment of its own (scripts/test_frameworks.sh)
+    "pydantic_ai",
+    "agno",
+    "strands",
+    "autogen_agentchat",
+    "autogen_ext",
+    "ag2",
+    "google.adk",
+    "google.genai",
+    "litellm",
+    "smolagents",
+    "crewai",
+)
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package (google, of google.adk) is not
+        return False
 
 
 def _config(tmp: Path) -> Path:
     lines = ["[mypy]", "strict = True", "python_version = 3.11", "warn_unused_ignores = True"]
-    missing = [m for m in _FRAMEWORKS if importlib.util.find_spec(m) is None]
+    missing = [m for m in _FRAMEWORKS if not _installed(m)]
     for module in missing:
         lines += [f"[mypy-{module}.*]", "ignore_missing_imports = True"]
     for example in sorted((ROOT / "examples").glob("*.py")):

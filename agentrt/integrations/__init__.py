@@ -1,4 +1,6 @@
-"""Framework adapters: LangChain / LangGraph, LlamaIndex and the OpenAI Agents SDK.
+"""Framework adapters: LangChain / LangGraph, LlamaIndex, the OpenAI Agents SDK,
+PydanticAI, Strands, Google ADK and AG2, and ``agents``: a job, a session per agent and
+tool waits for any framework that takes an OpenAI client (Agno, AutoGen).
 
 Each lives in its own module and imports its framework lazily (install the matching
 extra: ``agentjct[langchain]``, ``agentjct[llamaindex]``, ``agentjct[openai-agents]``).

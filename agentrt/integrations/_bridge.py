@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import sniffio
 
 from .._context import _CALL_SESSION, Job, Session
 from .._turns import ToolWait
@@ -32,7 +33,7 @@ from ..telemetry._report import CallStatus, JobReport
 if TYPE_CHECKING:
     from .._runtime import Runtime
 
-__all__ = ["Binding", "Bridge", "bind", "unbind"]
+__all__ = ["Binding", "Bridge", "bind", "in_event_loop", "unbind"]
 
 Binding = contextvars.Token[Session | None]
 """What :func:`bind` returns; :func:`unbind` takes it back."""
@@ -43,6 +44,15 @@ def bind(session: Session) -> Binding:
     on) turns of ``session``, as inside ``session.chat`` or ``job.session``'s block.
     It takes precedence over an enclosing ``job.session`` block."""
     return _CALL_SESSION.set(session)
+
+
+def in_event_loop() -> bool:
+    """Whether this thread runs an event loop (a framework's callback in async code)."""
+    try:
+        sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return False
+    return True
 
 
 def unbind(binding: Binding) -> None:

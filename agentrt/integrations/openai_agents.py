@@ -30,9 +30,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import sniffio
 
-from ._bridge import Binding, Bridge, bind, unbind
+from ._bridge import Binding, Bridge, bind, in_event_loop, unbind
 
 try:
     from agents import OpenAIChatCompletionsModel, add_trace_processor, set_trace_processors
@@ -112,7 +111,7 @@ class AgentrtTracingProcessor(TracingProcessor):
 
     def on_trace_start(self, trace: Trace) -> None:
         """A trace (one agent run) started: it opens a job."""
-        if self._closed or not _in_event_loop():
+        if self._closed or not in_event_loop():
             return  # a trace opened outside async code: its calls are implicit jobs
         metadata: dict[str, Any] = {"trace_id": trace.trace_id}
         group_id = getattr(trace, "group_id", None)
@@ -210,11 +209,3 @@ class AgentrtTracingProcessor(TracingProcessor):
 
     def force_flush(self) -> None:
         """Nothing is buffered: reports are made as jobs end."""
-
-
-def _in_event_loop() -> bool:
-    try:
-        sniffio.current_async_library()
-    except sniffio.AsyncLibraryNotFoundError:
-        return False
-    return True

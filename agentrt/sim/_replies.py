@@ -92,22 +92,13 @@ def _tool_names(tools: Any) -> set[str]:
     return names
 
 
-def agent_reply(body: dict[str, Any]) -> ScriptedReply | None:
-    """The scripted reply to a chat request, or None when it carries no directives."""
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return None
-    last_user = max(
-        (i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"),
-        default=None,
-    )
-    if last_user is None:
-        return None
+def _directives(content: Any) -> tuple[list[list[tuple[str, str]]], str | None]:
+    """The rounds of ``CALL`` lines of a message, and its ``ANSWER`` text (None: none)."""
     rounds: list[list[tuple[str, str]]] = []
-    answer = "done"
-    for line in _text(messages[last_user].get("content")).splitlines():
+    answer = None
+    for line in _text(content).splitlines():
         if found := _ANSWER.match(line):
-            answer = found.group(1).strip() or answer
+            answer = found.group(1).strip() or "done"
             continue
         calls = []
         for part in line.split("&&"):
@@ -115,13 +106,36 @@ def agent_reply(body: dict[str, Any]) -> ScriptedReply | None:
                 calls.append((found.group(1), found.group(2) or "{}"))
         if calls:
             rounds.append(calls)
-    if not rounds and answer == "done":
+    return rounds, answer
+
+
+def _is_tool_turn(m: Any) -> bool:
+    """An assistant message that asked for tools: with ``tool_calls``, or written out as
+    text the way smolagents sends its history (``Calling tools:`` ...)."""
+    if not isinstance(m, dict) or m.get("role") != "assistant":
+        return False
+    return bool(m.get("tool_calls")) or _text(m.get("content")).startswith("Calling tools:")
+
+
+def agent_reply(body: dict[str, Any]) -> ScriptedReply | None:
+    """The scripted reply to a chat request, or None when it carries no directives."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
         return None
-    taken = sum(
-        1
-        for m in messages[last_user + 1 :]
-        if isinstance(m, dict) and m.get("role") == "assistant" and m.get("tool_calls")
-    )
+    users = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
+    for last_user in reversed(users):
+        rounds, answer = _directives(messages[last_user].get("content"))
+        if rounds or answer not in (None, "done"):
+            break
+        # A framework that sends tool calls and results as text (smolagents: an assistant
+        # "Calling tools: ..." message, then a user "Observation: ..." one) puts user
+        # messages after the directives: look further back past those only.
+        if not any(_is_tool_turn(m) for m in messages[last_user - 1 : last_user]):
+            return None
+    else:
+        return None
+    answer = answer or "done"
+    taken = sum(1 for m in messages[last_user + 1 :] if _is_tool_turn(m))
     if taken >= len(rounds):
         return ScriptedReply(answer)
     offered = _tool_names(body.get("tools"))
