@@ -106,20 +106,11 @@ fi
 stage "unit tests with $(.venv-openai2/bin/python -m pip show openai | grep ^Version)"
 run_pytest .venv-openai2/bin/python -m pytest -m "not engine" -p no:cacheprovider "${PYTEST_ARGS[@]}"
 
-# --- Stage: the framework adapters against the framework versions pinned for them.
-# scripts/test_frameworks.sh (its own environments) is called here, in full mode only, when
-# the checkout has it; it takes the same pytest arguments.
-if [[ -f scripts/test_frameworks.sh ]]; then
-    stage "framework adapters (scripts/test_frameworks.sh)"
-    bash scripts/test_frameworks.sh "${PYTEST_ARGS[@]}"
-fi
-
-# The agent frameworks (issue 36): each supported framework at its pinned version and at
-# its newest release, each in a virtual environment of its own (PyPI only; uv resolves).
-if [[ $# -eq 0 ]]; then
-    echo "--- frameworks: pinned and newest releases (scripts/test_frameworks.sh)"
-    PYTHON="$PY" bash scripts/test_frameworks.sh
-fi
+# --- Stage: the agent frameworks, each supported framework at its pinned version and at
+# its newest release, each in a virtual environment of its own (PyPI only; uv resolves),
+# in full mode only. Its arguments are framework names, not pytest's: it runs them all.
+stage "framework adapters, pinned and newest releases (scripts/test_frameworks.sh)"
+PYTHON="$PY" bash scripts/test_frameworks.sh
 
 # Packaging: build the sdist and the wheel (from the sdist), check them, install the wheel
 # (not editable) into a fresh virtual environment and run `agentrt demo` from a folder
