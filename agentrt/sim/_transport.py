@@ -17,12 +17,15 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx
 
 from ._app import INPROCESS_EXTENSION, ASGIApp, Message, ReplicaApp, ReplyStream
+
+if TYPE_CHECKING:
+    from ._engine import Engine
 
 __all__ = ["ASGIDispatchTransport"]
 
@@ -162,6 +165,7 @@ class ASGIDispatchTransport(httpx.AsyncBaseTransport):
     def __init__(self, apps: Mapping[str, ASGIApp], spawn: Callable[[], Spawn]) -> None:
         self._apps = dict(apps)
         self._spawn = spawn
+        self._readers: dict[str, tuple[Engine | None]] = {}
 
     def replica_app(self, url: str) -> tuple[ReplicaApp, str] | None:
         """The in-process app (a replica's or a gateway's) that serves ``url`` and the
@@ -174,6 +178,27 @@ class ASGIDispatchTransport(httpx.AsyncBaseTransport):
             return None
         self._spawn()  # raises when the owner (the cluster) is not running
         return app, parsed.path.rstrip("/")
+
+    def engine_reading(self, url: str) -> tuple[int, int, float] | None:
+        """What a GET of ``url`` would show of a simulated replica's load when ``url`` is
+        its ``/metrics`` page: ``(running, waiting, kv_usage)``, the values
+        ``parse_vllm_metrics`` reads off that page, from the engine without rendering or
+        parsing it (agentrt's metrics polls ask this first: a fleet's polls of a long
+        replay were most of its CPU). None for any other URL, app or host, or while the
+        cluster is not running (then the page is fetched as any other)."""
+        cached = self._readers.get(url)
+        if cached is None:
+            parsed = httpx.URL(url)
+            app = self._apps.get(parsed.host)
+            engine = None
+            if type(app) is ReplicaApp and parsed.path == "/metrics" and not parsed.query:
+                engine = app.engine
+            cached = self._readers[url] = (engine,)
+        engine = cached[0]
+        if engine is None or not engine.started:
+            return None
+        waiting, running, kv_usage = engine._live_metrics()
+        return running, waiting, min(max(kv_usage, 0.0), 1.0)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         host = request.url.host

@@ -530,3 +530,23 @@ async def test_engine_scraped_metrics_are_the_last_polls() -> None:
     assert e.scraped()[0] == 2  # unchanged since the poll at base + 0.05
     await anyio.sleep_until(base + 0.26)
     assert e.scraped()[0] == 3
+
+
+async def test_transport_reads_an_engine_as_its_metrics_page_says() -> None:
+    from agentrt.scheduling._signals import parse_vllm_metrics
+    from agentrt.sim._app import render_metrics
+
+    async with Cluster(2, "h100-8b") as c:
+        t = c.transport()
+        engine = c.replicas[0].engine
+        page_url = c.base_urls[0].removesuffix("/v1") + "/metrics"
+        prompt = engine.tokenizer.completion("y" * 40_000)
+        for i in range(40):
+            engine.submit(prompt, 64, request_id=f"r{i}")
+        await anyio.sleep(0.2)
+        got = t.engine_reading(page_url)
+        assert got is not None and got[0] > 0 and got[1] > 0 and got[2] > 0
+        page = parse_vllm_metrics(render_metrics(engine))
+        assert got == (page.running, page.waiting, page.kv_usage)
+        assert t.engine_reading(c.base_urls[0] + "/metrics") is None  # /v1/metrics: 404
+        assert t.engine_reading("http://elsewhere/metrics") is None
