@@ -202,7 +202,7 @@ def steady_jobs(cfg: SteadyConfig) -> list[JobPlan]:
     out = []
     for i in range(cfg.jobs):
         k = rng.randrange(len(pool))
-        root = _renamed(pool[k], f"~{i}")
+        root = _renamed(pool[k], f".copy{i}")
         out.append(JobPlan(name=f"claude-code-{i}", kind="claude-code", arrival_s=0.0, root=root))
     return out
 
@@ -284,9 +284,14 @@ def measure(
         last = n
     measured = ok[warm:last] if last > warm else []
     if len(measured) < 2:
+        errors = [r.error for r in results if r.status != "ok" and r.error]
         raise ValueError(
             f"too few jobs to measure: {n} done, {warm} warm-up, {n - last} drain; "
-            "give more jobs or fewer users"
+            + (
+                f"{len(errors)} failed, the first: {errors[0]}"
+                if errors
+                else "give more jobs or fewer users"
+            )
         )
     t0, t1 = measured[0].start_s, measured[-1].start_s
     span = t1 - t0

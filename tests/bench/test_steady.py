@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -126,7 +127,8 @@ def test_claude_code_jobs_are_resampled_copies() -> None:
     assert [j.root for j in a] == [j.root for j in b]  # seeded
     spaces = [j.root.steps[0].namespace for j in a]  # type: ignore[union-attr]
     assert len(set(spaces)) == 30  # every copy its own conversation
-    assert len({s.split("~")[0] for s in spaces}) <= 12  # drawn from the first 12 that fit
+    assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+", ns) for ns in spaces)  # the simulator's rule
+    assert len({s.split(".copy")[0] for s in spaces}) <= 12  # drawn from the first 12 that fit
 
 
 def test_script_is_thin_and_has_a_quick_size() -> None:
