@@ -166,6 +166,7 @@ class ASGIDispatchTransport(httpx.AsyncBaseTransport):
         self._apps = dict(apps)
         self._spawn = spawn
         self._readers: dict[str, tuple[Engine | None]] = {}
+        self._posts: dict[str, tuple[ReplicaApp | None, str]] = {}
 
     def replica_app(self, url: str) -> tuple[ReplicaApp, str] | None:
         """The in-process app (a replica's or a gateway's) that serves ``url`` and the
@@ -199,6 +200,31 @@ class ASGIDispatchTransport(httpx.AsyncBaseTransport):
             return None
         waiting, running, kv_usage = engine._live_metrics()
         return running, waiting, min(max(kv_usage, 0.0), 1.0)
+
+    async def post_status(
+        self, url: str, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> int | None:
+        """POST ``body`` to ``url`` on a simulated replica without an HTTP request or
+        response object: the reply's status (its body unread; a streamed one closed), the
+        same the app gives :meth:`handle_async_request`. None where ``url`` is not a
+        simulated replica's, or while the cluster is not running: then send it as any
+        other. agentrt's tool-start notices take this path (a notice per tool wait)."""
+        cached = self._posts.get(url)
+        if cached is None:
+            parsed = httpx.URL(url)
+            app = self._apps.get(parsed.host)
+            if isinstance(app, ReplicaApp) and not parsed.query:
+                cached = self._posts[url] = (app, parsed.path)
+            else:
+                cached = self._posts[url] = (None, "")
+        app, path = cached
+        if app is None or not app.engine.started:
+            return None
+        self._spawn()  # raises when the owner (the cluster) is not running
+        reply = await app.respond("POST", path, headers, body)
+        if reply.stream is not None:
+            reply.stream.close()
+        return reply.status
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         host = request.url.host
