@@ -113,6 +113,10 @@ def test_llmd_prefix_decides_at_equal_load() -> None:
 
 
 def test_llmd_real_information_by_default() -> None:
+    from agentrt.bench import ClientSpec
+
+    assert ClientSpec.parse("plain>llm-d:ideal").gateway == "llm-d:ideal"
+    assert ClientSpec.parse("agentrt:defaults>llm-d:ideal").dialect == "llm-d"
     real, ideal = LLMD(), LLMDIdeal()
     assert (real.metrics_interval_s, real.index_block_tokens) == (0.05, 64)
     assert real.kv_event_lag_s is not None and real.kv_event_lag_s > 0
