@@ -106,6 +106,9 @@ class Notices:
         self._mod = mod
         """The HTTP library (``httpx`` or ``httpx2``) whose requests ``inner`` takes."""
         self._inner = inner
+        self._post_status: Any = getattr(inner, "post_status", None)
+        """A transport that serves simulated engines in this process (``agentrt.sim``'s)
+        takes a notice without HTTP request and response objects; None elsewhere."""
         self.open = False
         """True while the runtime is open: nothing is sent before or after."""
         self.tasks: anyio.abc.TaskGroup | None = None
@@ -179,15 +182,25 @@ class Notices:
         error: str | None = None
         with anyio.move_on_after(NOTICE_TIMEOUT_S) as scope:
             try:
-                request = mod.Request(
-                    "POST", url, headers=headers, content=content, extensions={"timeout": timeout}
-                )
-                response = await self._inner.handle_async_request(request)
-                try:
-                    await response.aread()
-                finally:
-                    await response.aclose()
-                status = response.status_code
+                direct = self._post_status
+                if direct is not None:
+                    raw = [(k.encode(), v.encode()) for k, v in headers]
+                    raw.append((b"content-length", str(len(content)).encode()))
+                    status = await direct(url, raw, content)
+                if status is None:
+                    request = mod.Request(
+                        "POST",
+                        url,
+                        headers=headers,
+                        content=content,
+                        extensions={"timeout": timeout},
+                    )
+                    response = await self._inner.handle_async_request(request)
+                    try:
+                        await response.aread()
+                    finally:
+                        await response.aclose()
+                    status = response.status_code
             except anyio.get_cancelled_exc_class():
                 if not scope.cancel_called:  # the tool wait ended first (not the timeout)
                     self._failed(url, key, "the tool wait ended before an answer")

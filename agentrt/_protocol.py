@@ -277,6 +277,12 @@ _TOKEN_RE: Final = re.compile(r"[A-Za-z*][!#$%&'*+\-.^_`|~0-9A-Za-z:/]*")
 _BYTES_RE: Final = re.compile(r":([A-Za-z0-9+/=]*):")
 _STRING_RE: Final = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"')
 _UNESCAPE_RE: Final = re.compile(r"\\(.)")
+_FAST_MEMBER_RE: Final = re.compile(
+    r"([a-z*][a-z0-9_\-.*]*)(?:=(?:(-?[0-9]{1,12}\.[0-9]{1,3})|(-?[0-9]{1,15})"
+    r'|"([\x20\x21\x23-\x5b\x5d-\x7e]*)"'
+    r"|([A-Za-z*][!#$%&'*+\-.^_`|~0-9A-Za-z:/]*)|\?([01])))?"
+)
+_FAST_SEP_RE: Final = re.compile(r"[ \t]*(?:(,)[ \t]*)?")
 
 
 class _Parser:
@@ -440,8 +446,50 @@ def _sf_dictionary(value: str) -> dict[str, object]:
         value.encode("ascii")
     except UnicodeEncodeError:
         raise _SfError("a non-ASCII character") from None
+    fast = _plain_dictionary(value)
+    if fast is not None:
+        return fast
     parser = _Parser(value)
     return parser.dictionary()
+
+
+def _plain_dictionary(text: str) -> dict[str, object] | None:
+    """The common dictionary (members of integers, decimals, strings without escapes,
+    tokens and booleans; no parameters, inner lists or byte sequences) as
+    :meth:`_Parser.dictionary` reads it, a regular expression per member instead of a
+    character at a time; None for anything else (the parser then reads it, or says what
+    is wrong)."""
+    out: dict[str, object] = {}
+    pos, end = len(text) - len(text.lstrip(" ")), len(text)
+    member, sep = _FAST_MEMBER_RE.match, _FAST_SEP_RE.match
+    while pos < end:
+        m = member(text, pos)
+        if m is None:
+            return None
+        key, dec, num, string, token, boolean = m.groups()
+        if dec is not None:
+            value: object = float(dec)
+        elif num is not None:
+            value = int(num)
+        elif string is not None:
+            value = string
+        elif token is not None:
+            value = _Token(token)
+        elif boolean is not None:
+            value = boolean == "1"
+        elif m.end() - m.start() == len(key):
+            value = True
+        else:  # pragma: no cover - the pattern matches a key alone or key=item
+            return None
+        out[key] = value
+        s = sep(text, m.end())
+        assert s is not None  # matches the empty string
+        pos = s.end()
+        if pos >= end:
+            return out if s.group(1) is None else None  # a trailing ',': the parser says
+        if s.group(1) is None:
+            return None  # not a ',' between members: the parser says what is wrong
+    return out
 
 
 def _req(fields: dict[str, object], key: str) -> object:

@@ -52,6 +52,10 @@ class Upkeep:
         self._poll_adaptive = adaptive
         """``poll_metrics_s="auto"``: the schedule adapts to what the polls read."""
         self._get_urls: dict[str, Any] = {}  # the URLs _get asks, parsed
+        self._read_engine: Any = getattr(inner, "engine_reading", None)
+        """A transport that serves simulated engines in this process (the simulator's,
+        ``agentrt.sim``) reads their load without a page to render and parse: the same
+        signals, at a fraction of the CPU (a fleet's polls of a long replay)."""
 
     async def start(self) -> None:
         """The runtime's block begins: notices may be sent, the dialects' session-end
@@ -146,9 +150,13 @@ class Upkeep:
             admitted = total
             for i in due:
                 e = endpoints[i]
-                text = await self._fetch_metrics(e)
+                signals: EngineSignals | None = self._read_direct(e)
+                direct = signals is not None
+                text = None if direct else await self._fetch_metrics(e)
                 if text is not None:
-                    signals: EngineSignals | None = parse_vllm_metrics(text)
+                    signals = parse_vllm_metrics(text)
+                elif direct:
+                    pass
                 elif self._poll_adaptive:
                     signals = EngineSignals()  # no answer: its load is unknown now
                 else:
@@ -162,7 +170,8 @@ class Upkeep:
                     e.load.waiting = signals.waiting
                     e.load.kv_usage = signals.kv_usage
                     e.admission.engine_signals(signals.running, signals.waiting)
-                reading = None if text is None or signals is None else signals.reading
+                answered = direct or text is not None
+                reading = signals.reading if answered and signals is not None else None
                 schedule.polled(i, anyio.current_time(), reading, busy)
             self._note_view()
 
@@ -179,6 +188,22 @@ class Upkeep:
         else None."""
         reply = await self._get(ep, ep.endpoint.url + path)
         return None if reply is None or reply[0] >= 500 else reply[1]
+
+    def _read_direct(self, ep: _EndpointState) -> EngineSignals | None:
+        """The endpoint's load read straight from a simulated engine (see
+        ``_read_engine``): what its ``/metrics`` page would say; None where the transport
+        cannot (a real server), and the page is fetched."""
+        read = self._read_engine
+        if read is None:
+            return None
+        if ep.metrics_urls is None:
+            ep.metrics_urls = metrics_candidates(ep.endpoint.url)
+        for url in ep.metrics_urls:
+            got = read(url)
+            if got is not None:
+                running, waiting, kv_usage = got
+                return EngineSignals(running=running, waiting=waiting, kv_usage=kv_usage)
+        return None
 
     async def _fetch_metrics(self, ep: _EndpointState) -> str | None:
         """The endpoint's ``/metrics`` page, or None. Its place is found once: beside

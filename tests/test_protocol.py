@@ -282,3 +282,63 @@ def test_reader_rejects_with_the_bad_key(value: str, message: str) -> None:
 def test_reader_wants_a_str() -> None:
     with pytest.raises(TypeError):
         parse_agentrt_header(b"v=2")  # type: ignore[arg-type]
+
+
+def test_plain_dictionary_reads_as_the_parser_does() -> None:
+    """The regular-expression reader of common dictionaries gives what the full parser
+    gives, or leaves the value to it (random members, valid and not)."""
+    import random
+
+    from agentrt._protocol import _Parser, _plain_dictionary, _SfError, _Token
+
+    rng = random.Random(7)
+    items = [
+        "1",
+        "-12",
+        "0",
+        "123456789012345",
+        "1234567890123456",
+        "1.5",
+        "-0.25",
+        "1.",
+        "1.2345",
+        '"abc"',
+        '"a b,c"',
+        '"a\\"b"',
+        '""',
+        "tok",
+        "*t:/x",
+        "?0",
+        "?1",
+        "?2",
+        ":YWJj:",
+        "(1 2)",
+        "x;p=1",
+        "1;q",
+        "-",
+        "a-b",
+        '%"x"',
+    ]
+    keys = ["a", "job", "t0", "*k", "a.b-c_d", "A", "9x"]
+    seps = [",", ", ", " ,", "\t,\t", ",,", " ", ""]
+    for _ in range(4000):
+        parts = []
+        for _ in range(rng.randint(0, 4)):
+            key = rng.choice(keys)
+            parts.append(key if rng.random() < 0.15 else f"{key}={rng.choice(items)}")
+            parts.append(rng.choice(seps))
+        text = rng.choice(["", " ", "  "]) + "".join(parts[:-1] if parts else [])
+        text += rng.choice(["", " ", "\t", ","])
+        fast = _plain_dictionary(text)
+        try:
+            full: dict[str, object] | None = _Parser(text).dictionary()
+        except _SfError:
+            full = None
+        if fast is not None:
+            assert full is not None, text
+            assert fast == full, text
+            assert [type(v) for v in fast.values()] == [type(v) for v in full.values()], text
+            assert all(
+                isinstance(a, _Token) == isinstance(b, _Token)
+                for a, b in zip(fast.values(), full.values(), strict=True)
+            )

@@ -291,6 +291,9 @@ class Engine:
         self._pending = False
         self.exact_steps = False
         """Testing switch: run every step on its own (no leaps, no run-ahead)."""
+        self._scrape_s = 0.0
+        self._scrape_next = math.inf
+        self._scraped: tuple[int, int, float] = (0, 0, 0.0)
         self.started = False
         # counters
         self.steps = 0
@@ -332,6 +335,8 @@ class Engine:
 
         ``final``: the caller declared it its session's last call; ``final_policy`` applies
         when it finishes."""
+        if self._scrape_next <= anyio.current_time():
+            self._observe()
         cfg = self.config
         total = prompt.num_tokens + max_tokens
         if prompt.num_tokens <= 0:
@@ -376,6 +381,7 @@ class Engine:
 
     def abort(self, req: SimRequest) -> None:
         """Cancel a request (client gone). Its KV is freed at the next step boundary."""
+        self._observe()
         if req.status >= FINISHED:
             return
         if req.status == WAITING:
@@ -452,6 +458,43 @@ class Engine:
             req = self._lane.popleft()
         self._num_waiting -= 1
         self._waiting_blocks -= req.queued_blocks
+
+    # ------------------------------------------------------------ scraped metrics
+
+    def scrape_every(self, interval_s: float) -> None:
+        """From now on :meth:`scraped` answers what a scraper polling ``/metrics`` every
+        ``interval_s`` seconds (at whole multiples of it) last read: the state at the last
+        poll, not now. Exact and free of timers: before anything changes the queue, the
+        batch or the KV, the engine keeps its state if a poll time has passed since the
+        last change (:meth:`_observe`), so no poll needs to run."""
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
+        self._scrape_s = interval_s
+        self._scrape_next = 0.0
+        self._observe()
+
+    def _live_metrics(self) -> tuple[int, int, float]:
+        kv = self.kv
+        return self._num_waiting, len(self.running), kv.used / kv.capacity if kv.capacity else 0.0
+
+    def _observe(self) -> None:
+        """Called before the state changes: the first change after a poll time keeps the
+        state as it was then (nothing changed between that poll and now)."""
+        if not self._scrape_s:
+            return
+        now = anyio.current_time()
+        if now >= self._scrape_next:
+            self._scraped = self._live_metrics()
+            s = self._scrape_s
+            self._scrape_next = (math.floor(now / s) + 1) * s
+
+    def scraped(self) -> tuple[int, int, float]:
+        """``(waiting, running, kv_usage)`` as the last poll saw them (see
+        :meth:`scrape_every`); without it, the live values."""
+        if not self._scrape_s:
+            return self._live_metrics()
+        self._observe()
+        return self._scraped
 
     # ------------------------------------------------------------ stats
 
@@ -531,6 +574,8 @@ class Engine:
         try:
             while True:
                 now = anyio.current_time()
+                if self._scrape_next <= now:
+                    self._observe()
                 kv.expire_pins(now)
                 if self._notices:
                     self._process_notices(now)
@@ -568,6 +613,7 @@ class Engine:
                     k = self._macro_steps(now, n_decode, first, next_event)
                     if k > 1:
                         steps, total = await self._macro_sleep(now, first, n_decode, k)
+                        self._observe()
                         self.steps += steps
                         self.busy_s += total
                         self._finish_decodes(steps, anyio.current_time())
@@ -578,6 +624,7 @@ class Engine:
                         await self._run_steps(now, ahead)
                         continue
                 await anyio.sleep(first)
+                self._observe()
                 self.steps += 1
                 self.busy_s += first
                 self._finish_step(sched, anyio.current_time())
@@ -866,6 +913,7 @@ class Engine:
             await anyio.sleep_until(t0 + ends[done - 1])
         else:
             done = len(steps)
+        self._observe()
         kv = self.kv
         bs = self.config.block_size
         for i in range(done):

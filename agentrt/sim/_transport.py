@@ -17,12 +17,15 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx
 
 from ._app import INPROCESS_EXTENSION, ASGIApp, Message, ReplicaApp, ReplyStream
+
+if TYPE_CHECKING:
+    from ._engine import Engine
 
 __all__ = ["ASGIDispatchTransport"]
 
@@ -162,6 +165,8 @@ class ASGIDispatchTransport(httpx.AsyncBaseTransport):
     def __init__(self, apps: Mapping[str, ASGIApp], spawn: Callable[[], Spawn]) -> None:
         self._apps = dict(apps)
         self._spawn = spawn
+        self._readers: dict[str, tuple[Engine | None]] = {}
+        self._posts: dict[str, tuple[ReplicaApp | None, str]] = {}
 
     def replica_app(self, url: str) -> tuple[ReplicaApp, str] | None:
         """The in-process app (a replica's or a gateway's) that serves ``url`` and the
@@ -174,6 +179,52 @@ class ASGIDispatchTransport(httpx.AsyncBaseTransport):
             return None
         self._spawn()  # raises when the owner (the cluster) is not running
         return app, parsed.path.rstrip("/")
+
+    def engine_reading(self, url: str) -> tuple[int, int, float] | None:
+        """What a GET of ``url`` would show of a simulated replica's load when ``url`` is
+        its ``/metrics`` page: ``(running, waiting, kv_usage)``, the values
+        ``parse_vllm_metrics`` reads off that page, from the engine without rendering or
+        parsing it (agentrt's metrics polls ask this first: a fleet's polls of a long
+        replay were most of its CPU). None for any other URL, app or host, or while the
+        cluster is not running (then the page is fetched as any other)."""
+        cached = self._readers.get(url)
+        if cached is None:
+            parsed = httpx.URL(url)
+            app = self._apps.get(parsed.host)
+            engine = None
+            if type(app) is ReplicaApp and parsed.path == "/metrics" and not parsed.query:
+                engine = app.engine
+            cached = self._readers[url] = (engine,)
+        engine = cached[0]
+        if engine is None or not engine.started:
+            return None
+        waiting, running, kv_usage = engine._live_metrics()
+        return running, waiting, min(max(kv_usage, 0.0), 1.0)
+
+    async def post_status(
+        self, url: str, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> int | None:
+        """POST ``body`` to ``url`` on a simulated replica without an HTTP request or
+        response object: the reply's status (its body unread; a streamed one closed), the
+        same the app gives :meth:`handle_async_request`. None where ``url`` is not a
+        simulated replica's, or while the cluster is not running: then send it as any
+        other. agentrt's tool-start notices take this path (a notice per tool wait)."""
+        cached = self._posts.get(url)
+        if cached is None:
+            parsed = httpx.URL(url)
+            app = self._apps.get(parsed.host)
+            if isinstance(app, ReplicaApp) and not parsed.query:
+                cached = self._posts[url] = (app, parsed.path)
+            else:
+                cached = self._posts[url] = (None, "")
+        app, path = cached
+        if app is None or not app.engine.started:
+            return None
+        self._spawn()  # raises when the owner (the cluster) is not running
+        reply = await app.respond("POST", path, headers, body)
+        if reply.stream is not None:
+            reply.stream.close()
+        return reply.status
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         host = request.url.host

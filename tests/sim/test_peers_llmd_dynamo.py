@@ -15,7 +15,7 @@ import pytest
 from agentrt.sim import Cluster
 from agentrt.sim.peers import PEERS, GatewayRequest, ReplicaView, make_policy, peer_dialect
 from agentrt.sim.peers._dynamo import Dynamo, DynamoAffinity
-from agentrt.sim.peers._llmd import LLMD, LLMDAffinity, LLMDFairness, fairness_id
+from agentrt.sim.peers._llmd import LLMD, LLMDAffinity, LLMDFairness, LLMDIdeal, fairness_id
 from tests.sim._helpers import virtual_backend
 
 pytestmark = pytest.mark.anyio
@@ -46,6 +46,13 @@ class FakeEngine:
         self.num_waiting = 0
         self.running: list[Any] = []
         self.config = SimpleNamespace(block_size=BS)
+        self.scrape_s: float | None = None
+
+    def scrape_every(self, interval_s: float) -> None:
+        self.scrape_s = interval_s
+
+    def scraped(self) -> tuple[int, int, float]:
+        return self.num_waiting, len(self.running), self.kv.used / self.kv.capacity
 
 
 def views(n: int) -> list[ReplicaView]:
@@ -79,6 +86,7 @@ def token(name: str) -> str:
 def test_registered_with_their_dialects() -> None:
     for name, cls in [
         ("llm-d", LLMD),
+        ("llm-d:ideal", LLMDIdeal),
         ("llm-d:fairness", LLMDFairness),
         ("dynamo", Dynamo),
         ("dynamo:affinity", DynamoAffinity),
@@ -93,7 +101,7 @@ def test_registered_with_their_dialects() -> None:
 
 
 def test_llmd_prefix_decides_at_equal_load() -> None:
-    p = LLMD()
+    p = LLMDIdeal()
     vs = views(3)
     p.bind(vs)
     engine(vs[2]).kv.hits["p"] = (8, 0)
@@ -102,6 +110,54 @@ def test_llmd_prefix_decides_at_equal_load() -> None:
     assert p.pick(req, 0.0) == 2
     # precise prefix (2 x 8/10), kv (1 x 1.0), queue (1 x 1.0: all queues equal)
     assert p.scores(req) == pytest.approx([2.0, 2.0 + 2 * 0.2, 2.0 + 2 * 0.8])
+
+
+def test_llmd_real_information_by_default() -> None:
+    from agentrt.bench import ClientSpec
+
+    assert ClientSpec.parse("plain>llm-d:ideal").gateway == "llm-d:ideal"
+    assert ClientSpec.parse("agentrt:defaults>llm-d:ideal").dialect == "llm-d"
+    real, ideal = LLMD(), LLMDIdeal()
+    assert (real.metrics_interval_s, real.index_block_tokens) == (0.05, 64)
+    assert real.kv_event_lag_s is not None and real.kv_event_lag_s > 0
+    assert (ideal.metrics_interval_s, ideal.kv_event_lag_s, ideal.index_block_tokens) == (
+        None,
+        None,
+        None,
+    )
+    vs, ws = views(2), views(2)
+    real.bind(vs)
+    ideal.bind(ws)
+    assert [engine(v).scrape_s for v in vs] == [0.05, 0.05]
+    assert [engine(w).scrape_s for w in ws] == [None, None]
+    # 64-token index blocks: 3 engine blocks (48 tokens) of a 160-token prompt are no full
+    # index block (0 of 2); the ideal index counts 3 of 10 engine blocks
+    for v in (vs[0], ws[0]):
+        engine(v).kv.hits["p"] = (3, 0)
+    req = request("p", 160)
+    assert real.prefix_score(req, 0, 0.0) == 0.0
+    assert ideal.prefix_score(req, 0, 0.0) == pytest.approx(0.3)
+    engine(vs[0]).kv.hits["p"] = (9, 0)  # 144 tokens: 2 of 2 index blocks
+    assert real.prefix_score(req, 0, 0.0) == 1.0
+
+
+def test_llmd_kv_events_arrive_late() -> None:
+    p = LLMD(kv_event_lag_s=0.5)
+    vs = views(2)
+    p.bind(vs)
+    first = request("s", 640)
+    where = p.pick(first, 0.0)
+    engine(vs[where]).kv.hits["s"] = (40, 0)  # its prefill stored the prompt's blocks
+    nxt = request("s", 640)
+    assert p.prefix_score(nxt, where, 1.0) == 0.0  # prefill not ended: not indexed
+    p.started(first, where, 2.0)
+    assert p.prefix_score(nxt, where, 2.4) == 0.0  # events still in flight
+    assert p.prefix_score(nxt, where, 2.5) == 1.0
+    # another conversation's prompt is not held back by this one's events
+    q = request("t", 640)
+    p.pick(q, 3.0)
+    engine(vs[where]).kv.hits["s"] = (40, 0)
+    assert p.prefix_score(request("s", 640), where, 3.0) == 1.0
 
 
 def test_llmd_load_decides_without_a_prefix() -> None:
@@ -120,7 +176,7 @@ def test_llmd_load_decides_without_a_prefix() -> None:
 
 
 def test_llmd_prefix_outweighs_one_loaded_pod() -> None:
-    p = LLMD()
+    p = LLMDIdeal()
     vs = views(2)
     p.bind(vs)
     engine(vs[0]).kv.hits["p"] = (10, 0)
@@ -452,3 +508,49 @@ async def test_llmd_fairness_queues_when_the_pod_saturates() -> None:
         assert len(policy.dispatched_order) == 24
         assert policy.queues == {}
         assert policy._released == 0
+
+
+async def test_engine_scraped_metrics_are_the_last_polls() -> None:
+    from agentrt.sim import PRESETS
+    from agentrt.sim._engine import Engine
+
+    e = Engine(PRESETS["h100-8b"])
+    assert e.scraped() == (0, 0, 0.0)  # without polls: live
+    e.scrape_every(0.05)
+    t0 = anyio.current_time()
+    base = (int(t0 / 0.05) + 1) * 0.05
+    await anyio.sleep_until(base + 0.01)
+    prompt = e.tokenizer.completion("x" * 4000)
+    e.submit(prompt, 8, request_id="a")
+    assert e.num_waiting == 1
+    assert e.scraped()[0] == 0  # the poll at `base` saw an empty queue
+    await anyio.sleep_until(base + 0.04)
+    e.submit(prompt, 8, request_id="b")
+    assert e.scraped()[0] == 0
+    await anyio.sleep_until(base + 0.05)
+    assert e.scraped()[0] == 2  # the next poll sees both
+    await anyio.sleep_until(base + 0.07)
+    e.submit(prompt, 8, request_id="c")
+    assert e.scraped()[0] == 2  # unchanged since the poll at base + 0.05
+    await anyio.sleep_until(base + 0.26)
+    assert e.scraped()[0] == 3
+
+
+async def test_transport_reads_an_engine_as_its_metrics_page_says() -> None:
+    from agentrt.scheduling._signals import parse_vllm_metrics
+    from agentrt.sim._app import render_metrics
+
+    async with Cluster(2, "h100-8b") as c:
+        t = c.transport()
+        engine = c.replicas[0].engine
+        page_url = c.base_urls[0].removesuffix("/v1") + "/metrics"
+        prompt = engine.tokenizer.completion("y" * 40_000)
+        for i in range(40):
+            engine.submit(prompt, 64, request_id=f"r{i}")
+        await anyio.sleep(0.2)
+        got = t.engine_reading(page_url)
+        assert got is not None and got[0] > 0 and got[1] > 0 and got[2] > 0
+        page = parse_vllm_metrics(render_metrics(engine))
+        assert got == (page.running, page.waiting, page.kv_usage)
+        assert t.engine_reading(c.base_urls[0] + "/metrics") is None  # /v1/metrics: 404
+        assert t.engine_reading("http://elsewhere/metrics") is None

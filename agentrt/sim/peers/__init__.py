@@ -7,8 +7,10 @@ of (or beside) agentrt, as a gateway in front of the simulated replicas (docs/si
 - ``_vllm_router_programs``: its program scheduling (``--enable-program-scheduling``)
   over ``consistent_hash``;
 - ``_llmd``: llm-d's endpoint picker, ``llm-d`` (precise prefix + load scorers, as its
-  precise-prefix guide configures it), ``llm-d:affinity`` (plus the session-affinity
-  scorer) and ``llm-d:fairness`` (plus ``program-aware-fairness`` flow control);
+  precise-prefix guide configures it, with the information a deployment has: metrics
+  scraped every 50 ms, KV events applied late, 64-token index blocks), ``llm-d:ideal``
+  (the same scoring on live metrics and an exact index), ``llm-d:affinity`` (plus the
+  session-affinity scorer) and ``llm-d:fairness`` (plus ``program-aware-fairness`` flow control);
 - ``_dynamo``: NVIDIA Dynamo's KV router, ``dynamo`` and ``dynamo:affinity`` (session
   affinity, TTL 300 s);
 
@@ -25,7 +27,7 @@ from typing import Final
 from ._base import GatewayRequest, Policy, ReplicaView
 from ._dynamo import Dynamo, DynamoAffinity
 from ._gateway import GatewayApp
-from ._llmd import LLMD, LLMDAffinity, LLMDFairness
+from ._llmd import LLMD, LLMDAffinity, LLMDFairness, LLMDIdeal
 from ._vllm_router import CacheAware, ConsistentHash, RoundRobin, StickyLeastLoaded
 from ._vllm_router_programs import ProgramScheduling
 
@@ -47,6 +49,7 @@ PEERS: Final[dict[str, Callable[[], Policy]]] = {
     "vllm-router:sticky_least_loaded": StickyLeastLoaded,
     "vllm-router:programs": ProgramScheduling,
     "llm-d": LLMD,
+    "llm-d:ideal": LLMDIdeal,
     "llm-d:affinity": LLMDAffinity,
     "llm-d:fairness": LLMDFairness,
     "dynamo": Dynamo,

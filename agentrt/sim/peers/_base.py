@@ -110,7 +110,8 @@ class Policy:
 
     The gateway calls, per generation request: :meth:`admit` (await until the request may
     be dispatched; a scheduling peer queues here), :meth:`pick` (the replica's index),
-    then :meth:`reply_headers` for the response, and :meth:`done` when the reply has
+    then :meth:`reply_headers` for the response, :meth:`started` when the reply begins,
+    and :meth:`done` when the reply has
     finished (or failed, or the client went away). :meth:`control` answers the peer's
     own endpoints (``POST /finish_session``).
     """
@@ -133,6 +134,10 @@ class Policy:
     def reply_headers(self, req: GatewayRequest, index: int) -> list[tuple[bytes, bytes]]:
         """Headers the peer adds to the reply (llm-d's ``x-session-token``)."""
         return []
+
+    def started(self, req: GatewayRequest, index: int, now: float) -> None:
+        """The reply to ``req`` from replica ``index`` began (its first streamed chunk: the
+        prompt's prefill is done), or, not streamed, arrived whole."""
 
     def done(self, req: GatewayRequest, index: int, now: float) -> None:
         """``req`` finished on replica ``index`` (its reply ended, failed or was dropped)."""

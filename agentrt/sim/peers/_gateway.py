@@ -40,21 +40,27 @@ _STRIP: Final = frozenset({b"x-agentrt-accept"})
 class _Tracked:
     """A streamed reply that tells the gateway when it ends (read out, or closed)."""
 
-    __slots__ = ("_end", "_inner")
+    __slots__ = ("_end", "_first", "_inner")
 
-    def __init__(self, inner: ReplyStream, end: Any) -> None:
+    def __init__(self, inner: ReplyStream, end: Any, first: Any = None) -> None:
         self._inner = inner
         self._end = end
+        self._first = first
 
     def __aiter__(self) -> _Tracked:
         return self
 
     async def __anext__(self) -> bytes:
         try:
-            return await self._inner.__anext__()
+            chunk = await self._inner.__anext__()
         except BaseException:
             self._finish()
             raise
+        first = self._first
+        if first is not None:
+            self._first = None
+            first()
+        return chunk
 
     def close(self) -> None:
         self._inner.close()
@@ -162,10 +168,29 @@ class GatewayApp(ReplicaApp):
         extra = policy.reply_headers(req, index)
         reply.headers = [h for h in reply.headers if h[0] not in _STRIP] + extra
         if reply.stream is None:
+            policy.started(req, index, _prefill_end(reply, anyio.current_time()))
             end()
         else:
-            reply.stream = _Tracked(reply.stream, end)
+            reply.stream = _Tracked(
+                reply.stream, end, lambda: policy.started(req, index, anyio.current_time())
+            )
         return reply
+
+
+def _prefill_end(reply: Reply, now: float) -> float:
+    """When the engine produced a whole (not streamed) reply's first token: ``now`` less
+    its decode time, read from the replica's ``Server-Timing`` (``engine`` - ``ttft``)."""
+    for name, value in reply.headers:
+        if name == b"server-timing":
+            parts = dict(
+                p.strip().split(";dur=", 1) for p in value.decode().split(",") if ";dur=" in p
+            )
+            try:
+                decode = (float(parts["engine"]) - float(parts["ttft"])) / 1e3
+            except (KeyError, ValueError):
+                return now
+            return now - max(decode, 0.0)
+    return now
 
 
 def _json_or_empty(raw: bytes) -> dict[str, Any]:

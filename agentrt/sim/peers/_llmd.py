@@ -10,8 +10,14 @@ llm-d/llm-d ``guides/``).
   the prompt's blocks cached from block 0 (``LongestPrefix``); the score is
   ``matchBlocks / totalBlocks`` (``prefix-cache-scorer`` with its default
   ``matchLengthWeight`` 0, ``scorer/prefix/plugin.go``), 0 when the prompt has no full
-  block. Here the index is exact: :meth:`ReplicaView.cached_blocks` in the engine's blocks
-  (the guide sets ``blockSize`` to vLLM's);
+  block. The index is in 64-token blocks (``tokenProcessorConfig.blockSize: 64`` in
+  ``deploy/config/epp-precise-prefix-cache-config.yaml``): the replica's cached prefix,
+  in tokens, floored to whole index blocks. It learns of blocks from the engines' KV
+  events, which arrive late: blocks a request stores on a pod count only
+  :data:`KV_EVENT_LAG_S` after its prefill ends (the first streamed chunk, or a whole
+  reply's ``Server-Timing``); until then a prompt sharing them scores what was cached
+  there when that request arrived (speculative indexing, off by default, is not
+  modelled);
 - ``kv-cache-utilization-scorer`` (``scorer/kvcacheutilization``): ``1 - kv_usage``;
 - ``queue-scorer`` (``scorer/queuedepth/queue.go``): ``(max - q) / (max - min)`` over the
   pods' waiting queues, 1 for every pod when they are equal;
@@ -50,9 +56,19 @@ llm-d/llm-d ``guides/``).
   (``input + 2 * output``), added at completion, halving every 60 s; within a program,
   first come first served.
 
+The information the EPP has is the real default: the pods' metrics (waiting queue, running
+batch, KV usage) as scraped every 50 ms (``DefaultRefreshMetricsInterval``,
+``pkg/epp/server/options.go``), answered by :meth:`Engine.scraped` at no cost (the state at
+the last poll), the lagged 64-token index above. ``llm-d:ideal`` (:class:`LLMDIdeal`) keeps
+the ideal: live metrics, an exact index updated at once, in the engine's blocks. Sources
+checked at llm-d/llm-d-inference-scheduler 520af47896e5 (May 2026).
+
 Where this model departs from the real one (unvalidated against a running EPP):
 
-- metrics are read live, not scraped every 50 ms; a pod's queue counts the requests the
+- the polls of all pods fall at the same instants (multiples of 50 ms; the real collectors
+  run one per pod, each from its own start); KV events of evicted blocks are applied at
+  once (only stores lag);
+- under flow control a pod's queue counts the requests the
   gateway sent it that the engine has not yet started (``max(queued, inflight -
   running)``), and released requests not yet routed count as queued, so a burst cannot
   overshoot saturation the way stale metrics let it; a dispatch cycle runs on each
@@ -69,6 +85,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import random
 from collections import deque
 from collections.abc import Sequence
@@ -76,9 +93,19 @@ from typing import Any, Final
 
 import anyio
 
+from .._tokenize import Run
 from ._base import GatewayRequest, Policy, ReplicaView
 
-__all__ = ["LLMD", "LLMDAffinity", "LLMDFairness", "fairness_id"]
+__all__ = ["LLMD", "LLMDAffinity", "LLMDFairness", "LLMDIdeal", "fairness_id"]
+
+METRICS_INTERVAL_S: Final = 0.05
+"""The EPP's ``DefaultRefreshMetricsInterval`` (``pkg/epp/server/options.go``)."""
+KV_EVENT_LAG_S: Final = 0.01
+"""Seconds from a prefill's end until its ``BlockStored`` events are in the index (vLLM
+publishes a step's events over ZMQ as the step ends, the ``kvevents.Pool`` applies them:
+an assumption, not a measured figure)."""
+INDEX_BLOCK_TOKENS: Final = 64
+"""The precise-prefix guide's ``tokenProcessorConfig.blockSize``."""
 
 SESSION_TOKEN_HEADER: Final = "x-session-token"
 FAIRNESS_HEADERS: Final = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id")
@@ -131,7 +158,24 @@ class LLMD(Policy):
         session_weight: float = 0.0,
         namespace: str = "default",
         seed: int = 0,
+        metrics_interval_s: float | None = METRICS_INTERVAL_S,
+        kv_event_lag_s: float | None = KV_EVENT_LAG_S,
+        index_block_tokens: int | None = INDEX_BLOCK_TOKENS,
     ) -> None:
+        if metrics_interval_s is not None and not metrics_interval_s > 0:
+            raise ValueError(f"metrics_interval_s must be > 0 or None, not {metrics_interval_s!r}")
+        if kv_event_lag_s is not None and kv_event_lag_s < 0:
+            raise ValueError(f"kv_event_lag_s must be >= 0 or None, not {kv_event_lag_s!r}")
+        if index_block_tokens is not None and index_block_tokens < 1:
+            raise ValueError(f"index_block_tokens must be >= 1 or None, not {index_block_tokens!r}")
+        self.metrics_interval_s = metrics_interval_s
+        """Seconds between metric scrapes (None: read live, the ideal)."""
+        self.kv_event_lag_s = kv_event_lag_s
+        """Seconds from a prefill's end to its blocks in the index (None: exact, at once)."""
+        self.index_block_tokens = index_block_tokens
+        """Tokens per block of the precise index (None: the engine's blocks)."""
+        self._unindexed: list[list[_Stored]] = []
+        self._stored: dict[int, _Stored] = {}
         self.prefix_weight = prefix_weight
         self.kv_weight = kv_weight
         self.queue_weight = queue_weight
@@ -141,6 +185,10 @@ class LLMD(Policy):
 
     def bind(self, replicas: Sequence[ReplicaView]) -> None:
         super().bind(replicas)
+        if self.metrics_interval_s is not None:
+            for r in replicas:
+                r.engine.scrape_every(self.metrics_interval_s)
+        self._unindexed = [[] for _ in replicas]
         self.pod_ids = [f"{self.namespace}/{r.name}" for r in replicas]
         self._by_pod = {pod: i for i, pod in enumerate(self.pod_ids)}
         self._tokens = [base64.b64encode(p.encode()).decode("ascii") for p in self.pod_ids]
@@ -149,19 +197,60 @@ class LLMD(Policy):
         """The ``x-session-token`` value naming replica ``index``."""
         return self._tokens[index]
 
-    def scores(self, req: GatewayRequest) -> list[float]:
-        """Each replica's weighted score for ``req``."""
-        replicas = self.replicas
-        total_blocks = req.prompt.num_full_blocks
-        queues = [r.queued for r in replicas]
+    def metrics(self, index: int) -> tuple[int, int, float]:
+        """Replica ``index``'s ``(waiting, running, kv_usage)`` as the EPP last scraped them
+        (live in the ideal model)."""
+        return self.replicas[index].engine.scraped()
+
+    def prefix_score(self, req: GatewayRequest, index: int, now: float) -> float:
+        """The precise prefix scorer's ``matched / total`` blocks for ``req`` on replica
+        ``index``, in the index's blocks, from the index as the KV events it has applied by
+        ``now`` built it."""
+        prompt = req.prompt
+        engine_blocks = prompt.num_full_blocks
+        if not engine_blocks:
+            return 0.0
+        hit = self.replicas[index].cached_blocks(prompt)
+        if self.kv_event_lag_s is not None and hit:
+            hit = self._indexed(prompt.runs, index, hit, now)
+        bt = self.index_block_tokens
+        if bt is None:
+            return hit / engine_blocks
+        total = prompt.num_tokens // bt
+        if not total:
+            return 0.0
+        bs = self.replicas[index].engine.config.block_size
+        return min(total, hit * bs // bt) / total
+
+    def _indexed(self, runs: list[Run], index: int, hit: int, now: float) -> int:
+        """``hit`` (blocks cached on the replica) less the blocks whose KV events the index
+        has not applied yet: those a request routed there stored (past what was cached when
+        it arrived) until ``kv_event_lag_s`` after its prefill ended."""
+        pending = self._unindexed[index]
+        if pending:
+            keep = [e for e in pending if e.visible_at > now]
+            if len(keep) != len(pending):
+                pending[:] = keep
+            for e in keep:
+                if hit > e.before and _common_blocks(runs, e.runs, hit) > e.before:
+                    hit = e.before
+        return hit
+
+    def scores(self, req: GatewayRequest, now: float | None = None) -> list[float]:
+        """Each replica's weighted score for ``req`` (``now``: the gateway's clock; None:
+        with every KV event in flight applied)."""
+        when = math.inf if now is None else now
+        n = len(self.replicas)
+        seen = [self.metrics(i) for i in range(n)]
+        queues = [m[0] for m in seen]
         lo, hi = min(queues), max(queues)
         pod = _decode_pod(req.headers.get(SESSION_TOKEN_HEADER))
         bound = self._by_pod.get(pod) if pod is not None else None
         out = []
-        for i, r in enumerate(replicas):
-            prefix = r.cached_blocks(req.prompt) / total_blocks if total_blocks else 0.0
+        for i in range(n):
+            prefix = self.prefix_score(req, i, when)
             queue = 1.0 if hi == lo else (hi - queues[i]) / (hi - lo)
-            kv = 1.0 - r.kv_usage
+            kv = 1.0 - seen[i][2]
             session = 1.0 if bound == i else 0.0
             out.append(
                 self.prefix_weight * prefix
@@ -172,13 +261,74 @@ class LLMD(Policy):
         return out
 
     def pick(self, req: GatewayRequest, now: float) -> int:
-        scores = self.scores(req)
+        scores = self.scores(req, now)
         best = max(scores)
         ties = [i for i, s in enumerate(scores) if s == best]
-        return ties[0] if len(ties) == 1 else self._rng.choice(ties)
+        index = ties[0] if len(ties) == 1 else self._rng.choice(ties)
+        if self.kv_event_lag_s is not None:
+            entry = _Stored(req.prompt.runs, self.replicas[index].cached_blocks(req.prompt))
+            self._unindexed[index].append(entry)
+            self._stored[req.seq] = entry
+        return index
+
+    def started(self, req: GatewayRequest, index: int, now: float) -> None:
+        entry = self._stored.pop(req.seq, None)
+        if entry is not None and self.kv_event_lag_s is not None:
+            entry.visible_at = now + self.kv_event_lag_s
 
     def reply_headers(self, req: GatewayRequest, index: int) -> list[tuple[bytes, bytes]]:
         return [(SESSION_TOKEN_HEADER.encode(), self._tokens[index].encode())]
+
+    def done(self, req: GatewayRequest, index: int, now: float) -> None:
+        self.started(req, index, now)  # no reply began (an error): what it stored shows
+
+
+class _Stored:
+    """Blocks a request stored on a replica that the index may not show yet: its prompt's
+    ``runs``, the blocks cached there ``before`` it arrived, and when its KV events are
+    applied (``visible_at``; infinity until its prefill ends)."""
+
+    __slots__ = ("before", "runs", "visible_at")
+
+    def __init__(self, runs: list[Run], before: int) -> None:
+        self.runs = runs
+        self.before = before
+        self.visible_at = math.inf
+
+
+def _common_blocks(a: list[Run], b: list[Run], limit: int) -> int:
+    """Blocks two run lists share from the start (at most ``limit``)."""
+    ia = ib = oa = ob = m = 0
+    na, nb = len(a), len(b)
+    while ia < na and ib < nb and m < limit:
+        ta, sa, ca = a[ia]
+        tb, sb, cb = b[ib]
+        if ta != tb or sa + oa != sb + ob:
+            break
+        step = min(ca - oa, cb - ob, limit - m)
+        m += step
+        oa += step
+        ob += step
+        if oa == ca:
+            ia += 1
+            oa = 0
+        if ob == cb:
+            ib += 1
+            ob = 0
+    return m
+
+
+class LLMDIdeal(LLMD):
+    """:class:`LLMD` with ideal information: metrics read live, an exact KV index updated
+    at once, in the engine's blocks (what this model did before the real defaults)."""
+
+    name = "llm-d:ideal"
+
+    def __init__(self, **scoring: Any) -> None:
+        scoring.setdefault("metrics_interval_s", None)
+        scoring.setdefault("kv_event_lag_s", None)
+        scoring.setdefault("index_block_tokens", None)
+        super().__init__(**scoring)
 
 
 class LLMDAffinity(LLMD):
@@ -251,9 +401,10 @@ class LLMDFairness(LLMD):
         replicas = self.replicas
         qt, kt = self.queue_depth_threshold, self.kv_cache_util_threshold
         total = 0.0
-        for r in replicas:
-            queued = max(r.queued, r.inflight - r.running)
-            total += max(queued / qt, r.kv_usage / kt)
+        for i, r in enumerate(replicas):
+            waiting, running, kv_usage = self.metrics(i)
+            queued = max(waiting, r.inflight - running)
+            total += max(queued / qt, kv_usage / kt)
         return (total + self._released / qt) / len(replicas)
 
     # ---------------------------------------------------------------- LAS
@@ -351,6 +502,7 @@ class LLMDFairness(LLMD):
         self._released -= 1
 
     def done(self, req: GatewayRequest, index: int, now: float) -> None:
+        super().done(req, index, now)
         program = fairness_id(req)
         value = self.service(program, now)
         self._service[program] = (value + req.prompt.num_tokens, now)
