@@ -47,6 +47,12 @@ SUITES: Final = (
                 "steady_state",
                 "JCT curves at steady state (closed loop of N agents, open-loop rates "
                 "below capacity) for every configuration, with bootstrap intervals",
+                (
+                    "steady_claude_code.json",
+                    "steady_claude_code_pressure.json",
+                    "steady_coding.json",
+                    "steady_claude_code_small.json",
+                ),
             ),
             Entry(
                 "alternatives",

@@ -4,7 +4,7 @@ KV and KV pressure. The logic is agentrt/bench/_steady.py; docs/benchmarks/stead
 measures and how far to trust it.
 
     # the full study (Claude Code traces that fit 200k tokens, 500 jobs, 7 clients)
-    python benchmarks/steady_state.py --workers 16 --out results/steady-claude-code.json
+    python benchmarks/steady_state.py --workers 16 --out results/steady_claude_code.json
     # the same for the coding workload
     python benchmarks/steady_state.py --workload coding --workers 16
     # a smoke test (coding, 48 jobs, 2 replicas, 2 clients; about a minute on 2 cores)
@@ -49,7 +49,7 @@ def parse(argv: list[str] | None) -> tuple[SteadyConfig, argparse.Namespace]:
     ap.add_argument("--no-stretch", action="store_true")
     ap.add_argument("--api", choices=("http", "openai"), default=d.api)
     ap.add_argument("--workers", type=parse_workers, default="auto")
-    ap.add_argument("--out", type=Path, default=None, help="JSON (results/steady-*.json)")
+    ap.add_argument("--out", type=Path, default=None, help="JSON (results/steady_*.json)")
     ap.add_argument("--plot", type=Path, default=None, help="PNG (next to --out)")
     args = ap.parse_args(argv)
     fields: dict[str, Any] = dict(QUICK) if args.quick else {}
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"steady_state: {exc}", file=sys.stderr)
         return 2
     tag = f"{cfg.workload}{'-quick' if args.quick else ''}"
-    out = args.out or Path("results") / f"steady-{tag}.json"
+    out = args.out or Path("results") / f"steady_{tag.replace('-', '_')}.json"
     started = time.perf_counter()
     result = run_steady(cfg, workers=args.workers, progress=lambda line: print(line, flush=True))
     save(result, out)
