@@ -25,7 +25,7 @@ import random
 import socket
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, Final
 
 COMPLETION: bytes = json.dumps(
     {
@@ -112,6 +112,11 @@ _RAW_UNAVAILABLE = (
 )
 FAIL_FRACTION: float = 0.0
 """The share of chat completions answered 503 (``--fail-pct``), drawn per request."""
+ALTERNATE_PREFIX: Final = "/alternate/"
+"""Chat completions under this path prefix (the raw server's) are answered 503 and 200 by
+turns on each connection, the first 503: a client that retries at once on the same
+connection makes exactly two attempts per call (``call_instructions.py``'s retried
+call)."""
 
 
 class _RawHTTP(asyncio.Protocol):
@@ -120,6 +125,7 @@ class _RawHTTP(asyncio.Protocol):
     def __init__(self) -> None:
         self._buf = b""
         self._transport: asyncio.Transport | None = None
+        self._alternate = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -151,7 +157,11 @@ class _RawHTTP(asyncio.Protocol):
             parts = request_line.split(" ")
             ok = len(parts) == 3 and parts[0] == "POST"
             ok = ok and parts[1].split("?")[0].endswith("/chat/completions")
-            if ok and FAIL_FRACTION and random.random() < FAIL_FRACTION:
+            if ok and parts[1].startswith(ALTERNATE_PREFIX):
+                self._alternate += 1
+                failed = self._alternate % 2 == 1
+                self._transport.write(_RAW_UNAVAILABLE if failed else _RAW_OK)
+            elif ok and FAIL_FRACTION and random.random() < FAIL_FRACTION:
                 self._transport.write(_RAW_UNAVAILABLE)
             else:
                 self._transport.write(_RAW_OK if ok else _RAW_NOT_FOUND)
