@@ -106,6 +106,12 @@ class NameSummary:
     """Cached prompt tokens over prompt tokens (None when no call reported usage)."""
     retries: int
     session_moves: int
+    cache_write_share: float | None = None
+    """Prompt tokens written to the servers' prompt caches over prompt tokens (None when
+    no call's server reported any: ``usage.prompt_tokens_details.cache_write_tokens``)."""
+    reasoning_share: float | None = None
+    """Reasoning tokens over completion tokens (None when no call's server reported any:
+    ``usage.completion_tokens_details.reasoning_tokens``)."""
 
 
 def _summary(name: str, reports: Sequence[JobReport]) -> NameSummary:
@@ -118,6 +124,9 @@ def _summary(name: str, reports: Sequence[JobReport]) -> NameSummary:
         return seconds / total if total > 0 else math.nan
 
     prompt = sum(r.prompt_tokens for r in reports)
+    completion = sum(r.completion_tokens for r in reports)
+    written = sum(r.cache_write_tokens for r in reports)
+    reasoning = sum(r.reasoning_tokens for r in reports)
     return NameSummary(
         name=name,
         jobs=len(reports),
@@ -136,6 +145,8 @@ def _summary(name: str, reports: Sequence[JobReport]) -> NameSummary:
         cache_share=sum(r.cached_tokens for r in reports) / prompt if prompt else None,
         retries=sum(r.retries for r in reports),
         session_moves=sum(r.session_moves for r in reports),
+        cache_write_share=written / prompt if written and prompt else None,
+        reasoning_share=reasoning / completion if reasoning and completion else None,
     )
 
 
