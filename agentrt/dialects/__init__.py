@@ -19,7 +19,13 @@ from typing import Any, Final
 
 from .._protocol import CallMetadata
 from ._base import Dialect, DialectOptions, DialectSpec, Encoding, SessionEnd
-from ._dynamo import DYNAMO, DYNAMO_SESSION_HEADER, dynamo_dialect, dynamo_priority
+from ._dynamo import (
+    DYNAMO,
+    DYNAMO_SESSION_HEADER,
+    dynamo_dialect,
+    dynamo_from_options,
+    dynamo_priority,
+)
 from ._generic import GENERIC
 from ._llmd import LLMD, llmd_dialect, llmd_from_option
 from ._openai import OPENAI
@@ -129,7 +135,7 @@ def _parameterized(base: str, arg: str) -> Dialect:
     if base == _SESSION_HEADER:
         return session_header_from_option(arg)
     if base == "dynamo":
-        return dynamo_dialect(session_header=arg.strip())
+        return dynamo_from_options(arg)
     if base == "llm-d":
         return llmd_from_option(arg)
     if base == "vllm-agent-hint" and arg.strip().lower() in ("rfc", "rfc,no-release"):
@@ -138,7 +144,7 @@ def _parameterized(base: str, arg: str) -> Dialect:
     raise ValueError(
         f"dialect {base!r} takes no option (got {arg!r}); options exist for "
         "'vllm-router:<session header>', 'sglang:low-priority-first,session-id,"
-        "close-session', 'dynamo:<session header>', 'llm-d:session-id[=<header>]', "
+        "close-session', 'dynamo:<session header>,no-parent', 'llm-d:session-id[=<header>]', "
         "'vllm-agent-hint:rfc' and 'session-header:<header>[,<job header>]'"
     )
 
@@ -151,8 +157,9 @@ def get_dialect(name: str) -> Dialect:
     ``low-priority-first`` (a server started with ``--schedule-low-priority-values-first``),
     ``session-id`` (send the body ``session_id``) and ``close-session`` (close each session
     at its end), comma-separated; ``"dynamo:<header>"`` (a frontend's
-    ``--router-session-header-key``); ``"llm-d:session-id[=<header>]"`` (the EPP's
-    ``session_id_header`` affinity) or ``"llm-d:echo=<header>"``;
+    ``--router-session-header-key``) and/or ``no-parent`` (no
+    ``X-Dynamo-Parent-Session-ID``), comma-separated; ``"llm-d:session-id[=<header>]"``
+    (the EPP's ``session_id`` affinity) or ``"llm-d:echo=<header>"``;
     ``"vllm-agent-hint:rfc"`` (the RFC's ``agent_hint`` shape); and
     ``"session-header:<header>[,<job header>]"`` (:func:`session_header`).
     """

@@ -12,13 +12,18 @@ program with the least attained service first when the pool is saturated). Witho
 llm-d puts every agentrt call in one shared ``default-flow`` queue; an EPP without flow
 control ignores the header.
 
-llm-d's ``session-affinity-scorer`` has a second algorithm, ``session_id_header``
-(llm-d/llm-d-router#2238; llm-d 0.9): the client sends its own opaque session id in a
-request header (``headerName``, by default the same ``x-session-token``) and the EPP keeps
-a server-side binding from it to the pod that served it, dropped after a TTL of disuse.
-``llmd_dialect(session_affinity="session_id_header")`` (name ``llm-d:session-id``, or
-``llm-d:session-id=<header>`` for another ``headerName``) sends the session id in that
-header on every call, the first included, and echoes nothing.
+llm-d's ``session-affinity-scorer`` and its hard counterpart, the
+``session-affinity-filter``, have a second strategy, ``session_id`` (llm-d/llm-d-router#2238,
+first named ``session_id_header``): the client sends its own opaque session id in a request
+header and the EPP keeps a server-side binding from it to the pod that served it, dropped
+after 300 s of disuse (``evictionTtlSeconds``). The header is read from the strategy's
+``sessionIdConfig.sources``, by default one header source ``x-session-id``
+(``DefaultSessionIDHeader``, ``pkg/epp/framework/plugins/scheduling/util/sessionaffinity/
+session_id.go``); the first releases read the scorer's ``headerName``, by default
+``x-session-token``. ``llmd_dialect(session_affinity="session_id")`` (name
+``llm-d:session-id``) sends the session id in both, on every call, the first included, and
+echoes nothing; ``llm-d:session-id=<header>`` sends it in that one header only
+(``=x-session-token`` names the default, both).
 """
 
 from __future__ import annotations
@@ -29,11 +34,20 @@ from .._protocol import CallMetadata
 from ._base import Dialect, DialectOptions, Encoding
 from ._generic import base_encoding, check_header_name, check_header_value, echo_into
 
-__all__ = ["FAIRNESS_ID_HEADER", "LLMD", "SESSION_TOKEN_HEADER", "llmd_dialect"]
+__all__ = [
+    "FAIRNESS_ID_HEADER",
+    "LLMD",
+    "SESSION_ID_HEADER",
+    "SESSION_TOKEN_HEADER",
+    "llmd_dialect",
+]
 
-LlmdAffinity = Literal["encoded_endpoint_header", "session_id_header"]
+LlmdAffinity = Literal["encoded_endpoint_header", "session_id", "session_id_header"]
 
 SESSION_TOKEN_HEADER: Final = "x-session-token"
+SESSION_ID_HEADER: Final = "x-session-id"
+"""The header the ``session_id`` strategy of llm-d's session-affinity filter and scorer
+reads by default."""
 FAIRNESS_ID_HEADER: Final = "x-llm-d-inference-fairness-id"
 
 
@@ -42,16 +56,19 @@ def llmd_dialect(
     session_affinity: LlmdAffinity = "encoded_endpoint_header",
     session_header: str = SESSION_TOKEN_HEADER,
 ) -> Dialect:
-    """Build the llm-d dialect for the EPP's ``session-affinity-scorer`` algorithm.
+    """Build the llm-d dialect for the EPP's session-affinity strategy (the
+    ``session-affinity-scorer``'s and the ``session-affinity-filter``'s).
 
-    ``"encoded_endpoint_header"`` (the scorer's default): echo the ``session_header`` a
-    reply carries on the session's later calls. ``"session_id_header"``: send the session
-    id in ``session_header`` (the scorer's ``headerName``) on every call.
+    ``"encoded_endpoint_header"`` (their default): echo the ``session_header`` a reply
+    carries on the session's later calls. ``"session_id"`` (or its first name
+    ``"session_id_header"``): send the session id on every call, in ``x-session-id`` (the
+    strategy's default source) and ``x-session-token`` (the first releases' default
+    ``headerName``) unless another ``session_header`` is given, then in that one only.
     """
-    if session_affinity not in ("encoded_endpoint_header", "session_id_header"):
+    if session_affinity not in ("encoded_endpoint_header", "session_id", "session_id_header"):
         raise ValueError(
-            "session_affinity must be 'encoded_endpoint_header' or 'session_id_header', "
-            f"got {session_affinity!r}"
+            "session_affinity must be 'encoded_endpoint_header', 'session_id' or "
+            f"'session_id_header', got {session_affinity!r}"
         )
     header = check_header_name(session_header, "llm-d session header")
     if header == FAIRNESS_ID_HEADER:
@@ -74,18 +91,22 @@ def llmd_dialect(
             "x-llm-d-inference-fairness-id = the program id.",
         )
 
+    default = header == SESSION_TOKEN_HEADER
+    headers = (SESSION_ID_HEADER, SESSION_TOKEN_HEADER) if default else (header,)
+
     def encode_id(meta: CallMetadata, options: DialectOptions) -> Encoding:
         enc = base_encoding(meta)
         enc.headers[FAIRNESS_ID_HEADER] = check_header_value(meta.program_id, "program id")
-        enc.headers[header] = meta.session_id
+        for name in headers:
+            enc.headers[name] = meta.session_id
         return enc
 
     suffix = "" if header == SESSION_TOKEN_HEADER else f"={header}"
     return Dialect(
         name=f"llm-d:session-id{suffix}",
         encode=encode_id,
-        doc=f"llm-d session_id_header affinity: session id in {header} on every call; "
-        "x-llm-d-inference-fairness-id = the program id.",
+        doc=f"llm-d session_id affinity (session-affinity-filter or -scorer): session id in "
+        f"{' and '.join(headers)} on every call; x-llm-d-inference-fairness-id = the program id.",
     )
 
 
