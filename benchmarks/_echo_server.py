@@ -22,6 +22,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import socket
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -110,13 +111,17 @@ _RAW_UNAVAILABLE = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
     b"content-length: " + str(len(_UNAVAILABLE)).encode() + b"\r\n\r\n" + _UNAVAILABLE
 )
+_FAILED_ONCE: set[str] = set()
+"""The call ids under ``ALTERNATE_PREFIX`` answered 503 once, not yet 200."""
 FAIL_FRACTION: float = 0.0
 """The share of chat completions answered 503 (``--fail-pct``), drawn per request."""
 ALTERNATE_PREFIX: Final = "/alternate/"
-"""Chat completions under this path prefix (the raw server's) are answered 503 and 200 by
-turns on each connection, the first 503: a client that retries at once on the same
-connection makes exactly two attempts per call (``call_instructions.py``'s retried
+"""Chat completions under this path prefix (the raw server's) are answered 503 the first
+time their call id (``call="..."`` in the ``x-agentrt`` header, the same on each attempt of
+a call) is seen, and 200 the second: an agentrt client that retries makes exactly two
+attempts per call, whatever connection each goes on (``call_instructions.py``'s retried
 call)."""
+_CALL_ID = re.compile(r'call="([^"]+)"')
 
 
 class _RawHTTP(asyncio.Protocol):
@@ -125,7 +130,6 @@ class _RawHTTP(asyncio.Protocol):
     def __init__(self) -> None:
         self._buf = b""
         self._transport: asyncio.Transport | None = None
-        self._alternate = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -141,11 +145,15 @@ class _RawHTTP(asyncio.Protocol):
             head = self._buf[:end].decode("latin-1")
             request_line, _, header_text = head.partition("\r\n")
             length = 0
+            call = ""
             for line in header_text.split("\r\n"):
                 name, _, value = line.partition(":")
                 name = name.strip().lower()
                 if name == "content-length":
                     length = int(value)
+                elif name == "x-agentrt":
+                    found = _CALL_ID.search(value)
+                    call = found.group(1) if found else ""
                 elif name == "transfer-encoding":
                     self._transport.write(_RAW_BAD)
                     self._transport.close()
@@ -158,8 +166,11 @@ class _RawHTTP(asyncio.Protocol):
             ok = len(parts) == 3 and parts[0] == "POST"
             ok = ok and parts[1].split("?")[0].endswith("/chat/completions")
             if ok and parts[1].startswith(ALTERNATE_PREFIX):
-                self._alternate += 1
-                failed = self._alternate % 2 == 1
+                failed = call not in _FAILED_ONCE
+                if failed:
+                    _FAILED_ONCE.add(call)
+                else:
+                    _FAILED_ONCE.discard(call)
                 self._transport.write(_RAW_UNAVAILABLE if failed else _RAW_OK)
             elif ok and FAIL_FRACTION and random.random() < FAIL_FRACTION:
                 self._transport.write(_RAW_UNAVAILABLE)
