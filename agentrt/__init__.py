@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ._context import Job, Session
     from ._errors import (
         AgentrtError,
+        AttemptError,
         EndpointError,
         JobClosedError,
         RuntimeClosedError,
@@ -37,6 +38,7 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "PROTOCOL_VERSION",
     "AgentrtError",
+    "AttemptError",
     "CallMetadata",
     "CallReport",
     "Endpoint",
@@ -65,6 +67,7 @@ _HOMES: dict[str, str] = {
     "Job": "._context",
     "Session": "._context",
     "AgentrtError": "._errors",
+    "AttemptError": "._errors",
     "EndpointError": "._errors",
     "JobClosedError": "._errors",
     "RuntimeClosedError": "._errors",

@@ -21,7 +21,8 @@ from ._retry import (
     RETRY_STATUS,
     RetryableError,
     RetryableStatus,
-    backoff,
+    Retrying,
+    preempted,
     refuses_priority,
     retry_after,
 )
@@ -138,13 +139,13 @@ class Attempts:
                 self._log_attempt(ep, f"HTTP {status}")
             if status in RETRY_STATUS:
                 await response.aread()
-                raise RetryableStatus(response, retry_after(response.headers))
-        except BaseException:
+                raise RetryableStatus(response, retry_after(response.headers), ep.endpoint.url)
+        except BaseException as exc:
             self.release(ok=status not in RETRY_STATUS)
-            if status >= 500:
+            if status >= 500 and not preempted(response):
                 self.core.record_health(ep, False)
-            if self.core.hooks:
-                self._failed(ep, f"HTTP {status}")
+            if self.core.hooks and not isinstance(exc, RetryableStatus):
+                self._failed(ep, f"HTTP {status}")  # a retryable one is told by the loop
             await response.aclose()
             raise
         self._accepted(ep, response)
@@ -228,7 +229,7 @@ class Attempts:
                     trace = ConnTrace.install(out)
                     continue
                 self._unreached(index, ep, exc)
-                raise RetryableError(exc, index) from exc
+                raise RetryableError(exc, index, ep.endpoint.url) from exc
             except BaseException:
                 self.release(ok=True)
                 raise
@@ -264,8 +265,6 @@ class Attempts:
             core.record_health(ep, False, connect=connect)
         if connect:
             self.failed.add(index)
-        if core.hooks:
-            self._failed(ep, f"{type(exc).__name__}: {exc}")
         if transport_log.isEnabledFor(_DEBUG):
             self._log_attempt(ep, f"{type(exc).__name__}: {exc}")
 
@@ -340,18 +339,30 @@ class Attempts:
 
     async def run(self) -> httpx.Response:
         """The call's attempts, one after another with a backoff between them, until one
-        is not retried; the last one's failure if every one failed."""
-        retry = self.core.retry
+        is not retried; the last one's failure if every one failed. The retry's tenacity
+        strategies are read only once an attempt has failed."""
+        retrying: Retrying | None = None
         n = 1
         while True:
             try:
                 return await self._attempt()
             except (RetryableStatus, RetryableError) as exc:
-                if n >= retry.attempts:
+                if retrying is None:
+                    retrying = Retrying(self.core.retry, self.state.started)
+                delay = retrying.failed(exc, n, self.clock())
+                if self.core.hooks:
+                    self._failed_attempt(exc, delay is not None)
+                if delay is None:
                     raise
-                delay = backoff(retry, n, exc)
             await self._sleep(delay)
             n += 1
+
+    def _failed_attempt(self, exc: RetryableStatus | RetryableError, will_retry: bool) -> None:
+        error = exc.error
+        text = f"HTTP {exc.status}" if error is None else f"{type(error).__name__}: {error}"
+        attempt_failed(
+            self.core, self.ticket, self.state, exc.endpoint, text, will_retry=will_retry
+        )
 
     def release(self, *, ok: bool, now: float | None = None) -> None:
         """The attempt in flight is over (at ``now``, else read from the clock): its

@@ -218,7 +218,7 @@ class Call:
     def _unreachable(self, exc: RetryableError) -> EndpointError:
         """Out of attempts on transport errors: the call ends; the error to raise."""
         state = self.state
-        url = self.core.endpoints[exc.endpoint].endpoint.url
+        url = exc.endpoint
         message = self.core.redact(
             f"endpoint {url} failed after {state.attempts} attempt(s): "
             f"{type(exc.error).__name__}: {exc.error}; "

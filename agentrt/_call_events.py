@@ -144,7 +144,7 @@ def attempt_failed(
             endpoint=url,
             attempt=state.attempts,
             error=core.redact(error),
-            will_retry=will_retry or state.attempts < core.retry.attempts,
+            will_retry=will_retry,
         )
     )
 

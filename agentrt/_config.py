@@ -9,10 +9,15 @@ from typing import TYPE_CHECKING, Final, Literal
 from urllib.parse import unquote, urlsplit
 
 if TYPE_CHECKING:
+    from tenacity.retry import RetryBaseT as RetryStrategy
+    from tenacity.stop import StopBaseT as StopStrategy
+    from tenacity.wait import WaitBaseT as WaitStrategy
+
     from .dialects._base import DialectSpec
 
 __all__ = [
     "DEFAULT_RETRY",
+    "RETRY_KEYWORDS",
     "Endpoint",
     "Retry",
     "check_api_key",
@@ -173,6 +178,10 @@ class Endpoint:
             check_api_key(self.api_key, f"endpoint {url} api_key")
 
 
+RETRY_KEYWORDS: Final = ("attempts", "wait_initial", "wait_max", "wait_jitter", "retry_after_max")
+""":class:`Retry`'s own keywords (numbers: a config file's ``retry`` table takes these)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Retry:
     """agentrt's one retry layer (there is no other: the openai client it builds has
@@ -182,6 +191,17 @@ class Retry:
     body is handed to the caller. Waits ``wait_initial * 2**n`` plus up to
     ``wait_jitter`` seconds of jitter, at most ``wait_max``; a ``Retry-After`` header is
     honoured up to ``retry_after_max`` seconds.
+
+    In tenacity's terms (as stamina's keywords are): ``attempts`` builds
+    ``stop_after_attempt(attempts)``, the waits build ``wait_exponential(wait_initial,
+    max=wait_max) + wait_random(0, wait_jitter)``, and every failed attempt is retried
+    (``retry_if_exception_type(agentrt.AttemptError)``). tenacity's own strategies may be
+    given instead: ``stop`` (say ``stop_after_attempt(5) | stop_after_delay(20)``) replaces
+    ``attempts``, ``wait`` replaces the three waits, and ``retry`` chooses among the
+    failed attempts (its outcome's exception is an :class:`~agentrt.AttemptError`: the
+    status or the transport error). They are evaluated only when an attempt fails; a
+    ``Retry-After`` still sets the least wait (up to ``retry_after_max``), and a job's
+    deadline still ends the call.
     """
 
     attempts: int = 3
@@ -189,14 +209,55 @@ class Retry:
     wait_max: float = 8.0
     wait_jitter: float = 0.25
     retry_after_max: float = 30.0
+    stop: StopStrategy | None = None
+    """tenacity's stop strategy; None: ``stop_after_attempt(attempts)``."""
+    wait: WaitStrategy | None = None
+    """tenacity's wait strategy; None: built from ``wait_initial``, ``wait_max``,
+    ``wait_jitter``."""
+    retry: RetryStrategy | None = None
+    """tenacity's retry strategy; None: every failed attempt."""
+    _built: tuple[StopStrategy, WaitStrategy, RetryStrategy] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.attempts, int) or self.attempts < 1:
             raise ValueError(f"Retry.attempts must be an int >= 1, got {self.attempts!r}")
-        for name in ("wait_initial", "wait_max", "wait_jitter", "retry_after_max"):
+        for name in RETRY_KEYWORDS[1:]:
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"Retry.{name} must be a finite number >= 0, got {value!r}")
+        for name in ("stop", "wait", "retry"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise TypeError(
+                    f"Retry.{name} must be a tenacity {name} strategy (a callable of "
+                    f"tenacity.RetryCallState), got {value!r}"
+                )
+
+    def strategies(self) -> tuple[StopStrategy, WaitStrategy, RetryStrategy]:
+        """The stop, wait and retry strategies, as given or built from the keywords
+        (tenacity is imported here, at a call's first failed attempt, not before)."""
+        built = self._built
+        if built is None:
+            import tenacity
+
+            from ._errors import AttemptError
+
+            wait: WaitStrategy = tenacity.wait_exponential(
+                multiplier=self.wait_initial, max=self.wait_max
+            )
+            if self.wait_jitter:
+                wait = wait + tenacity.wait_random(0.0, self.wait_jitter)
+            built = (
+                tenacity.stop_after_attempt(self.attempts) if self.stop is None else self.stop,
+                wait if self.wait is None else self.wait,
+                tenacity.retry_if_exception_type(AttemptError)
+                if self.retry is None
+                else self.retry,
+            )
+            object.__setattr__(self, "_built", built)
+        return built
 
 
 DEFAULT_RETRY: Final = Retry()

@@ -8,6 +8,7 @@ import openai
 
 __all__ = [
     "AgentrtError",
+    "AttemptError",
     "EndpointError",
     "JobClosedError",
     "RuntimeClosedError",
@@ -41,6 +42,24 @@ def _endpoint_error(message: str, endpoint: str, attempts: int) -> EndpointError
     return EndpointError(message, endpoint=endpoint, attempts=attempts)
 
 
+class AttemptError(AgentrtError):
+    """An attempt of a call that failed in a way agentrt retries: the server answered a
+    retryable status (408, 409, 429, 5xx: ``status``, with the reply's ``retry_after``
+    seconds if it asked), or no reply came (``error``: the HTTP library's connection
+    error or timeout). ``endpoint`` is the attempt's endpoint URL.
+
+    A caller never catches it: it is the exception a :class:`~agentrt.Retry`'s tenacity
+    ``retry`` strategy sees in the failed attempt's outcome (say
+    ``retry_if_exception(lambda e: e.status != 409)``). Out of attempts, the call hands
+    on the last reply, or raises :class:`EndpointError`.
+    """
+
+    status: int | None
+    retry_after: float | None
+    error: Exception | None
+    endpoint: str
+
+
 class JobClosedError(AgentrtError):
     """A session or tool wait was used after its job ended."""
 
@@ -55,7 +74,14 @@ class SessionClosedError(AgentrtError):
     """A session was used after its ``async with`` block ended."""
 
 
-for _cls in (AgentrtError, EndpointError, JobClosedError, RuntimeClosedError, SessionClosedError):
+for _cls in (
+    AgentrtError,
+    AttemptError,
+    EndpointError,
+    JobClosedError,
+    RuntimeClosedError,
+    SessionClosedError,
+):
     # Named by the public module, as httpx names its own: tracebacks and reprs say
     # ``agentrt.EndpointError``, and pickles find the class there (``agentrt.__all__``).
     _cls.__module__ = "agentrt"

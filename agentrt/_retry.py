@@ -1,20 +1,23 @@
 """Retry: which outcomes of an attempt are retried, and how long to wait before the next.
 
-Pure helpers, as openai-python's (``_should_retry``, ``_parse_retry_after_header``,
-``_calculate_retry_timeout``); the loop over attempts is the call's own, a plain one
-(``_attempts.Attempts.run``): the first attempt costs nothing extra, and a retried call skips
-the tenacity machinery (tens of microseconds) that the loop used to go through.
+Helpers, as openai-python's (``_should_retry``, ``_parse_retry_after_header``,
+``_calculate_retry_timeout``), and :class:`Retrying`, the :class:`Retry`'s tenacity
+strategies evaluated on a failed attempt. The loop over attempts is the call's own, a
+plain one (``_attempts.Attempts.run``), not tenacity's ``AsyncRetrying`` (tens of
+microseconds per call): a first attempt that succeeds costs nothing extra, and tenacity
+is imported and its ``RetryCallState`` made only once an attempt has failed.
 """
 
 from __future__ import annotations
 
 import email.utils
-import random
 import re
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Final
 
 import httpx
+
+from ._errors import AttemptError
 
 if TYPE_CHECKING:
     from ._config import Retry
@@ -23,7 +26,8 @@ __all__ = [
     "RETRY_STATUS",
     "RetryableError",
     "RetryableStatus",
-    "backoff",
+    "Retrying",
+    "preempted",
     "refuses_priority",
     "retry_after",
 ]
@@ -39,22 +43,70 @@ engine's ``add_request_async``); a proxy in front of it (LiteLLM) keeps that tex
 _MAX_ERROR_SCAN = 64 * 1024
 
 
-class RetryableStatus(Exception):
+class RetryableStatus(AttemptError):
     """An attempt answered with a status in :data:`RETRY_STATUS` (its reply read)."""
 
-    def __init__(self, response: httpx.Response, retry_after: float | None) -> None:
+    def __init__(self, response: httpx.Response, retry_after: float | None, endpoint: str) -> None:
         super().__init__(f"HTTP {response.status_code}")
         self.response = response
+        self.status = response.status_code
         self.retry_after = retry_after
+        self.error = None
+        self.endpoint = endpoint
 
 
-class RetryableError(Exception):
-    """An attempt failed in the transport (no reply) at endpoint ``endpoint``."""
+class RetryableError(AttemptError):
+    """An attempt failed in the transport (no reply) at endpoint ``index``."""
 
-    def __init__(self, error: Exception, endpoint: int) -> None:
+    error: Exception
+
+    def __init__(self, error: Exception, index: int, endpoint: str) -> None:
         super().__init__(str(error))
         self.error = error
+        self.index = index
+        self.status = None
+        self.retry_after = None
         self.endpoint = endpoint
+
+
+class Retrying:
+    """A call's retries in tenacity's terms, made at its first failed attempt (a call
+    whose first attempt succeeds never makes one): the :class:`Retry`'s strategies and
+    the ``tenacity.RetryCallState`` they read, on the call's clock (virtual time too)."""
+
+    __slots__ = ("retry_after_max", "should", "state", "stop", "wait")
+
+    def __init__(self, retry: Retry, started: float) -> None:
+        from tenacity import RetryCallState
+
+        self.stop, self.wait, self.should = retry.strategies()
+        self.retry_after_max = retry.retry_after_max
+        self.state = state = RetryCallState(None, None, (), {})  # type: ignore[arg-type]
+        state.start_time = started
+
+    def failed(self, exc: AttemptError, n: int, now: float) -> float | None:
+        """After failed attempt ``n`` (from 1) at ``now``: the wait before the next
+        attempt, or None if there is none. In tenacity's order: ``retry`` (is this
+        outcome retried?), then ``wait`` (at least the reply's ``Retry-After``, capped),
+        then ``stop`` (which may read the upcoming wait)."""
+        from tenacity import Future
+
+        state = self.state
+        state.attempt_number = n
+        state.outcome = outcome = Future(n)
+        outcome.set_exception(exc)
+        state.outcome_timestamp = now
+        state.next_action = None
+        if not self.should(state):
+            return None
+        delay = float(self.wait(state))
+        if exc.retry_after is not None:
+            delay = max(delay, min(exc.retry_after, self.retry_after_max))
+        state.upcoming_sleep = delay
+        if self.stop(state):
+            return None
+        state.idle_for += delay
+        return delay
 
 
 def retry_after(headers: httpx.Headers, now: datetime | None = None) -> float | None:
@@ -84,15 +136,12 @@ def retry_after(headers: httpx.Headers, now: datetime | None = None) -> float | 
     return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
-def backoff(retry: Retry, n: int, exc: BaseException | None) -> float:
-    """The wait after failed attempt ``n`` (from 1): exponential from ``wait_initial`` up
-    to ``wait_max``, with jitter, and at least the reply's ``Retry-After`` (capped at
-    ``retry_after_max``)."""
-    delay = min(retry.wait_max, retry.wait_initial * 2 ** (n - 1))
-    delay += random.uniform(0.0, retry.wait_jitter) if retry.wait_jitter else 0.0
-    if isinstance(exc, RetryableStatus) and exc.retry_after is not None:
-        delay = max(delay, min(exc.retry_after, retry.retry_after_max))
-    return float(delay)
+def preempted(response: httpx.Response) -> bool:
+    """Whether a 503 is SGLang's gateway (smg) telling that it preempted the request for
+    one of a higher priority class (``X-SMG-Preempted: true``, with ``Retry-After``): the
+    attempt is retried after that wait, and the replica's health does not count it."""
+    value: str = response.headers.get("x-smg-preempted", "")
+    return value.strip().lower() == "true"
 
 
 def refuses_priority(body: bytes) -> bool:

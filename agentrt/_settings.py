@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
-from ._config import Retry
+from ._config import RETRY_KEYWORDS, Retry
 
 __all__ = ["CONFIG_ENV", "CONFIG_KEYS", "load_config", "with_config"]
 
@@ -113,7 +113,7 @@ def _send_priority(where: str, key: str, value: object) -> object:
 
 
 def _retry(where: str, key: str, value: object) -> object:
-    fields = Retry.__dataclass_fields__
+    fields = RETRY_KEYWORDS
     if not isinstance(value, dict):
         raise _fail(where, key, f"a table of {', '.join(fields)}", value)
     unknown = sorted(set(value) - set(fields))

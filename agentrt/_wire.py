@@ -146,12 +146,17 @@ class Tokens(Protocol):
     prompt_tokens: int | None
     completion_tokens: int | None
     cached_tokens: int | None
+    cache_write_tokens: int | None
+    reasoning_tokens: int | None
 
 
 def usage_into(report: Tokens, usage: Any) -> None:
     """A reply's ``usage`` into the call's tokens: chat and text completions name them
-    ``prompt_tokens``, ``completion_tokens`` and ``prompt_tokens_details``, the
-    Responses API ``input_tokens``, ``output_tokens`` and ``input_tokens_details``."""
+    ``prompt_tokens``, ``completion_tokens``, ``prompt_tokens_details`` (``cached_tokens``,
+    and ``cache_write_tokens`` where the server says what it wrote to its cache) and
+    ``completion_tokens_details`` (``reasoning_tokens``); the Responses API
+    ``input_tokens``, ``output_tokens``, ``input_tokens_details`` and
+    ``output_tokens_details``."""
     if usage.__class__ is not dict:  # parsed JSON: a dict is exactly a dict
         return
     # int(): a JSON true counts as 1, as CallReport's validation took it.
@@ -171,6 +176,13 @@ def usage_into(report: Tokens, usage: Any) -> None:
         cached = details.get("cached_tokens")
         if isinstance(cached, int):
             report.cached_tokens = int(cached)
+        written = details.get("cache_write_tokens")
+        if isinstance(written, int):
+            report.cache_write_tokens = int(written)
+    out = usage.get("completion_tokens_details") or usage.get("output_tokens_details")
+    reasoning = out.get("reasoning_tokens") if out.__class__ is dict else None
+    if isinstance(reasoning, int):
+        report.reasoning_tokens = int(reasoning)
 
 
 # -- choices ------------------------------------------------------------------------------

@@ -22,10 +22,11 @@ import asyncio
 import json
 import os
 import random
+import re
 import socket
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, Final
 
 COMPLETION: bytes = json.dumps(
     {
@@ -110,8 +111,17 @@ _RAW_UNAVAILABLE = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
     b"content-length: " + str(len(_UNAVAILABLE)).encode() + b"\r\n\r\n" + _UNAVAILABLE
 )
+_FAILED_ONCE: set[str] = set()
+"""The call ids under ``ALTERNATE_PREFIX`` answered 503 once, not yet 200."""
 FAIL_FRACTION: float = 0.0
 """The share of chat completions answered 503 (``--fail-pct``), drawn per request."""
+ALTERNATE_PREFIX: Final = "/alternate/"
+"""Chat completions under this path prefix (the raw server's) are answered 503 the first
+time their call id (``call="..."`` in the ``x-agentrt`` header, the same on each attempt of
+a call) is seen, and 200 the second: an agentrt client that retries makes exactly two
+attempts per call, whatever connection each goes on (``call_instructions.py``'s retried
+call)."""
+_CALL_ID = re.compile(r'call="([^"]+)"')
 
 
 class _RawHTTP(asyncio.Protocol):
@@ -135,11 +145,15 @@ class _RawHTTP(asyncio.Protocol):
             head = self._buf[:end].decode("latin-1")
             request_line, _, header_text = head.partition("\r\n")
             length = 0
+            call = ""
             for line in header_text.split("\r\n"):
                 name, _, value = line.partition(":")
                 name = name.strip().lower()
                 if name == "content-length":
                     length = int(value)
+                elif name == "x-agentrt":
+                    found = _CALL_ID.search(value)
+                    call = found.group(1) if found else ""
                 elif name == "transfer-encoding":
                     self._transport.write(_RAW_BAD)
                     self._transport.close()
@@ -151,7 +165,14 @@ class _RawHTTP(asyncio.Protocol):
             parts = request_line.split(" ")
             ok = len(parts) == 3 and parts[0] == "POST"
             ok = ok and parts[1].split("?")[0].endswith("/chat/completions")
-            if ok and FAIL_FRACTION and random.random() < FAIL_FRACTION:
+            if ok and parts[1].startswith(ALTERNATE_PREFIX):
+                failed = call not in _FAILED_ONCE
+                if failed:
+                    _FAILED_ONCE.add(call)
+                else:
+                    _FAILED_ONCE.discard(call)
+                self._transport.write(_RAW_UNAVAILABLE if failed else _RAW_OK)
+            elif ok and FAIL_FRACTION and random.random() < FAIL_FRACTION:
                 self._transport.write(_RAW_UNAVAILABLE)
             else:
                 self._transport.write(_RAW_OK if ok else _RAW_NOT_FOUND)

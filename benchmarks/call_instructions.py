@@ -21,7 +21,10 @@ echo server (``benchmarks/_echo_server.py --impl raw``) runs outside valgrind. C
 - ``agentrt.openai``: ``rt.openai()`` inside a session, jobs of 50 calls;
 - ``agentrt.chat``: ``session.chat(...)``, jobs of 50 calls;
 - ``agentrt.nohdr``: ``rt.openai()`` with a dialect that sends nothing (diagnostic: the
-  difference to ``agentrt.openai`` is what the header costs, encoding and wire).
+  difference to ``agentrt.openai`` is what the header costs, encoding and wire);
+- ``agentrt.retried``: ``rt.openai()`` as ``agentrt.openai``, each call answered 503 once
+  and retried at once (``Retry(wait_initial=0, wait_jitter=0)``) on the same connection:
+  two attempts per call (the echo server's ``/alternate/`` path).
 
     .venv/bin/python benchmarks/call_instructions.py     # ~6 min; results/call_instructions.json
     .venv/bin/python benchmarks/call_instructions.py --clients openai agentrt.openai
@@ -52,6 +55,7 @@ CLIENTS = (
     "agentrt.openai",
     "agentrt.chat",
     "agentrt.nohdr",
+    "agentrt.retried",
 )
 WARMUP = 50
 PER_JOB = 50
@@ -88,7 +92,10 @@ def child(client: str, calls: int, url: str) -> None:
         options: dict[str, Any] = {}
         if client == "agentrt.nohdr":
             options["dialect"] = Dialect(name="none", encode=lambda meta, opts: Encoding())
-        async with agentrt.Runtime([url], **options) as rt:
+        if client == "agentrt.retried":
+            options["retry"] = agentrt.Retry(attempts=2, wait_initial=0.0, wait_jitter=0.0)
+        base = url.replace("/v1", "/alternate/v1") if client == "agentrt.retried" else url
+        async with agentrt.Runtime([base], **options) as rt:
             create = rt.openai().chat.completions.create
             for n in (WARMUP, calls):
                 done = 0

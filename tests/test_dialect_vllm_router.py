@@ -68,6 +68,7 @@ def test_exact_fields_of_a_sub_agent_call() -> None:
         "request_id": "call-1",  # the call's id, the same on each of its attempts
         # no spawn_reason: the sub-agent has no name
         "kv_retention_ttl_seconds": 2.0 + DEFAULT_ROUTER_TTL_MARGIN_S,
+        "expected_output_length": 256,
         "expected_output_tokens": 256,
         "priority": -3,  # agentrt: lower first; the router: larger first
     }
@@ -98,6 +99,7 @@ def test_exact_fields_of_a_named_blocking_sub_agent_s_last_call() -> None:
         "spawn_reason": "researcher",  # the sub-agent's kind: its session's name
         # no kv_retention_ttl_seconds: nothing follows the last call
         "deadline_seconds": 12.346,
+        "expected_output_length": 256,
         "expected_output_tokens": 256,
     }
 
@@ -233,11 +235,13 @@ async def test_on_the_wire_through_a_runtime() -> None:
         "agent_role": "lead",
         "expected_resume": True,
         "step_id": 0,
+        "expected_output_length": 7,
         "expected_output_tokens": 7,
     }
     assert ctxs[1]["step_id"] == 1
     assert ctxs[1]["kv_retention_ttl_seconds"] == 3.0 + DEFAULT_ROUTER_TTL_MARGIN_S
     assert "expected_output_tokens" not in ctxs[1]
+    assert "expected_output_length" not in ctxs[1]
     assert ctxs[2] == {
         "program_id": "sub-a",
         "task_id": "job-a",

@@ -80,6 +80,7 @@ def test_llmd_retention_exact_fields() -> None:
     assert extra_headers(enc) == {
         "x-llm-d-inference-fairness-id": "job-1",
         "x-session-type": "agentic-subagent",
+        "x-session-id": "sess-1",
         "x-session-token": "sess-1",
     }
     assert enc.body == {

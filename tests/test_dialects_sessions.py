@@ -124,7 +124,10 @@ def test_llmd_session_id_header_mode() -> None:
     assert extra_headers(d.encode(first, NO_PRIO)) == {
         "x-llm-d-inference-fairness-id": "prog-1",
         "x-session-type": "agentic",
-        "x-session-token": "sess-1",  # the scorer's default headerName, from the first call
+        # from the first call: the session_id strategy's default source (filter and
+        # scorer), and the first releases' default headerName
+        "x-session-id": "sess-1",
+        "x-session-token": "sess-1",
     }
     custom = get_dialect("llm-d:session-id=X-Session-ID")
     assert custom.name == "llm-d:session-id=x-session-id"
@@ -135,6 +138,13 @@ def test_llmd_session_id_header_mode() -> None:
         "x-session-id": "sess-1",
     }
     assert llmd_dialect(session_affinity="session_id_header").name == "llm-d:session-id"
+    assert llmd_dialect(session_affinity="session_id").name == "llm-d:session-id"
+    only = get_dialect("llm-d:session-id=x-session-id")  # that one header only
+    assert extra_headers(only.encode(first, NO_PRIO)) == {
+        "x-llm-d-inference-fairness-id": "prog-1",
+        "x-session-type": "agentic",
+        "x-session-id": "sess-1",
+    }
 
 
 def test_llmd_default_mode_is_unchanged() -> None:
@@ -177,6 +187,7 @@ async def test_llmd_session_id_on_the_wire() -> None:
             await s.chat(model="m", messages=MSG)
             await s.chat(model="m", messages=MSG)
     assert [seen.headers["x-session-token"] for seen in fake.seen] == ["conv-7", "conv-7"]
+    assert [seen.headers["x-session-id"] for seen in fake.seen] == ["conv-7", "conv-7"]
 
 
 # ------------------------------------------------------------- vLLM RFC #52113 agent_hint

@@ -19,7 +19,13 @@ from typing import Any, Final
 
 from .._protocol import CallMetadata
 from ._base import Dialect, DialectOptions, DialectSpec, Encoding, SessionEnd
-from ._dynamo import DYNAMO, DYNAMO_SESSION_HEADER, dynamo_dialect, dynamo_priority
+from ._dynamo import (
+    DYNAMO,
+    DYNAMO_SESSION_HEADER,
+    dynamo_dialect,
+    dynamo_from_options,
+    dynamo_priority,
+)
 from ._generic import GENERIC
 from ._llmd import LLMD, llmd_dialect, llmd_from_option
 from ._openai import OPENAI, openai_dialect
@@ -130,7 +136,7 @@ def _parameterized(base: str, arg: str) -> Dialect:
     if base == _SESSION_HEADER:
         return session_header_from_option(arg)
     if base == "dynamo":
-        return _dynamo_from_option(arg)
+        return dynamo_from_options(arg)
     if base == "vllm" and arg.strip().lower() == "retention":
         return vllm_dialect(retention=True)
     if base == "openai" and arg.strip().lower() == "cache-options":
@@ -143,26 +149,11 @@ def _parameterized(base: str, arg: str) -> Dialect:
     raise ValueError(
         f"dialect {base!r} takes no option (got {arg!r}); options exist for "
         "'vllm-router:<session header>', 'sglang:low-priority-first,session-id,"
-        "close-session', 'dynamo:[<session header>][,cache-control]', "
+        "close-session', 'dynamo:[<session header>][,no-parent][,cache-control]', "
         "'llm-d:session-id[=<header>][,retention]', 'vllm:retention', "
         "'openai:cache-options', 'vllm-agent-hint:rfc' and "
         "'session-header:<header>[,<job header>]'"
     )
-
-
-def _dynamo_from_option(arg: str) -> Dialect:
-    """``dynamo:<header>``, ``dynamo:cache-control`` or ``dynamo:<header>,cache-control``."""
-    parts = [p.strip() for p in arg.split(",")]
-    cache = "cache-control" in (p.lower() for p in parts)
-    rest = [p for p in parts if p.lower() != "cache-control"]
-    if len(rest) > 1 or (rest and not rest[0]) or len(parts) - len(rest) > 1:
-        raise ValueError(
-            f"unknown option {arg!r} for dialect 'dynamo'; give '<session header>', "
-            "'cache-control' or '<session header>,cache-control'"
-        )
-    if rest:
-        return dynamo_dialect(session_header=rest[0], cache_control=cache)
-    return dynamo_dialect(cache_control=cache)
 
 
 def get_dialect(name: str) -> Dialect:
@@ -173,9 +164,11 @@ def get_dialect(name: str) -> Dialect:
     ``low-priority-first`` (a server started with ``--schedule-low-priority-values-first``),
     ``session-id`` (send the body ``session_id``) and ``close-session`` (close each session
     at its end), comma-separated; ``"dynamo:<header>"`` (a frontend's
-    ``--router-session-header-key``); ``"llm-d:session-id[=<header>]"`` (the EPP's
-    ``session_id_header`` affinity) or ``"llm-d:echo=<header>"``, each with
-    ``,retention`` (or ``"llm-d:retention"``: ``retention_directives``);
+    ``--router-session-header-key``), ``no-parent`` (no ``X-Dynamo-Parent-Session-ID``)
+    and/or ``cache-control`` (``nvext.cache_control``), comma-separated;
+    ``"llm-d:session-id[=<header>]"`` (the EPP's ``session_id`` affinity) or
+    ``"llm-d:echo=<header>"``, each with ``,retention`` (or ``"llm-d:retention"``:
+    ``retention_directives``);
     ``"vllm-agent-hint:rfc"`` (the RFC's ``agent_hint`` shape); and
     ``"session-header:<header>[,<job header>]"`` (:func:`session_header`).
     """

@@ -1,8 +1,15 @@
 """The ``dynamo`` dialect: an NVIDIA Dynamo frontend.
 
 - headers ``X-Dynamo-Session-ID`` (always) and ``X-Dynamo-Parent-Session-ID`` (sub-agent
-  sessions only): Dynamo's canonical session identity, normalized into its
-  ``agent_context``;
+  sessions only; ``dynamo_dialect(send_parent=False)``, name ``dynamo:no-parent``, sends
+  none): Dynamo's canonical session identity, normalized into its ``agent_context``.
+  With session affinity on (``--router-session-affinity-ttl-secs``), a request that
+  names a parent binds under a key derived from that parent (ai-dynamo/dynamo#14521), so
+  all the sub-agents of one parent go to one worker; in the default ``hard`` affinity
+  mode that worker holds the group whatever its load, until it becomes unusable. A wide
+  fan-out of sub-agents then runs on one worker while the others idle: leave the parent
+  out, or run the router with ``--router-session-affinity-mode soft``, where it needs
+  the fleet. (The parent's own session keeps its own binding.)
 - header ``X-Dynamo-Session-Final: true`` on a call the caller marked as the session's
   last (``session.chat(..., final=True)`` or ``session.expect_final()``): Dynamo marks
   the session final and asks the engine to evict its KV (``kv_hints.evict_session``);
@@ -68,6 +75,7 @@ def dynamo_dialect(
     cache_control: bool = False,
     retention_margin_s: float = DEFAULT_RETENTION_MARGIN_S,
     retention_max_s: float = DEFAULT_RETENTION_MAX_S,
+    send_parent: bool = True,
 ) -> Dialect:
     """Build the Dynamo dialect.
 
@@ -89,6 +97,11 @@ def dynamo_dialect(
     last call (``final``), which has no next turn.
 
     ``send_final``: send ``X-Dynamo-Session-Final: true`` on a call marked ``final``.
+
+    ``send_parent``: send a sub-agent session's parent in ``X-Dynamo-Parent-Session-ID``.
+    With the router's session affinity on, that binds every sub-agent of one parent to one
+    worker (hard affinity: whatever the load); ``False`` lets each sub-agent be placed on
+    its own, and Dynamo's traces then show no parent.
     """
     if strict_priority is not None and (
         isinstance(strict_priority, bool)
@@ -103,6 +116,7 @@ def dynamo_dialect(
         ("speculative_prefill", speculative_prefill),
         ("send_final", send_final),
         ("cache_control", cache_control),
+        ("send_parent", send_parent),
     ):
         if not isinstance(flag, bool):
             raise TypeError(f"{what} must be a bool, got {type(flag).__name__}")
@@ -118,7 +132,7 @@ def dynamo_dialect(
         enc.headers[DYNAMO_SESSION_HEADER] = meta.session_id
         if affinity != DYNAMO_SESSION_HEADER:
             enc.headers[affinity] = meta.session_id
-        if meta.parent_session_id is not None:
+        if send_parent and meta.parent_session_id is not None:
             enc.headers["x-dynamo-parent-session-id"] = meta.parent_session_id
         if send_final and meta.final:
             enc.headers["x-dynamo-session-final"] = "true"
@@ -149,14 +163,40 @@ def dynamo_dialect(
         extras.append("nvext.cache_control ephemeral, ttl = expected idle + margin")
     final = ", X-Dynamo-Session-Final on a final call" if send_final else ""
     custom = "" if affinity == DYNAMO_SESSION_HEADER else f", session id in {affinity} too"
-    options = ([affinity] if custom else []) + (["cache-control"] if cache_control else [])
+    options = (
+        ([affinity] if custom else [])
+        + ([] if send_parent else ["no-parent"])
+        + (["cache-control"] if cache_control else [])
+    )
+    parent = ", X-Dynamo-Parent-Session-ID" if send_parent else ""
     return Dialect(
         name="dynamo" + (":" + ",".join(options) if options else ""),
         encode=encode,
-        doc=f"NVIDIA Dynamo: X-Dynamo-Session-ID{custom}, X-Dynamo-Parent-Session-ID{final}, "
+        doc=f"NVIDIA Dynamo: X-Dynamo-Session-ID{custom}{parent}{final}, "
         "nvext.agent_hints.osl and (with send_priority) priority = -agentrt priority"
         + ("; " + ", ".join(extras) if extras else "")
         + ".",
+    )
+
+
+def dynamo_from_options(arg: str) -> Dialect:
+    """The dialect of ``dynamo:<options>``: a session header (the frontend's
+    ``--router-session-header-key``), ``no-parent`` and/or ``cache-control``,
+    comma-separated."""
+    parts = [p.strip() for p in arg.split(",")]
+    flags = {"no-parent", "cache-control"}
+    lowered = [p.lower() for p in parts]
+    headers = [p for p in parts if p.lower() not in flags]
+    if len(headers) > 1 or (headers and not headers[0]):
+        raise ValueError(
+            f"'dynamo:{arg}': give at most one session header, 'no-parent' and "
+            "'cache-control', comma-separated"
+        )
+    header = headers[0] if headers else DYNAMO_SESSION_HEADER
+    return dynamo_dialect(
+        session_header=header,
+        send_parent="no-parent" not in lowered,
+        cache_control="cache-control" in lowered,
     )
 
 

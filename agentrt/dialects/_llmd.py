@@ -12,13 +12,18 @@ program with the least attained service first when the pool is saturated). Witho
 llm-d puts every agentrt call in one shared ``default-flow`` queue; an EPP without flow
 control ignores the header.
 
-llm-d's ``session-affinity-scorer`` has a second algorithm, ``session_id_header``
-(llm-d/llm-d-router#2238; llm-d 0.9): the client sends its own opaque session id in a
-request header (``headerName``, by default the same ``x-session-token``) and the EPP keeps
-a server-side binding from it to the pod that served it, dropped after a TTL of disuse.
-``llmd_dialect(session_affinity="session_id_header")`` (name ``llm-d:session-id``, or
-``llm-d:session-id=<header>`` for another ``headerName``) sends the session id in that
-header on every call, the first included, and echoes nothing.
+llm-d's ``session-affinity-scorer`` and its hard counterpart, the
+``session-affinity-filter``, have a second strategy, ``session_id`` (llm-d/llm-d-router#2238,
+first named ``session_id_header``): the client sends its own opaque session id in a request
+header and the EPP keeps a server-side binding from it to the pod that served it, dropped
+after 300 s of disuse (``evictionTtlSeconds``). The header is read from the strategy's
+``sessionIdConfig.sources``, by default one header source ``x-session-id``
+(``DefaultSessionIDHeader``, ``pkg/epp/framework/plugins/scheduling/util/sessionaffinity/
+session_id.go``); the first releases read the scorer's ``headerName``, by default
+``x-session-token``. ``llmd_dialect(session_affinity="session_id")`` (name
+``llm-d:session-id``) sends the session id in both, on every call, the first included, and
+echoes nothing; ``llm-d:session-id=<header>`` sends it in that one header only
+(``=x-session-token`` names the default, both).
 
 Every call also carries ``x-session-type``: ``agentic`` for a session without a parent,
 ``agentic-subagent`` for a sub-agent (the workload types llm-d's
@@ -53,14 +58,18 @@ from ._retention import (
 __all__ = [
     "FAIRNESS_ID_HEADER",
     "LLMD",
+    "SESSION_ID_HEADER",
     "SESSION_TOKEN_HEADER",
     "SESSION_TYPE_HEADER",
     "llmd_dialect",
 ]
 
-LlmdAffinity = Literal["encoded_endpoint_header", "session_id_header"]
+LlmdAffinity = Literal["encoded_endpoint_header", "session_id", "session_id_header"]
 
 SESSION_TOKEN_HEADER: Final = "x-session-token"
+SESSION_ID_HEADER: Final = "x-session-id"
+"""The header the ``session_id`` strategy of llm-d's session-affinity filter and scorer
+reads by default."""
 FAIRNESS_ID_HEADER: Final = "x-llm-d-inference-fairness-id"
 SESSION_TYPE_HEADER: Final = "x-session-type"
 """llm-d's workload type header: ``agentic`` or ``agentic-subagent``."""
@@ -79,11 +88,14 @@ def llmd_dialect(
     retention_margin_s: float = DEFAULT_RETENTION_MARGIN_S,
     retention_max_s: float = DEFAULT_RETENTION_MAX_S,
 ) -> Dialect:
-    """Build the llm-d dialect for the EPP's ``session-affinity-scorer`` algorithm.
+    """Build the llm-d dialect for the EPP's session-affinity strategy (the
+    ``session-affinity-scorer``'s and the ``session-affinity-filter``'s).
 
-    ``"encoded_endpoint_header"`` (the scorer's default): echo the ``session_header`` a
-    reply carries on the session's later calls. ``"session_id_header"``: send the session
-    id in ``session_header`` (the scorer's ``headerName``) on every call.
+    ``"encoded_endpoint_header"`` (their default): echo the ``session_header`` a reply
+    carries on the session's later calls. ``"session_id"`` (or its first name
+    ``"session_id_header"``): send the session id on every call, in ``x-session-id`` (the
+    strategy's default source) and ``x-session-token`` (the first releases' default
+    ``headerName``) unless another ``session_header`` is given, then in that one only.
 
     ``retention=True``: the body ``retention_directives`` / ``retention_scope`` from the
     session's expected idle (plus ``retention_margin_s``, at most ``retention_max_s``)
@@ -105,10 +117,10 @@ def llmd_dialect(
 
     suffix_r = ",retention" if retention else ""
     doc_r = "; body retention_directives / retention_scope" if retention else ""
-    if session_affinity not in ("encoded_endpoint_header", "session_id_header"):
+    if session_affinity not in ("encoded_endpoint_header", "session_id", "session_id_header"):
         raise ValueError(
-            "session_affinity must be 'encoded_endpoint_header' or 'session_id_header', "
-            f"got {session_affinity!r}"
+            "session_affinity must be 'encoded_endpoint_header', 'session_id' or "
+            f"'session_id_header', got {session_affinity!r}"
         )
     header = check_header_name(session_header, "llm-d session header")
     if header == FAIRNESS_ID_HEADER:
@@ -134,18 +146,22 @@ def llmd_dialect(
             f"agentic-subagent{doc_r}.",
         )
 
+    default = header == SESSION_TOKEN_HEADER
+    headers = (SESSION_ID_HEADER, SESSION_TOKEN_HEADER) if default else (header,)
+
     def encode_id(meta: CallMetadata, options: DialectOptions) -> Encoding:
         enc = common(meta)
-        enc.headers[header] = meta.session_id
+        for name in headers:
+            enc.headers[name] = meta.session_id
         return enc
 
     suffix = "" if header == SESSION_TOKEN_HEADER else f"={header}"
     return Dialect(
         name=f"llm-d:session-id{suffix}{suffix_r}",
         encode=encode_id,
-        doc=f"llm-d session_id_header affinity: session id in {header} on every call; "
-        "x-llm-d-inference-fairness-id = the program id; x-session-type = agentic or "
-        f"agentic-subagent{doc_r}.",
+        doc=f"llm-d session_id affinity (session-affinity-filter or -scorer): session id in "
+        f"{' and '.join(headers)} on every call; x-llm-d-inference-fairness-id = the program "
+        f"id; x-session-type = agentic or agentic-subagent{doc_r}.",
     )
 
 

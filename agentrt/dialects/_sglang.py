@@ -1,8 +1,18 @@
 """The ``sglang`` dialect: an SGLang server, or the SGLang Model Gateway in front of it.
 
 - header ``X-SMG-Routing-Key`` = the session id: the gateway's ``consistent_hashing`` and
-  ``manual`` policies pin a key to one worker, and SGLang's OpenAI endpoints read the same
-  header into the request's ``routing_key``;
+  ``manual`` policies pin a key to one worker (and any policy does, on a gateway started
+  with ``--routing-key-override``), and SGLang's OpenAI endpoints read the same header
+  into the request's ``routing_key``;
+- header ``X-SMG-Priority``, only with ``DialectOptions(send_priority=True)``: the
+  gateway's priority class (``bulk < default < interactive < system``; an unknown value
+  is ``default``; ``model_gateway/src/middleware/scheduler/class.rs``), from the call's
+  queue level: level 0 ``interactive``, 1 ``default``, 2 and later ``bulk``
+  (:data:`SMG_PRIORITY_CLASSES`; ``sglang_dialect(priority_classes=...)`` maps them
+  otherwise). ``system`` is the gateway's own control traffic, and the gateway clamps an
+  external tenant below it. A request the gateway preempts for a higher class gets 503
+  with ``X-SMG-Preempted: true`` and ``Retry-After: 1``: agentrt retries it after that
+  wait and does not count it against the replica's health;
 - body ``priority`` only with ``DialectOptions(send_priority=True)``. SGLang's polarity is
   a server flag: with ``--enable-priority-scheduling`` higher values run first, unless
   ``--schedule-low-priority-values-first`` is set. agentrt's priority is lower-first, so by
@@ -32,7 +42,19 @@ from ._base import Dialect, DialectOptions, Encoding
 from ._generic import INT32_MAX, INT32_MIN, base_encoding, clamp
 from ._session_ends import CLOSE_SESSION
 
-__all__ = ["SGLANG", "SGLANG_OPTIONS", "sglang_dialect", "sglang_priority"]
+__all__ = [
+    "SGLANG",
+    "SGLANG_OPTIONS",
+    "SMG_PRIORITY_CLASSES",
+    "sglang_dialect",
+    "sglang_priority",
+    "smg_priority_class",
+]
+
+SMG_PRIORITY_CLASSES: Final = ("interactive", "default", "bulk")
+"""The gateway's priority class of each queue level (0 runs first), the last one for the
+levels past it."""
+_SMG_CLASSES: Final = frozenset({"system", "interactive", "default", "bulk"})
 
 SGLANG_OPTIONS: Final = ("low-priority-first", "session-id", "close-session")
 """The options of the dialect name ``sglang:<option>[,<option>]``."""
@@ -44,11 +66,17 @@ def sglang_priority(priority: int, *, low_priority_values_first: bool = False) -
     return clamp(value, INT32_MIN + 1, INT32_MAX)
 
 
+def smg_priority_class(priority: int, classes: tuple[str, ...] = SMG_PRIORITY_CLASSES) -> str:
+    """The ``X-SMG-Priority`` class of agentrt queue level ``priority`` (0 runs first)."""
+    return classes[min(max(priority, 0), len(classes) - 1)]
+
+
 def sglang_dialect(
     *,
     low_priority_values_first: bool = False,
     send_session_id: bool = False,
     close_session: bool = False,
+    priority_classes: tuple[str, ...] = SMG_PRIORITY_CLASSES,
 ) -> Dialect:
     """Build the SGLang dialect for a server with the given priority polarity.
 
@@ -56,7 +84,19 @@ def sglang_dialect(
     ``--enable-session-radix-cache`` it keeps the session's KV until the session is closed).
     ``close_session=True`` (with ``send_session_id``) has the runtime send
     ``POST /close_session`` to each server a session called when the session ends.
+    ``priority_classes``: the gateway's ``X-SMG-Priority`` class of queue level 0, 1, ...
+    (the last for the levels past it), sent with ``send_priority``.
     """
+    if (
+        not isinstance(priority_classes, tuple)
+        or not priority_classes
+        or any(c not in _SMG_CLASSES for c in priority_classes)
+    ):
+        raise ValueError(
+            "priority_classes must be a non-empty tuple of 'system', 'interactive', "
+            f"'default', 'bulk', got {priority_classes!r}"
+        )
+    classes = priority_classes
     for what, flag in (
         ("low_priority_values_first", low_priority_values_first),
         ("send_session_id", send_session_id),
@@ -79,6 +119,7 @@ def sglang_dialect(
             enc.body["priority"] = sglang_priority(
                 meta.priority, low_priority_values_first=low_priority_values_first
             )
+            enc.headers["x-smg-priority"] = smg_priority_class(meta.priority, classes)
         return enc
 
     chosen = [
@@ -97,8 +138,8 @@ def sglang_dialect(
     return Dialect(
         name=name,
         encode=encode,
-        doc=f"SGLang: X-SMG-Routing-Key = session id{session}; body priority {order}, only "
-        f"with send_priority{close}.",
+        doc=f"SGLang: X-SMG-Routing-Key = session id{session}; body priority {order} and "
+        f"X-SMG-Priority = {'/'.join(classes)} by queue level, only with send_priority{close}.",
         session_ends=(CLOSE_SESSION,) if close_session else (),
     )
 

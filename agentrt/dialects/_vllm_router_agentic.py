@@ -32,7 +32,11 @@ the router's program being one agentrt session (one conversation, one KV prefix)
   computed one: ``docs/program_scheduling.md``, ``scheduler_lifecycle.rs``);
 - ``deadline_seconds``: the seconds left before the job's deadline, when it has one (the
   router bounds a paused program's wait for its force-resume by it);
-- ``expected_output_tokens``: the request's ``max_tokens``, when given;
+- ``expected_output_length``: the request's ``max_tokens``, when given (the name the
+  router documents as canonical), and the same value as ``expected_output_tokens``, the
+  alias that routers before it read (the router reads the first of
+  ``["expected_output_length", "expected_output_tokens"]`` present, and ignores keys it
+  does not know: ``src/program_scheduling/identity.rs``, ``canonical_identity``);
 - ``priority``: agentrt's priority negated (the router resumes larger values first),
   only with ``DialectOptions(send_priority=True)``.
 
@@ -125,7 +129,8 @@ def _context_of(
         ctx["deadline_seconds"] = round(deadline, 3)
     tokens = meta.expected_output_tokens
     if tokens is not None and tokens >= 0:
-        ctx["expected_output_tokens"] = tokens
+        ctx["expected_output_length"] = tokens
+        ctx["expected_output_tokens"] = tokens  # the alias older routers read
     if options.send_priority and meta.priority is not None:
         ctx["priority"] = clamp(-meta.priority, _INT64_MIN, _INT64_MAX)
     return ctx
@@ -166,7 +171,8 @@ def vllm_router_agentic_dialect(
         "(a JSON string: program = session, task = job, agent = session name, parent, "
         "root, lead/subagent, blocks_parent, expected_resume false on a final call, "
         f"step, request id, sub-agent spawn_reason, kv_retention_ttl_seconds = expected "
-        f"idle + {margin:g} s, deadline, expected output tokens, negated priority with "
+        f"idle + {margin:g} s, deadline, expected_output_length (and its alias "
+        "expected_output_tokens), negated priority with "
         "send_priority) and X-Session-ID"
         + ("; POST /finish_session when a session ends." if finish_session else "."),
         session_ends=(FINISH_SESSION,) if finish_session else (),

@@ -110,6 +110,12 @@ class NameSummary:
     ttft_p90: float = math.nan
     ttft_p99: float = math.nan
     """Time to first token of the name's streamed calls (NaN when none streamed)."""
+    cache_write_share: float | None = None
+    """Prompt tokens written to the servers' prompt caches over prompt tokens (None when
+    no call's server reported any: ``usage.prompt_tokens_details.cache_write_tokens``)."""
+    reasoning_share: float | None = None
+    """Reasoning tokens over completion tokens (None when no call's server reported any:
+    ``usage.completion_tokens_details.reasoning_tokens``)."""
 
 
 def _summary(name: str, reports: Sequence[JobReport]) -> NameSummary:
@@ -123,6 +129,9 @@ def _summary(name: str, reports: Sequence[JobReport]) -> NameSummary:
         return seconds / total if total > 0 else math.nan
 
     prompt = sum(r.prompt_tokens for r in reports)
+    completion = sum(r.completion_tokens for r in reports)
+    written = sum(r.cache_write_tokens for r in reports)
+    reasoning = sum(r.reasoning_tokens for r in reports)
     return NameSummary(
         name=name,
         jobs=len(reports),
@@ -144,6 +153,8 @@ def _summary(name: str, reports: Sequence[JobReport]) -> NameSummary:
         ttft_p50=percentile(ttfts, 0.5),
         ttft_p90=percentile(ttfts, 0.9),
         ttft_p99=percentile(ttfts, 0.99),
+        cache_write_share=written / prompt if written and prompt else None,
+        reasoning_share=reasoning / completion if reasoning and completion else None,
     )
 
 

@@ -35,6 +35,8 @@ SUMMARY_HEADERS = (
     "tool",
     "other",
     "cached",
+    "cache wr",
+    "reasoning",
     "retries",
     "moves",
     "errors",
@@ -43,7 +45,9 @@ SUMMARY_CAPTION = (
     "Times in seconds. JCT: job completion time; call: per-call latency. queue, LLM, tool, "
     "other: shares of JCT spent only queued in agentrt, with a call being served (the LLM "
     "critical path), in tool waits only, and in none (the agent's own code); they add up "
-    "to 100%. cached: prompt tokens served from the prefix cache."
+    "to 100%. cached: prompt tokens served from the prefix cache; cache wr: prompt tokens "
+    "written to it, where the server says; reasoning: the completion tokens spent "
+    "reasoning, where the server says."
 )
 
 
@@ -83,6 +87,8 @@ def summary_table(summaries: Sequence[NameSummary], title: str) -> TextTable:
             _share(s.tool_share),
             _share(s.other_share),
             _share(s.cache_share),
+            _share(s.cache_write_share),
+            _share(s.reasoning_share),
             str(s.retries),
             str(s.session_moves),
             str(s.errors),

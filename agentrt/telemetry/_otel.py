@@ -18,8 +18,11 @@ conventions (development status; docs/telemetry.md names the commit checked):
 
 Which GenAI names: by default those of semantic-conventions-genai ``SEMCONV_COMMIT``;
 ``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental`` selects the latest ones
-(``SEMCONV_LATEST_COMMIT``: ``gen_ai.client.inference.*`` metrics, token counters,
-``gen_ai.invoke_workflow.duration``), and ``gen_ai_latest_experimental/dup`` both.
+(``SEMCONV_LATEST_COMMIT``: ``gen_ai.client.inference.*`` metrics,
+``gen_ai.invoke_workflow.duration``; the token usage metrics of ``SEMCONV_USAGE_COMMIT``:
+counters ``gen_ai.client.inference.usage.detailed.*`` and histograms
+``gen_ai.client.inference.usage.{input,output}_tokens``), and
+``gen_ai_latest_experimental/dup`` both. docs/telemetry.md has every name per mode.
 
 A call made outside any job (an implicit one-call job) has no workflow or agent span:
 its call span is a child of the span current when it was made. A session that announced
@@ -79,6 +82,19 @@ SEMCONV_LATEST_COMMIT = "32c328e85013588c6fe32ebc30934ab5b1752b6a"
 """The open-telemetry/semantic-conventions-genai commit of ``docs/gen-ai/non-normative/
 migration.md`` whose names the opt-in mode emits (with ``model/gen-ai/token-metrics.yaml``
 at 9b2ce3b4 and ``docs/gen-ai/client-inference.md`` at ac48b1f9)."""
+
+SEMCONV_USAGE_COMMIT = "2f4c6b1ccd79b294ad445e7ea899544cc07ff9da"
+"""The open-telemetry/semantic-conventions-genai commit of ``model/gen-ai/usage-metrics.yaml``
+(with ``docs/gen-ai/gen-ai-inference-usage-metrics.md`` at ef678ba7) whose token usage
+metrics the opt-in mode emits: counters ``gen_ai.client.inference.usage.detailed.*`` by
+``gen_ai.token.modality``, histograms ``gen_ai.client.inference.usage.{input,output}_tokens``
+(the names ``token-metrics.yaml`` at 9b2ce3b4 had given the counters)."""
+
+SEMCONV_LATEST_SPAN_COMMIT = "024a4f944a1291fcb627c9c47da69e79868dd15e"
+"""The open-telemetry/semantic-conventions-genai commit of ``docs/gen-ai/client-inference.md``
+whose inference span attributes ``gen_ai.usage.cache_write.input_tokens`` and
+``gen_ai.usage.reasoning.output_tokens`` (both recommended, each a subset of the input or
+output total) the opt-in mode adds to call spans when the server reports them."""
 
 SEMCONV_OPT_IN_ENV = "OTEL_SEMCONV_STABILITY_OPT_IN"
 """The environment variable OpenTelemetry's instrumentations read for opt-in conventions:
@@ -295,8 +311,9 @@ class _OtelHook:
             explicit_bucket_boundaries_advisory=TOOL_BUCKETS,
         )
         # The latest names (semantic-conventions-genai SEMCONV_LATEST_COMMIT): inference
-        # metrics of their own (#521), token counters and per-operation histograms in place
-        # of gen_ai.client.token.usage (#374), and the workflow metric's new name.
+        # metrics of their own (#521), the workflow metric's new name; token counters and
+        # per-operation histograms in place of gen_ai.client.token.usage, as
+        # SEMCONV_USAGE_COMMIT's usage-metrics.yaml names them.
         self._inference_duration = meter.create_histogram(
             "gen_ai.client.inference.duration",
             unit="s",
@@ -309,22 +326,33 @@ class _OtelHook:
             description="Time to receive the first chunk of a streamed inference reply.",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )
-        self._usage_input, self._usage_output, self._usage_cache_read = (
-            meter.create_counter(f"gen_ai.client.inference.usage.{what}", "{token}", brief)
+        (
+            self._usage_input,
+            self._usage_output,
+            self._usage_cache_read,
+            self._usage_cache_write,
+            self._usage_reasoning,
+        ) = (
+            meter.create_counter(f"gen_ai.client.inference.usage.detailed.{what}", "{token}", brief)
             for what, brief in (
-                ("input_tokens", "The number of input tokens used, including cached tokens."),
-                ("output_tokens", "The number of output (completion) tokens used."),
+                (
+                    "input_tokens",
+                    "The number of input (prompt) tokens used, including cached tokens.",
+                ),
+                ("output_tokens", "The number of output tokens used, including reasoning tokens."),
                 ("cache_read.input_tokens", "Input tokens served from a provider-managed cache."),
+                ("cache_write.input_tokens", "Input tokens written to a provider-managed cache."),
+                ("reasoning.output_tokens", "Output tokens used for reasoning."),
             )
         )
         self._operation_input = meter.create_histogram(
-            "gen_ai.client.inference.operation.input_tokens",
+            "gen_ai.client.inference.usage.input_tokens",
             unit="{token}",
             description="The number of input (prompt) tokens used per inference operation.",
             explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
         )
         self._operation_output = meter.create_histogram(
-            "gen_ai.client.inference.operation.output_tokens",
+            "gen_ai.client.inference.usage.output_tokens",
             unit="{token}",
             description="The number of output (completion) tokens used per inference operation.",
             explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
@@ -684,6 +712,11 @@ class _OtelHook:
                 attrs["gen_ai.usage.output_tokens"] = r.completion_tokens
             if r.cached_tokens is not None:
                 attrs["gen_ai.usage.cache_read.input_tokens"] = r.cached_tokens
+            if self._latest:  # the inference span's attributes at SEMCONV_LATEST_SPAN_COMMIT
+                if r.cache_write_tokens is not None:
+                    attrs["gen_ai.usage.cache_write.input_tokens"] = r.cache_write_tokens
+                if r.reasoning_tokens is not None:
+                    attrs["gen_ai.usage.reasoning.output_tokens"] = r.reasoning_tokens
             if r.http_status is not None:
                 attrs["http.response.status_code"] = r.http_status
             if r.moved:
@@ -753,6 +786,10 @@ class _OtelHook:
             self._operation_output.record(r.completion_tokens, attrs)
         if r.cached_tokens is not None:
             self._usage_cache_read.add(r.cached_tokens, usage)
+        if r.cache_write_tokens is not None:
+            self._usage_cache_write.add(r.cache_write_tokens, usage)
+        if r.reasoning_tokens is not None:
+            self._usage_reasoning.add(r.reasoning_tokens, usage)
 
     def _server(self, endpoint: str) -> tuple[str | None, int | None]:
         server = self._servers.get(endpoint)

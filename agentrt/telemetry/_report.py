@@ -59,6 +59,12 @@ class CallReport(BaseModel):
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     """Prompt tokens served from the server's prefix cache, when it reports them."""
+    cache_write_tokens: int | None = None
+    """Prompt tokens the server wrote to its prompt cache for this call, when it reports
+    them (``usage.prompt_tokens_details.cache_write_tokens``)."""
+    reasoning_tokens: int | None = None
+    """Output tokens spent reasoning (part of ``completion_tokens``), when the server
+    reports them (``usage.completion_tokens_details.reasoning_tokens``)."""
     attempts: int = 0
     http_status: int | None = None
     status: CallStatus = "ok"
@@ -151,6 +157,10 @@ class JobReport(BaseModel):
     """Attempts beyond the first, over all calls."""
     session_moves: int = 0
     """Calls whose session moved to another replica (its cached prefix lost there)."""
+    cache_write_tokens: int = 0
+    """Prompt tokens written to the servers' prompt caches, over the calls that said."""
+    reasoning_tokens: int = 0
+    """Output tokens spent reasoning, over the calls whose servers said."""
     deadline_s: float | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     call_reports: list[CallReport] = Field(default_factory=list)
@@ -207,6 +217,16 @@ class JobReport(BaseModel):
             f"  tokens  {self.prompt_tokens:,} prompt, {self.completion_tokens:,} completion; "
             + cached,
         ]
+        said = [
+            f"{n:,} {what}"
+            for n, what in (
+                (self.reasoning_tokens, "reasoning"),
+                (self.cache_write_tokens, "written to cache"),
+            )
+            if n
+        ]
+        if said:
+            lines.append(f"          of which {', '.join(said)}")
         if self.error:
             error = " ".join(redact_userinfo(self.error).split())
             lines.append(f"  error   {error if len(error) <= 70 else error[:69] + '…'}")
@@ -286,6 +306,8 @@ class _CallState:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    reasoning_tokens: int | None = None
     attempts: int = 0
     http_status: int | None = None
     status: CallStatus = "ok"
@@ -333,6 +355,8 @@ class _CallState:
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
                 "cached_tokens": self.cached_tokens,
+                "cache_write_tokens": self.cache_write_tokens,
+                "reasoning_tokens": self.reasoning_tokens,
                 "attempts": self.attempts,
                 "http_status": self.http_status,
                 "status": self.status,
@@ -396,6 +420,8 @@ def job_report(
         cached_tokens=sum(c.cached_tokens or 0 for c in calls),
         retries=sum(max(0, c.attempts - 1) for c in calls),
         session_moves=sum(c.moved for c in calls),
+        cache_write_tokens=sum(c.cache_write_tokens or 0 for c in calls),
+        reasoning_tokens=sum(c.reasoning_tokens or 0 for c in calls),
         call_reports=calls,
         tool_reports=list(tools),
         session_reports=list(sessions),

@@ -11,9 +11,11 @@ import httpx
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
+    Histogram,
     HistogramDataPoint,
     InMemoryMetricReader,
     NumberDataPoint,
+    Sum,
 )
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -37,12 +39,17 @@ DEFAULT_NAMES = {
 LATEST_NAMES = {
     "gen_ai.client.inference.duration",
     "gen_ai.client.inference.time_to_first_chunk",
+    # usage-metrics.yaml at 2f4c6b1c: histograms per operation, counters "detailed"
     "gen_ai.client.inference.usage.input_tokens",
     "gen_ai.client.inference.usage.output_tokens",
-    "gen_ai.client.inference.usage.cache_read.input_tokens",
-    "gen_ai.client.inference.operation.input_tokens",
-    "gen_ai.client.inference.operation.output_tokens",
+    "gen_ai.client.inference.usage.detailed.input_tokens",
+    "gen_ai.client.inference.usage.detailed.output_tokens",
+    "gen_ai.client.inference.usage.detailed.cache_read.input_tokens",
     "gen_ai.invoke_workflow.duration",
+}
+DETAILED_NAMES = {  # only where the server reports them
+    "gen_ai.client.inference.usage.detailed.cache_write.input_tokens",
+    "gen_ai.client.inference.usage.detailed.reasoning.output_tokens",
 }
 CALL_ATTRS = {
     "gen_ai.operation.name": "chat",
@@ -88,8 +95,22 @@ def test_a_bad_mode_is_refused() -> None:
         _OtelHook(capture_content=False, semconv="new")  # type: ignore[arg-type]
 
 
+def detailed_reply(request: httpx.Request) -> httpx.Response:
+    """A chat reply whose usage says what it wrote to the cache and spent reasoning."""
+    usage = {
+        "prompt_tokens": 10,
+        "completion_tokens": 5,
+        "total_tokens": 15,
+        "prompt_tokens_details": {"cached_tokens": 4, "cache_write_tokens": 6},
+        "completion_tokens_details": {"reasoning_tokens": 3},
+    }
+    choice = {"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "stop"}
+    body = {"id": "c", "object": "chat.completion", "created": 0, "model": "m"}
+    return httpx.Response(200, json={**body, "choices": [choice], "usage": usage})
+
+
 async def run_job(
-    mode: SemconvMode, embeddings: bool = False
+    mode: SemconvMode, embeddings: bool = False, details: bool = False
 ) -> tuple[dict[str, Any], InMemorySpanExporter]:
     """One job: a plain call, a streamed one and a tool wait (or one embeddings call); the
     metrics read back as ``{name: (unit, [(attributes, value)])}`` (value: a histogram's
@@ -109,6 +130,8 @@ async def run_job(
         emb = {"object": "list", "data": [{"embedding": [0.1], "index": 0}], "model": "m"}
         emb["usage"] = {"prompt_tokens": 3, "total_tokens": 3}
         fake.script.append(lambda _: httpx.Response(200, json=emb))
+    if details:
+        fake.script.append(detailed_reply)
     async with Runtime([URL], transport=fake.transport(), hooks=[hook], otel=False) as rt:
         if embeddings:
             async with rt.job("flow") as job, job.session("main"):
@@ -131,9 +154,11 @@ async def run_job(
                 points: list[tuple[dict[str, Any], Any]] = []
                 for p in m.data.data_points:
                     if isinstance(p, HistogramDataPoint):
+                        assert isinstance(m.data, Histogram)
                         points.append((dict(p.attributes or {}), (p.count, p.sum)))
                     else:
                         assert isinstance(p, NumberDataPoint)
+                        assert isinstance(m.data, Sum) and m.data.is_monotonic  # a counter
                         points.append((dict(p.attributes or {}), p.value))
                 out[m.name] = (m.unit, points)
     return out, spans
@@ -160,17 +185,18 @@ async def test_latest_mode_emits_the_new_names_only() -> None:
     got, spans = await run_job("latest")
     assert set(got) == LATEST_NAMES | COMMON
     usage = {**CALL_ATTRS, "gen_ai.token.modality": "unknown"}
-    for name, total in [
-        ("gen_ai.client.inference.usage.input_tokens", 20),
-        ("gen_ai.client.inference.usage.output_tokens", 10),
-        ("gen_ai.client.inference.usage.cache_read.input_tokens", 8),
+    for name, total in [  # counters (a plain value), by modality
+        ("gen_ai.client.inference.usage.detailed.input_tokens", 20),
+        ("gen_ai.client.inference.usage.detailed.output_tokens", 10),
+        ("gen_ai.client.inference.usage.detailed.cache_read.input_tokens", 8),
     ]:
         assert got[name] == ("{token}", [(usage, total)])
-    assert got["gen_ai.client.inference.operation.input_tokens"] == (
+    # histograms (count, sum) under the names the counters had before: no modality
+    assert got["gen_ai.client.inference.usage.input_tokens"] == (
         "{token}",
         [(CALL_ATTRS, (2, 20))],
     )
-    assert got["gen_ai.client.inference.operation.output_tokens"] == (
+    assert got["gen_ai.client.inference.usage.output_tokens"] == (
         "{token}",
         [(CALL_ATTRS, (2, 10))],
     )
@@ -213,3 +239,32 @@ async def test_embeddings_stay_on_the_operation_duration(mode: SemconvMode) -> N
 def test_the_commits_are_named() -> None:
     assert _otel.SEMCONV_COMMIT.startswith("004902b8")
     assert _otel.SEMCONV_LATEST_COMMIT.startswith("32c328e8")
+    assert _otel.SEMCONV_USAGE_COMMIT.startswith("2f4c6b1c")
+    assert _otel.SEMCONV_LATEST_SPAN_COMMIT.startswith("024a4f94")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["default", "latest", "both"])
+async def test_reasoning_and_cache_write_tokens_where_reported(mode: SemconvMode) -> None:
+    """A reply that reports cache writes and reasoning tokens (the first call): counters
+    and call-span attributes under the latest names; today's names have none."""
+    got, spans = await run_job(mode, details=True)
+    usage = {**CALL_ATTRS, "gen_ai.token.modality": "unknown"}
+    chats = [dict(s.attributes or {}) for s in spans.get_finished_spans() if s.name == "chat m"]
+    first, second = sorted(chats, key=lambda a: str(a.get("gen_ai.request.stream")))
+    if mode == "default":
+        assert not DETAILED_NAMES & set(got)
+        assert not any("reasoning" in k or "cache_write" in k for a in chats for k in a)
+        return
+    assert got["gen_ai.client.inference.usage.detailed.cache_write.input_tokens"] == (
+        "{token}",
+        [(usage, 6)],
+    )
+    assert got["gen_ai.client.inference.usage.detailed.reasoning.output_tokens"] == (
+        "{token}",
+        [(usage, 3)],
+    )
+    assert got["gen_ai.client.inference.usage.detailed.input_tokens"][1] == [(usage, 20)]
+    assert first["gen_ai.usage.cache_write.input_tokens"] == 6
+    assert first["gen_ai.usage.reasoning.output_tokens"] == 3
+    assert "gen_ai.usage.reasoning.output_tokens" not in second  # the fake's plain usage

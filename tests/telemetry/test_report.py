@@ -288,7 +288,8 @@ def test_names_print_as_written_not_as_markup(
     out = capsys.readouterr().out
     for name in names:
         assert f" {name} " in out
-    assert "runs[1]" in out and "[red]s" in out
+    # The path may be folded at the terminal's width (its length is pytest's).
+    assert "runs[1]" in "".join(out.split()) and "[red]s" in out
     assert "Critical path of [bold]loud[/bold] j2" in " ".join(out.split())
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import anyio
+import tenacity
 from openai import AsyncStream
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageParam
@@ -84,6 +85,19 @@ def configured(path: str) -> agentrt.Runtime:
     """A settings file, with an explicit argument that wins over it."""
     return agentrt.Runtime(
         ["http://127.0.0.1:8000/v1"], config=path, concurrency="engine", send_priority="auto"
+    )
+
+
+def tenacity_retry() -> agentrt.Retry:
+    """Retry takes tenacity's own strategies, and a plain callable of the retry state."""
+
+    def not_conflicts(exc: BaseException) -> bool:
+        return not (isinstance(exc, agentrt.AttemptError) and exc.status == 409)
+
+    return agentrt.Retry(
+        stop=tenacity.stop_after_attempt(5) | tenacity.stop_after_delay(30.0),
+        wait=tenacity.wait_random_exponential(multiplier=0.5, max=10.0),
+        retry=tenacity.retry_if_exception(not_conflicts),
     )
 
 
