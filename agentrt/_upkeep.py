@@ -159,7 +159,7 @@ class Upkeep:
                     e.load.kv_usage = signals.kv_usage
                     e.admission.engine_signals(signals.running, signals.waiting)
                 reading = None if text is None or signals is None else signals.reading
-                schedule.polled(i, anyio.current_time(), reading, busy)
+                schedule.polled(i, anyio.current_time(), reading, busy, answered=text is not None)
             self._note_view()
 
     def _note_view(self) -> None:

@@ -10,10 +10,16 @@ small without losing what routing needs:
 - while an endpoint's reading does not change, or while the process has no call in
   flight and started none since the previous poll (nothing to route), its interval
   doubles, up to :data:`AUTO_MAX_BACKOFF` times the base; a changed reading resets it;
-- an endpoint that serves no engine metrics (a 404, a page without vLLM's gauges, or
-  no answer) :data:`NO_METRICS_POLLS` times in a row is asked again only every
-  :data:`NO_METRICS_S` seconds; its load is then this process's own calls only
-  (:attr:`~agentrt.scheduling.EndpointLoad.view` ``"local"``).
+- an endpoint that serves no engine metrics (a 404, or a page without vLLM's gauges)
+  :data:`NO_METRICS_POLLS` times in a row is asked again only every :data:`NO_METRICS_S`
+  seconds; its load is then this process's own calls only
+  (:attr:`~agentrt.scheduling.EndpointLoad.view` ``"local"``);
+- an endpoint whose metrics do not answer (no reply within 3 s, or a 5xx: a blip, an
+  engine restarting) is not one without metrics: its view is ``"local"`` until it
+  answers again, and it is asked again at the base interval :data:`NO_METRICS_POLLS`
+  times, then at doubling intervals up to :data:`AUTO_MAX_BACKOFF` times the base, so
+  that a blip of a few seconds blinds routing for about a second after it ends, never
+  for a minute.
 
 A fixed interval (``poll_metrics_s=1.0``) polls every endpoint at exactly that interval,
 all together, as it always did.
@@ -58,7 +64,16 @@ class PollSchedule:
     docstring, its randomness drawn from ``rng``.
     """
 
-    __slots__ = ("_adaptive", "_base", "_interval", "_last", "_misses", "_next", "_rng")
+    __slots__ = (
+        "_adaptive",
+        "_base",
+        "_fails",
+        "_interval",
+        "_last",
+        "_misses",
+        "_next",
+        "_rng",
+    )
 
     def __init__(
         self, n: int, interval: float, *, adaptive: bool, start: float, rng: random.Random
@@ -70,6 +85,7 @@ class PollSchedule:
         self._rng = rng
         self._interval = [interval] * n
         self._misses = [0] * n
+        self._fails = [0] * n
         self._last: list[Reading | None] = [None] * n
         # Adaptive: a random phase each, so that processes started together spread
         # their first polls.
@@ -87,18 +103,35 @@ class PollSchedule:
         """Endpoint ``index``'s current interval, seconds (before jitter)."""
         return self._interval[index]
 
-    def polled(self, index: int, now: float, reading: Reading | None, busy: bool) -> None:
+    def polled(
+        self,
+        index: int,
+        now: float,
+        reading: Reading | None,
+        busy: bool,
+        *,
+        answered: bool = True,
+    ) -> None:
         """Endpoint ``index`` was polled at ``now``: it read ``reading`` (None: no engine
         metrics); ``busy``: the process had calls in flight or started some since the
-        previous poll."""
+        previous poll; ``answered=False``: the metrics did not answer (no reply, or a
+        5xx), which says nothing of whether the endpoint serves metrics."""
         if not self._adaptive:
             self._next[index] = now + self._base
             return
         base = self._base
-        if reading is None or reading == (None, None, None):
+        if not answered:
+            self._fails[index] += 1
+            if self._fails[index] <= NO_METRICS_POLLS:
+                interval = base
+            else:
+                interval = min(self._interval[index] * 2, base * AUTO_MAX_BACKOFF)
+        elif reading is None or reading == (None, None, None):
+            self._fails[index] = 0
             self._misses[index] += 1
             interval = NO_METRICS_S if self._misses[index] >= NO_METRICS_POLLS else base
         else:
+            self._fails[index] = 0
             self._misses[index] = 0
             unchanged = reading == self._last[index]
             if unchanged or not busy:
