@@ -557,6 +557,22 @@ _NAMED: Final = frozenset({"session_affinity", "hash"})
 """Routers that hash by endpoint name (they take ``endpoints=``)."""
 
 
+def _name_endpoints(router: SessionAffinity | HashAffinity, endpoints: Sequence[str]) -> None:
+    """Name a router object's endpoints by the runtime's URLs, in the runtime's order, so
+    that it hashes by URL as one made by name does (never by position: two processes
+    listing the same replicas in another order must agree). A router already named must
+    name the same endpoints."""
+    names = _check_names(endpoints)
+    assert names is not None
+    known = router._names
+    if known is not None and sorted(known) != sorted(names):
+        raise ValueError(
+            f"router {router.name!r} was built for endpoints "
+            f"{[n.decode() for n in known]}, the runtime has {list(endpoints)}"
+        )
+    router._names = names
+
+
 def make_router(
     routing: str | Router, *, endpoints: Sequence[str] | None = None, **options: Any
 ) -> Router:
@@ -570,6 +586,8 @@ def make_router(
     if not isinstance(routing, str):
         if options:
             raise ValueError("router options apply only to a router given by name")
+        if endpoints is not None and isinstance(routing, SessionAffinity | HashAffinity):
+            _name_endpoints(routing, endpoints)
         return routing
     name = _ALIASES.get(routing, routing)
     factory = _ROUTERS.get(name)
