@@ -133,7 +133,15 @@ class Placement:
     estimate). A session holds one (``Session.placement``); its calls are routed through
     it (:meth:`route`) and report their replies to it (:meth:`replied`)."""
 
-    __slots__ = ("cacheable", "ended", "home", "last_reply_at", "session_id", "stable")
+    __slots__ = (
+        "cacheable",
+        "ended",
+        "home",
+        "last_reply_at",
+        "session_id",
+        "stable",
+        "unserved",
+    )
 
     def __init__(self, session_id: str, stable: bool) -> None:
         self.session_id = session_id
@@ -147,6 +155,9 @@ class Placement:
         replica could still hold for the next turn."""
         self.ended = False
         """The session ended (:meth:`unpin`): it counts in no replica's load."""
+        self.unserved = False
+        """``home`` was chosen for a first turn that has not been answered yet: nothing
+        of the session is there (a retry of that turn is still a first turn)."""
 
     def route(
         self,
@@ -169,7 +180,10 @@ class Placement:
             if home is not None and self.last_reply_at is not None:
                 idle = anyio.current_time() - self.last_reply_at
                 endpoints[home].refresh_retention()
-            key = RouteKey(self.session_id, home, home is None, prefix, tokens, idle, self.stable)
+            # A home chosen for a first turn not answered yet (its attempt failed there)
+            # holds nothing of the session: the call is still its first turn.
+            held = None if self.unserved else home
+            key = RouteKey(self.session_id, held, held is None, prefix, tokens, idle, self.stable)
             index = core.router.choose([e.load for e in endpoints], key, avoid)
             core.router.served(index, key)
         if home == index:
@@ -179,8 +193,9 @@ class Placement:
             endpoints[index].load.sessions += 1
             if home is not None:
                 endpoints[home].load.sessions -= 1
-        if home is None:
-            return index, None
+        if home is None or self.unserved:
+            self.unserved = True
+            return index, None  # nothing of the session was anywhere: not a move
         if home in avoid or not endpoints[home].load.healthy:
             return index, "unavailable"
         reason: str | None = getattr(core.router, "move_reason", None)
@@ -191,6 +206,7 @@ class Placement:
         on the replica that served its previous turn, record whether that replica still
         had the prefix (only where replies feed the retention estimates)."""
         self.last_reply_at = now
+        self.unserved = False
         index = self.home
         if index is None or not core.learn_retention:
             return

@@ -333,10 +333,11 @@ class SessionAffinity:
       "engine"``), its engine runs and queues more than :data:`ENGINE_FLOOR_CALLS`
       requests. An endpoint carrying at most one call's worth is never overloaded.
     * A first turn of a session whose id the caller gave (``key.stable``: another
-      process may hold its earlier turns) goes where every process sends it: the first
-      endpoint in the rendezvous order of its id (:class:`HashAffinity`'s, by endpoint
-      name) that is allowed and not overloaded as its engine reports it (this process's
-      own calls, which other processes do not see, never skip one).
+      process may hold its earlier turns), or such a session that moves, goes where
+      every process sends it: the first endpoint in the rendezvous order of its id
+      (:class:`HashAffinity`'s, by endpoint name) that is allowed and not overloaded as
+      its engine reports it (this process's own calls, which other processes do not
+      see, never skip one). A failover thus follows the same order in every process.
     * Otherwise (first turn, or the session moves) the call goes to the allowed endpoint
       that last served the longest known prefix of the prompt (``key.prefix``, learned
       through :meth:`served`) if its load is at most the allowed endpoints' mean plus
@@ -450,9 +451,11 @@ class SessionAffinity:
         """A first turn's or a moving session's endpoint: a caller-given id's rendezvous
         choice; else the prefix holder, if it is not loaded above the mean; else the
         least loaded."""
-        if key.stable and key.home is None:
-            # Every process must pick alike: only the engines' load (which they all
-            # see) may skip an endpoint, never this process's own calls.
+        if key.stable:
+            # Every process must pick alike, on a first turn and when the session
+            # moves (its replica down: failover follows the same agreed order): only
+            # the engines' load (which they all see) may skip an endpoint, never this
+            # process's own calls.
             allowed = set(pool)
             for i in _rendezvous(key.session_id, _names(self._names, len(loads)), loads):
                 if i in allowed and not (loads[i].view == "engine" and self.overloaded(loads, i)):
