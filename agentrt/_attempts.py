@@ -104,6 +104,11 @@ class Attempts:
 
     async def _attempt(self) -> httpx.Response:
         """One attempt: route, admit, send once, check the reply."""
+        fresh = self.core.fresh_view
+        if fresh is not None:
+            placement = self.session.placement
+            if placement.home is None or placement.unserved:  # a first turn
+                await fresh()  # not placed on a stale view of the engines
         index = self._route()
         ep = self.core.endpoints[index]
         admission = ep.admission

@@ -12,7 +12,7 @@ it back).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -309,6 +309,10 @@ class _Core:
         """Set when an endpoint is marked down (wakes the runtime's prober)."""
         self.notices: Notices | None = None
         """Sends tool-start notices (set by Runtime)."""
+        self.fresh_view: Callable[[], Awaitable[None]] | None = None
+        """Polls the endpoints whose engine readings are stale, for a first turn about
+        to be placed (set while the runtime's block lasts, with the default polls:
+        ``Upkeep.fresh_view``)."""
         self.clock: Callable[[], float] = anyio.current_time
         """The clock of calls (``anyio.current_time``'s), set to the runtime's event loop's
         own when it opens (0.06 µs a read against 0.4 µs): a runtime lives in one loop."""

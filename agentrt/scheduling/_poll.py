@@ -21,6 +21,13 @@ small without losing what routing needs:
   that a blip of a few seconds blinds routing for about a second after it ends, never
   for a minute.
 
+A first turn is not placed on a stale view: where the process's readings of some
+endpoints are older than the base interval (it backed off while idle, or has not polled
+yet), a session's first turn has those endpoints polled at once, all together and
+shared by the first turns that come meanwhile, and waits for the readings up to
+:data:`FIRST_TURN_WAIT_S` (:meth:`PollSchedule.stale` says which; endpoints that serve
+no metrics, or whose metrics do not answer, are not waited for).
+
 A fixed interval (``poll_metrics_s=1.0``) polls every endpoint at exactly that interval,
 all together, as it always did.
 """
@@ -34,6 +41,7 @@ from typing import Final
 __all__ = [
     "AUTO_MAX_BACKOFF",
     "AUTO_POLL_S",
+    "FIRST_TURN_WAIT_S",
     "NO_METRICS_POLLS",
     "NO_METRICS_S",
     "PollSchedule",
@@ -52,6 +60,9 @@ NO_METRICS_POLLS: Final = 3
 NO_METRICS_S: Final = 60.0
 """How often an endpoint that serves no engine metrics is asked again, seconds."""
 
+FIRST_TURN_WAIT_S: Final = 0.5
+"""The longest a first turn waits for fresh readings of stale endpoints, seconds."""
+
 Reading = tuple[int | None, int | None, float | None]
 """What one poll read: the engine's running and waiting requests and its KV usage."""
 
@@ -66,6 +77,7 @@ class PollSchedule:
 
     __slots__ = (
         "_adaptive",
+        "_at",
         "_base",
         "_fails",
         "_interval",
@@ -86,6 +98,7 @@ class PollSchedule:
         self._interval = [interval] * n
         self._misses = [0] * n
         self._fails = [0] * n
+        self._at = [-math.inf] * n  # when each was last polled
         self._last: list[Reading | None] = [None] * n
         # Adaptive: a random phase each, so that processes started together spread
         # their first polls.
@@ -98,6 +111,21 @@ class PollSchedule:
     def due(self, now: float) -> list[int]:
         """The endpoints whose poll is due at ``now``."""
         return [i for i, t in enumerate(self._next) if t <= now]
+
+    def stale(self, now: float) -> list[int]:
+        """The endpoints whose last reading is older than the base interval (never
+        polled included) and that serve metrics that answer: what a first turn has
+        polled before it is placed (adaptive schedule only; a fixed one: none)."""
+        if not self._adaptive:
+            return []
+        horizon = now - self._base
+        return [
+            i
+            for i, at in enumerate(self._at)
+            if at < horizon
+            and self._misses[i] < NO_METRICS_POLLS
+            and self._fails[i] < NO_METRICS_POLLS
+        ]
 
     def interval(self, index: int) -> float:
         """Endpoint ``index``'s current interval, seconds (before jitter)."""
@@ -116,6 +144,7 @@ class PollSchedule:
         metrics); ``busy``: the process had calls in flight or started some since the
         previous poll; ``answered=False``: the metrics did not answer (no reply, or a
         5xx), which says nothing of whether the endpoint serves metrics."""
+        self._at[index] = now
         if not self._adaptive:
             self._next[index] = now + self._base
             return

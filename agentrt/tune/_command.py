@@ -313,8 +313,9 @@ def _confidence(ranked: list[Score], recorded: Setting) -> str:
     when the best beats the runner-up (or, when it is not the recorded settings, the
     recorded ones) in every sample, by more than twice the spread on average;
     ``medium`` by more than the spread; ``low`` otherwise (keep the recorded settings
-    unless the gain is worth it)."""
-    if len(ranked) < 2:
+    unless the gain is worth it). One sample (one window: ``--force`` on a short
+    journal) has no spread to judge by: ``low``."""
+    if len(ranked) < 2 or len(ranked[0].samples) < 2:
         return "low"
     best = ranked[0]
     other = ranked[1]
