@@ -50,3 +50,24 @@ def test_one_window_is_low_confidence() -> None:
     # Several windows, a clear margin every time: high, as before.
     many = [_score(other, [0.90, 0.91, 0.90]), _score(recorded, [1.0, 1.0, 1.0])]
     assert _confidence(many, recorded) == "high"
+
+
+def test_progress_counts_replays_and_speaks_when_not_a_terminal(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """(issue 35, item 14) Not a terminal: a line now and then and one at the end, in
+    replays, and the count ends where the replays did (not at 57/66)."""
+    from agentrt.tune._command import _Progress
+
+    with _Progress(66, bar=False, lines=True, every_s=0.0) as progress:
+        for _ in range(30):
+            progress.tick()
+        progress.retotal(57)
+        for _ in range(27):
+            progress.tick()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 58
+    assert lines[0].startswith("tune: 1/66 replays")
+    assert lines[-2].startswith("tune: 57/57 replays")
+    assert lines[-1].startswith("tune: 57/57 replays") and lines[-1].endswith(", done")
+    assert not any("jobs" in line for line in lines)
