@@ -4,6 +4,8 @@ clear line (issue 35, item 11), as every other misuse of the blocks does; and
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import agentrt
@@ -27,17 +29,19 @@ async def test_a_job_used_without_async_with_says_how_to_write_it() -> None:
         await job.__aexit__(None, None, None)
         async with rt.job("y") as entered:
             block = entered.session("s")
-            with pytest.raises(AttributeError, match="write 'async with job.session"):
+            with pytest.raises(
+                AttributeError, match=re.escape("write 'async with job.session(...) as s:'")
+            ):
                 block.chat  # type: ignore[attr-defined]  # noqa: B018
             tool = block  # private names stay plain AttributeErrors
-            with pytest.raises(AttributeError, match="^_nope$"):
+            with pytest.raises(AttributeError, match=r"^_nope$"):
                 tool._nope  # type: ignore[attr-defined]  # noqa: B018
 
 
 def test_a_sync_job_used_without_with_says_how_to_write_it() -> None:
     with SyncRuntime(URL) as rt:
         job = rt.job("x")
-        with pytest.raises(AttributeError, match="write 'with rt.job\\(...\\) as job:'"):
+        with pytest.raises(AttributeError, match=re.escape("write 'with rt.job(...) as job:'")):
             job.session("s")  # type: ignore[attr-defined]
 
 

@@ -7,10 +7,10 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from ..bench._fleet import FleetAssign
 from ..bench._parallel import Workers
