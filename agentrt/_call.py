@@ -274,9 +274,13 @@ class Call(Attempts):
             ticket.idle_expected_s = self.turn.idle_expected_s
             core.call_ended(ticket, service, tokens)
             if status == "ok":
-                session.placement.replied(core, now, state, self.turn.idle_s)  # cache retention
+                session.placement.replied(  # cache retention, working set
+                    core, now, state, self.turn.idle_s, self.turn.idle_expected_s
+                )
                 if self.tools:
                     session._tool_calls(self.tools)
+            else:
+                session.placement.failed(core)
             if core.hooks:
                 call_ended(
                     core, ticket, state, status, now, self.finish_reason, self.output, self.reply

@@ -104,6 +104,11 @@ class Endpoint:
     scheduling (vLLM's ``--scheduling-policy priority``), False never, ``"auto"`` while
     its replies advertise ``x-agentrt-accept: priority``.
 
+    ``kv_capacity`` is the tokens of KV cache the replica holds, for placement by
+    working set (docs/routing.md): by default agentrt reads it from the engine's
+    metrics (vLLM's ``vllm:cache_config_info``) where they are polled, else learns it
+    from the evictions replies reveal; give it for a server that publishes neither.
+
     ``basic_auth`` is a ``(user, password)`` pair sent as HTTP Basic auth (for a server
     behind a proxy that asks for it), in place of the runtime's ``api_key``. Credentials
     written in the URL (``http://user:KEY@host/v1``) are moved there: ``url`` keeps the
@@ -117,6 +122,7 @@ class Endpoint:
     weight: float = 1.0
     send_priority: bool | Literal["auto"] | None = None
     basic_auth: tuple[str, str] | None = field(default=None, repr=False)
+    kv_capacity: int | None = None
 
     def __post_init__(self) -> None:
         url, credentials = split_userinfo(_check_url(self.url))
@@ -147,6 +153,15 @@ class Endpoint:
             raise ValueError(
                 f"endpoint send_priority must be True, False, 'auto' or None, "
                 f"got {self.send_priority!r}"
+            )
+        if self.kv_capacity is not None and (
+            isinstance(self.kv_capacity, bool)
+            or not isinstance(self.kv_capacity, int)
+            or self.kv_capacity < 1
+        ):
+            raise ValueError(
+                f"endpoint kv_capacity must be an int >= 1 (tokens) or None, "
+                f"got {self.kv_capacity!r}"
             )
         if isinstance(self.dialect, list):
             object.__setattr__(self, "dialect", tuple(self.dialect))

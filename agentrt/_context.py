@@ -670,6 +670,7 @@ class Job:
         return self._report
 
     def _build_report(self, status: JobStatus, error: str | None, end: float) -> JobReport:
+        self._core.note_kv()
         return job_report(
             self._calls,
             self._tools,

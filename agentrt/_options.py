@@ -21,6 +21,7 @@ from .scheduling._limiter import make_limit
 from .scheduling._poll import AUTO_POLL_S
 from .scheduling._queue import Policy, make_policy
 from .scheduling._routing import EndpointLoad, Router, make_router
+from .scheduling._workingset import KvShadow
 from .telemetry._events import Hook
 from .telemetry._journal import Journal
 
@@ -163,6 +164,7 @@ def _endpoints(
             Admission(new_policy(), make_limit(limit), token_budget),
             EndpointHealth(),
             DialectOptions(send_priority=prio is True),
+            shadow=KvShadow(ep.kv_capacity, source="setting"),
         )
         state.priority_auto = prio == "auto"
         out.append(state)

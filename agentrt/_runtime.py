@@ -237,8 +237,11 @@ class Runtime:
 
     def endpoint_loads(self) -> list[EndpointLoad]:
         """A snapshot of each endpoint's load as agentrt sees it."""
+        now = self._core.clock()
         for e in self._core.endpoints:
             e.refresh_retention()
+            if self._core.kv_aware:
+                e.refresh_kv(now)
         return [replace(e.load) for e in self._core.endpoints]
 
     def admission_statistics(self) -> list[AdmissionStatistics]:

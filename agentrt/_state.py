@@ -28,7 +28,8 @@ from .dialects import Dialect, DialectOptions
 from .scheduling._admission import Admission
 from .scheduling._health import EndpointHealth
 from .scheduling._retention import RetentionEstimator
-from .scheduling._routing import EndpointLoad, RouteKey, Router, SessionAffinity
+from .scheduling._routing import EndpointLoad, RouteKey, Router, SessionAffinity, kv_fill
+from .scheduling._workingset import KvShadow
 from .telemetry._events import Event, Hook
 from .telemetry._journal import RateLimitedLog
 from .telemetry._prefix import PrefixTracker
@@ -67,6 +68,9 @@ class _EndpointState:
 
     urls: dict[str, httpx.URL] = field(default_factory=dict)
     """Parsed URLs by path suffix (a handful: chat/completions, completions, models)."""
+    shadow: KvShadow = field(default_factory=KvShadow)
+    """This client's sessions' KV working set there, and its capacity
+    (scheduling/_workingset.py): placement by working set."""
     retention: RetentionEstimator = field(default_factory=RetentionEstimator)
     """How long this replica keeps idle sessions' prefixes, from its cached tokens."""
     accept: str | None = None
@@ -112,6 +116,13 @@ class _EndpointState:
         if retention.dirty:
             self.load.retention_s = retention.estimate()
 
+    def refresh_kv(self, now: float) -> None:
+        """Its load's KV capacity and working set from the shadow, as of ``now``."""
+        shadow, load = self.shadow, self.load
+        load.kv_capacity = shadow.capacity_tokens
+        load.kv_capacity_source = shadow.source
+        load.kv_demand = shadow.demand(now)
+
     def url_for(self, suffix: str, original: httpx.URL) -> httpx.URL:
         """This endpoint's URL for a request path suffix, keeping the query."""
         if original.query:
@@ -135,6 +146,7 @@ class Placement:
 
     __slots__ = (
         "cacheable",
+        "distance",
         "ended",
         "home",
         "last_reply_at",
@@ -158,6 +170,10 @@ class Placement:
         self.unserved = False
         """``home`` was chosen for a first turn that has not been answered yet: nothing
         of the session is there (a retry of that turn is still a first turn)."""
+        self.distance: int | None = None
+        """Tokens other sessions touched at its home between its previous call and this
+        one (the stack distance when this call was routed there), for the capacity
+        estimate; None when the call did not resume at home."""
 
     def route(
         self,
@@ -175,17 +191,49 @@ class Placement:
         endpoints = core.endpoints
         home = self.home
         index = 0
+        sid = self.session_id
+        self.distance = None
         if len(endpoints) > 1:
             idle = None
-            if home is not None and self.last_reply_at is not None:
-                idle = anyio.current_time() - self.last_reply_at
-                endpoints[home].refresh_retention()
+            context, resident = 0, None
+            now = anyio.current_time()
             # A home chosen for a first turn not answered yet (its attempt failed there)
             # holds nothing of the session: the call is still its first turn.
             held = None if self.unserved else home
-            key = RouteKey(self.session_id, held, held is None, prefix, tokens, idle, self.stable)
+            if held is not None and home is not None:
+                if self.last_reply_at is not None:
+                    idle = now - self.last_reply_at
+                    endpoints[home].refresh_retention()
+                if core.kv_aware:
+                    here = endpoints[home]
+                    shadow = here.shadow
+                    context = shadow.context(sid)
+                    self.distance = shadow.stack_distance(sid)
+                    resident = shadow.resident(sid)
+                    here.refresh_kv(now)
+                    fill = kv_fill(here.load)
+                    pressed = fill is not None and fill > 1.0
+                    if pressed or home in avoid or not here.load.healthy:
+                        for e in endpoints:  # where else it may go
+                            if e is not here:
+                                e.refresh_kv(now)
+                    else:  # it stays, or moves by load alone
+                        for e in endpoints:
+                            if e is not here:
+                                e.load.kv_demand = None
+            elif core.kv_aware:
+                for e in endpoints:
+                    e.refresh_kv(now)
+            key = RouteKey(
+                sid, held, held is None, prefix, tokens, idle, self.stable, context, resident
+            )
             index = core.router.choose([e.load for e in endpoints], key, avoid)
             core.router.served(index, key)
+            if core.kv_aware and not self.ended:
+                if home is not None and home != index:
+                    endpoints[home].shadow.leave(sid)
+                    self.distance = None
+                endpoints[index].shadow.start(sid, max(tokens, context))
         if home == index:
             return index, None
         self.home = index
@@ -201,19 +249,45 @@ class Placement:
         reason: str | None = getattr(core.router, "move_reason", None)
         return index, reason or "routing"
 
-    def replied(self, core: _Core, now: float, state: _CallState, idle_s: float | None) -> None:
-        """A call succeeded at ``now``, after ``idle_s`` idle: if it resumed the session
-        on the replica that served its previous turn, record whether that replica still
-        had the prefix (only where replies feed the retention estimates)."""
+    def replied(
+        self,
+        core: _Core,
+        now: float,
+        state: _CallState,
+        idle_s: float | None,
+        wake_in: float | None,
+    ) -> None:
+        """A call succeeded at ``now``, after ``idle_s`` idle, and the session is
+        expected to send again ``wake_in`` seconds from now (None: unknown): if it
+        resumed the session on the replica that served its previous turn, record
+        whether that replica still had the prefix (only where replies feed the retention
+        estimates and the working sets)."""
         self.last_reply_at = now
         self.unserved = False
         index = self.home
         if index is None or not core.learn_retention:
             return
         previous, self.cacheable = self.cacheable, None
-        if state.prompt_tokens is None:
+        context = (
+            None
+            if state.prompt_tokens is None
+            else state.prompt_tokens + (state.completion_tokens or 0)
+        )
+        if core.kv_aware and not self.ended:
+            shadow = core.endpoints[index].shadow
+            shadow.finish(self.session_id, context, None if wake_in is None else now + wake_in)
+            distance = self.distance
+            if (
+                distance is not None
+                and previous is not None
+                and previous[0] == index
+                and state.cached_tokens is not None
+                and not state.moved
+            ):
+                shadow.observe(distance, previous[1], state.cached_tokens)
+        if context is None:
             return
-        self.cacheable = (index, state.prompt_tokens + (state.completion_tokens or 0))
+        self.cacheable = (index, context)
         if (
             previous is not None
             and previous[0] == index
@@ -225,13 +299,21 @@ class Placement:
             if hit is not None:
                 core.endpoints[index].retention.observe(idle_s, hit)
 
+    def failed(self, core: _Core) -> None:
+        """A call of the session ended without a reply: its context is idle again."""
+        if core.kv_aware and self.home is not None and not self.ended:
+            core.endpoints[self.home].shadow.finish(self.session_id, None, None)
+
     def unpin(self, core: _Core) -> None:
-        """The session ended: it no longer counts in its replica's load. Idempotent."""
+        """The session ended: it no longer counts in its replica's load, nor in its
+        working set. Idempotent."""
         if self.ended:
             return
         self.ended = True
         if self.home is not None:
             core.endpoints[self.home].load.sessions -= 1
+            if core.kv_aware:
+                core.endpoints[self.home].shadow.leave(self.session_id)
 
 
 @dataclass(slots=True)
@@ -275,6 +357,9 @@ class _Core:
         self.send_priority = any(e.options.send_priority or e.priority_auto for e in endpoints)
         """Whether any endpoint takes engine-level priorities (then calls carry one)."""
         self.prefix_aware = isinstance(router, SessionAffinity) and len(endpoints) > 1
+        self.kv_aware = self.prefix_aware
+        """Whether sessions' working sets are kept per replica (placement by working
+        set: the session router, over several endpoints)."""
         self.programs: dict[str, _Program] = {}
         self.active_jobs: dict[str, str] = {}
         """The ids of the jobs running now (and their names), in the order they started."""
@@ -325,6 +410,19 @@ class _Core:
             self._paths.setdefault(origin, []).append((path, e.endpoint.url))
         for paths in self._paths.values():
             paths.sort(key=lambda p: -len(p[0]))
+
+    def note_kv(self) -> None:
+        """Put what placement assumes of each replica's KV capacity (tokens, and where
+        the figure came from) in the settings jobs report (the journal's record)."""
+        settings = self.settings
+        if not self.kv_aware or settings is None:
+            return
+        capacities: list[int | None] = []
+        for e in self.endpoints:
+            tokens = e.shadow.capacity_tokens
+            capacities.append(None if tokens is None else round(tokens))
+        settings["kv_capacity"] = capacities
+        settings["kv_capacity_source"] = [e.shadow.source for e in self.endpoints]
 
     def redact(self, text: str, extra: tuple[str, ...] = ()) -> str:
         """``text`` (an error) without the runtime's secrets (:attr:`secrets`), the

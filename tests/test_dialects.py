@@ -501,7 +501,7 @@ def test_llmd_asks_for_the_session_token() -> None:
     assert LLMD.echo_headers == ("x-session-token",)
 
 
-FAIRNESS = {"x-llm-d-inference-fairness-id": "job-1"}
+FAIRNESS = {"x-llm-d-inference-fairness-id": "job-1", "x-session-type": "agentic"}
 
 
 def test_llmd_first_call_has_no_token() -> None:
@@ -577,6 +577,7 @@ def test_combine_merges_headers_and_body() -> None:
         "x-dynamo-parent-session-id": "sess-0",
         "x-session-token": TOKEN,
         "x-llm-d-inference-fairness-id": "job-1",
+        "x-session-type": "agentic-subagent",
     }
     assert enc.body == {
         "session_id": "sess-1",

@@ -123,6 +123,7 @@ def test_llmd_session_id_header_mode() -> None:
     first = make_meta(turn=0, first_turn=True, program_id="prog-1")
     assert extra_headers(d.encode(first, NO_PRIO)) == {
         "x-llm-d-inference-fairness-id": "prog-1",
+        "x-session-type": "agentic",
         "x-session-token": "sess-1",  # the scorer's default headerName, from the first call
     }
     custom = get_dialect("llm-d:session-id=X-Session-ID")
@@ -130,6 +131,7 @@ def test_llmd_session_id_header_mode() -> None:
     later = make_meta(echo={"x-session-token": "cG9kLTE="})  # an echo is not resent
     assert extra_headers(custom.encode(later, NO_PRIO)) == {
         "x-llm-d-inference-fairness-id": "job-1",
+        "x-session-type": "agentic",
         "x-session-id": "sess-1",
     }
     assert llmd_dialect(session_affinity="session_id_header").name == "llm-d:session-id"
@@ -141,6 +143,7 @@ def test_llmd_default_mode_is_unchanged() -> None:
     echo = make_meta(echo={"x-session-token": "cG9kLTE="})
     assert extra_headers(LLMD.encode(echo, NO_PRIO)) == {
         "x-llm-d-inference-fairness-id": "job-1",
+        "x-session-type": "agentic",
         "x-session-token": "cG9kLTE=",
     }
     assert "x-session-token" not in extra_headers(LLMD.encode(make_meta(), NO_PRIO))

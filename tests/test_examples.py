@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -117,3 +119,20 @@ def test_calculator_is_arithmetic_only() -> None:
     react = load("react_agent")
     assert react.calculator("2 ** 10 - 24") == "1000"
     assert react.calculator("__import__('os')").startswith("error")
+
+
+def test_react_agent_help_gives_its_whole_first_paragraph() -> None:
+    script = ROOT / "examples" / "react_agent.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    doc = script.read_text().split('"""')[1]
+    first = " ".join(doc.split("\n\n")[0].split())
+    assert first.endswith("reads their results, and answers.")
+    assert first in text

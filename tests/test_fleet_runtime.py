@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import httpx
 
-from agentrt import Runtime
+from agentrt import Endpoint, Runtime
 from agentrt.bench._clock import VirtualTimeLoop
 from agentrt.sim import PRESETS, Cluster
 
@@ -217,3 +217,60 @@ def test_two_runtimes_have_distinct_ids() -> None:
     a, b = Runtime(["http://a.test/v1"]), Runtime(["http://a.test/v1"])
     assert a._core.settings is not None and b._core.settings is not None
     assert a._core.settings["runtime_id"] != b._core.settings["runtime_id"]
+
+
+def test_placement_knows_each_replicas_kv_from_the_engine() -> None:
+    """The replicas' KV capacity comes from their vllm:cache_config_info gauge; the
+    sessions' working sets are tracked where they were placed, until they end."""
+    config = PRESETS["h100-8b"].replace(num_gpu_blocks=512)  # 8,192 tokens a replica
+    long: Any = [{"role": "user", "content": "word " * 1500}]
+
+    async def main() -> None:
+        async with Cluster(2, config) as cluster:
+            async with Runtime(cluster.base_urls, transport=cluster.transport()) as rt:
+                await anyio.sleep(3.0)  # the first polls read the gauge
+                loads = rt.endpoint_loads()
+                assert [load.kv_capacity for load in loads] == [8192, 8192]
+                assert {load.kv_capacity_source for load in loads} == {"engine"}
+                async with rt.job("w") as job:
+                    replied, done = anyio.Semaphore(0), anyio.Event()
+
+                    async def agent() -> None:
+                        async with job.session() as s:
+                            await s.chat(model="sim-llama-3.1-8b", messages=long, max_tokens=8)
+                            replied.release()
+                            await done.wait()
+
+                    async with anyio.create_task_group() as tg:
+                        for _ in range(4):
+                            tg.start_soon(agent)
+                            await anyio.sleep(0.5)
+                        for _ in range(4):
+                            await replied.acquire()
+                        demand = [load.kv_demand or 0.0 for load in rt.endpoint_loads()]
+                        # Four contexts of about 1,500 tokens, two on each replica.
+                        assert sum(demand) > 4 * 1000, demand
+                        assert max(demand) < 0.6 * sum(demand), demand
+                        done.set()
+                    # Ended sessions weigh nothing.
+                    assert [load.kv_demand for load in rt.endpoint_loads()] == [0.0, 0.0]
+
+    virtual(main)
+
+
+def test_the_journal_records_what_placement_assumed_of_each_replica(tmp_path: Path) -> None:
+    journal = tmp_path / "j.jsonl"
+
+    async def main() -> None:
+        async with Cluster(2, PRESETS["h100-8b"]) as cluster:
+            urls = cluster.base_urls
+            endpoints = [Endpoint(urls[0], kv_capacity=50_000), urls[1]]
+            async with Runtime(
+                endpoints, transport=cluster.transport(), journal=journal, poll_metrics_s=None
+            ) as rt:
+                await _work(rt, 2.0)
+
+    virtual(main)
+    runtime = json.loads(journal.read_text().splitlines()[-1])["runtime"]
+    assert runtime["kv_capacity"] == [50_000, None]  # the setting; nothing polled or learned
+    assert runtime["kv_capacity_source"] == ["setting", None]

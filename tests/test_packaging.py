@@ -73,6 +73,17 @@ def test_the_wheel_holds_every_module_and_data_file_of_the_package(
     assert names - package == {n for n in names if n.startswith(f"{STEM}.dist-info/")}
 
 
+def test_the_wheel_ships_the_claude_code_sample_with_its_license(wheel: zipfile.ZipFile) -> None:
+    from agentrt.bench._traces import SAMPLE_COUNT
+
+    folder = "agentrt/bench/traces/claude-code/"
+    names = [n for n in wheel.namelist() if n.startswith(folder)]
+    assert len([n for n in names if n.endswith(".json.gz")]) == SAMPLE_COUNT
+    assert {folder + "LICENSE", folder + "README.md"} <= set(names)
+    assert "agentrt/bench/traces/kv-cache-tester.sha1" in wheel.namelist()
+    assert sum(wheel.getinfo(n).file_size for n in names) <= 1_000_000
+
+
 def test_the_wheel_carries_the_license_notice_and_entry_point(wheel: zipfile.ZipFile) -> None:
     info = f"{STEM}.dist-info"
     for name in ("LICENSE", "NOTICE"):

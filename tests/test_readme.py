@@ -44,13 +44,24 @@ def commands() -> list[list[str]]:
 
 def test_the_first_lines_install_and_run_the_demo_then_the_tests() -> None:
     first = blocks("bash")[0].splitlines()
-    assert len(first) == 2
-    install, tests = (shlex.split(line, comments=True) for line in first)
+    assert len(first) == 4
+    venv, install, tests, quick = (shlex.split(line, comments=True) for line in first)
+    assert venv[:3] == ["python3", "-m", "venv"] and "Python 3.11 or newer" in first[0]
     assert install[:3] == ["pip", "install", "-e"] and "agentrt demo" in " ".join(install)
     extras = re.fullmatch(r"\.\[(.*)\]", install[3])
     assert extras is not None and "serve" in extras.group(1).split(",")  # for sim serve
-    assert "agentrt sim serve" in first[0]
-    assert tests == ["bash", "scripts/test.sh"]
+    assert "agentrt sim serve" in first[1]
+    assert tests == ["bash", "scripts/test.sh"]  # everything, as CI runs it
+    assert quick == ["bash", "scripts/test.sh", "--quick"]
+
+
+def test_the_test_script_has_the_modes_the_readme_names() -> None:
+    script = (ROOT / "scripts" / "test.sh").read_text(encoding="utf-8")
+    assert "--quick) MODE=quick ;;" in script
+    # The arguments reach every pytest pass; none is skipped because some were given.
+    assert script.count('"${PYTEST_ARGS[@]}"') >= 3 and "$# -eq 0" not in script
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "exec bash scripts/test.sh </dev/null" in ci  # CI: the full mode
 
 
 def test_the_readme_names_the_server_its_examples_need_and_links_existing_docs() -> None:

@@ -88,6 +88,10 @@ class BenchConfig:
     tool_wait_policy: str | None = None
     """The embedded replicas' tool-wait KV policy (``EngineConfig.tool_wait_policy``:
     lru, keep, pin, offload, drop, ...); None: the preset's."""
+    retention_directives: bool = False
+    """The embedded replicas honour retention directives
+    (``EngineConfig.retention_directives``: what a call says about its session's idle
+    and end orders their evictions); off: plain LRU, as released vLLM."""
     gpu_blocks: int | None = None
     """KV blocks on each embedded replica's accelerator; None: the preset's."""
     host_blocks: int | None = None
@@ -112,6 +116,8 @@ class BenchConfig:
         changes: dict[str, object] = {"stream_interval": self.stream_interval}
         if self.tool_wait_policy is not None:
             changes["tool_wait_policy"] = self.tool_wait_policy
+        if self.retention_directives:
+            changes["retention_directives"] = True
         if self.gpu_blocks is not None:
             changes["num_gpu_blocks"] = self.gpu_blocks
         if self.host_blocks is not None:

@@ -157,8 +157,7 @@ class TraceOptions:
     """How the Claude Code traces are replayed."""
 
     directory: Path | None = None
-    """Folder of ``trace_NNNN.json.gz`` (default: ``$AGENTRT_TRACES`` or
-    ``../shared/traces/claude-code`` next to the checkout)."""
+    """Folder of ``trace_NNNN.json.gz`` (default: :func:`default_trace_dir`)."""
     limit: int | None = None
     """Replay only the first ``limit`` traces."""
     token_scale: float = 1.0
@@ -174,7 +173,13 @@ class TraceOptions:
 
 
 def default_trace_dir() -> Path:
+    """Where the Claude Code traces are read from unless a folder is given:
+    ``$AGENTRT_TRACES``; else ``shared/traces/claude-code`` beside a checkout; else the
+    full set ``agentrt traces fetch`` wrote (:func:`~agentrt.bench._traces.user_trace_dir`);
+    else the package's sample (:func:`~agentrt.bench._traces.sample_dir`)."""
     import os
+
+    from ._traces import sample_dir, user_trace_dir
 
     env = os.environ.get("AGENTRT_TRACES")
     if env:
@@ -184,7 +189,10 @@ def default_trace_dir() -> Path:
         candidate = parent.parent / "shared" / "traces" / "claude-code"
         if candidate.is_dir():
             return candidate
-    return Path("../shared/traces/claude-code")
+    fetched = user_trace_dir()
+    if any(fetched.glob("trace_*.json.gz")):
+        return fetched
+    return sample_dir()
 
 
 _HASH_KEY: Final = b'"hash_ids":'
@@ -344,9 +352,9 @@ def claude_code_jobs(opts: TraceOptions) -> list[SessionPlan]:
     directory = opts.directory or default_trace_dir()
     files = sorted(directory.glob("trace_*.json.gz"))
     if not files:
-        raise FileNotFoundError(
-            f"no trace_*.json.gz in {directory}; set AGENTRT_TRACES or --traces"
-        )
+        from ._traces import missing_traces_message
+
+        raise FileNotFoundError(missing_traces_message(directory))
     if opts.max_context is not None and opts.max_context < 1:
         raise ValueError(f"max_context must be >= 1 token or None, got {opts.max_context!r}")
     if opts.limit is not None and opts.max_context is None:

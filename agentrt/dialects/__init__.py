@@ -22,7 +22,7 @@ from ._base import Dialect, DialectOptions, DialectSpec, Encoding, SessionEnd
 from ._dynamo import DYNAMO, DYNAMO_SESSION_HEADER, dynamo_dialect, dynamo_priority
 from ._generic import GENERIC
 from ._llmd import LLMD, llmd_dialect, llmd_from_option
-from ._openai import OPENAI
+from ._openai import OPENAI, openai_dialect
 from ._session_ends import (
     CLOSE_SESSION,
     FINISH_SESSION,
@@ -83,6 +83,7 @@ __all__ = [
     "dynamo_priority",
     "get_dialect",
     "llmd_dialect",
+    "openai_dialect",
     "register_dialect",
     "resolve_dialect",
     "session_header",
@@ -129,7 +130,11 @@ def _parameterized(base: str, arg: str) -> Dialect:
     if base == _SESSION_HEADER:
         return session_header_from_option(arg)
     if base == "dynamo":
-        return dynamo_dialect(session_header=arg.strip())
+        return _dynamo_from_option(arg)
+    if base == "vllm" and arg.strip().lower() == "retention":
+        return vllm_dialect(retention=True)
+    if base == "openai" and arg.strip().lower() == "cache-options":
+        return openai_dialect(cache_options=True)
     if base == "llm-d":
         return llmd_from_option(arg)
     if base == "vllm-agent-hint" and arg.strip().lower() in ("rfc", "rfc,no-release"):
@@ -138,9 +143,26 @@ def _parameterized(base: str, arg: str) -> Dialect:
     raise ValueError(
         f"dialect {base!r} takes no option (got {arg!r}); options exist for "
         "'vllm-router:<session header>', 'sglang:low-priority-first,session-id,"
-        "close-session', 'dynamo:<session header>', 'llm-d:session-id[=<header>]', "
-        "'vllm-agent-hint:rfc' and 'session-header:<header>[,<job header>]'"
+        "close-session', 'dynamo:[<session header>][,cache-control]', "
+        "'llm-d:session-id[=<header>][,retention]', 'vllm:retention', "
+        "'openai:cache-options', 'vllm-agent-hint:rfc' and "
+        "'session-header:<header>[,<job header>]'"
     )
+
+
+def _dynamo_from_option(arg: str) -> Dialect:
+    """``dynamo:<header>``, ``dynamo:cache-control`` or ``dynamo:<header>,cache-control``."""
+    parts = [p.strip() for p in arg.split(",")]
+    cache = "cache-control" in (p.lower() for p in parts)
+    rest = [p for p in parts if p.lower() != "cache-control"]
+    if len(rest) > 1 or (rest and not rest[0]) or len(parts) - len(rest) > 1:
+        raise ValueError(
+            f"unknown option {arg!r} for dialect 'dynamo'; give '<session header>', "
+            "'cache-control' or '<session header>,cache-control'"
+        )
+    if rest:
+        return dynamo_dialect(session_header=rest[0], cache_control=cache)
+    return dynamo_dialect(cache_control=cache)
 
 
 def get_dialect(name: str) -> Dialect:
@@ -152,7 +174,8 @@ def get_dialect(name: str) -> Dialect:
     ``session-id`` (send the body ``session_id``) and ``close-session`` (close each session
     at its end), comma-separated; ``"dynamo:<header>"`` (a frontend's
     ``--router-session-header-key``); ``"llm-d:session-id[=<header>]"`` (the EPP's
-    ``session_id_header`` affinity) or ``"llm-d:echo=<header>"``;
+    ``session_id_header`` affinity) or ``"llm-d:echo=<header>"``, each with
+    ``,retention`` (or ``"llm-d:retention"``: ``retention_directives``);
     ``"vllm-agent-hint:rfc"`` (the RFC's ``agent_hint`` shape); and
     ``"session-header:<header>[,<job header>]"`` (:func:`session_header`).
     """

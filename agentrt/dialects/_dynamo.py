@@ -19,6 +19,12 @@
 - no ``nvext.session_control``: the body-level session control is deprecated (removed from
   the router with the header-based affinity of ai-dynamo/dynamo#10875) and agentrt never
   sent it;
+- ``nvext.cache_control`` ``{"type": "ephemeral", "ttl": "<N>s"}`` only with
+  ``dynamo_dialect(cache_control=True)`` (name ``dynamo:cache-control``): the session's
+  expected idle plus a margin, in whole seconds rounded up, on a call that is not its
+  session's last (ai-dynamo/dynamo#6213: the router pins the request's prefix on the
+  worker it chose for the TTL, behind the frontend's ``--enable-agentic-cache-control``;
+  docs/protocol.md says what the stored source shows);
 - ``strict_priority`` (a router pending-queue tier, higher first) and
   ``speculative_prefill`` (warm the next turn's prefix after the reply) only when chosen
   with :func:`dynamo_dialect`: Dynamo versions that predate a hint reject the request
@@ -27,11 +33,18 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Final
 
 from .._protocol import CallMetadata
 from ._base import Dialect, DialectOptions, Encoding
 from ._generic import INT32_MAX, INT32_MIN, base_encoding, check_header_name, clamp
+from ._retention import (
+    DEFAULT_RETENTION_MARGIN_S,
+    DEFAULT_RETENTION_MAX_S,
+    check_window,
+    retention_window,
+)
 
 __all__ = ["DYNAMO", "DYNAMO_SESSION_HEADER", "dynamo_dialect", "dynamo_priority"]
 
@@ -52,8 +65,15 @@ def dynamo_dialect(
     speculative_prefill: bool = False,
     send_final: bool = True,
     session_header: str = DYNAMO_SESSION_HEADER,
+    cache_control: bool = False,
+    retention_margin_s: float = DEFAULT_RETENTION_MARGIN_S,
+    retention_max_s: float = DEFAULT_RETENTION_MAX_S,
 ) -> Dialect:
     """Build the Dynamo dialect.
+
+    ``cache_control``: send ``nvext.cache_control`` with a TTL of the session's expected
+    idle plus ``retention_margin_s`` (at most ``retention_max_s``), in whole seconds
+    rounded up, when that idle is known and the call is not the session's last.
 
     ``session_header``: the header the frontend's ``--router-session-header-key`` names
     (``DYN_ROUTER_SESSION_HEADER_KEY``); the session id goes in it as well as in
@@ -78,7 +98,12 @@ def dynamo_dialect(
         raise ValueError(
             f"strict_priority must be an int in [0, {_UINT32_MAX}] or None, got {strict_priority!r}"
         )
-    for what, flag in (("speculative_prefill", speculative_prefill), ("send_final", send_final)):
+    margin, cap = check_window(retention_margin_s, retention_max_s)
+    for what, flag in (
+        ("speculative_prefill", speculative_prefill),
+        ("send_final", send_final),
+        ("cache_control", cache_control),
+    ):
         if not isinstance(flag, bool):
             raise TypeError(f"{what} must be a bool, got {type(flag).__name__}")
     affinity = check_header_name(session_header, "Dynamo session header")
@@ -106,8 +131,13 @@ def dynamo_dialect(
             hints["osl"] = min(meta.expected_output_tokens, _UINT32_MAX)
         if speculative_prefill and not meta.final:
             hints["speculative_prefill"] = True
-        if hints:
-            enc.body["nvext"] = {"agent_hints": hints}
+        nvext: dict[str, Any] = {"agent_hints": hints} if hints else {}
+        if cache_control:
+            window = retention_window(meta, margin, cap)
+            if window is not None:
+                nvext["cache_control"] = {"type": "ephemeral", "ttl": f"{math.ceil(window)}s"}
+        if nvext:
+            enc.body["nvext"] = nvext
         return enc
 
     extras = []
@@ -115,10 +145,13 @@ def dynamo_dialect(
         extras.append(f"strict_priority {strict_priority}")
     if speculative_prefill:
         extras.append("speculative_prefill on non-final calls")
+    if cache_control:
+        extras.append("nvext.cache_control ephemeral, ttl = expected idle + margin")
     final = ", X-Dynamo-Session-Final on a final call" if send_final else ""
     custom = "" if affinity == DYNAMO_SESSION_HEADER else f", session id in {affinity} too"
+    options = ([affinity] if custom else []) + (["cache-control"] if cache_control else [])
     return Dialect(
-        name="dynamo" if not custom else f"dynamo:{affinity}",
+        name="dynamo" + (":" + ",".join(options) if options else ""),
         encode=encode,
         doc=f"NVIDIA Dynamo: X-Dynamo-Session-ID{custom}, X-Dynamo-Parent-Session-ID{final}, "
         "nvext.agent_hints.osl and (with send_priority) priority = -agentrt priority"

@@ -6,6 +6,7 @@ Several journals are pooled into one run unless ``compare`` is set, which reads 
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -19,7 +20,9 @@ from ._timeline import critical_path
 
 __all__ = ["ReportError", "Run", "load_run", "report"]
 
-PNG_NAMES = ("jct_cdf.png", "breakdown.png", "timeline.png")
+PNG_NAMES = ("jct_cdf.png", "breakdown.png", "timeline.png", "jobs.png")
+CRITICAL_ROWS = 15
+"""The critical path's longest activities the HTML page lists (the terminal lists all)."""
 SNIFF_LINES = 5
 """A file whose first this many non-empty lines are none a job report is not a journal."""
 MAX_WARNINGS = 5
@@ -115,8 +118,25 @@ def _find(runs: Sequence[Run], job_id: str | None) -> tuple[Run, JobReport]:
     raise ReportError(f"--job {job_id}: no job with that id in the journals ({count} jobs)")
 
 
-def _critical_table(run: Run, job: JobReport) -> TextTable:
+def _critical_table(run: Run, job: JobReport, top: int | None = None) -> TextTable:
+    """The job's critical path in time order; with ``top``, only its ``top`` longest
+    activities (still in time order), the caption saying how much of the path they are."""
     where = f" [{run.label}]" if run.label else ""
+    path = critical_path(job)
+    shown = path
+    note = ""
+    if top is not None and len(path) > top:
+        longest = sorted(path, key=lambda a: a.end_s - a.start_s, reverse=True)[:top]
+        keep = set(map(id, longest))
+        shown = [a for a in path if id(a) in keep]
+        total = sum(a.end_s - a.start_s for a in path)
+        part = sum(a.end_s - a.start_s for a in shown)
+        note = (
+            f" Shown: the {top} longest of its {len(path)} activities, "
+            f"{part / total:.0%} of their time."
+            if total > 0
+            else f" Shown: {top} of its {len(path)} activities."
+        )
     rows = tuple(
         (
             a.session,
@@ -124,18 +144,41 @@ def _critical_table(run: Run, job: JobReport) -> TextTable:
             a.label,
             f"{a.start_s:.3f}",
             f"{a.end_s:.3f}",
+            f"{a.end_s - a.start_s:.3f}",
             f"{a.queue_s:.3f}" if a.kind == "call" else "",
         )
-        for a in critical_path(job)
+        for a in shown
     )
     return TextTable(
         f"Critical path of {job.name} {job.job_id}{where} (JCT {job.jct_s:.2f} s)",
-        ("session", "kind", "activity", "start", "end", "queued"),
+        ("session", "kind", "activity", "start", "end", "length", "queued"),
         rows,
         "Walking back from the job's end, the activity that ended last; then the one that "
-        "ended last before it started; and so on. Seconds since the job started.",
+        "ended last before it started; and so on. Seconds since the job started." + note,
         label_columns=3,
     )
+
+
+def _slowest_and_median(run: Run) -> list[tuple[str, JobReport]]:
+    jobs = sorted(run.reports, key=lambda r: r.jct_s)
+    median = jobs[min(len(jobs) - 1, max(0, math.ceil(0.5 * len(jobs)) - 1))]
+    if median is jobs[-1]:  # one job
+        return [("slowest", jobs[-1])]
+    return [("slowest", jobs[-1]), ("median", median)]
+
+
+def _strip_rows(runs: Sequence[Run]) -> list[tuple[str, JobReport]]:
+    """A run's slowest and median jobs; in a comparison A's and B's slowest, then their
+    medians, so each pair sits together."""
+    if len(runs) == 1:
+        return [(f"{which}\n{job.name}", job) for which, job in _slowest_and_median(runs[0])]
+    picks = [_slowest_and_median(run) for run in runs]
+    return [
+        (f"{ab} {which}\n{job.name}", job)
+        for i in range(2)
+        for ab, run_picks in zip("AB", picks, strict=False)
+        for which, job in run_picks[i : i + 1]
+    ]
 
 
 def _series(runs: Sequence[Run]) -> list[tuple[str, NameSummary, list[float]]]:
@@ -201,14 +244,16 @@ def report(
     written: list[Path] = []
     if png_dir is None and html_path is None:
         return written
-    from ._html import Image, html_page
-    from ._plots import breakdown_bars, jct_cdf, png_bytes, timeline
+    from ._html import Folded, Image, html_page
+    from ._plots import breakdown_bars, jct_cdf, job_strips, png_bytes, timeline
 
     series = _series(runs)
+    sides = f"A = {runs[0].label}, B = {runs[1].label}: " if compare_runs and len(runs) == 2 else ""
     pngs = (
         png_bytes(jct_cdf([(label, jcts) for label, _, jcts in series])),
         png_bytes(breakdown_bars([(label, s) for label, s, _ in series])),
         png_bytes(timeline(chosen, chosen_run.label)),
+        png_bytes(job_strips(_strip_rows(runs), f"{sides}where each job's time went")),
     )
     if png_dir is not None:
         for name, data in zip(PNG_NAMES, pngs, strict=True):
@@ -216,12 +261,27 @@ def report(
             written.append(Path(png_dir) / name)
     if html_path is not None:
         which = "the slowest job" if job_id is None else "the chosen job"
+        strips = Image(
+            (
+                "The slowest and the median job of each side"
+                if compare_runs
+                else "The slowest and the median job"
+            )
+            + ", each from its start to its end on one time axis: blue while one of its "
+            "calls was being served, grey while calls only waited in agentrt's queue, "
+            "orange while it only waited for tools, light grey for the rest (the agent's "
+            "own code, think time).",
+            pngs[3],
+            wide=True,
+        )
+        headline = tables[2:] if compare_runs else tables
         page = html_page(
             "agentrt report",
             f"{sum(len(r.reports) for r in runs)} jobs from "
             + ", ".join(str(p) for run in runs for p in run.paths),
             [
-                *tables,
+                strips,
+                *headline,
                 Image(
                     "JCT CDF: the fraction of jobs finished by each completion time, per job name.",
                     pngs[0],
@@ -232,14 +292,21 @@ def report(
                     "tool waits, and the rest (the agent's own code).",
                     pngs[1],
                 ),
-                Image(
-                    f"Timeline of {which}: sessions as rows, calls in blue (the hatched part "
-                    "queued in agentrt), tool waits in orange; the critical path is outlined "
-                    "in red and repeated on the top row.",
-                    pngs[2],
-                    wide=True,
+                *(tables[:2] if compare_runs else []),
+                Folded(
+                    f"Timeline and critical path of {which}: {chosen.name} {chosen.job_id}"
+                    f" (JCT {chosen.jct_s:.2f} s)",
+                    [
+                        Image(
+                            f"Timeline of {which}: sessions as rows, calls in blue (the hatched "
+                            "part queued in agentrt), tool waits in orange; the critical path "
+                            "is outlined in red and repeated on the top row.",
+                            pngs[2],
+                            wide=True,
+                        ),
+                        _critical_table(chosen_run, chosen, top=CRITICAL_ROWS),
+                    ],
                 ),
-                _critical_table(chosen_run, chosen),
             ],
         )
         _write(Path(html_path), page.encode("utf-8"))

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ._tables import TextTable, html_table
 
-__all__ = ["Image", "html_page"]
+__all__ = ["Folded", "Image", "html_page"]
 
 CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #222;
@@ -29,6 +29,8 @@ tbody tr:hover { background: #fafbfc; }
 figure { margin: 20px 0 0; flex: 1 1 560px; max-width: 100%; }
 figure img { width: 100%; border: 1px solid #eee; }
 figcaption { color: #666; font-size: 12px; }
+details { margin: 24px 0 0; }
+summary { cursor: pointer; font-weight: 600; }
 """
 
 
@@ -41,6 +43,14 @@ class Image:
     wide: bool = False
 
 
+@dataclass(frozen=True)
+class Folded:
+    """Blocks shown only when the reader unfolds them (``<details>``, no script)."""
+
+    summary: str
+    blocks: Sequence[TextTable | Image]
+
+
 def _figure(image: Image) -> str:
     data = base64.b64encode(image.png).decode("ascii")
     alt = html.escape(image.caption)
@@ -50,8 +60,8 @@ def _figure(image: Image) -> str:
     )
 
 
-def html_page(title: str, meta: str, blocks: Sequence[TextTable | Image]) -> str:
-    """A page of tables and images, in order, all inline."""
+def html_page(title: str, meta: str, blocks: Sequence[TextTable | Image | Folded]) -> str:
+    """A page of tables and images, in order, all inline; :class:`Folded` blocks closed."""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -60,7 +70,14 @@ def html_page(title: str, meta: str, blocks: Sequence[TextTable | Image]) -> str
         f"<style>{CSS}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
         f'<p class="meta">{html.escape(meta)}</p>',
+        *_blocks(blocks),
+        "</body></html>\n",
     ]
+    return "\n".join(parts)
+
+
+def _blocks(blocks: Sequence[TextTable | Image | Folded]) -> list[str]:
+    parts: list[str] = []
     row: list[str] = []
     for block in [*blocks, None]:
         if isinstance(block, Image) and not block.wide:
@@ -73,5 +90,8 @@ def html_page(title: str, meta: str, blocks: Sequence[TextTable | Image]) -> str
             parts.append(_figure(block))
         elif isinstance(block, TextTable):
             parts.append(html_table(block))
-    parts.append("</body></html>\n")
-    return "\n".join(parts)
+        elif isinstance(block, Folded):
+            parts.append(f"<details><summary>{html.escape(block.summary)}</summary>")
+            parts.extend(_blocks(block.blocks))
+            parts.append("</details>")
+    return parts

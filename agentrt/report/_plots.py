@@ -2,6 +2,8 @@
 
 - :func:`jct_cdf`: the JCT distribution per job name (and run).
 - :func:`breakdown_bars`: each job name's mean JCT split into LLM, queue, tool and other.
+- :func:`job_strips`: chosen jobs (a run's slowest and median) as one bar each, on one
+  time axis: where each one's time went, LLM, queued, tool or other, as it happened.
 - :func:`timeline`: one job as a Gantt chart: sessions as rows, calls (their queue part
   hatched) and tool waits as bars, the critical path outlined and repeated on a top row.
 """
@@ -16,13 +18,13 @@ from typing import TYPE_CHECKING
 from ..telemetry import JobReport
 from ._deps import require
 from ._stats import NameSummary
-from ._timeline import Activity, activities, critical_path
+from ._timeline import Activity, activities, critical_path, phases
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["breakdown_bars", "jct_cdf", "png_bytes", "timeline"]
+__all__ = ["breakdown_bars", "jct_cdf", "job_strips", "png_bytes", "timeline"]
 
 LLM = "#4c78a8"
 QUEUE = "#b8b8b8"
@@ -191,3 +193,77 @@ def timeline(report: JobReport, label: str = "") -> Figure:
         bbox_to_anchor=(1.0, 1.0),
     )
     return fig
+
+
+_PHASE_STYLE: dict[str, tuple[str, str, str | None]] = {
+    "llm": ("LLM (a call served)", LLM, None),
+    "queued": ("queued in agentrt", QUEUE, "///"),
+    "tool": ("tool wait", TOOL, None),
+    "other": ("other (agent code, think time)", OTHER, None),
+}
+
+
+def job_strips(rows: Sequence[tuple[str, JobReport]], title: str = "") -> Figure:
+    """Each ``(label, job)`` as one bar from its start to its end, coloured by what its time
+    went to at each moment (:func:`~agentrt.report._timeline.phases`), all on one axis so
+    that lengths compare; each bar's shares are written after it."""
+    from matplotlib.patches import Patch
+
+    fig = _figure(11, 0.62 * len(rows) + 1.5)
+    ax = fig.add_subplot()
+    longest = max([r.jct_s for _, r in rows] + [1e-9])
+    for y, (_, job) in enumerate(rows):
+        totals = dict.fromkeys(_PHASE_STYLE, 0.0)
+        for kind, spans in _by_kind(job).items():
+            _, color, hatch = _PHASE_STYLE[kind]
+            ax.broken_barh(
+                spans,
+                (y - 0.32, 0.64),
+                facecolor=color,
+                hatch=hatch,
+                edgecolor="#777777" if hatch else color,
+                linewidth=0,
+            )
+            totals[kind] = sum(w for _, w in spans)
+        jct = max(job.jct_s, 1e-9)
+        shares = ", ".join(
+            f"{name.split(' ')[0]} {totals[kind] / jct:.0%}"
+            for kind, (name, _, _) in _PHASE_STYLE.items()
+            if totals[kind] / jct >= 0.005
+        )
+        ax.text(
+            job.jct_s + longest * 0.01,
+            y,
+            f"{job.jct_s:,.1f} s  ({shares})",
+            va="center",
+            fontsize="small",
+        )
+    ax.set_yticks(range(len(rows)), [label for label, _ in rows])
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_xlim(0, longest * 1.42)
+    ax.set_xlabel("seconds since the job started")
+    ax.grid(axis="x", alpha=0.3)
+    for spine in ("top", "right"):
+        ax.spines[spine].set_visible(False)
+    if title:
+        ax.set_title(title, fontsize="medium", loc="left", pad=24)
+    ax.legend(
+        handles=[
+            Patch(facecolor=color, hatch=hatch, edgecolor="#777777" if hatch else color, label=n)
+            for n, color, hatch in _PHASE_STYLE.values()
+        ],
+        fontsize="small",
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.0),
+        ncol=4,
+        frameon=False,
+        borderaxespad=0.2,
+    )
+    return fig
+
+
+def _by_kind(job: JobReport) -> dict[str, list[tuple[float, float]]]:
+    out: dict[str, list[tuple[float, float]]] = {}
+    for p in phases(job):
+        out.setdefault(p.kind, []).append((p.start_s, p.end_s - p.start_s))
+    return out

@@ -106,11 +106,16 @@ class NameSummary:
     """Cached prompt tokens over prompt tokens (None when no call reported usage)."""
     retries: int
     session_moves: int
+    ttft_p50: float = math.nan
+    ttft_p90: float = math.nan
+    ttft_p99: float = math.nan
+    """Time to first token of the name's streamed calls (NaN when none streamed)."""
 
 
 def _summary(name: str, reports: Sequence[JobReport]) -> NameSummary:
     jcts = [r.jct_s for r in reports]
     latencies = [c.latency_s for r in reports for c in r.call_reports if c.latency_s is not None]
+    ttfts = [c.ttft_s for r in reports for c in r.call_reports if c.ttft_s is not None]
     parts = [breakdown(r) for r in reports]
     total = sum(p.total_s for p in parts)
 
@@ -136,6 +141,9 @@ def _summary(name: str, reports: Sequence[JobReport]) -> NameSummary:
         cache_share=sum(r.cached_tokens for r in reports) / prompt if prompt else None,
         retries=sum(r.retries for r in reports),
         session_moves=sum(r.session_moves for r in reports),
+        ttft_p50=percentile(ttfts, 0.5),
+        ttft_p90=percentile(ttfts, 0.9),
+        ttft_p99=percentile(ttfts, 0.99),
     )
 
 
@@ -171,7 +179,11 @@ class ComparisonRow:
 COMPARED: tuple[tuple[str, str, str], ...] = (
     ("jobs", "jobs", "count"),
     ("JCT p50", "jct_p50", "s"),
+    ("JCT p90", "jct_p90", "s"),
     ("JCT p99", "jct_p99", "s"),
+    ("TTFT p50", "ttft_p50", "s"),
+    ("TTFT p90", "ttft_p90", "s"),
+    ("TTFT p99", "ttft_p99", "s"),
     ("call p50", "call_p50", "s"),
     ("call p99", "call_p99", "s"),
     ("queue share", "queue_share", "share"),

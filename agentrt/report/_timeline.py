@@ -11,12 +11,13 @@ the job's own code: prompt building, parsing, think time.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Literal
 
 from ..telemetry import JobReport
 
-__all__ = ["Activity", "activities", "critical_path"]
+__all__ = ["Activity", "Phase", "activities", "critical_path", "phases"]
 
 _EPS = 1e-9
 
@@ -87,3 +88,48 @@ def critical_path(report: JobReport) -> list[Activity]:
         point = last.start_s
     path.reverse()
     return path
+
+
+PhaseKind = Literal["llm", "queued", "tool", "other"]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A stretch of a job's time spent one way. Seconds from the job's start."""
+
+    kind: PhaseKind
+    """``llm``: a call of the job was being served; else ``queued``: one waited in
+    agentrt's admission queue; else ``tool``: a tool wait ran; else ``other`` (the agent's
+    own code, think time)."""
+    start_s: float
+    end_s: float
+
+
+_RANK: dict[PhaseKind, int] = {"llm": 0, "queued": 1, "tool": 2, "other": 3}
+
+
+def phases(report: JobReport) -> list[Phase]:
+    """The job's time from 0 to its JCT as consecutive phases (see :class:`Phase`; where
+    several overlap, the first kind of that list wins, as in
+    :func:`~agentrt.report.breakdown`, so their lengths add up to its figures)."""
+    jct = max(report.jct_s, 0.0)
+    spans: list[tuple[float, float, PhaseKind]] = []
+    for a in activities(report):
+        if a.kind == "call":
+            spans.append((a.start_s, a.start_s + a.queue_s, "queued"))
+            spans.append((a.start_s + a.queue_s, a.end_s, "llm"))
+        else:
+            spans.append((a.start_s, a.end_s, "tool"))
+    clipped = [(max(a, 0.0), min(b, jct), k) for a, b, k in spans if min(b, jct) > max(a, 0.0)]
+    cuts = sorted({0.0, jct, *(a for a, _, _ in clipped), *(b for _, b, _ in clipped)})
+    out: list[Phase] = []
+    for lo, hi in itertools.pairwise(cuts):
+        if hi - lo <= _EPS:
+            continue
+        kinds = [k for a, b, k in clipped if a <= lo + _EPS and b >= hi - _EPS]
+        kind: PhaseKind = min(kinds, key=_RANK.__getitem__) if kinds else "other"
+        if out and out[-1].kind == kind and abs(out[-1].end_s - lo) <= _EPS:
+            out[-1] = Phase(kind, out[-1].start_s, hi)
+        else:
+            out.append(Phase(kind, lo, hi))
+    return out

@@ -83,6 +83,18 @@ class EndpointLoad:
     """How long the replica likely keeps an idle session's prefix cached, seconds, as
     estimated from its replies' cached tokens (:class:`RetentionEstimator`); None until
     there is evidence."""
+    kv_capacity: float | None = None
+    """Tokens of KV cache placement assumes the replica holds for this client's
+    sessions: the engine's figure (``vllm:cache_config_info``), a setting
+    (``Endpoint(kv_capacity=)``), or learned from the evictions its replies revealed
+    (:class:`~agentrt.scheduling._workingset.KvShadow`); None while unknown."""
+    kv_capacity_source: Literal["engine", "setting", "learned"] | None = None
+    """Where ``kv_capacity`` came from (None while unknown)."""
+    kv_demand: float | None = None
+    """Tokens of context the live sessions this client placed there will want cached
+    soon, each weighted by how soon it sends again (docs/routing.md, "Placement by
+    working set"); None where not computed (one endpoint, or a router that places no
+    sessions). Refreshed for the endpoints a call's placement looks at."""
 
     @property
     def view(self) -> Literal["engine", "local"]:
@@ -110,6 +122,13 @@ class RouteKey:
     """The session's id was given by the caller, so another process may continue the
     session: routers that place by it (:class:`SessionAffinity`) place its first turn
     here by hashing the id, as every process does."""
+    context: int = 0
+    """Tokens of context the session left at ``home`` (its last call's prompt and
+    completion; 0 before its first reply)."""
+    resident: int | None = None
+    """Of ``context``, the tokens likely still cached at ``home`` (the replica's LRU
+    modelled from what ran there since: :meth:`KvShadow.resident`); None where not
+    known (the home's capacity unknown)."""
 
 
 class Router(Protocol):
@@ -174,6 +193,43 @@ def load_score(load: EndpointLoad, call_cost: float = DEFAULT_CALL_COST_TOKENS) 
     Without token estimates this is proportional to the calls in flight.
     """
     return (load.outstanding_tokens + call_cost * _calls(load)) / load.weight
+
+
+MEMORY_SLACK: Final = 0.25
+"""First turns go to the replicas whose KV fill (working set over capacity, this call's
+tokens included) is within this of the emptiest's, once any is more than half full."""
+
+
+def kv_fill(load: EndpointLoad, extra: float = 0.0) -> float | None:
+    """The replica's working set (``kv_demand``) plus ``extra`` tokens over its
+    ``kv_capacity``; None while either is unknown."""
+    capacity, demand = load.kv_capacity, load.kv_demand
+    if capacity is None or demand is None:
+        return None
+    return (demand + extra) / capacity
+
+
+def _fits(load: EndpointLoad, tokens: int) -> bool:
+    """Whether ``tokens`` more fit in the replica's KV (yes where its capacity is not
+    known: no eviction was ever seen there)."""
+    fill = kv_fill(load, tokens)
+    return fill is None or fill <= 1.0
+
+
+def _roomiest(loads: Sequence[EndpointLoad], pool: list[int], tokens: int) -> list[int]:
+    """Of ``pool``, the replicas whose KV fill is near the emptiest's (within
+    :data:`MEMORY_SLACK`), once memory matters (some replica more than half full);
+    ``pool`` itself where a fill is unknown."""
+    fills: list[float] = []
+    for i in pool:
+        fill = kv_fill(loads[i], tokens)
+        if fill is None:
+            return pool
+        fills.append(fill)
+    if not fills or max(fills) <= 0.5:
+        return pool
+    ceiling = max(min(fills) + MEMORY_SLACK, 0.5)
+    return [i for i, fill in zip(pool, fills, strict=True) if fill <= ceiling]
 
 
 def _candidates(loads: Sequence[EndpointLoad], avoid: Collection[int]) -> list[int]:
@@ -347,9 +403,16 @@ class SessionAffinity:
     * A session returning from a wait longer than its home likely keeps its cache
       (``key.idle_s > retention_margin * loads[home].retention_s``) has nothing left to
       lose there: it goes to the least-loaded allowed endpoint, its home included.
+    * Placement by working set (where replicas' KV capacities are known, see
+      :attr:`EndpointLoad.kv_capacity`): a session waking at a home whose working set
+      exceeds its capacity (``kv_demand > kv_capacity``) and whose own context is
+      likely evicted there (``2 * key.resident < key.context``) has little left to
+      lose: it moves to an allowed replica where its context fits, if one exists,
+      relieving its home. First turns and moving sessions go to the replicas with the
+      most room (:data:`MEMORY_SLACK`) before load and prefix decide among them.
 
-    Moves are counted by reason in :attr:`moves`: ``"retention"``, ``"overload"``,
-    ``"unavailable"`` (home unhealthy or avoided).
+    Moves are counted by reason in :attr:`moves`: ``"retention"``, ``"memory"``,
+    ``"overload"``, ``"unavailable"`` (home unhealthy or avoided).
 
     The prefix index maps fingerprint -> endpoint, holds at most ``prefix_capacity``
     entries and forgets the least recently used first.
@@ -411,6 +474,19 @@ class SessionAffinity:
         """Fingerprints currently remembered (at most ``prefix_capacity``)."""
         return len(self._prefixes)
 
+    def evicted(self, loads: Sequence[EndpointLoad], key: RouteKey, pool: list[int]) -> list[int]:
+        """Where a session whose context is likely evicted at an overfull home may go
+        instead (replicas of ``pool`` where its context fits), or ``[]`` if it stays."""
+        home = key.home
+        resident = key.resident
+        if home is None or resident is None or 2 * resident >= key.context:
+            return []
+        fill = kv_fill(loads[home])
+        if fill is None or fill <= 1.0:
+            return []
+        tokens = max(key.context, key.tokens)
+        return [i for i in pool if i != home and _fits(loads[i], tokens)]
+
     def overloaded(self, loads: Sequence[EndpointLoad], index: int) -> bool:
         """Whether endpoint ``index`` carries more than ``overload`` times the mean load
         (and, where its engine is polled, runs and queues more than
@@ -436,6 +512,9 @@ class SessionAffinity:
             reason = "retention"
             offset = self._rng.randrange(len(loads))
             index = _least_loaded(loads, pool, key.tokens, offset, prefer=home)
+        elif home in pool and (roomy := self.evicted(loads, key, pool)):
+            reason = "memory"
+            index = self._place(loads, key, roomy)
         elif home in pool and not self.overloaded(loads, home):
             return home
         else:
@@ -460,6 +539,7 @@ class SessionAffinity:
             for i in _rendezvous(key.session_id, _names(self._names, len(loads)), loads):
                 if i in allowed and not (loads[i].view == "engine" and self.overloaded(loads, i)):
                     return i
+        pool = _roomiest(loads, pool, max(key.tokens, key.context))
         if key.prefix:
             # A replica that holds the prompt's prefix wins only while it carries no more
             # than the pool's mean load: every session of an agent shares its system

@@ -10,7 +10,13 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["EngineSignals", "parse_prometheus", "parse_vllm_metrics"]
+__all__ = [
+    "CacheConfig",
+    "EngineSignals",
+    "parse_cache_config",
+    "parse_prometheus",
+    "parse_vllm_metrics",
+]
 
 # name, optional {labels} (quoted values may hold '}' and escaped quotes), value.
 # A trailing timestamp, if any, is ignored.
@@ -129,3 +135,35 @@ def parse_vllm_metrics(text: str) -> EngineSignals:
         waiting=None if waiting is None else max(0, round(math.fsum(waiting))),
         kv_usage=None if kv is None else min(max(max(kv), 0.0), 1.0),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """An engine's KV capacity, as its ``vllm:cache_config_info`` gauge labels it."""
+
+    gpu_blocks: int
+    block_size: int
+    host_blocks: int | None = None
+
+
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_cache_config(text: str) -> CacheConfig | None:
+    """The first ``vllm:cache_config_info`` series of a Prometheus page with a whole
+    ``num_gpu_blocks`` >= 1 and ``block_size`` >= 1 (vLLM writes ``None`` before the
+    engine has profiled its memory); None when there is none."""
+    if not isinstance(text, str) or "vllm:cache_config_info{" not in text:
+        return None
+    for line in text.splitlines():
+        if not line.startswith("vllm:cache_config_info{"):
+            continue
+        labels = dict(_LABEL.findall(line.split("{", 1)[1].rsplit("}", 1)[0]))
+        try:
+            gpu = int(labels.get("num_gpu_blocks", ""))
+            size = int(labels.get("block_size", ""))
+        except ValueError:
+            continue
+        if gpu >= 1 and size >= 1:
+            return CacheConfig(gpu, size)
+    return None

@@ -813,6 +813,16 @@ def _host_tier_metrics(
             "KV blocks freed when a session's last call finished.",
             s.final_blocks_dropped,
         ),
+        (
+            "directives_retained_total",
+            "Retention directives (expected idle) applied to a session's blocks.",
+            s.directives_retained,
+        ),
+        (
+            "directives_ended_total",
+            "Directives that a session ended: its blocks are evicted first.",
+            s.directives_ended,
+        ),
     ):
         metric(f"agentrt_sim:{name}", "counter", help_text, value)
     pending = s.prefetches - s.prefetches_useful - s.prefetches_wasted

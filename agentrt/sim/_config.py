@@ -85,8 +85,17 @@ class EngineConfig:
     ``lru`` nothing, LRU decides (today's engines, vLLM's); ``drop`` free the session's own
     blocks at once (those no other session used: a shared prefix stays cached) and forget
     the session, superseding a pending tool-wait pin or prefetch (docs/sim.md)."""
+    retention_directives: bool = False
+    """Honour retention directives (docs/sim.md): when a request finishes, what it said
+    about its session (``x-agentrt``'s ``final`` and ``idle-exp``, the facts every
+    retention dialect is made of) orders this replica's evictions: an ended session's own
+    blocks go first, then blocks without a directive or whose retention ran out (LRU),
+    then retained blocks, those whose session wakes latest first (retained until the
+    expected wake-up plus ``pin_margin_s``). Off: plain LRU, as released vLLM. Not with
+    ``tool_wait_policy='resume'`` (both order eviction by wake-up)."""
     pin_margin_s: float = 2.0
-    """Extra seconds a pin lasts beyond the expected wait (also for prefetched blocks)."""
+    """Extra seconds a pin lasts beyond the expected wait (also for prefetched blocks and
+    for a retention directive's window)."""
     offload_margin_s: float = 1.0
     """Seconds a wait must exceed the write-out plus read-back time of the session's blocks
     (at ``host_bandwidth``) before ``offload`` and ``adaptive`` move them to the host."""
@@ -172,6 +181,13 @@ class EngineConfig:
         if self.final_policy not in _FINAL_POLICIES:
             raise ValueError(
                 f"final_policy must be one of {_FINAL_POLICIES}, got {self.final_policy!r}"
+            )
+        if not isinstance(self.retention_directives, bool):
+            raise TypeError("EngineConfig.retention_directives must be a bool")
+        if self.retention_directives and self.tool_wait_policy == "resume":
+            raise ValueError(
+                "retention_directives and tool_wait_policy='resume' both order eviction by "
+                "wake-up time; choose one"
             )
         if self.tool_wait_policy == "offload" and self.num_host_blocks == 0:
             raise ValueError("tool_wait_policy='offload' needs a host tier: set num_host_blocks")

@@ -27,7 +27,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from ._config import EngineConfig
-from ._kv import GPU, QUEUED, KVCache, Node
+from ._kv import ENDED, GPU, QUEUED, KVCache, Node
 from ._tokenize import Prompt, Tokenizer, slice_runs
 
 __all__ = ["Engine", "ReplicaStats", "RequestRejected", "SimRequest"]
@@ -244,6 +244,12 @@ class ReplicaStats:
     own blocks, on either tier."""
     idle_notices: int = 0
     """Tool-start notices accepted (``POST /v1/agentrt/idle``)."""
+    directives_retained: int = 0
+    """Finished calls whose retention directive (an expected idle) this replica applied
+    to its session's own blocks (``retention_directives``)."""
+    directives_ended: int = 0
+    """Finished calls whose directive said the session ended (``final``): its own blocks
+    are evicted first (``retention_directives``)."""
 
 
 class Engine:
@@ -257,7 +263,12 @@ class Engine:
             config.tool_wait_policy in ("drop", "offload", "adaptive")
             or config.final_policy == "drop"
         )
-        self.kv = KVCache(config.num_gpu_blocks, config.num_host_blocks, track)
+        self.kv = KVCache(
+            config.num_gpu_blocks,
+            config.num_host_blocks,
+            track,
+            directives=config.retention_directives,
+        )
         self._paths: OrderedDict[Any, Node] = OrderedDict()
         """Each named session's last finished path (its deepest node), for notices."""
         self._notices: list[tuple[Any, float]] = []
@@ -300,6 +311,8 @@ class Engine:
         self.resumed_first = 0
         self.final_calls = 0
         self.final_blocks_dropped = 0
+        self.directives_retained = 0
+        self.directives_ended = 0
 
     # ------------------------------------------------------------ requests
 
@@ -350,7 +363,7 @@ class Engine:
             final=final,
         )
         req.anonymous = session is None
-        if cfg.tool_wait_policy == "resume" and session is not None:
+        if (cfg.tool_wait_policy == "resume" or cfg.retention_directives) and session is not None:
             self._hint(session, QUEUED)  # its prefix is needed next: evicted last
         if cfg.tool_wait_policy != "lru" and cfg.scheduling == "fcfs" and session is not None:
             path = self._paths.get(session)
@@ -366,7 +379,8 @@ class Engine:
         if req.status >= FINISHED:
             return
         if req.status == WAITING:
-            if self.config.tool_wait_policy == "resume" and not req.anonymous:
+            cfg = self.config
+            if (cfg.tool_wait_policy == "resume" or cfg.retention_directives) and not req.anonymous:
                 self._hint(req.session, 0.0)
             req.status = ABORTED
             self._num_waiting -= 1
@@ -501,6 +515,8 @@ class Engine:
             tool_wait_fallbacks=tw["fallback"],
             final_calls=self.final_calls,
             final_blocks_dropped=self.final_blocks_dropped,
+            directives_retained=self.directives_retained,
+            directives_ended=self.directives_ended,
             idle_notices=self.idle_notices,
         )
 
@@ -643,7 +659,9 @@ class Engine:
                     blocked = True
                     break
                 self._pop_waiting()
-                if cfg.tool_wait_policy == "resume" and not req.anonymous:
+                if (
+                    cfg.tool_wait_policy == "resume" or cfg.retention_directives
+                ) and not req.anonymous:
                     self._hint(req.session, 0.0)  # what the request does not match ages
                 if self._prefetch_of:
                     self._cancel_prefetch(req.session)
@@ -1005,11 +1023,34 @@ class Engine:
                 paths.popitem(last=False)
         self.final_calls += req.final
         idle = req.idle_expected
+        if cfg.retention_directives and not req.anonymous:
+            self._retention(req, deepest, idle, now)
         if req.final and cfg.final_policy == "drop" and not req.anonymous:
             self._end_session(req.session, deepest)
         elif idle is not None and idle > 0 and cfg.tool_wait_policy != "lru":
             self._tool_wait(req.session, deepest, idle, now)
         req._notify()
+
+    def _retention(self, req: SimRequest, deepest: Node, idle: float | None, now: float) -> None:
+        """``retention_directives``: apply what the finished request said about its
+        session's own blocks (``final``: ended; an expected idle: retained until the
+        wake-up plus ``pin_margin_s``; neither: nothing, LRU)."""
+        if deepest is self.kv.root or not deepest.alive:
+            return
+        if req.final:
+            until = ENDED
+        elif idle is not None and idle > 0:
+            until = now + idle + self.config.pin_margin_s
+        else:
+            return
+        top, _ = self.kv.own_tail(deepest, req.session)
+        if top is None:  # nothing of its own cached (all shared): nothing to mark
+            return
+        self.kv.hint_resume(deepest, top, until)
+        if req.final:
+            self.directives_ended += 1
+        else:
+            self.directives_retained += 1
 
     def _end_session(self, session: Any, deepest: Node) -> None:
         """``final_policy='drop'``: ``session`` ended with its call to ``deepest``. Free its

@@ -19,6 +19,17 @@ leaf resuming last (a max-heap on resume time) or the LRU head (where a declared
 keyed by its resume time), whichever is further. Leaves marked :data:`QUEUED` (a request
 of the session waits) go last. The host tier drops in LRU order with the same keys.
 
+With ``directives`` (a replica that honours retention directives, the engine's
+``retention_directives``), :meth:`KVCache.hint_resume` carries what a request's directive
+said about its session's own blocks instead: :data:`ENDED` (the session ended) or the time
+its retention runs out (the expected wake-up plus a margin). Eviction then takes, in
+order: ended sessions' leaves (LRU among them); leaves with no directive or whose
+retention ran out (plain LRU); retained leaves, the one retained longest first (the
+session that wakes latest); last, leaves of sessions whose next request is queued
+(:data:`QUEUED`: they woke). Five heaps (ended, LRU, retained by end, queued, and
+retained by expiry, lazily moved to LRU as their retention runs out): O(log n) per
+eviction, no scan.
+
 Pins protect blocks on either tier: a pinned GPU block is not evicted, a pinned host block is
 not dropped to make room on the host. The tool-wait policies work on a session's *own tail*
 (the unshared, unreferenced end of its last request's path): pin it, drop it, or offload it
@@ -34,12 +45,15 @@ from typing import Any, Final
 
 from ._tokenize import Run, runs_length, slice_runs
 
-__all__ = ["GPU", "HOST", "QUEUED", "KVCache", "Match", "Node", "Prefetch"]
+__all__ = ["ENDED", "GPU", "HOST", "QUEUED", "KVCache", "Match", "Node", "Prefetch"]
 
 GPU: Final = 0
 HOST: Final = 1
 QUEUED: Final = float("inf")
 """A resume time meaning a request of the session is queued: evicted last."""
+ENDED: Final = -1.0
+"""A resume time meaning the session ended (a retention directive's release): with
+``directives`` its blocks are evicted before any other."""
 
 
 class Node:
@@ -144,7 +158,14 @@ class Match:
 class KVCache:
     """Block accounting and the prefix-cache tree of one replica."""
 
-    def __init__(self, num_gpu_blocks: int, num_host_blocks: int, track_sessions: bool) -> None:
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        num_host_blocks: int,
+        track_sessions: bool,
+        *,
+        directives: bool = False,
+    ) -> None:
         self.capacity = num_gpu_blocks
         self.host_capacity = num_host_blocks
         self.root = Node(None, [], 0, None)
@@ -165,6 +186,15 @@ class KVCache:
         self._lru: list[tuple[float, int, int, Node]] = []
         self._far: list[tuple[float, int, int, Node]] = []
         """Hinted evictable leaves, the latest resume first (negated resume times)."""
+        self._directives = directives
+        self._ended: list[tuple[float, int, int, Node]] = []
+        """``directives``: ended sessions' evictable leaves, LRU first."""
+        self._queued: list[tuple[float, int, int, Node]] = []
+        """``directives``: leaves of sessions whose next request waits (:data:`QUEUED`):
+        they wake now, so they go last of all (LRU among them)."""
+        self._expiry: list[tuple[float, int, int, Node]] = []
+        """``directives``: retained evictable leaves, the retention ending first (moved to
+        ``_lru`` once it has)."""
         self.now = 0.0
         """The clock as of the last call that gave one (hinted eviction compares with it)."""
         self._host_lru: list[tuple[float, int, int, Node]] = []
@@ -480,7 +510,9 @@ class KVCache:
 
     def hint_resume(self, deepest: Node, top: Node, resume_at: float) -> None:
         """Declare that the own tail ``top``..``deepest`` (see :meth:`own_tail`) is next used
-        at ``resume_at``: eviction keeps it ahead of leaves expected back later."""
+        at ``resume_at``: eviction keeps it ahead of leaves expected back later. With
+        ``directives``: :data:`ENDED`, :data:`QUEUED`, 0 (no directive) or the time its
+        retention runs out (see the module docstring)."""
         n: Node | None = deepest
         stop = top.parent
         while n is not None and n is not stop:
@@ -589,6 +621,17 @@ class KVCache:
         """Queue an evictable accelerator leaf (again: older entries go stale)."""
         n.heap_seq = seq = next(self._seq)
         r = n.resume_at
+        if self._directives:
+            if r < 0.0:
+                heapq.heappush(self._ended, (n.last_access, n.uid, seq, n))
+            elif r == QUEUED:
+                heapq.heappush(self._queued, (n.last_access, n.uid, seq, n))
+            elif r > self.now:
+                heapq.heappush(self._far, (-r, n.uid, seq, n))
+                heapq.heappush(self._expiry, (r, n.uid, seq, n))
+            else:
+                heapq.heappush(self._lru, (n.last_access, n.uid, seq, n))
+            return
         heapq.heappush(self._lru, (max(n.last_access, r), n.uid, seq, n))
         if self.now < r < QUEUED:
             n.far_seq = seq
@@ -638,6 +681,16 @@ class KVCache:
                 raise RuntimeError("KV accounting error: no evictable block left")
 
     def _evict_one(self, want: int) -> bool:
+        if self._directives:
+            victim = self._directed_victim()
+            if victim is None:
+                return False
+            if victim.length > want:
+                self._evict_tail(victim, want)
+                self._push(victim)  # what is left is still an evictable leaf
+            else:
+                self._evict_node(victim)
+            return True
         lru = self._lru
         while lru:
             _, _, seq, n = lru[0]
@@ -673,6 +726,36 @@ class KVCache:
                 self._evict_node(n)
             return True
         return False
+
+    def _directed_victim(self) -> Node | None:
+        """``directives``: the next leaf to evict, popped from its heap: an ended
+        session's (LRU first), else one with no retention in force (LRU first), else the
+        retained one whose retention ends last, else one whose session's next request
+        waits (LRU first)."""
+        self._expire_retention()
+        for heap in (self._ended, self._lru, self._far, self._queued):
+            while heap:
+                _, _, seq, n = heapq.heappop(heap)
+                if seq == n.heap_seq and self._evictable_leaf(n):
+                    return n
+        return None
+
+    def _expire_retention(self) -> None:
+        """Move the retained leaves whose retention ran out by ``now`` to the LRU heap (a
+        fresh entry: their ``_far`` entries go stale), aged from the end of their
+        retention: a session late for its expected wake-up counts as used then."""
+        expiry = self._expiry
+        now = self.now
+        lru = self._lru
+        while expiry and expiry[0][0] <= now:
+            _, uid, seq, n = heapq.heappop(expiry)
+            if seq == n.heap_seq and self._evictable_leaf(n):
+                n.heap_seq = fresh = next(self._seq)
+                heapq.heappush(lru, (max(n.last_access, n.resume_at), uid, fresh, n))
+
+    @staticmethod
+    def _evictable_leaf(n: Node) -> bool:
+        return n.alive and n.tier == GPU and not (n.refcount or n.pinned or n.gpu_children)
 
     def _far_leaf(self) -> Node | None:
         """The evictable leaf that resumes last, if one resumes after ``now`` (lazy: stale

@@ -164,7 +164,9 @@ class JobReport(BaseModel):
     """The settings of the runtime that ran the job, as ``Runtime`` keyword arguments
     (``routing``, ``policy``, ``concurrency``, ``token_budget``, ``send_priority``,
     ``learn_waits``) plus ``endpoints`` (how many): what ``agentrt tune`` compares
-    against."""
+    against; with several endpoints under session routing, also what placement assumed
+    of each one's KV when the job ended (``kv_capacity`` in tokens, None unknown, and
+    ``kv_capacity_source``: ``engine``, ``setting`` or ``learned``)."""
 
     @property
     def cache_hit_rate(self) -> float | None:

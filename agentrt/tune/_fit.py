@@ -17,11 +17,11 @@ its KV capacity from vLLM's ``vllm:cache_config_info`` gauge.
 
 from __future__ import annotations
 
-import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..scheduling._signals import CacheConfig, parse_cache_config
 from ..sim import EngineConfig
 from ..sim._cost import _nnls, prefill_pairs
 from ..telemetry._report import JobReport
@@ -190,36 +190,6 @@ def from_probe(
         len(samples),
     )
     return engine.replace(cost=cost), fit
-
-
-@dataclass(frozen=True, slots=True)
-class CacheConfig:
-    """An engine's KV capacity, as its ``vllm:cache_config_info`` gauge labels it."""
-
-    gpu_blocks: int
-    block_size: int
-    host_blocks: int | None = None
-
-
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-def parse_cache_config(text: str) -> CacheConfig | None:
-    """The first ``vllm:cache_config_info`` series of a Prometheus page with a whole
-    ``num_gpu_blocks`` >= 1 and ``block_size`` >= 1 (vLLM writes ``None`` before the
-    engine has profiled its memory); None when there is none."""
-    for line in text.splitlines():
-        if not line.startswith("vllm:cache_config_info{"):
-            continue
-        labels = dict(_LABEL.findall(line.split("{", 1)[1].rsplit("}", 1)[0]))
-        try:
-            gpu = int(labels.get("num_gpu_blocks", ""))
-            size = int(labels.get("block_size", ""))
-        except ValueError:
-            continue
-        if gpu >= 1 and size >= 1:
-            return CacheConfig(gpu, size)
-    return None
 
 
 def read_cache_config(url: str) -> CacheConfig | None:

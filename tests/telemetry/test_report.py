@@ -7,6 +7,8 @@ that makes calls queue. Ratios and the time breakdown are checked on constructed
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 import re
 import shutil
@@ -27,6 +29,7 @@ import agentrt
 import agentrt.report
 from agentrt.cli import main
 from agentrt.report import breakdown, compare, critical_path, summarize
+from agentrt.report._timeline import phases
 from agentrt.sim import PRESETS, Cluster
 from agentrt.telemetry import CallReport, JobReport, ToolReport, read_journal
 
@@ -314,13 +317,13 @@ def test_job_prints_its_critical_path(
 
 
 @needs_extra
-def test_png_writes_three_plots(
+def test_png_writes_four_plots(
     journals: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "plots"
     assert main(["report", str(journals[0]), "--png", str(out)]) == 0
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["breakdown.png", "jct_cdf.png", "timeline.png"]
+    assert names == ["breakdown.png", "jct_cdf.png", "jobs.png", "timeline.png"]
     for p in out.iterdir():
         assert _is_png(p), p
         assert p.stat().st_size > 5_000, p
@@ -341,8 +344,11 @@ def test_html_is_one_self_contained_page(
     assert re.findall(r'src="([^"]*)"', text) and all(
         src.startswith("data:image/png;base64,") for src in re.findall(r'src="([^"]*)"', text)
     )
-    assert text.count("data:image/png;base64,") == 3
+    assert text.count("data:image/png;base64,") == 4
     assert text.count("<table>") == 2  # the summary and the slowest job's critical path
+    # Pictures first: the slowest and median jobs' strips lead, before any table.
+    assert text.index("data:image/png;base64,") < text.index("<table>")
+    assert "The slowest and the median job" in text
     for cell in ('<td class="label">react</td>', '<td class="label">fanout</td>', "JCT p99"):
         assert cell in text
     slowest = max(read_journal(journals[0]), key=lambda r: r.jct_s)
@@ -369,7 +375,10 @@ def test_compare_ratios(tmp_path: Path) -> None:
     a, b = _pair(tmp_path)
     rows = {(r.name, r.metric): r for r in compare(read_journal(a), read_journal(b))}
     assert rows["x", "JCT p50"].ratio == pytest.approx(2.0)  # 4 over 2
+    assert rows["x", "JCT p90"].ratio == pytest.approx(2.0)  # 8 over 4
     assert rows["x", "JCT p99"].ratio == pytest.approx(2.0)  # 8 over 4
+    assert rows["x", "TTFT p50"].a is None or math.isnan(rows["x", "TTFT p50"].a)
+    assert rows["x", "TTFT p50"].ratio is None  # nothing streamed
     assert rows["x", "call p50"].ratio == pytest.approx(0.5)
     assert rows["x", "cache share"].ratio == pytest.approx(3.0)
     assert rows["x", "jobs"].ratio == 1.0
@@ -400,6 +409,17 @@ def test_compare_real_runs_with_plots_and_page(
     text = page.read_text()
     assert text.count("<table>") == 4  # A, B, B over A, the critical path
     assert "roomy over tight" in text
+    # The page leads with the strips of both sides, then the B/A table, then A's and B's.
+    order = [
+        text.index("The slowest and the median job of each side"),
+        text.index("B / A: roomy over tight"),
+        text.index("A: tight"),
+        text.index("<details>"),
+        text.index("Critical path of"),
+    ]
+    assert order == sorted(order)
+    for metric in ("JCT p50", "JCT p90", "JCT p99", "TTFT p50", "TTFT p90", "TTFT p99"):
+        assert f'<td class="label">{metric}</td>' in text
     assert all(_is_png(tmp_path / n) for n in ("jct_cdf.png", "breakdown.png", "timeline.png"))
 
 
@@ -483,6 +503,51 @@ def test_the_public_names_are_sorted_and_complete() -> None:
     assert all(hasattr(agentrt.report, n) for n in names)
 
 
+def test_phases_tile_the_job_and_add_up_to_its_breakdown() -> None:
+    job = _job(
+        "x",
+        10.0,
+        calls=[("s", 0.0, 1.0, 3.0), ("t", 2.0, 0.0, 2.0), ("s", 7.0, 0.5, 1.5)],
+        tools=[("s", 3.0, 3.5)],
+    )
+    ps = phases(job)
+    assert ps[0].start_s == 0.0 and ps[-1].end_s == 10.0
+    assert all(a.end_s == b.start_s for a, b in itertools.pairwise(ps))
+    assert all(a.kind != b.kind for a, b in itertools.pairwise(ps))
+    assert [(p.kind, p.start_s, p.end_s) for p in ps] == [
+        ("queued", 0.0, 1.0),
+        ("llm", 1.0, 4.0),
+        ("tool", 4.0, 6.5),
+        ("other", 6.5, 7.0),
+        ("queued", 7.0, 7.5),
+        ("llm", 7.5, 8.5),
+        ("other", 8.5, 10.0),
+    ]
+    total = {k: sum(p.end_s - p.start_s for p in ps if p.kind == k) for k in _KINDS}
+    b = breakdown(job)
+    assert total == pytest.approx(
+        {"llm": b.llm_s, "queued": b.queue_s, "tool": b.tool_s, "other": b.other_s}
+    )
+
+
+_KINDS = ("llm", "queued", "tool", "other")
+
+
+@needs_extra
+def test_the_page_folds_the_critical_path_to_its_longest_rows(tmp_path: Path) -> None:
+    calls = [("s", float(2 * i), 0.0, 1.0 + (i % 7) * 0.1) for i in range(60)]
+    long = _job("long", 121.0, calls=calls, tools=[("s", 2.0 * i + 1.7, 0.3) for i in range(60)])
+    page = tmp_path / "r.html"
+    agentrt.report.report(
+        [_write(tmp_path / "j.jsonl", [long, _job("x", 1.0)])], html_path=page, echo=print
+    )
+    text = page.read_text()
+    folded = text[text.index("<details>") : text.index("</details>")]
+    assert "Critical path of long" in folded
+    assert folded.count("<tr>") == 1 + 15  # the header and the 15 longest
+    assert "the 15 longest of its 120 activities" in folded
+
+
 # --- the page in a browser ---------------------------------------------------------------
 
 
@@ -506,22 +571,7 @@ def test_the_page_renders_in_headless_chromium(
     page = tmp_path / "report.html"
     assert main(["report", str(journals[0]), "--html", str(page)]) == 0
     shot = tmp_path / "shot.png"
-    subprocess.run(
-        [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--hide-scrollbars",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            f"--screenshot={shot}",
-            "--window-size=1280,2000",
-            page.as_uri(),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=90,
-    )
+    _screenshot(chromium, page, shot, 2000)
     assert _is_png(shot)
     assert shot.stat().st_size > 30_000
     from PIL import Image  # matplotlib's dependency
@@ -530,3 +580,66 @@ def test_the_page_renders_in_headless_chromium(
         assert image.size == (1280, 2000)
         colors = image.convert("RGB").getcolors(maxcolors=1 << 20)
         assert colors is not None and len(colors) > 100  # tables and plots, not a blank page
+
+
+def _screenshot(chromium: str, page: Path, shot: Path, height: int) -> None:
+    subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--user-data-dir={shot.parent / 'profile'}",
+            f"--screenshot={shot}",
+            f"--window-size=1280,{height}",
+            page.as_uri(),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=90,
+    )
+
+
+@pytest.mark.browser
+@needs_extra
+def test_the_compare_page_leads_with_the_jobs_timelines_at_1280_px(
+    journals: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first screen of the comparison page (1280 x 800 px, as the docs' picture) is
+    mostly the job strips: LLM blue and tool orange bars of four jobs, across the page."""
+    chromium = _chromium()
+    page = tmp_path / "compare.html"
+    assert main(["report", "--compare", *map(str, journals), "--html", str(page)]) == 0
+    capsys.readouterr()
+    shot = tmp_path / "shot.png"
+    _screenshot(chromium, page, shot, 800)
+    from PIL import Image
+
+    with Image.open(shot) as image:
+        assert image.size == (1280, 800)
+        rgb = image.convert("RGB")
+        width, height = rgb.size
+        pixels = rgb.load()
+        assert pixels is not None
+
+        def near(p: tuple[int, int, int], color: tuple[int, int, int]) -> bool:
+            return all(abs(a - b) <= 12 for a, b in zip(p, color, strict=True))
+
+        llm, tool = (0x4C, 0x78, 0xA8), (0xF5, 0x85, 0x18)
+        rows_with_llm = set()
+        llm_px = tool_px = 0
+        xs_llm = []
+        for y in range(0, height, 2):
+            for x in range(0, width, 2):
+                p = pixels[x, y]
+                if near(p, llm):
+                    llm_px += 1
+                    rows_with_llm.add(y // 20)
+                    xs_llm.append(x)
+                elif near(p, tool):
+                    tool_px += 1
+        # Bars of several jobs (not one), a good share of the screen, spread across it.
+        assert len(rows_with_llm) >= 4
+        assert llm_px * 4 > 0.02 * width * height and tool_px > 200
+        assert max(xs_llm) - min(xs_llm) > width / 2

@@ -1,0 +1,78 @@
+"""What a bench run shows, in a few lines under its table: each client against the first
+(by default the plain client), and, where no client differs, which settings would."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from typing import Final
+
+from ._runner import BenchResult, ClientResult
+
+__all__ = ["SAME_WITHIN", "takeaway"]
+
+SAME_WITHIN: Final = 0.05
+"""Clients whose JCT mean and p90 are within this share of the first's count as the same."""
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or not b or math.isnan(a) or math.isnan(b):
+        return None
+    return a / b
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _line(c: ClientResult, base: ClientResult) -> str:
+    parts = [
+        f"JCT mean {_x(_ratio(c.jct.get('mean'), base.jct.get('mean')))}",
+        f"p90 {_x(_ratio(c.jct.get('p90'), base.jct.get('p90')))}",
+    ]
+    if c.ttft and base.ttft:
+        parts.append(f"TTFT p50 {_x(_ratio(c.ttft.get('p50'), base.ttft.get('p50')))}")
+    if c.prefix_cache_hit_rate is not None and base.prefix_cache_hit_rate is not None:
+        parts.append(f"cache hit {c.prefix_cache_hit_rate:.0%} vs {base.prefix_cache_hit_rate:.0%}")
+    return f"{c.client}: " + ", ".join(parts)
+
+
+def _same(c: ClientResult, base: ClientResult) -> bool:
+    for key in ("mean", "p90"):
+        r = _ratio(c.jct.get(key), base.jct.get(key))
+        if r is None or abs(r - 1.0) > SAME_WITHIN:
+            return False
+    return True
+
+
+def takeaway(result: BenchResult, width: int = 80) -> list[str]:
+    """Lines that say what the run shows (empty with fewer than two clients)."""
+    if len(result.clients) < 2:
+        return []
+    base, others = result.clients[0], result.clients[1:]
+    lines = [f"Against {base.client} (below 1.00x: lower, faster):"]
+    lines += [
+        textwrap.fill(_line(c, base), width, initial_indent="  ", subsequent_indent="    ")
+        for c in others
+    ]
+    same = [c.client for c in others if _same(c, base)]
+    differ = [c for c in others if not _same(c, base)]
+    if differ:
+        best = min(differ, key=lambda c: c.jct.get("mean", math.inf))
+        text = f"{best.client} changes JCT the most here."
+        if same:
+            text += (
+                f" {', '.join(same)} {'is' if len(same) == 1 else 'are'} within "
+                f"{SAME_WITHIN:.0%} of {base.client}, so the difference is in what "
+                f"{best.client} does that {'it does' if len(same) == 1 else 'they do'} not."
+            )
+    else:
+        text = (
+            f"No client is more than {SAME_WITHIN:.0%} from {base.client} on this workload: "
+            "it leaves little for agentrt to change. What shows it: --workload coding (the "
+            "default: long shared prompts and growing contexts, where session routing keeps "
+            "each session's cache) or claude-code; load (--rate, --users, fewer --replicas) "
+            "for the ordering policies (agentrt:plas, agentrt:mlfq)."
+        )
+    lines.append(textwrap.fill(text, width))
+    return lines

@@ -1,0 +1,243 @@
+"""Each replica's KV working set, as the client sees it: the sessions placed there, how
+many tokens of context each holds, when each last touched its cache and when it will
+next send.
+
+An operating system places and swaps processes by their working sets, the memory's
+capacity and when a sleeper wakes. agentrt knows the same of its sessions: the context
+it sent (and the reply's size), the tool wait declared or learned after each reply, and
+when the session ended. :class:`KvShadow` keeps them per replica, and answers the two
+questions placement asks (``docs/routing.md``, "Placement by working set"):
+
+* **Will a waking session find its context at home?** A prefix cache evicts the least
+  recently used blocks first (vLLM frees a request's blocks tail first, so a session
+  losing part of its context keeps its prefix). A session's context is still cached if
+  the tokens touched there since it last touched its own (its *stack distance*: the
+  contexts of the sessions that ran after it) plus its own fit in the replica's capacity:
+  :meth:`KvShadow.resident` is that estimate, in tokens.
+* **How full is each replica?** :meth:`KvShadow.demand`: the contexts of its live
+  sessions, each weighted by how soon it will send again (a session with a call in
+  flight, or whose wait is unknown or ends within ``horizon_s``, weighs fully; one
+  waking later weighs ``horizon_s / time to wake``; a session whose job ended weighs
+  nothing: it is gone from the shadow).
+
+The capacity comes from the engine where it says (vLLM's ``vllm:cache_config_info``:
+``num_gpu_blocks * block_size``; the embedded engine serves the same gauge), else from a
+setting, and is corrected by what replies report: a resumed turn whose cached tokens
+fall short of its previous context reveals an eviction, and how much the cache held
+above it (:meth:`KvShadow.observe`). In a fleet each process sees only its own sessions,
+so the capacity it learns is its share: the estimate stays consistent with the view.
+
+Pure bookkeeping: no HTTP, no clock of its own (times are given).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final, Literal
+
+__all__ = [
+    "DEFAULT_HORIZON_S",
+    "CapacitySource",
+    "KvShadow",
+]
+
+DEFAULT_HORIZON_S: Final = 30.0
+"""A sleeping session waking within this many seconds weighs fully in its replica's
+demand; one waking later weighs ``horizon / time to wake``."""
+
+_LEARN_RATE: Final = 0.25
+"""How far one observation moves the learned capacity toward what it revealed."""
+
+_MIN_CONTEXT: Final = 256
+"""Smallest previous context (tokens) whose resume is evidence about the capacity."""
+
+CapacitySource = Literal["engine", "setting", "learned"]
+"""Where a replica's KV capacity came from (``rt.endpoint_loads()``, the journal)."""
+
+
+@dataclass(slots=True)
+class _Footprint:
+    tokens: int
+    """Context tokens the session holds there (prompt + completion of its last call, or
+    the estimate of the call in flight)."""
+    touched: int
+    """When it last touched its cache: a sequence number, larger is later."""
+    wake_at: float | None
+    """When it is expected to send again (None: unknown)."""
+    busy: bool
+    """A call of it is in flight there."""
+
+
+class KvShadow:
+    """One replica's KV working set as placed by this client (see the module docstring).
+
+    ``capacity`` is the engine-reported or configured capacity in tokens (None unknown);
+    :attr:`capacity_tokens` is the estimate in use, corrected by observations.
+    """
+
+    __slots__ = (
+        "_given",
+        "_learned",
+        "_seq",
+        "_sessions",
+        "capacity",
+        "evictions",
+        "horizon_s",
+    )
+
+    def __init__(
+        self,
+        capacity: int | None = None,
+        *,
+        source: CapacitySource = "setting",
+        horizon_s: float = DEFAULT_HORIZON_S,
+    ) -> None:
+        if capacity is not None and capacity <= 0:
+            raise ValueError(f"KV capacity must be > 0 tokens, got {capacity!r}")
+        if not (horizon_s > 0 and math.isfinite(horizon_s)):
+            raise ValueError(f"horizon_s must be a finite number > 0, got {horizon_s!r}")
+        self.capacity = capacity
+        self._given: CapacitySource = source
+        self.horizon_s = horizon_s
+        self._learned: float | None = None
+        self._sessions: dict[str, _Footprint] = {}
+        self._seq = 0
+        self.evictions = 0
+        """Resumed turns that found part of their context evicted here."""
+
+    # ------------------------------------------------------------ what it knows
+
+    @property
+    def capacity_tokens(self) -> float | None:
+        """The capacity placement assumes: the learned one once an eviction was seen
+        (never above the engine's or configured one), else that one; None if unknown."""
+        learned = self._learned
+        if learned is None:
+            return None if self.capacity is None else float(self.capacity)
+        return learned if self.capacity is None else min(learned, float(self.capacity))
+
+    @property
+    def source(self) -> CapacitySource | None:
+        """Where :attr:`capacity_tokens` comes from (None while unknown)."""
+        learned = self._learned
+        if learned is not None and (self.capacity is None or learned < self.capacity):
+            return "learned"
+        return None if self.capacity is None else self._given
+
+    @property
+    def sessions(self) -> int:
+        """Sessions in the shadow (live, placed here)."""
+        return len(self._sessions)
+
+    def tokens(self) -> int:
+        """Context tokens of the live sessions here, unweighted."""
+        return sum(f.tokens for f in self._sessions.values())
+
+    def demand(self, now: float) -> float:
+        """Tokens the live sessions here will want cached soon: each session's context
+        weighted by how soon it sends (module docstring)."""
+        horizon = self.horizon_s
+        total = 0.0
+        for f in self._sessions.values():
+            wake = f.wake_at
+            if f.busy or wake is None or wake - now <= horizon:
+                total += f.tokens
+            else:
+                total += f.tokens * horizon / (wake - now)
+        return total
+
+    def context(self, session_id: str) -> int:
+        """The session's context tokens here (0 if it holds none)."""
+        f = self._sessions.get(session_id)
+        return 0 if f is None else f.tokens
+
+    def stack_distance(self, session_id: str) -> int:
+        """Tokens touched here since the session last touched its own context: the
+        contexts of the sessions that ran after it (in flight ones included)."""
+        f = self._sessions.get(session_id)
+        if f is None:
+            return 0
+        since = f.touched
+        return sum(
+            o.tokens
+            for sid, o in self._sessions.items()
+            if (o.touched > since or o.busy) and sid != session_id
+        )
+
+    def resident(self, session_id: str) -> int | None:
+        """Tokens of the session's context likely still cached here (LRU: what fits
+        above the stack distance), or None while the capacity is unknown."""
+        capacity = self.capacity_tokens
+        f = self._sessions.get(session_id)
+        if f is None:
+            return 0
+        if capacity is None:
+            return None
+        room = capacity - self.stack_distance(session_id)
+        return int(min(max(room, 0.0), float(f.tokens)))
+
+    # ------------------------------------------------------------ what happens
+
+    def _tick(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def start(self, session_id: str, tokens: int) -> None:
+        """A call of the session was sent here: its context (at least ``tokens``) is
+        touched and in use."""
+        f = self._sessions.get(session_id)
+        if f is None:
+            self._sessions[session_id] = _Footprint(tokens, self._tick(), None, True)
+            return
+        f.tokens = max(f.tokens, tokens)
+        f.touched = self._tick()
+        f.busy = True
+
+    def finish(self, session_id: str, tokens: int | None, wake_at: float | None) -> None:
+        """The session's call here ended: it holds ``tokens`` of context (None: as
+        before) and will send again at ``wake_at`` (None: unknown)."""
+        f = self._sessions.get(session_id)
+        if f is None:
+            return
+        if tokens is not None:
+            f.tokens = tokens
+        f.touched = self._tick()
+        f.busy = False
+        f.wake_at = wake_at
+
+    def leave(self, session_id: str) -> None:
+        """The session ended, or moved away: its context counts here no more."""
+        self._sessions.pop(session_id, None)
+
+    def observe(self, distance: int, previous: int, cached: int) -> None:
+        """A resumed turn here: ``previous`` tokens of context left by its last call,
+        ``cached`` of them found cached, ``distance`` tokens touched by others between
+        (its stack distance when it was sent). An eviction tells the capacity: the cache
+        held ``distance + cached`` at most; a full hit that the estimate called an
+        eviction tells it held ``distance + previous`` at least."""
+        if previous < _MIN_CONTEXT:
+            return
+        estimate = self.capacity_tokens
+        if 2 * cached < previous:  # evicted (RetentionEstimator's rule for a hit)
+            self.evictions += 1
+            held = float(distance + cached)
+            if estimate is None:
+                self._learned = held
+            elif held < estimate:
+                self._learned = estimate + _LEARN_RATE * (held - estimate)
+        elif estimate is not None and self._learned is not None:
+            held = float(distance + previous)
+            if held > estimate:
+                learned = estimate + _LEARN_RATE * (held - estimate)
+                # Back at the engine's or configured figure: the learned one is dropped.
+                self._learned = None if self.capacity and learned >= self.capacity else learned
+
+    def set_capacity(self, tokens: int, source: CapacitySource) -> None:
+        """The engine (or a setting) says the capacity is ``tokens``."""
+        if tokens <= 0:
+            return
+        self.capacity = tokens
+        self._given = source
+        if self._learned is not None and self._learned >= tokens:
+            self._learned = None

@@ -1,0 +1,181 @@
+"""Placement by working set: the per-replica KV shadow (scheduling/_workingset.py) and the
+session router's memory rules (docs/routing.md, "Placement by working set")."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentrt.scheduling._routing import EndpointLoad, RouteKey, SessionAffinity, kv_fill
+from agentrt.scheduling._signals import parse_cache_config
+from agentrt.scheduling._workingset import KvShadow
+
+# ---------------------------------------------------------------- the shadow
+
+
+def test_stack_distance_counts_only_what_ran_after_the_session() -> None:
+    kv = KvShadow(1000)
+    kv.start("a", 300)
+    kv.finish("a", 300, None)
+    kv.start("b", 200)
+    kv.finish("b", 200, None)
+    kv.start("c", 100)  # still in flight
+    assert kv.stack_distance("a") == 300  # b and c ran after a
+    assert kv.stack_distance("b") == 100  # c only
+    assert kv.stack_distance("c") == 0
+    assert kv.resident("a") == 300  # 1000 - 300 >= 300: all of it fits
+    kv.start("d", 500)
+    kv.finish("d", 500, None)
+    # a: 800 touched after it, 200 of its 300 left under LRU
+    assert kv.resident("a") == 200
+    assert kv.resident("d") == 500
+    assert kv.resident("nobody") == 0
+
+
+def test_resident_is_unknown_without_a_capacity() -> None:
+    kv = KvShadow()
+    kv.start("a", 300)
+    assert kv.resident("a") is None
+    assert kv.capacity_tokens is None and kv.source is None
+
+
+def test_demand_weighs_sessions_by_when_they_wake() -> None:
+    kv = KvShadow(10_000, horizon_s=30.0)
+    kv.start("busy", 1000)  # in flight: full weight
+    kv.start("soon", 2000)
+    kv.finish("soon", 2000, wake_at=110.0)  # wakes in 10 s: full weight
+    kv.start("late", 3000)
+    kv.finish("late", 3000, wake_at=220.0)  # wakes in 120 s: 30/120 of it
+    kv.start("unknown", 400)
+    kv.finish("unknown", 400, None)  # unknown wait: full weight
+    assert kv.demand(100.0) == pytest.approx(1000 + 2000 + 3000 * 30 / 120 + 400)
+    kv.leave("late")  # its job ended: it weighs nothing
+    assert kv.demand(100.0) == pytest.approx(3400)
+    assert kv.sessions == 3 and kv.tokens() == 3400
+
+
+def test_an_eviction_teaches_the_capacity_and_hits_give_it_back() -> None:
+    kv = KvShadow()  # nothing known
+    kv.observe(distance=5000, previous=2000, cached=0)  # evicted: held at most 5000
+    assert kv.capacity_tokens == 5000 and kv.source == "learned" and kv.evictions == 1
+    kv.observe(distance=3000, previous=2000, cached=500)  # held at most 3500
+    assert kv.capacity_tokens == pytest.approx(5000 + 0.25 * (3500 - 5000))
+    before = kv.capacity_tokens
+    kv.observe(distance=9000, previous=2000, cached=2000)  # a hit beyond the estimate
+    assert kv.capacity_tokens is not None and kv.capacity_tokens > before
+
+
+def test_the_engine_figure_caps_the_learned_one() -> None:
+    kv = KvShadow()
+    kv.set_capacity(8000, "engine")
+    assert kv.capacity_tokens == 8000 and kv.source == "engine"
+    kv.observe(distance=4000, previous=2000, cached=0)  # a fleet's share: less is ours
+    assert kv.capacity_tokens == pytest.approx(8000 + 0.25 * (4000 - 8000))
+    assert kv.source == "learned"
+    for _ in range(40):  # full hits far above the estimate bring it back to the engine's
+        kv.observe(distance=20_000, previous=2000, cached=2000)
+    assert kv.capacity_tokens == 8000 and kv.source == "engine"
+
+
+def test_tiny_contexts_teach_nothing() -> None:
+    kv = KvShadow()
+    kv.observe(distance=100, previous=100, cached=0)
+    assert kv.capacity_tokens is None and kv.evictions == 0
+
+
+def test_bad_capacity_is_refused() -> None:
+    with pytest.raises(ValueError, match="KV capacity"):
+        KvShadow(0)
+    with pytest.raises(ValueError, match="horizon_s"):
+        KvShadow(10, horizon_s=float("nan"))
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abcdef"), st.integers(0, 5000), st.booleans()),
+        max_size=40,
+    ),
+    st.integers(1, 20_000),
+)
+def test_resident_never_exceeds_context_or_capacity(
+    steps: list[tuple[str, int, bool]], capacity: int
+) -> None:
+    kv = KvShadow(capacity)
+    for sid, tokens, leave in steps:
+        if leave:
+            kv.leave(sid)
+        else:
+            kv.start(sid, tokens)
+            kv.finish(sid, tokens, None)
+    for sid in "abcdef":
+        r = kv.resident(sid)
+        assert r is not None and 0 <= r <= min(kv.context(sid), capacity)
+
+
+def test_the_engine_capacity_gauge_is_read() -> None:
+    page = (
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig.\n"
+        'vllm:cache_config_info{block_size="16",num_gpu_blocks="2048"} 1.0\n'
+    )
+    config = parse_cache_config(page)
+    assert config is not None and config.gpu_blocks * config.block_size == 32768
+    assert parse_cache_config("garbage{") is None
+
+
+# ---------------------------------------------------------------- the router's rules
+
+
+def _loads(demands: list[float], capacity: float = 10_000) -> list[EndpointLoad]:
+    return [EndpointLoad(kv_capacity=capacity, kv_demand=d) for d in demands]
+
+
+def test_a_session_evicted_at_an_overfull_home_moves_where_it_fits() -> None:
+    router = SessionAffinity(salt=b"x")
+    loads = _loads([15_000, 9_500, 2_000])
+    key = RouteKey("s", home=0, first_turn=False, tokens=3000, context=3000, resident=0)
+    assert router.choose(loads, key, ()) == 2  # 1 has no room for 3000 more
+    assert router.move_reason == "memory" and router.moves == {"memory": 1}
+
+
+def test_a_session_still_cached_at_an_overfull_home_stays() -> None:
+    router = SessionAffinity(salt=b"x")
+    loads = _loads([15_000, 2_000, 2_000])
+    key = RouteKey("s", home=0, first_turn=False, tokens=3000, context=3000, resident=2900)
+    assert router.choose(loads, key, ()) == 0
+    assert router.move_reason is None
+
+
+def test_an_evicted_session_stays_when_home_has_room_or_nothing_else_does() -> None:
+    router = SessionAffinity(salt=b"x")
+    key = RouteKey("s", home=0, first_turn=False, tokens=3000, context=3000, resident=0)
+    assert router.choose(_loads([8_000, 1_000]), key, ()) == 0  # home not overfull
+    assert router.choose(_loads([15_000, 9_000, 9_500]), key, ()) == 0  # no room elsewhere
+    assert router.moves == {}
+
+
+def test_first_turns_go_where_working_sets_leave_room() -> None:
+    router = SessionAffinity(salt=b"x")
+    key = RouteKey("s", home=None, first_turn=True, tokens=1000)
+    loads = _loads([9_000, 2_000, 8_500, 3_000])
+    # in-flight load would prefer replica 0 (idle), memory says 1 or 3
+    loads[1].in_flight = 2
+    loads[3].in_flight = 1
+    assert router.choose(loads, key, ()) == 3
+    assert kv_fill(loads[3], 1000) == pytest.approx(0.4)
+
+
+def test_with_ample_memory_first_turns_go_by_load_as_before() -> None:
+    router = SessionAffinity(salt=b"x")
+    key = RouteKey("s", home=None, first_turn=True, tokens=1000)
+    loads = _loads([4_000, 100, 3_000])
+    loads[1].in_flight = 3
+    loads[2].in_flight = 1
+    assert router.choose(loads, key, ()) == 0  # all under half full: load decides
+
+
+def test_unknown_capacities_change_nothing() -> None:
+    router = SessionAffinity(salt=b"x")
+    loads = [EndpointLoad(), EndpointLoad()]
+    key = RouteKey("s", home=0, first_turn=False, tokens=3000, context=3000, resident=None)
+    assert router.choose(loads, key, ()) == 0
