@@ -153,8 +153,11 @@ class Upkeep:
                 await self._poll(schedule, i, busy)
             self._note_view()
 
-    async def _poll(self, schedule: PollSchedule, i: int, busy: bool) -> None:
-        """Poll endpoint ``i``'s metrics once; its load and admission read them."""
+    async def _poll(
+        self, schedule: PollSchedule, i: int, busy: bool, first_turn: bool = False
+    ) -> None:
+        """Poll endpoint ``i``'s metrics once (``first_turn``: for a first turn about to
+        be placed); its load and admission read them."""
         e = self._core.endpoints[i]
         text = await self._fetch_metrics(e)
         if text is not None:
@@ -173,7 +176,14 @@ class Upkeep:
             e.load.kv_usage = signals.kv_usage
             e.admission.engine_signals(signals.running, signals.waiting)
         reading = None if text is None or signals is None else signals.reading
-        schedule.polled(i, anyio.current_time(), reading, busy, answered=text is not None)
+        schedule.polled(
+            i,
+            anyio.current_time(),
+            reading,
+            busy,
+            answered=text is not None,
+            first_turn=first_turn,
+        )
 
     async def fresh_view(self) -> None:
         """A first turn is about to be placed: the endpoints whose readings are stale
@@ -196,7 +206,7 @@ class Upkeep:
             with anyio.move_on_after(FIRST_TURN_WAIT_S):
                 async with anyio.create_task_group() as tg:
                     for i in stale:
-                        tg.start_soon(self._poll, schedule, i, True)
+                        tg.start_soon(self._poll, schedule, i, True, True)
             self._note_view()
         finally:
             self._refreshing = None

@@ -139,11 +139,14 @@ class PollSchedule:
         busy: bool,
         *,
         answered: bool = True,
+        first_turn: bool = False,
     ) -> None:
         """Endpoint ``index`` was polled at ``now``: it read ``reading`` (None: no engine
         metrics); ``busy``: the process had calls in flight or started some since the
         previous poll; ``answered=False``: the metrics did not answer (no reply, or a
-        5xx), which says nothing of whether the endpoint serves metrics."""
+        5xx), which says nothing of whether the endpoint serves metrics; ``first_turn``:
+        polled for a first turn about to be placed (the process is busy from now on:
+        the interval starts again at the base, whatever the reading)."""
         self._at[index] = now
         if not self._adaptive:
             self._next[index] = now + self._base
@@ -163,7 +166,7 @@ class PollSchedule:
             self._fails[index] = 0
             self._misses[index] = 0
             unchanged = reading == self._last[index]
-            if unchanged or not busy:
+            if (unchanged or not busy) and not first_turn:
                 interval = min(self._interval[index] * 2, base * AUTO_MAX_BACKOFF)
             else:
                 interval = base
