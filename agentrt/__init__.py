@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         JobClosedError,
         RuntimeClosedError,
         SessionClosedError,
+        WrongLoopError,
     )
     from ._notice import NoticeStatistics
     from ._protocol import PROTOCOL_VERSION, CallMetadata
@@ -57,6 +58,7 @@ __all__ = [
     "SyncRuntime",
     "SyncSession",
     "ToolReport",
+    "WrongLoopError",
     "__version__",
 ]
 
@@ -72,6 +74,7 @@ _HOMES: dict[str, str] = {
     "JobClosedError": "._errors",
     "RuntimeClosedError": "._errors",
     "SessionClosedError": "._errors",
+    "WrongLoopError": "._errors",
     "NoticeStatistics": "._notice",
     "PROTOCOL_VERSION": "._protocol",
     "CallMetadata": "._protocol",

@@ -123,6 +123,11 @@ class Attempts:
 
     async def _attempt(self) -> httpx.Response:
         """One attempt: route, admit, send once, check the reply."""
+        fresh = self.core.fresh_view
+        if fresh is not None:
+            placement = self.session.placement
+            if placement.home is None or placement.unserved:  # a first turn
+                await fresh()  # not placed on a stale view of the engines
         index = self._route()
         ep = self.core.endpoints[index]
         admission = ep.admission
@@ -289,7 +294,8 @@ class Attempts:
         meta = metadata(self.session, self.state, self.ticket, self.turn, self.max_out, self.clock)
         enc = ep.dialect.encode(meta, ep.options)
         if self.core.hooks:
-            self._sending(ep, queued, enc.headers)
+            wire = self.out.callers_session_id(enc, meta.session_id)
+            self._sending(ep, queued, enc.headers, wire)
         return self.out.to(ep, enc)
 
     async def _priority_refused(self, ep: _EndpointState, response: httpx.Response) -> bool:
@@ -323,8 +329,12 @@ class Attempts:
             self.core, self.ticket, self.state, ep.endpoint.url, self.suffix, outcome, elapsed
         )
 
-    def _sending(self, ep: _EndpointState, queued: bool, headers: dict[str, str]) -> None:
-        sending(self.core, self.ticket, self.state, ep.endpoint.url, queued, self.sent_at, headers)
+    def _sending(
+        self, ep: _EndpointState, queued: bool, headers: dict[str, str], wire: str | None
+    ) -> None:
+        sending(
+            self.core, self.ticket, self.state, ep.endpoint.url, queued, self.sent_at, headers, wire
+        )
 
     def _failed(self, ep: _EndpointState, error: str, *, will_retry: bool = False) -> None:
         attempt_failed(self.core, self.ticket, self.state, ep.endpoint.url, error, will_retry)

@@ -55,6 +55,11 @@ class _AsyncBlock(AbstractAsyncContextManager[_T_co]):
         def __exit__(self, *exc_info):
             return None
 
+        def __getattr__(self, name):
+            if name.startswith("_"):
+                raise AttributeError(name)
+            raise _not_entered(self._usage, name, "async with")
+
 
 class _SyncBlock(AbstractContextManager[_T_co]):
     """A ``with`` block of :class:`~agentrt.SyncRuntime` that, entered with ``async
@@ -88,6 +93,22 @@ class _SyncBlock(AbstractContextManager[_T_co]):
 
         async def __aexit__(self, *exc_info):
             return None
+
+        def __getattr__(self, name):
+            if name.startswith("_"):
+                raise AttributeError(name)
+            raise _not_entered(self._usage, name, "with")
+
+
+def _not_entered(usage: str, name: str, keyword: str) -> AttributeError:
+    """The error for ``block.name`` where ``block`` was never entered (``job =
+    rt.job("x"); job.session(...)``): one line that says how to write it."""
+    block, _, what = usage.partition(" as ")
+    inside = f" and use '{what}.{name}' inside it" if what else ""
+    return AttributeError(
+        f"{block} is a block that must be entered before use ({name!r} is not an "
+        f"attribute of the block): write '{keyword} {usage}:'{inside}"
+    )
 
 
 def async_block(

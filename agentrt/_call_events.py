@@ -101,6 +101,7 @@ def sending(
     queued: bool,
     sent_at: float,
     headers: dict[str, str],
+    wire_session_id: str | None = None,
 ) -> None:
     """Emit ``CallQueued`` (if it waited) and ``CallSent``; merge the hooks' headers."""
     if queued:
@@ -123,6 +124,7 @@ def sending(
         attempt=state.attempts,
         queue_s=state.queue_s,
         priority=state.priority,
+        wire_session_id=wire_session_id,
     )
     core.emit(event)
     for name, value in event.headers.items():

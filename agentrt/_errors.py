@@ -107,6 +107,9 @@ class WrongLoopError(AgentrtError, openai.OpenAIError):
     :class:`ClientClosedError`)."""
 
 
+WrongLoopError.__module__ = "agentrt"  # public (agentrt.__all__), as the ones above
+
+
 class ClientClosedError(RuntimeClosedError, openai.OpenAIError):
     """:class:`RuntimeClosedError` as a client agentrt built raises it. openai-python passes
     its own errors through as they are and (2.x) wraps any other one from the HTTP client

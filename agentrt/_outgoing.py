@@ -130,6 +130,25 @@ class Outgoing:
             self.lib, request, url, enc.headers, ep.authorization, content, self.placeholder
         )
 
+    def callers_session_id(self, enc: Encoding, session_id: str) -> str | None:
+        """The caller's own session id where the caller set a header or body field that
+        ``enc`` would fill with ``session_id`` (the caller's wins on the wire, so the
+        server knows the session by it); None where there is none."""
+        headers = self.request.headers
+        for name, value in enc.headers.items():
+            if value == session_id:
+                theirs = headers.get(name)
+                if theirs is not None and theirs != session_id:
+                    return str(theirs)
+        body = self.body
+        if body is not None:
+            for key, value in enc.body.items():
+                if value == session_id:
+                    theirs = body.get(key)
+                    if isinstance(theirs, str) and theirs != session_id:
+                        return theirs
+        return None
+
     def _asking(self, whole: bool) -> httpx.Request:
         """The caller's request asking for usage, built once: with the body serialized
         where it goes as it is (``whole``), else without one (an attempt's body, with a

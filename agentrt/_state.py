@@ -12,7 +12,7 @@ it back).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -152,6 +152,7 @@ class Placement:
         "last_reply_at",
         "session_id",
         "stable",
+        "unserved",
     )
 
     def __init__(self, session_id: str, stable: bool) -> None:
@@ -166,6 +167,9 @@ class Placement:
         replica could still hold for the next turn."""
         self.ended = False
         """The session ended (:meth:`unpin`): it counts in no replica's load."""
+        self.unserved = False
+        """``home`` was chosen for a first turn that has not been answered yet: nothing
+        of the session is there (a retry of that turn is still a first turn)."""
         self.distance: int | None = None
         """Tokens other sessions touched at its home between its previous call and this
         one (the stack distance when this call was routed there), for the capacity
@@ -193,7 +197,10 @@ class Placement:
             idle = None
             context, resident = 0, None
             now = anyio.current_time()
-            if home is not None:
+            # A home chosen for a first turn not answered yet (its attempt failed there)
+            # holds nothing of the session: the call is still its first turn.
+            held = None if self.unserved else home
+            if held is not None and home is not None:
                 if self.last_reply_at is not None:
                     idle = now - self.last_reply_at
                     endpoints[home].refresh_retention()
@@ -218,7 +225,7 @@ class Placement:
                 for e in endpoints:
                     e.refresh_kv(now)
             key = RouteKey(
-                sid, home, home is None, prefix, tokens, idle, self.stable, context, resident
+                sid, held, held is None, prefix, tokens, idle, self.stable, context, resident
             )
             index = core.router.choose([e.load for e in endpoints], key, avoid)
             core.router.served(index, key)
@@ -234,8 +241,9 @@ class Placement:
             endpoints[index].load.sessions += 1
             if home is not None:
                 endpoints[home].load.sessions -= 1
-        if home is None:
-            return index, None
+        if home is None or self.unserved:
+            self.unserved = True
+            return index, None  # nothing of the session was anywhere: not a move
         if home in avoid or not endpoints[home].load.healthy:
             return index, "unavailable"
         reason: str | None = getattr(core.router, "move_reason", None)
@@ -255,6 +263,7 @@ class Placement:
         whether that replica still had the prefix (only where replies feed the retention
         estimates and the working sets)."""
         self.last_reply_at = now
+        self.unserved = False
         index = self.home
         if index is None or not core.learn_retention:
             return
@@ -385,6 +394,10 @@ class _Core:
         """Set when an endpoint is marked down (wakes the runtime's prober)."""
         self.notices: Notices | None = None
         """Sends tool-start notices (set by Runtime)."""
+        self.fresh_view: Callable[[], Awaitable[None]] | None = None
+        """Polls the endpoints whose engine readings are stale, for a first turn about
+        to be placed (set while the runtime's block lasts, with the default polls:
+        ``Upkeep.fresh_view``)."""
         self.clock: Callable[[], float] = anyio.current_time
         """The clock of calls (``anyio.current_time``'s), set to the runtime's event loop's
         own when it opens (0.06 µs a read against 0.4 µs): a runtime lives in one loop."""

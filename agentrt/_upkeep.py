@@ -21,7 +21,7 @@ from ._log import health_log
 from ._notice import Notices
 from ._state import _Core, _EndpointState, metrics_candidates
 from .scheduling._health import DEFAULT_PROBE_INTERVAL_S
-from .scheduling._poll import PollSchedule
+from .scheduling._poll import FIRST_TURN_WAIT_S, PollSchedule
 from .scheduling._signals import EngineSignals, parse_cache_config, parse_vllm_metrics
 
 __all__ = ["Upkeep"]
@@ -53,9 +53,14 @@ class Upkeep:
         """``poll_metrics_s="auto"``: the schedule adapts to what the polls read."""
         self._get_urls: dict[str, Any] = {}  # the URLs _get asks, parsed
         self._read_engine: Any = getattr(inner, "engine_reading", None)
+        self._read_capacity: Any = getattr(inner, "engine_capacity", None)
         """A transport that serves simulated engines in this process (the simulator's,
         ``agentrt.sim``) reads their load without a page to render and parse: the same
         signals, at a fraction of the CPU (a fleet's polls of a long replay)."""
+        self._schedule: PollSchedule | None = None
+        """When each endpoint's metrics are polled (while the block lasts, if polled)."""
+        self._refreshing: anyio.Event | None = None
+        """Set when the fresh polls a first turn asked for are done (while they run)."""
 
     async def start(self) -> None:
         """The runtime's block begins: notices may be sent, the dialects' session-end
@@ -82,6 +87,16 @@ class Upkeep:
             await self._tasks.__aenter__()
             self._notices.tasks = self._tasks
             core.health_changed = anyio.Event()
+            if self._poll_s is not None:
+                self._schedule = PollSchedule(
+                    len(core.endpoints),
+                    self._poll_s,
+                    adaptive=self._poll_adaptive,
+                    start=anyio.current_time(),
+                    rng=random.Random(random_bytes(16)),
+                )
+                if self._poll_adaptive:
+                    core.fresh_view = self.fresh_view
             self._tasks.start_soon(self.run)
 
     async def stop(self) -> None:
@@ -89,6 +104,7 @@ class Upkeep:
         ends, and the pending session ends are sent."""
         self._notices.open = False
         self._notices.tasks = None
+        self._core.fresh_view = None
         if self._tasks is not None:
             # Its scope encloses the runtime's block: leave it first (it ends at once).
             self._tasks.cancel_scope.cancel()
@@ -103,18 +119,8 @@ class Upkeep:
         (scheduling/_poll.py says when)."""
         core = self._core
         endpoints = core.endpoints
-        poll = self._poll_s
         probe_every = DEFAULT_PROBE_INTERVAL_S
-        schedule = None
-        if poll is not None:
-            rng = random.Random(random_bytes(16))
-            schedule = PollSchedule(
-                len(endpoints),
-                poll,
-                adaptive=self._poll_adaptive,
-                start=anyio.current_time(),
-                rng=rng,
-            )
+        schedule = self._schedule
         admitted = 0  # calls admitted anywhere, at the previous poll
         probe_at = -math.inf
         while True:
@@ -149,31 +155,72 @@ class Upkeep:
             busy = total != admitted or any(e.load.in_flight for e in endpoints)
             admitted = total
             for i in due:
-                e = endpoints[i]
-                signals: EngineSignals | None = self._read_direct(e)
-                direct = signals is not None
-                text = None if direct else await self._fetch_metrics(e)
-                if text is not None:
-                    signals = parse_vllm_metrics(text)
-                elif direct:
-                    pass
-                elif self._poll_adaptive:
-                    signals = EngineSignals()  # no answer: its load is unknown now
-                else:
-                    signals = None  # a fixed interval keeps the last reading
-                if text is not None and e.shadow.capacity is None:
-                    config = parse_cache_config(text)  # once: it does not change
-                    if config is not None:
-                        e.shadow.set_capacity(config.gpu_blocks * config.block_size, "engine")
-                if signals is not None:
-                    e.load.running = signals.running
-                    e.load.waiting = signals.waiting
-                    e.load.kv_usage = signals.kv_usage
-                    e.admission.engine_signals(signals.running, signals.waiting)
-                answered = direct or text is not None
-                reading = signals.reading if answered and signals is not None else None
-                schedule.polled(i, anyio.current_time(), reading, busy)
+                await self._poll(schedule, i, busy)
             self._note_view()
+
+    async def _poll(
+        self, schedule: PollSchedule, i: int, busy: bool, first_turn: bool = False
+    ) -> None:
+        """Poll endpoint ``i``'s metrics once (``first_turn``: for a first turn about to
+        be placed); its load and admission read them."""
+        e = self._core.endpoints[i]
+        signals: EngineSignals | None = self._read_direct(e)
+        direct = signals is not None
+        text = None if direct else await self._fetch_metrics(e)
+        if text is not None:
+            signals = parse_vllm_metrics(text)
+        elif direct:
+            pass
+        elif self._poll_adaptive:
+            signals = EngineSignals()  # no answer: its load is unknown now
+        else:
+            signals = None  # a fixed interval keeps the last reading
+        if text is not None and e.shadow.capacity is None:
+            config = parse_cache_config(text)  # once: it does not change
+            if config is not None:
+                e.shadow.set_capacity(config.gpu_blocks * config.block_size, "engine")
+        if signals is not None:
+            e.load.running = signals.running
+            e.load.waiting = signals.waiting
+            e.load.kv_usage = signals.kv_usage
+            e.admission.engine_signals(signals.running, signals.waiting)
+        answered = direct or text is not None
+        reading = signals.reading if answered and signals is not None else None
+        schedule.polled(
+            i,
+            anyio.current_time(),
+            reading,
+            busy,
+            answered=answered,
+            first_turn=first_turn,
+        )
+
+    async def fresh_view(self) -> None:
+        """A first turn is about to be placed: the endpoints whose readings are stale
+        (``PollSchedule.stale``) are polled now, all together, and the first turns that
+        come meanwhile wait for the same polls; none waits more than
+        ``FIRST_TURN_WAIT_S``."""
+        schedule = self._schedule
+        if schedule is None:
+            return
+        pending = self._refreshing
+        if pending is not None:
+            with anyio.move_on_after(FIRST_TURN_WAIT_S):
+                await pending.wait()
+            return
+        stale = schedule.stale(anyio.current_time())
+        if not stale:
+            return
+        self._refreshing = done = anyio.Event()
+        try:
+            with anyio.move_on_after(FIRST_TURN_WAIT_S):
+                async with anyio.create_task_group() as tg:
+                    for i in stale:
+                        tg.start_soon(self._poll, schedule, i, True, True)
+            self._note_view()
+        finally:
+            self._refreshing = None
+            done.set()
 
     def _note_view(self) -> None:
         """Record whose load routing compares now, in the settings jobs report."""
@@ -202,6 +249,10 @@ class Upkeep:
             got = read(url)
             if got is not None:
                 running, waiting, kv_usage = got
+                if ep.shadow.capacity is None and self._read_capacity is not None:
+                    tokens = self._read_capacity(url)  # the page's cache_config_info
+                    if tokens:
+                        ep.shadow.set_capacity(tokens, "engine")
                 return EngineSignals(running=running, waiting=waiting, kv_usage=kv_usage)
         return None
 

@@ -66,10 +66,12 @@ def test_runtimes_poll_engine_load_by_default_and_report_the_view(tmp_path: Path
                 assert {load.view for load in rt.endpoint_loads()} == {"engine"}
                 loads = rt.endpoint_loads()
                 assert all(load.running is not None for load in loads)
-            # Each endpoint polled, the busy one about every second (23 s), the idle
-            # ones (unchanged readings) less and less often.
+            # Each endpoint polled, the busy one more often (at the base interval while
+            # its readings change: as often as a poll finds this short session's call
+            # in flight; the first turn's fresh polls shift the phases), the idle ones
+            # (unchanged readings) less and less often.
             assert set(counting.gets) == {httpx.URL(u).host for u in cluster.base_urls}
-            assert max(counting.gets.values()) >= 12, counting.gets
+            assert max(counting.gets.values()) >= 8, counting.gets
             assert all(3 <= n <= 30 for n in counting.gets.values()), counting.gets
 
     virtual(main)

@@ -213,9 +213,12 @@ async def test_no_output_shows_the_credentials(
             hooks=[events.append],
         ) as rt:
             outputs["repr"] = repr(rt) + repr(rt.endpoints) + repr(rt.endpoint_loads())
-            # A call tried on the dead replica first, then failed over (a session move).
+            # A call tried on the dead replica first, then failed over (a retry; not a
+            # session move: no reply had come from the dead one); then the session is
+            # pinned on the dead replica, and its next call moves off it (a session move).
             async with rt.job("moved") as moved, moved.session("main") as s:
                 await s.chat(model="m", messages=MSG, max_tokens=2)
+                s.endpoint_index = 0
                 await s.chat(model="m", messages=MSG, max_tokens=2, stream=True)
         async with Runtime(
             [dead], transport=cluster.transport(), retry=FAST, journal=journal

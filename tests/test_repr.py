@@ -11,7 +11,7 @@ import pytest
 from agentrt import Endpoint, Runtime, SyncRuntime
 from agentrt.sim import Cluster
 from agentrt.telemetry import JobReport
-from agentrt.telemetry._report import _duration
+from agentrt.telemetry._report import _durations
 from tests._fake import MSG, FakeEngine
 from tests.sim._helpers import small_config
 
@@ -56,10 +56,12 @@ async def test_a_job_report_prints_a_short_summary() -> None:
     lines = text.splitlines()
     assert 3 <= len(lines) <= 5 and all(len(line) <= 80 for line in lines)
     assert lines[0] == f"job fix-bug ({report.job_id}): ok, deadline 30 s"
-    assert lines[1] == (
-        f"  JCT     {_duration(report.jct_s)}: LLM {_duration(report.critical_llm_s)}, "
-        f"tools {_duration(report.tool_s)}, queued {_duration(report.queue_s)}"
+    jct, llm, tools, queued = _durations(
+        report.jct_s, report.critical_llm_s, report.tool_s, report.queue_s
     )
+    assert lines[1] == f"  JCT     {jct}: LLM {llm}, tools {tools}, queued {queued}"
+    units = {part.split()[-1].rstrip(",") for part in lines[1].split(":")[1].split(", ")}
+    assert len(units) == 1, lines[1]  # one unit on the line (issue 35, item 14)
     assert lines[2] == "  calls   2 in 2 sessions, 1 tool wait"
     assert report.prompt_tokens > 0 and report.cache_hit_rate is not None
     assert lines[3] == (
@@ -98,8 +100,16 @@ def test_a_failed_job_report_names_its_error_in_one_line() -> None:
     }
     lines = str(JobReport(**data)).splitlines()
     assert lines[0] == "job triage (job-1): error"
-    assert lines[1] == "  JCT     1234 s: LLM 0 s, tools 250 ms, queued 0 s"
+    assert lines[1] == "  JCT     1234 s: LLM 0 s, tools 0.25 s, queued 0 s"  # one unit
     assert lines[2] == "  calls   0 in 1 session (3 retries, 1 session move), 2 tool waits"
     assert lines[3].endswith("cache hit n/a")
     assert lines[4].startswith("  error   RuntimeError: a long multi-line error a long")
     assert lines[4].endswith("…") and len(lines[4]) <= 80 and len(lines) == 5
+
+
+def test_durations_shown_together_share_one_unit() -> None:
+    """(issue 35, item 14) ``363 ms`` beside ``0 s`` read as two units."""
+    from agentrt.telemetry._report import _durations
+
+    assert _durations(0.363, 0.0, 0.0) == ["363 ms", "0 ms", "0 ms"]
+    assert _durations(12.345, 0.25, 0.0) == ["12.35 s", "0.25 s", "0 s"]

@@ -303,7 +303,11 @@ class ClientSpec:
             return ClientSpec("plain", "plain")
         head, sep, rest = text.partition(":")
         if head != "agentrt" or (sep and not rest):
-            raise ValueError(f"unknown client {text!r}. {CLIENT_SPEC_HELP}")
+            raise ValueError(
+                f"unknown client {text!r}: 'plain' or "
+                "'agentrt[:ROUTING+POLICY][@LIMIT][,key=value...]' (agentrt bench --help "
+                "lists the options)"
+            )
         fields: dict[str, Any] = {}
 
         def put(key: str, value: object) -> None:

@@ -692,6 +692,8 @@ def check_config(cfg: BenchConfig) -> None:
             )
     if cfg.users is not None and cfg.users < 1:
         raise ValueError("users must be >= 1")
+    if cfg.users is not None and cfg.rate is not None:
+        raise ValueError("give rate (open loop: Poisson arrivals) or users (closed loop), not both")
     if cfg.rate is not None and not cfg.rate > 0:
         raise ValueError("rate must be > 0 jobs per second")
     if isinstance(cfg.fleet, bool) or not isinstance(cfg.fleet, int) or cfg.fleet < 1:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ._base import SessionEnd
 
@@ -56,6 +56,10 @@ def _roots(urls: str | Sequence[str], what: str) -> tuple[str, ...]:
     return tuple(roots)
 
 
+MAX_CONCURRENT_ENDS: Final = 64
+"""Session-end requests in flight at once, per hook."""
+
+
 @asynccontextmanager
 async def session_ends(
     urls: str | Sequence[str],
@@ -64,19 +68,25 @@ async def session_ends(
     what: str,
     timeout_s: float,
     api_key: str | None,
-    transport: httpx.AsyncBaseTransport | None,
+    transport: object | None,
     authorization: str | None = None,
     endpoint: str | None = None,
 ) -> AsyncIterator[Hook]:
     """A hook that sends ``request`` to every root of ``urls`` when a session that made a
     call closes (with ``Authorization: Bearer <api_key>`` when given, else
     ``authorization`` as it is). With ``endpoint``, only sessions that sent a call to that
-    endpoint URL count. Ends still pending when the block exits are sent before it
-    returns; a failed request is dropped (the server then expires the session itself)."""
+    endpoint URL count. The session is named as its calls named it on the wire
+    (``CallSent.wire_session_id``: the caller's own id where the caller set it, else
+    agentrt's). The requests go through ``transport`` (an ``httpx`` or ``httpx2`` async
+    transport, lent: not closed here; None: a default one of this block's), at most
+    :data:`MAX_CONCURRENT_ENDS` at once, each bounded by ``timeout_s``; ends still
+    pending when the block exits are sent before it returns, all of them within
+    ``timeout_s`` of the exit (what is not answered by then is dropped, as is a failed
+    request: the server then expires the session itself)."""
     import anyio
-    import httpx
 
     from .._config import check_api_key
+    from .._httplib import http_lib
     from ..telemetry._events import CallSent, SessionClosed
 
     roots = _roots(urls, what)
@@ -85,8 +95,13 @@ async def session_ends(
         headers["authorization"] = authorization
     if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s > 0):
         raise ValueError(f"timeout_s must be a finite number > 0, got {timeout_s!r}")
+    lib = http_lib(transport)
+    mod = lib.mod
+    own = transport is None
+    inner: Any = mod.AsyncHTTPTransport() if own else transport
+    timeouts = {"connect": timeout_s, "read": timeout_s, "write": timeout_s, "pool": timeout_s}
     send, receive = anyio.create_memory_object_stream[str](max_buffer_size=math.inf)
-    called: set[str] = set()
+    called: dict[str, str] = {}  # agentrt's session id -> the id its calls carried
 
     def hook(event: Event) -> None:
         if isinstance(event, CallSent):
@@ -94,30 +109,53 @@ async def session_ends(
                 return
             if len(called) >= _MAX_TRACKED:
                 called.clear()
-            called.add(event.session_id)
-        elif isinstance(event, SessionClosed) and event.session_id in called:
-            called.discard(event.session_id)
-            send.send_nowait(event.session_id)
+            called[event.session_id] = event.wire_session_id or event.session_id
+        elif isinstance(event, SessionClosed):
+            wire = called.pop(event.session_id, None)
+            if wire is not None:
+                send.send_nowait(wire)
 
-    async def post_ends() -> None:
-        async with (
-            httpx.AsyncClient(timeout=timeout_s, headers=headers, transport=transport) as http,
-            receive,
-        ):
-            async for session_id in receive:
-                kwargs = request.send_kwargs(session_id)
-                for root in roots:
+    async def post(url: str, session_id: str, limiter: anyio.CapacityLimiter) -> None:
+        async with limiter:
+            with anyio.move_on_after(timeout_s):
+                try:
+                    message = mod.Request(
+                        "POST",
+                        url,
+                        headers=headers,
+                        extensions={"timeout": timeouts},
+                        **request.send_kwargs(session_id),
+                    )
+                    response = await inner.handle_async_request(message)
                     try:
-                        await http.post(f"{root}{request.path}", **kwargs)
-                    except Exception:  # any failure: the runtime's block must not fail on it
-                        continue
+                        await response.aread()
+                    finally:
+                        await response.aclose()
+                except Exception:  # any failure: the runtime's block must not fail on it
+                    return
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(post_ends)
-        try:
-            yield hook
-        finally:
-            send.close()
+    async def post_ends(scope: anyio.CancelScope) -> None:
+        limiter = anyio.CapacityLimiter(MAX_CONCURRENT_ENDS)
+        with scope:
+            async with receive, anyio.create_task_group() as posts:
+                async for session_id in receive:
+                    for root in roots:
+                        posts.start_soon(post, f"{root}{request.path}", session_id, limiter)
+
+    scope = anyio.CancelScope()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(post_ends, scope)
+            try:
+                yield hook
+            finally:
+                send.close()
+                # What is pending goes out now, all of it within timeout_s.
+                scope.deadline = anyio.current_time() + timeout_s
+    finally:
+        if own:
+            with anyio.CancelScope(shield=True):
+                await inner.aclose()
 
 
 FINISH_SESSION: Final = SessionEnd("/finish_session", param="session_id")
@@ -198,25 +236,10 @@ async def open_session_ends(
 ) -> tuple[AsyncExitStack, list[Hook]]:
     """The runtime's session ends: for each ``(endpoint URL, its dialect's session ends,
     its Authorization header)``, a hook per end that sends it to that endpoint's root for
-    the sessions whose calls went there. The stack closes them (sending what is pending).
-    ``transport`` is the runtime's own (lent, not closed) when it is a legacy ``httpx``
-    one, so tests and embedded engines see the requests; else a default one is made."""
-    import httpx
-
-    class Borrowed(httpx.AsyncBaseTransport):
-        """The runtime's transport, lent: closing the session-end client leaves it open
-        (the runtime closes it, if it owns it)."""
-
-        def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
-            self._inner = inner
-
-        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-            return await self._inner.handle_async_request(request)
-
-        async def aclose(self) -> None:
-            return None
-
-    lent = Borrowed(transport) if isinstance(transport, httpx.AsyncBaseTransport) else None
+    the sessions whose calls went there. The stack closes them (sending what is pending,
+    within ``timeout_s`` of its close). ``transport`` is the runtime's own (lent, not
+    closed): the ends go out as its calls do, with its proxy and TLS settings."""
+    lent = transport
     stack = AsyncExitStack()
     hooks: list[Hook] = []
     try:

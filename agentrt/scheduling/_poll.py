@@ -10,10 +10,23 @@ small without losing what routing needs:
 - while an endpoint's reading does not change, or while the process has no call in
   flight and started none since the previous poll (nothing to route), its interval
   doubles, up to :data:`AUTO_MAX_BACKOFF` times the base; a changed reading resets it;
-- an endpoint that serves no engine metrics (a 404, a page without vLLM's gauges, or
-  no answer) :data:`NO_METRICS_POLLS` times in a row is asked again only every
-  :data:`NO_METRICS_S` seconds; its load is then this process's own calls only
-  (:attr:`~agentrt.scheduling.EndpointLoad.view` ``"local"``).
+- an endpoint that serves no engine metrics (a 404, or a page without vLLM's gauges)
+  :data:`NO_METRICS_POLLS` times in a row is asked again only every :data:`NO_METRICS_S`
+  seconds; its load is then this process's own calls only
+  (:attr:`~agentrt.scheduling.EndpointLoad.view` ``"local"``);
+- an endpoint whose metrics do not answer (no reply within 3 s, or a 5xx: a blip, an
+  engine restarting) is not one without metrics: its view is ``"local"`` until it
+  answers again, and it is asked again at the base interval :data:`NO_METRICS_POLLS`
+  times, then at doubling intervals up to :data:`AUTO_MAX_BACKOFF` times the base, so
+  that a blip of a few seconds blinds routing for about a second after it ends, never
+  for a minute.
+
+A first turn is not placed on a stale view: where the process's readings of some
+endpoints are older than the base interval (it backed off while idle, or has not polled
+yet), a session's first turn has those endpoints polled at once, all together and
+shared by the first turns that come meanwhile, and waits for the readings up to
+:data:`FIRST_TURN_WAIT_S` (:meth:`PollSchedule.stale` says which; endpoints that serve
+no metrics, or whose metrics do not answer, are not waited for).
 
 A fixed interval (``poll_metrics_s=1.0``) polls every endpoint at exactly that interval,
 all together, as it always did.
@@ -28,6 +41,7 @@ from typing import Final
 __all__ = [
     "AUTO_MAX_BACKOFF",
     "AUTO_POLL_S",
+    "FIRST_TURN_WAIT_S",
     "NO_METRICS_POLLS",
     "NO_METRICS_S",
     "PollSchedule",
@@ -46,6 +60,9 @@ NO_METRICS_POLLS: Final = 3
 NO_METRICS_S: Final = 60.0
 """How often an endpoint that serves no engine metrics is asked again, seconds."""
 
+FIRST_TURN_WAIT_S: Final = 0.5
+"""The longest a first turn waits for fresh readings of stale endpoints, seconds."""
+
 Reading = tuple[int | None, int | None, float | None]
 """What one poll read: the engine's running and waiting requests and its KV usage."""
 
@@ -58,7 +75,17 @@ class PollSchedule:
     docstring, its randomness drawn from ``rng``.
     """
 
-    __slots__ = ("_adaptive", "_base", "_interval", "_last", "_misses", "_next", "_rng")
+    __slots__ = (
+        "_adaptive",
+        "_at",
+        "_base",
+        "_fails",
+        "_interval",
+        "_last",
+        "_misses",
+        "_next",
+        "_rng",
+    )
 
     def __init__(
         self, n: int, interval: float, *, adaptive: bool, start: float, rng: random.Random
@@ -70,6 +97,8 @@ class PollSchedule:
         self._rng = rng
         self._interval = [interval] * n
         self._misses = [0] * n
+        self._fails = [0] * n
+        self._at = [-math.inf] * n  # when each was last polled
         self._last: list[Reading | None] = [None] * n
         # Adaptive: a random phase each, so that processes started together spread
         # their first polls.
@@ -83,25 +112,61 @@ class PollSchedule:
         """The endpoints whose poll is due at ``now``."""
         return [i for i, t in enumerate(self._next) if t <= now]
 
+    def stale(self, now: float) -> list[int]:
+        """The endpoints whose last reading is older than the base interval (never
+        polled included) and that serve metrics that answer: what a first turn has
+        polled before it is placed (adaptive schedule only; a fixed one: none)."""
+        if not self._adaptive:
+            return []
+        horizon = now - self._base
+        return [
+            i
+            for i, at in enumerate(self._at)
+            if at < horizon
+            and self._misses[i] < NO_METRICS_POLLS
+            and self._fails[i] < NO_METRICS_POLLS
+        ]
+
     def interval(self, index: int) -> float:
         """Endpoint ``index``'s current interval, seconds (before jitter)."""
         return self._interval[index]
 
-    def polled(self, index: int, now: float, reading: Reading | None, busy: bool) -> None:
+    def polled(
+        self,
+        index: int,
+        now: float,
+        reading: Reading | None,
+        busy: bool,
+        *,
+        answered: bool = True,
+        first_turn: bool = False,
+    ) -> None:
         """Endpoint ``index`` was polled at ``now``: it read ``reading`` (None: no engine
         metrics); ``busy``: the process had calls in flight or started some since the
-        previous poll."""
+        previous poll; ``answered=False``: the metrics did not answer (no reply, or a
+        5xx), which says nothing of whether the endpoint serves metrics; ``first_turn``:
+        polled for a first turn about to be placed (the process is busy from now on:
+        the interval starts again at the base, whatever the reading)."""
+        self._at[index] = now
         if not self._adaptive:
             self._next[index] = now + self._base
             return
         base = self._base
-        if reading is None or reading == (None, None, None):
+        if not answered:
+            self._fails[index] += 1
+            if self._fails[index] <= NO_METRICS_POLLS:
+                interval = base
+            else:
+                interval = min(self._interval[index] * 2, base * AUTO_MAX_BACKOFF)
+        elif reading is None or reading == (None, None, None):
+            self._fails[index] = 0
             self._misses[index] += 1
             interval = NO_METRICS_S if self._misses[index] >= NO_METRICS_POLLS else base
         else:
+            self._fails[index] = 0
             self._misses[index] = 0
             unchanged = reading == self._last[index]
-            if unchanged or not busy:
+            if (unchanged or not busy) and not first_turn:
                 interval = min(self._interval[index] * 2, base * AUTO_MAX_BACKOFF)
             else:
                 interval = base

@@ -389,10 +389,11 @@ class SessionAffinity:
       "engine"``), its engine runs and queues more than :data:`ENGINE_FLOOR_CALLS`
       requests. An endpoint carrying at most one call's worth is never overloaded.
     * A first turn of a session whose id the caller gave (``key.stable``: another
-      process may hold its earlier turns) goes where every process sends it: the first
-      endpoint in the rendezvous order of its id (:class:`HashAffinity`'s, by endpoint
-      name) that is allowed and not overloaded as its engine reports it (this process's
-      own calls, which other processes do not see, never skip one).
+      process may hold its earlier turns), or such a session that moves, goes where
+      every process sends it: the first endpoint in the rendezvous order of its id
+      (:class:`HashAffinity`'s, by endpoint name) that is allowed and not overloaded as
+      its engine reports it (this process's own calls, which other processes do not
+      see, never skip one). A failover thus follows the same order in every process.
     * Otherwise (first turn, or the session moves) the call goes to the allowed endpoint
       that last served the longest known prefix of the prompt (``key.prefix``, learned
       through :meth:`served`) if its load is at most the allowed endpoints' mean plus
@@ -529,9 +530,11 @@ class SessionAffinity:
         """A first turn's or a moving session's endpoint: a caller-given id's rendezvous
         choice; else the prefix holder, if it is not loaded above the mean; else the
         least loaded."""
-        if key.stable and key.home is None:
-            # Every process must pick alike: only the engines' load (which they all
-            # see) may skip an endpoint, never this process's own calls.
+        if key.stable:
+            # Every process must pick alike, on a first turn and when the session
+            # moves (its replica down: failover follows the same agreed order): only
+            # the engines' load (which they all see) may skip an endpoint, never this
+            # process's own calls.
             allowed = set(pool)
             for i in _rendezvous(key.session_id, _names(self._names, len(loads)), loads):
                 if i in allowed and not (loads[i].view == "engine" and self.overloaded(loads, i)):
@@ -637,6 +640,22 @@ _NAMED: Final = frozenset({"session_affinity", "hash"})
 """Routers that hash by endpoint name (they take ``endpoints=``)."""
 
 
+def _name_endpoints(router: SessionAffinity | HashAffinity, endpoints: Sequence[str]) -> None:
+    """Name a router object's endpoints by the runtime's URLs, in the runtime's order, so
+    that it hashes by URL as one made by name does (never by position: two processes
+    listing the same replicas in another order must agree). A router already named must
+    name the same endpoints."""
+    names = _check_names(endpoints)
+    assert names is not None
+    known = router._names
+    if known is not None and sorted(known) != sorted(names):
+        raise ValueError(
+            f"router {router.name!r} was built for endpoints "
+            f"{[n.decode() for n in known]}, the runtime has {list(endpoints)}"
+        )
+    router._names = names
+
+
 def make_router(
     routing: str | Router, *, endpoints: Sequence[str] | None = None, **options: Any
 ) -> Router:
@@ -650,6 +669,8 @@ def make_router(
     if not isinstance(routing, str):
         if options:
             raise ValueError("router options apply only to a router given by name")
+        if endpoints is not None and isinstance(routing, SessionAffinity | HashAffinity):
+            _name_endpoints(routing, endpoints)
         return routing
     name = _ALIASES.get(routing, routing)
     factory = _ROUTERS.get(name)

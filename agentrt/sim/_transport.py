@@ -201,6 +201,18 @@ class ASGIDispatchTransport(httpx.AsyncBaseTransport):
         waiting, running, kv_usage = engine._live_metrics()
         return running, waiting, min(max(kv_usage, 0.0), 1.0)
 
+    def engine_capacity(self, url: str) -> int | None:
+        """The KV capacity in tokens a simulated replica's ``/metrics`` page at ``url``
+        shows in its ``vllm:cache_config_info`` gauge (``num_gpu_blocks * block_size``),
+        read from its engine; None for any other URL (see :meth:`engine_reading`)."""
+        if self.engine_reading(url) is None:
+            return None
+        engine = self._readers[url][0]
+        if engine is None:  # pragma: no cover - engine_reading said it is there
+            return None
+        cfg = engine.config
+        return int(cfg.num_gpu_blocks * cfg.block_size)
+
     async def post_status(
         self, url: str, headers: list[tuple[bytes, bytes]], body: bytes
     ) -> int | None:

@@ -149,6 +149,10 @@ class CallSent(Event):
     headers: dict[str, str] = field(default_factory=dict)
     """Hooks may add headers to the attempt here (e.g. W3C ``traceparent``); names lower
     case. Values are checked like every header agentrt sends (no CR/LF, bounded)."""
+    wire_session_id: str | None = None
+    """The session id this attempt carries on the wire where the caller set its own in
+    place of agentrt's (a header or body field the dialect would fill with the session
+    id: the caller's wins); None when the wire carries ``session_id``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

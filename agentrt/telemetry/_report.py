@@ -191,10 +191,10 @@ class JobReport(BaseModel):
         head = f"job {self.name} ({self.job_id}): {self.status}"
         if self.deadline_s is not None:
             head += f", deadline {self.deadline_s:g} s"
-        split = (
-            f"LLM {_duration(self.critical_llm_s)}, tools {_duration(self.tool_s)}, "
-            f"queued {_duration(self.queue_s)}"
+        jct, llm, tools, queued = _durations(
+            self.jct_s, self.critical_llm_s, self.tool_s, self.queue_s
         )
+        split = f"LLM {llm}, tools {tools}, queued {queued}"
         calls = f"{self.calls} in {_count(self.sessions, 'session')}"
         extra = [
             _count(n, what)
@@ -212,7 +212,7 @@ class JobReport(BaseModel):
         )
         lines = [
             head,
-            f"  JCT     {_duration(self.jct_s)}: {split}",
+            f"  JCT     {jct}: {split}",
             f"  calls   {calls}",
             f"  tokens  {self.prompt_tokens:,} prompt, {self.completion_tokens:,} completion; "
             + cached,
@@ -233,13 +233,13 @@ class JobReport(BaseModel):
         return "\n".join(lines)
 
 
-def _duration(seconds: float) -> str:
-    """``0 s``, ``250 ms``, ``12.35 s``, ``1234 s``."""
-    if seconds == 0:
-        return "0 s"
-    if abs(seconds) < 0.9995:
-        return f"{seconds * 1000:.0f} ms"
-    return f"{seconds:.2f} s" if abs(seconds) < 1000 else f"{seconds:.0f} s"
+def _durations(*seconds: float) -> list[str]:
+    """Durations shown together, in one unit, the largest's: ``363 ms, 0 ms`` below a
+    second, else ``12.35 s, 0.25 s, 0 s`` (``1234 s`` from 1000 s on)."""
+    top = max((abs(x) for x in seconds), default=0.0)
+    if top < 0.9995:
+        return [f"{x * 1000:.0f} ms" for x in seconds]
+    return ["0 s" if x == 0 else f"{x:.2f} s" if abs(x) < 1000 else f"{x:.0f} s" for x in seconds]
 
 
 def _count(n: int, what: str) -> str:

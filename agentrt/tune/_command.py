@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from ..bench._fleet import FleetAssign
 from ..bench._parallel import Workers
@@ -145,16 +146,15 @@ def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
             f"  agentrt speaking its dialect, {peer_dialect(opts.gateway)}"
         )
     echo(capacity)
-    from ..bench._output import progress_bar
-
-    on = sys.stderr.isatty() if opts.progress is None else opts.progress
+    terminal = sys.stderr.isatty()
+    on = terminal if opts.progress is None else opts.progress
     replays = 0
-    with progress_bar(total, enabled=on) as advance:
+    with _Progress(total, bar=on and terminal, lines=on is not False and not terminal) as bar:
 
         def tick() -> None:
             nonlocal replays
             replays += 1
-            advance("tune: replays")
+            bar.tick()
 
         twin = Twin(
             plans,
@@ -177,6 +177,11 @@ def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
         fine_set = [recorded, combine(recorded, coarse)]
         fine_set += [s.setting for s in coarse if s.setting != recorded][: opts.top]
         fine_set = list(dict.fromkeys(fine_set))
+        # The fine round's replays, now that its settings are known (the total counted
+        # the most there could be).
+        fine_left = seeds * (len(fine_set) * len(LOADS) + 1)
+        fine_left -= sum(x in coarse_set for x in fine_set) * len(LOADS) + 1
+        bar.retotal(replays + max(0, fine_left))
         # Fine: the best few, on ``seeds`` windows spread over the journal.
         windows = [(i, seeds) for i in range(seeds)]
         fine_out = twin.run(fine_set, windows)
@@ -203,6 +208,72 @@ def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
     opts.out.write_text(to_toml(result, opts))
     echo(f"best settings: {opts.out}")
     return result
+
+
+PROGRESS_EVERY_S = 10.0
+"""How often tune says how far it is when its stderr is not a terminal, seconds."""
+
+
+class _Progress:
+    """tune's progress on stderr, counting replays: a rich bar on a terminal (``bar``,
+    kept when done), else (``lines``) one line every :data:`PROGRESS_EVERY_S` seconds
+    and one at the end; nothing when neither."""
+
+    def __init__(self, total: int, *, bar: bool, lines: bool, every_s: float = PROGRESS_EVERY_S):
+        self.total = total
+        self.done = 0
+        self._lines = lines
+        self._every_s = every_s
+        self._started = self._said = time.monotonic()
+        self._bar: Any = None
+        self._task: Any = None
+        if bar:
+            try:
+                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+            except ImportError:
+                self._lines = True
+            else:
+                self._bar = Progress(
+                    TextColumn("tune"), BarColumn(), MofNCompleteColumn(), TextColumn("replays")
+                )
+
+    def __enter__(self) -> _Progress:
+        if self._bar is not None:
+            self._bar.__enter__()
+            self._task = self._bar.add_task("tune", total=self.total)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._bar is not None:
+            if exc_info[0] is None:
+                self._bar.update(self._task, total=self.done, completed=self.done)
+            self._bar.__exit__(*exc_info)
+        elif self._lines and exc_info[0] is None:
+            self._say(done=True)
+
+    def retotal(self, total: int) -> None:
+        """The replays there will be, known better."""
+        self.total = max(total, self.done)
+        if self._bar is not None:
+            self._bar.update(self._task, total=self.total)
+
+    def tick(self) -> None:
+        """One replay done."""
+        self.done += 1
+        if self._bar is not None:
+            self._bar.update(self._task, advance=1)
+        elif self._lines and time.monotonic() - self._said >= self._every_s:
+            self._say()
+
+    def _say(self, done: bool = False) -> None:
+        self._said = now = time.monotonic()
+        total = self.done if done else max(self.total, self.done)
+        end = ", done" if done else ""
+        print(
+            f"tune: {self.done}/{total} replays, {now - self._started:.0f} s{end}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def kv_capacity(opts: TuneOptions, engine: EngineConfig) -> tuple[EngineConfig, str]:
@@ -313,8 +384,9 @@ def _confidence(ranked: list[Score], recorded: Setting) -> str:
     when the best beats the runner-up (or, when it is not the recorded settings, the
     recorded ones) in every sample, by more than twice the spread on average;
     ``medium`` by more than the spread; ``low`` otherwise (keep the recorded settings
-    unless the gain is worth it)."""
-    if len(ranked) < 2:
+    unless the gain is worth it). One sample (one window: ``--force`` on a short
+    journal) has no spread to judge by: ``low``."""
+    if len(ranked) < 2 or len(ranked[0].samples) < 2:
         return "low"
     best = ranked[0]
     other = ranked[1]

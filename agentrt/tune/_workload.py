@@ -31,7 +31,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from ..bench._plan import BLOCK_TOKENS, Call, Fanout, JobPlan, SessionPlan, Step
 from ..telemetry._journal import JournalWarning, iter_journal
@@ -114,6 +114,10 @@ def load(paths: Sequence[str | os.PathLike[str]]) -> Observed:
     endpoints = {c.endpoint for r in usable for c in r.call_reports if c.endpoint}
     runtime_eps = [r.runtime.get("endpoints") for r in usable if r.runtime]
     replicas = max([len(endpoints), *[n for n in runtime_eps if isinstance(n, int)], 1])
+    if not isinstance(recorded.get("endpoints"), int):
+        # Not recorded (Runtime's defaults assumed, an older journal): as many as the
+        # calls went to, which says whether poll_metrics_s="auto" polled.
+        recorded["endpoints"] = replicas
     fleet = max(fleet_members(usable, runtimes)) + 1
     return Observed(usable, recorded, known, replicas, skipped, tuple(runtimes), fleet)
 
@@ -152,6 +156,10 @@ def _usable(call: CallReport) -> bool:
     return call.prompt_tokens is not None and call.latency_s is not None
 
 
+_POLLED: Final = ("poll_metrics_s", "endpoints")
+"""The runtime fields besides :data:`TUNED` that say whether the engines were polled."""
+
+
 def _recorded(reports: list[JobReport]) -> tuple[dict[str, Any], bool]:
     """The settings most jobs ran with (their ``runtime``), else the bench client named
     in their metadata, else Runtime's defaults."""
@@ -159,8 +167,9 @@ def _recorded(reports: list[JobReport]) -> tuple[dict[str, Any], bool]:
     for r in reports:
         settings = r.runtime or _from_client(r.metadata.get("client"))
         if settings:
-            # poll_metrics_s: whether "engine" capped (it caps only when polled)
-            key = tuple(sorted((k, settings.get(k)) for k in (*TUNED, "poll_metrics_s")))
+            # poll_metrics_s: whether "engine" capped (it caps only when polled); with
+            # "auto", the endpoints say whether it polled (several: polled)
+            key = tuple(sorted((k, settings.get(k)) for k in (*TUNED, *_POLLED)))
             counts[key] = counts.get(key, 0) + 1
     if not counts:
         return runtime_defaults(), False

@@ -165,6 +165,35 @@ def test_the_demo_and_agentrt_report_show_one_cache_figure(demo_run: dict[str, A
     assert f"{moves} of its " in " ".join(demo_run["text"].split())
 
 
+def test_the_figure_s_cache_bars_are_the_table_s_and_its_title_s(
+    demo_run: dict[str, Any],
+) -> None:
+    """One source for every cache figure shown together (issue 35, item 12): the bars,
+    the panel's title ratio and the table's column all read the journals' share, not the
+    engines' counters (which here are made to differ)."""
+    from types import SimpleNamespace
+
+    from agentrt.bench._demo import _x, cache_bars, headline
+
+    out: Path = demo_run["out"]
+    lines = demo_run["text"].splitlines()
+    clients = [
+        SimpleNamespace(
+            journal=str(out / f"journal-{client}.jsonl"),
+            prefix_cache_hit_rate=_journal_share(out / f"journal-{client}.jsonl") + 0.03,
+            jct={"mean": 1.0, "p50": 1.0, "p90": 1.0},
+            ttft=None,
+        )
+        for client in JOURNALS
+    ]
+    result: Any = SimpleNamespace(clients=clients)
+    bars = cache_bars(result)
+    for bar, client, label in zip(bars, JOURNALS, ("plain", "agentrt"), strict=True):
+        assert bar == pytest.approx(100 * _journal_share(out / f"journal-{client}.jsonl"))
+        assert _row(lines, label)[4] == f"{bar:.0f}%"
+    assert _x(headline(result).cache_hit) == _x(bars[1] / bars[0])
+
+
 def test_the_demo_config_is_what_the_docs_say() -> None:
     cfg = demo_config()
     assert cfg.workload == "coding" and cfg.clients == DEMO_CLIENTS

@@ -141,6 +141,10 @@ async def test_sessions_stick_to_one_replica_and_hit_its_cache(
     assert all((c.cached_tokens or 0) >= 128 for c in later), [c.cached_tokens for c in later]
 
 
+LONG = 256
+"""Output tokens of the stream held in flight while the router is asked about it."""
+
+
 async def settled(router: Router, session_id: str) -> dict[str, Any]:
     """The session's program once the router has finished its last request (the reply's
     end reaches the client a moment before the router books it)."""
@@ -181,7 +185,17 @@ async def test_program_scheduling_sees_agentrt_programs(
             async with rt.job("programs", deadline_s=600) as job, job.session("planner") as lead:
                 messages = [{"role": "user", "content": text(200)}]
                 lead.expect_idle(5.0)  # a tool wait after this reply: TTL 5 + 2 s margin
-                stream = await lead.chat(model=model, messages=messages, max_tokens=24, stream=True)
+                # The state asked about must hold while the router is asked: the reply
+                # cannot end before LONG tokens (ignore_eos, min_tokens), and the router
+                # is asked at its first chunk, LONG - 1 tokens before it can end (a reply
+                # of 24 tokens had ended on a busy machine before the question came).
+                stream = await lead.chat(
+                    model=model,
+                    messages=messages,
+                    max_tokens=LONG,
+                    stream=True,
+                    extra_body={"ignore_eos": True, "min_tokens": LONG},
+                )
                 in_flight: dict[str, Any] = {}
                 async for _ in stream:  # type: ignore[union-attr]
                     if not in_flight:
@@ -216,7 +230,7 @@ async def test_program_scheduling_sees_agentrt_programs(
     }
     # In flight: the request's hints as sent.
     assert in_flight["in_flight_requests"] == 1
-    assert in_flight["expected_output_tokens"] == 24
+    assert in_flight["expected_output_tokens"] == LONG
     # (deadline_seconds, what is left of the job's 600 s, is accepted with the call; the
     # diagnostics show a request's deadline only while it waits in the router's pool.)
     # After the reply, the declared wait holds the slot (acting, TTL armed to 7 s) ...
@@ -231,7 +245,7 @@ async def test_program_scheduling_sees_agentrt_programs(
     # The stream was counted: by agentrt (usage asked on the caller's behalf) and by the
     # router, which saw the usage in the stream.
     streamed = job.report.call_reports[0]
-    assert streamed.completion_tokens is not None and streamed.completion_tokens > 0
+    assert streamed.completion_tokens == LONG  # min_tokens held it to the end
     assert streamed.prompt_tokens is not None and streamed.prompt_tokens > 0
     assert held["last_output_actual_tokens"] == streamed.completion_tokens
     assert sum(r["rolling"]["request_samples"] for r in diagnostics["ranks"]) >= 1

@@ -1,0 +1,119 @@
+"""A first turn is not placed on a stale view of the engines (issue 35, item 8): the
+readings older than the base interval (none yet, or a schedule that backed off while
+idle) are polled at once and the first turn waits for them. Real HTTP servers on
+loopback serving vLLM's gauges and chat completions; asyncio and trio. The fleet-wide
+figure (16 processes started 0.25 s apart) is benchmarks/first_turns.py's."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import anyio
+import pytest
+
+from agentrt import Retry, Runtime
+
+FAST = Retry(attempts=1, wait_initial=0.0, wait_jitter=0.0)
+MSG = [{"role": "user", "content": "hi"}]
+REPLY = json.dumps(
+    {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
+).encode()
+
+
+class Engine:
+    """Answers chat completions; serves ``running`` as vLLM's gauge at ``/metrics``."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.polls: list[float] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                return None
+
+            def do_GET(self) -> None:
+                outer.polls.append(time.monotonic())
+                data = (
+                    f"vllm:num_requests_running {outer.running}\n"
+                    "vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.1\n"
+                ).encode()
+                self.send_response(200)
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length") or 0))
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(REPLY)))
+                self.end_headers()
+                self.wfile.write(REPLY)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def engines(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Engine]]:
+    # The bound on a first turn's wait (0.5 s) is for engines that do not answer; a
+    # busy CI machine's loopback server may take longer than that to: the tests check
+    # that the first turn waits for the readings, not how fast a loaded machine is.
+    monkeypatch.setattr("agentrt._upkeep.FIRST_TURN_WAIT_S", 10.0)
+    pair = [Engine(), Engine()]
+    yield pair
+    for e in pair:
+        e.close()
+
+
+async def _first_turn(rt: Runtime) -> str | None:
+    async with rt.job("j") as job, job.session() as s:
+        await s.chat(model="m", messages=MSG)
+    return job.report.call_reports[0].endpoint
+
+
+@pytest.mark.anyio
+async def test_a_first_turn_at_once_waits_for_the_engines_readings(
+    engines: list[Engine],
+) -> None:
+    """Right after the runtime opens (its first polls fall at a random phase within the
+    first second), a first turn still sees that one engine is busy."""
+    busy, idle = engines
+    busy.running = 6
+    for _ in range(8):
+        async with Runtime([busy.url, idle.url], retry=FAST) as rt:
+            assert await _first_turn(rt) == idle.url
+
+
+@pytest.mark.anyio
+async def test_a_first_turn_after_an_idle_spell_polls_again(engines: list[Engine]) -> None:
+    """An idle runtime's polls back off (to seconds apart); a first turn after the
+    engines' load changed sees the change, not the reading of seconds ago."""
+    a, b = engines
+    async with Runtime([a.url, b.url], retry=FAST) as rt:
+        await anyio.sleep(4.0)  # idle: the interval doubles, 1, 2, 4 s
+        for busy, idle in ((a, b), (b, a), (a, b)):
+            busy.running, idle.running = 6, 0
+            await anyio.sleep(1.1)  # older than the base interval: stale
+            assert await _first_turn(rt) == idle.url
