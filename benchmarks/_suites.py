@@ -52,6 +52,7 @@ SUITES: Final = (
                     "steady_claude_code_pressure.json",
                     "steady_coding.json",
                     "steady_claude_code_small.json",
+                    "steady_claude_code_seed1.json",
                 ),
             ),
             Entry(
@@ -89,7 +90,11 @@ SUITES: Final = (
         "cost.md",
         (
             Entry("overhead", "per-call overhead against a bare openai client on loopback"),
-            Entry("call_instructions", "CPU instructions per call (callgrind), per client"),
+            Entry(
+                "call_instructions",
+                "CPU instructions per call (callgrind), per client",
+                ("call_instructions_retried.json",),
+            ),
             Entry("transport_micro", "the transport's own CPU per call, no network"),
             Entry("telemetry_cost", "CPU per call of each telemetry hook"),
             Entry("scheduler_micro", "the scheduler's decision cost and memory"),
@@ -129,6 +134,12 @@ SUITES: Final = (
                 "fault_soak",
                 "healthy replicas stay up under faults that are not the endpoint's",
                 ("fault_soak.json",),
+            ),
+            Entry(
+                "first_turns",
+                "16 OS processes' first turns on agentrt sim serve: the busiest replica over "
+                "the mean",
+                ("first_turns.json",),
             ),
         ),
     ),
