@@ -516,6 +516,15 @@ def format_table(result: dict[str, Any]) -> str:
             f"{(hit * 100 if hit is not None else math.nan):>4.0f}% "
             f"{r['moves'] if r['moves'] is not None else '-'!s:>6}"
         )
+    failed = [r for r in result["rows"] if r.get("failed")]
+    if failed:
+        worst = max(failed, key=lambda r: r["failed"])
+        lines.append(
+            f"warning: jobs failed at {len(failed)} of {len(result['rows'])} points (up to "
+            f"{worst['failed']} of {worst['jobs']}, {worst['client']}); the figures leave them "
+            "out. A job whose context does not fit a replica's KV fails: give --max-context "
+            "below the KV capacity (--kv pressure holds a quarter of the preset's)"
+        )
     for kv, cap in result["capacity"].items():
         knees = ", ".join(
             f"{c} {v['capacity']:.4f} at N={v['knee_users']}" for c, v in cap["clients"].items()

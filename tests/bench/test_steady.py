@@ -107,6 +107,10 @@ def test_quick_study(tmp_path: Path) -> None:
     assert opened[0]["throughput"] == pytest.approx(opened[0]["rate"], rel=0.5)
     text = format_table(result)
     assert "capacity (ample)" in text and text.count("agentrt:defaults") >= 5
+    assert "warning: jobs failed" not in text
+    # A point whose jobs failed (contexts larger than the KV, say) is said, not hidden.
+    result["rows"][0] = {**result["rows"][0], "failed": 7}
+    assert "warning: jobs failed at 1 of" in format_table(result)
     path = save(result, tmp_path / "steady.json")
     assert json.loads(path.read_text())["config"]["jobs"] == 24
 
