@@ -97,7 +97,10 @@ async def test_record_tune_apply_on_two_replicas(
     code = await anyio.to_thread.run_sync(main, args)
     text = capsys.readouterr().out
     assert code == 0, text
-    defaults = Setting.of(runtime_defaults()).label()
+    # Runtime's defaults over two endpoints: polled, so the "engine" cap is live (a journal
+    # records the endpoints and poll_metrics_s="auto"; tune reads them, issue 35)
+    polled = {**runtime_defaults(), "endpoints": len(urls), "poll_metrics_s": "auto"}
+    defaults = Setting.of(polled).label()
     assert f"recorded with: {defaults}" in text, text  # Runtime's defaults, from the journal
     assert f"{defaults}*" in text, text  # and marked in the ranked table
     settings = tomllib.loads(out.read_text())
