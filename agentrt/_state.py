@@ -227,8 +227,18 @@ class Placement:
             key = RouteKey(
                 sid, held, held is None, prefix, tokens, idle, self.stable, context, resident
             )
-            index = core.router.choose([e.load for e in endpoints], key, avoid)
-            core.router.served(index, key)
+            if (
+                self.unserved
+                and home is not None
+                and home not in avoid
+                and endpoints[home].load.healthy
+            ):
+                # A first turn retried (a 503, say) where it was placed, while that replica
+                # is allowed: a failing one collects its failures and is marked down.
+                index = home
+            else:
+                index = core.router.choose([e.load for e in endpoints], key, avoid)
+                core.router.served(index, key)
             if core.kv_aware and not self.ended:
                 if home is not None and home != index:
                     endpoints[home].shadow.leave(sid)

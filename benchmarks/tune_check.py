@@ -137,10 +137,11 @@ def write_settings(setting: Setting | None, path: Path) -> Path:
     return path
 
 
-def default_setting() -> Setting:
-    """Runtime's defaults as tune reads them (``concurrency="engine"`` without polled
-    metrics never caps: tune takes it as no cap)."""
-    return Setting.of(runtime_defaults())
+def default_setting(replicas: int = 2) -> Setting:
+    """Runtime's defaults as tune reads them over ``replicas`` endpoints: with several,
+    ``poll_metrics_s="auto"`` polls, so ``concurrency="engine"`` caps while an engine
+    queues (over one, or without polls, it never caps: tune takes it as no cap)."""
+    return Setting.of({**runtime_defaults(), "endpoints": replicas, "poll_metrics_s": "auto"})
 
 
 def settings_of(path: Path) -> Setting:

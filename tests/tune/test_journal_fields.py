@@ -66,6 +66,10 @@ async def test_a_journal_line_holds_what_a_replay_needs(tmp_path: Path) -> None:
     # which runtime wrote the line (a fleet's journals tell their processes apart).
     assert runtime.pop("load_view") in ("engine", "local", "mixed")
     assert len(runtime.pop("runtime_id")) == 12
+    # What placement assumed of each replica's KV (the simulated replicas' gauge).
+    capacities = runtime.pop("kv_capacity")
+    assert len(capacities) == 2 and all(c is None or c > 0 for c in capacities)
+    assert set(runtime.pop("kv_capacity_source")) <= {"engine", "learned", None}
     assert runtime == {
         "routing": "session_affinity",
         "policy": "plas",
