@@ -198,8 +198,11 @@ class Placement:
             context, resident = 0, None
             now = anyio.current_time()
             # A home chosen for a first turn not answered yet (its attempt failed there)
-            # holds nothing of the session: the call is still its first turn.
-            held = None if self.unserved else home
+            # holds nothing of the session: the call is still its first turn. A caller-given id's first turn is placed again by its rendezvous order, as
+            # every process places it; any other retried first turn is routed as from the
+            # replica it was placed on (kept there unless the router moves it: a failing
+            # replica collects its failures and is marked down), yet not counted as a move.
+            held = None if self.unserved and self.stable else home
             if held is not None and home is not None:
                 if self.last_reply_at is not None:
                     idle = now - self.last_reply_at
@@ -227,18 +230,8 @@ class Placement:
             key = RouteKey(
                 sid, held, held is None, prefix, tokens, idle, self.stable, context, resident
             )
-            if (
-                self.unserved
-                and home is not None
-                and home not in avoid
-                and endpoints[home].load.healthy
-            ):
-                # A first turn retried (a 503, say) where it was placed, while that replica
-                # is allowed: a failing one collects its failures and is marked down.
-                index = home
-            else:
-                index = core.router.choose([e.load for e in endpoints], key, avoid)
-                core.router.served(index, key)
+            index = core.router.choose([e.load for e in endpoints], key, avoid)
+            core.router.served(index, key)
             if core.kv_aware and not self.ended:
                 if home is not None and home != index:
                     endpoints[home].shadow.leave(sid)
