@@ -198,35 +198,17 @@ class Placement:
             context, resident = 0, None
             now = anyio.current_time()
             # A home chosen for a first turn not answered yet (its attempt failed there)
-            # holds nothing of the session: the call is still its first turn. A caller-given id's first turn is placed again by its rendezvous order, as
-            # every process places it; any other retried first turn is routed as from the
-            # replica it was placed on (kept there unless the router moves it: a failing
-            # replica collects its failures and is marked down), yet not counted as a move.
+            # holds nothing of the session: the call is still its first turn. A
+            # caller-given id's is placed again by its rendezvous order, as every process
+            # places it; any other is routed as from the replica it was placed on (kept
+            # there unless the router moves it: a failing replica collects its failures
+            # and is marked down), yet not counted as a move.
             held = None if self.unserved and self.stable else home
-            if held is not None and home is not None:
-                if self.last_reply_at is not None:
-                    idle = now - self.last_reply_at
-                    endpoints[home].refresh_retention()
-                if core.kv_aware:
-                    here = endpoints[home]
-                    shadow = here.shadow
-                    context = shadow.context(sid)
-                    self.distance = shadow.stack_distance(sid)
-                    resident = shadow.resident(sid)
-                    here.refresh_kv(now)
-                    fill = kv_fill(here.load)
-                    pressed = fill is not None and fill > 1.0
-                    if pressed or home in avoid or not here.load.healthy:
-                        for e in endpoints:  # where else it may go
-                            if e is not here:
-                                e.refresh_kv(now)
-                    else:  # it stays, or moves by load alone
-                        for e in endpoints:
-                            if e is not here:
-                                e.load.kv_demand = None
-            elif core.kv_aware:
-                for e in endpoints:
-                    e.refresh_kv(now)
+            if held is not None and self.last_reply_at is not None:
+                idle = now - self.last_reply_at
+                endpoints[held].refresh_retention()
+            if core.kv_aware:
+                context, resident = self._kv_view(core, held, avoid, now)
             key = RouteKey(
                 sid, held, held is None, prefix, tokens, idle, self.stable, context, resident
             )
@@ -251,6 +233,34 @@ class Placement:
             return index, "unavailable"
         reason: str | None = getattr(core.router, "move_reason", None)
         return index, reason or "routing"
+
+    def _kv_view(
+        self, core: _Core, home: int | None, avoid: Collection[int], now: float
+    ) -> tuple[int, int | None]:
+        """The session's context at ``home`` and how much of it is likely still cached
+        there (``RouteKey.context``, ``.resident``); the replicas' working sets refreshed
+        where the router may look: all of them for a first turn or a session that may
+        leave (home overfull, avoided or down), else home's alone (the others' marked
+        not computed)."""
+        endpoints = core.endpoints
+        if home is None:
+            for e in endpoints:
+                e.refresh_kv(now)
+            return 0, None
+        sid = self.session_id
+        here = endpoints[home]
+        shadow = here.shadow
+        self.distance = shadow.stack_distance(sid)
+        here.refresh_kv(now)
+        fill = kv_fill(here.load)
+        leaving = (fill is not None and fill > 1.0) or home in avoid or not here.load.healthy
+        for e in endpoints:
+            if e is not here:
+                if leaving:
+                    e.refresh_kv(now)
+                else:  # it stays, or moves by load alone
+                    e.load.kv_demand = None
+        return shadow.context(sid), shadow.resident(sid)
 
     def replied(
         self,
