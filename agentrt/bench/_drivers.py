@@ -166,7 +166,9 @@ CLIENT_SPEC_HELP: Final = (
     "show a queue; the client then polls them every 1 s) or none), then ',key=value' "
     "options: routing=, policy=, concurrency=, "
     "token_budget= (int), priority= (on/off: send each call's queue level as the engine "
-    "priority; embedded replicas then schedule by priority), dialect= (default vllm), "
+    "priority; embedded replicas then schedule by priority), retention= (on/off: the "
+    "embedded replicas honour retention directives, as a vLLM built from PR #38514; the "
+    "only option agentrt:defaults takes, as it is the replicas'), dialect= (default vllm), "
     "declare= (tool waits the sessions declare: learned, the default: each tool's wait "
     "learned online; oracle: the exact next wait; none: nothing), poll= (the engines' "
     "/metrics: none, the default but with @engine; auto, Runtime's default; or seconds), "
@@ -267,6 +269,10 @@ class ClientSpec:
     :data:`ENGINE_POLL_S` seconds (without polling it never caps)."""
     token_budget: int | None = None
     send_priority: bool = False
+    retention: bool = False
+    """``retention=on``: this client's embedded replicas honour retention directives
+    (``EngineConfig.retention_directives``), a property of the replicas, not of the
+    runtime, so ``agentrt:defaults`` takes it too."""
     poll: float | Literal["auto"] | None = None
     """``poll_metrics_s`` (``poll=``): None (no polls; with ``@engine``,
     :data:`ENGINE_POLL_S`), ``"auto"`` (Runtime's default) or seconds."""
@@ -353,6 +359,10 @@ class ClientSpec:
                 if low not in _TRUE + _FALSE:
                     raise _spec_error(text, f"priority must be on or off, not {value!r}")
                 put("send_priority", low in _TRUE)
+            elif key == "retention":
+                if low not in _TRUE + _FALSE:
+                    raise _spec_error(text, f"retention must be on or off, not {value!r}")
+                put("retention", low in _TRUE)
             elif key in ("poll", "poll_metrics_s"):
                 put("poll", _poll(low, text))
             elif key == "declare":
@@ -372,7 +382,7 @@ class ClientSpec:
                 put("config", value)
             else:
                 raise _spec_error(text, f"unknown option {key!r}")
-        if fields.get("defaults") and len(fields) > 1:
+        if fields.get("defaults") and len(fields.keys() - {"retention"}) > 1:
             raise _spec_error(
                 text, "defaults is Runtime as a user gets it: give no other option with it"
             )

@@ -547,6 +547,8 @@ async def _client(
     # A client that sends engine priorities gets replicas that schedule by them (as a
     # vLLM server started with --scheduling-policy priority); the others keep FCFS.
     engine = preset.replace(scheduling="priority") if spec.send_priority else preset
+    if spec.retention:
+        engine = engine.replace(retention_directives=True)
     async with Cluster(cfg.replicas, engine, gateway=spec.gateway) as cluster:
         urls = [cluster.gateway_url] if spec.gateway else list(cluster.base_urls)
         prompts = Prompts("sim")

@@ -67,3 +67,30 @@ def test_sim_serve_config_takes_the_switch() -> None:
 
     args = _parser().parse_args(["sim", "serve", "--retention-directives"])
     assert args.retention_directives is True
+
+
+def test_retention_is_a_per_client_option_beside_the_same_client_without_it() -> None:
+    """``retention=on`` gives one client replicas that honour directives, side by side in
+    one run with the same client on LRU replicas; ``agentrt:defaults`` takes it (it is the
+    replicas', not the runtime's)."""
+    from agentrt.bench._drivers import ClientSpec
+
+    spec = ClientSpec.parse("agentrt:defaults,retention=on")
+    assert spec.defaults and spec.retention and spec.routing == "session_affinity"
+    with pytest.raises(ValueError, match="retention must be on or off"):
+        ClientSpec.parse("agentrt:session,retention=maybe")
+    cfg = BenchConfig(
+        workload="react-longtail",
+        jobs=12,
+        rate=0.5,
+        seed=0,
+        replicas=2,
+        clients=["agentrt:session,declare=oracle", "agentrt:session,declare=oracle,retention=on"],
+        stretch=False,
+        api="http",
+        gpu_blocks=8192,
+    )
+    lru, honour = run_bench(cfg).clients
+    assert lru.kv is not None and honour.kv is not None
+    assert lru.kv["directives_retained"] + lru.kv["directives_ended"] == 0
+    assert honour.kv["directives_ended"] == 12 and honour.kv["directives_retained"] > 0
