@@ -286,9 +286,17 @@ async def run_agentrt(
         max((snap[i]["kv_demand"] or 0.0) for snap in loads) if loads else None
         for i in range(len(urls))
     ]
+    # What placement assumed of each replica's KV, each change in the order seen.
+    seen: list[list[list[Any]]] = [[] for _ in urls]
+    for snap in [*loads, final]:
+        for i, load in enumerate(snap):
+            now = [load["kv_capacity"], load["kv_capacity_source"]]
+            if now[0] is not None and (not seen[i] or seen[i][-1] != now):
+                seen[i].append(now)
     return {
         "jobs": jobs,
         "makespan_s": makespan,
+        "kv_capacity_seen": seen,
         "moves": dict(moves),
         "moved_calls": moved_calls,
         "endpoint_loads": final,
@@ -385,7 +393,7 @@ def summarize_run(client: str, result: dict[str, Any], before: Any, after: Any) 
         "engine": engine,
         "engine_hit_rate": sum(engine["prefix_cache_hits"]) / queries if queries else math.nan,
     }
-    for key in ("moves", "moved_calls", "endpoint_loads", "peak_kv_demand"):
+    for key in ("moves", "moved_calls", "kv_capacity_seen", "endpoint_loads", "peak_kv_demand"):
         if key in result:
             out[key] = result[key]
     out["jct_s"] = {
