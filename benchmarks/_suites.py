@@ -183,7 +183,7 @@ SUITES: Final = (
                 "real_kv",
                 "placement by KV working set on two vLLM CPU replicas whose KV evicts: "
                 "agentrt's defaults against plain round robin",
-                ("real_kv_small.json",),
+                ("real_kv_small.json", "real_kv_tight.json"),
             ),
             Entry(
                 "router",

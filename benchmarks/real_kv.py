@@ -27,7 +27,8 @@ agentrt its session moves by reason and the KV capacity and working set it saw
 a shared 2-core machine).
 
     bash scripts/engine_setup.sh
-    .venv/bin/python benchmarks/real_kv.py       # results/real_kv_small.json, ~6 min here
+    .venv/bin/python benchmarks/real_kv.py       # results/real_kv_small.json, ~2 min here
+    .venv/bin/python benchmarks/real_kv.py --blocks 128 --out results/real_kv_tight.json
 
 Small on purpose: the model is a 2-layer random-weight Llama on CPU, so a prefill of a
 few thousand tokens takes ~0.1 s; the KV pressure, not the model, is what is real.
