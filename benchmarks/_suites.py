@@ -180,6 +180,12 @@ SUITES: Final = (
             ),
             Entry("cache_reuse", "one session's prefix-cache reuse, by routing"),
             Entry(
+                "real_kv",
+                "placement by KV working set on two vLLM CPU replicas whose KV evicts: "
+                "agentrt's defaults against plain round robin",
+                ("real_kv_small.json", "real_kv_tight.json"),
+            ),
+            Entry(
                 "router",
                 "agentrt with, and against, vLLM's router (vLLM CPU and the twin)",
                 ("router_vllm.json", "router_sim.json"),
