@@ -27,13 +27,12 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
 import openai
-from _harness import write_result
+from _harness import add_run_args, write_result
 
 import agentrt
 import agentrt._runtime
@@ -103,8 +102,7 @@ async def _burst(variant: str, n: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=1000, help="calls in the burst")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path("results/first_burst.json"))
+    add_run_args(parser, out="first_burst.json", rounds=3)
     parser.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:  # a child: one burst in this fresh process

@@ -42,7 +42,7 @@ from typing import Any
 import anyio
 import httpx
 import openai
-from _harness import write_result
+from _harness import add_run_args, write_result
 
 import agentrt
 
@@ -218,10 +218,9 @@ async def measure(args: argparse.Namespace, server: subprocess.Popen[bytes], ori
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=4, help="default: %(default)s")
     parser.add_argument("--replicas", type=int, default=2, help="default: %(default)s")
     parser.add_argument("--pin", action="store_true", help="server on CPU 1, client on CPU 0")
-    parser.add_argument("--out", type=Path, default=Path("results/http_latency.json"))
+    add_run_args(parser, out="http_latency.json", rounds=4)
     args = parser.parse_args()
     if args.pin:
         os.sched_setaffinity(0, {0})

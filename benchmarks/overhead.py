@@ -72,7 +72,7 @@ from typing import Any, cast
 import anyio
 import httpx
 import openai
-from _harness import commit, write_result
+from _harness import add_run_args, commit, quantile, write_result
 
 import agentrt
 
@@ -366,19 +366,14 @@ def _us(ns: float) -> float:
     return round(ns / 1000.0, 1)
 
 
-def _pct(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def summarize_sequential(tallies: dict[str, Tally], refs: Sequence[str]) -> dict[str, Any]:
     variants = {}
     for name, t in tallies.items():
         variants[name] = {
             "calls": t.calls,
             "median_us": _us(statistics.median(t.latencies)),
-            "p90_us": _us(_pct(t.latencies, 0.90)),
-            "p99_us": _us(_pct(t.latencies, 0.99)),
+            "p90_us": _us(quantile(t.latencies, 0.90, floor=True)),
+            "p99_us": _us(quantile(t.latencies, 0.99, floor=True)),
             "mean_block_us": _us(t.wall_ns / t.calls),
             "cpu_us_per_call": _us(t.cpu_ns / t.calls),
         }
@@ -647,7 +642,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block", type=int, default=100, help="sequential calls per block")
     p.add_argument("--concurrency", type=int, default=64, help="concurrent tasks per client")
     p.add_argument("--concurrent-calls", type=int, default=5000, help="calls per client and round")
-    p.add_argument("--rounds", type=int, default=3, help="rounds at --concurrency")
     p.add_argument("--calls-per-job", type=int, default=50, help="agentrt: calls per job")
     p.add_argument(
         "--prompt-kb", type=int, default=0, help="add a conversation history of this many KiB"
@@ -673,7 +667,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="precede each concurrency-1 block with a --concurrency burst (full, idle pools)",
     )
-    p.add_argument("--out", type=Path, default=Path("results/overhead.json"))
+    add_run_args(p, out="overhead.json", rounds=3, rounds_help="rounds at --concurrency")
     p.add_argument("--profile", type=Path, default=None, help="write cProfiles to this dir")
     p.add_argument("--profile-calls", type=int, default=2000)
     args = p.parse_args(argv)
