@@ -114,12 +114,20 @@ def seeds(n: int) -> range:
     return range(n)
 
 
-def interleaved(rounds: int, variants: Sequence[T], *, seed: int = 0) -> Iterator[tuple[int, T]]:
-    """(round, variant) for ``rounds`` repetitions, the variants in a fresh shuffled
-    order each round, so that a machine's drifting load falls on all of them alike."""
+def interleaved(
+    rounds: int, variants: Sequence[T], *, abba: bool = False, seed: int = 0
+) -> Iterator[tuple[int, T]]:
+    """(round, variant) for ``rounds`` repetitions, so that a machine's drifting load
+    falls on all the variants alike: each round in a fresh shuffle of the last round's
+    order (``random.Random(seed)``), or with ``abba`` forwards on even rounds and
+    backwards on odd ones."""
+    order = list(variants)
     rng = random.Random(seed)
     for r in range(rounds):
-        order = list(variants)
+        if abba:
+            for v in order if r % 2 == 0 else order[::-1]:
+                yield r, v
+            continue
         rng.shuffle(order)
         for v in order:
             yield r, v

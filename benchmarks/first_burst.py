@@ -32,7 +32,7 @@ from typing import Any
 import anyio
 import httpx
 import openai
-from _harness import add_run_args, write_result
+from _harness import add_run_args, interleaved, write_result
 
 import agentrt
 import agentrt._runtime
@@ -109,11 +109,10 @@ def main() -> None:
         print(json.dumps(anyio.run(_burst, args.one, args.calls)))
         return
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
-    for r in range(args.rounds):
-        for variant in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
-            cmd = [sys.executable, __file__, "--one", variant, "--calls", str(args.calls)]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-            runs[variant].append(json.loads(out.strip().splitlines()[-1]))
+    for _, variant in interleaved(args.rounds, VARIANTS, abba=True):
+        cmd = [sys.executable, __file__, "--one", variant, "--calls", str(args.calls)]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        runs[variant].append(json.loads(out.strip().splitlines()[-1]))
     summary = {
         v: {k: statistics.median(x[k] for x in rs) for k in ("p50_ms", "max_ms", "wall_s")}
         for v, rs in runs.items()

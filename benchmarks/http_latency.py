@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import random
 import socket
 import statistics
 import subprocess
@@ -42,7 +41,7 @@ from typing import Any
 import anyio
 import httpx
 import openai
-from _harness import add_run_args, write_result
+from _harness import add_run_args, interleaved, write_result
 
 import agentrt
 
@@ -188,15 +187,12 @@ async def measure(args: argparse.Namespace, server: subprocess.Popen[bytes], ori
         server_cpu = dict.fromkeys(names, 0.0)
         for n in names:  # warm-up: connections, learned tool waits
             await clients[n](f"w{names.index(n)}")
-        rng = random.Random(0)
         ids = {n: i for i, n in enumerate(names)}  # run tags of one length: same prompt sizes
-        for r in range(args.rounds):
-            rng.shuffle(names)
-            for n in names:
-                c0, s0 = time.process_time(), cpu_seconds(server.pid)
-                records[n] += await clients[n](f"r{r}c{ids[n]}")
-                cpu[n] += time.process_time() - c0
-                server_cpu[n] += cpu_seconds(server.pid) - s0
+        for r, n in interleaved(args.rounds, names):
+            c0, s0 = time.process_time(), cpu_seconds(server.pid)
+            records[n] += await clients[n](f"r{r}c{ids[n]}")
+            cpu[n] += time.process_time() - c0
+            server_cpu[n] += cpu_seconds(server.pid) - s0
     base = statistics.median(lat for lat, _ in records["plain-rr"])
     rows = {}
     for n in clients:

@@ -72,7 +72,7 @@ from typing import Any, cast
 import anyio
 import httpx
 import openai
-from _harness import add_run_args, commit, quantile, write_result
+from _harness import add_run_args, commit, interleaved, quantile, write_result
 
 import agentrt
 
@@ -317,12 +317,6 @@ async def run_concurrent(client: Client, calls: int, concurrency: int) -> None:
                 tg.start_soon(client.run, n, None)
 
 
-def _orders(clients: Sequence[Client], rounds: int) -> Iterator[Sequence[Client]]:
-    """ABBA: forwards on even rounds, backwards on odd ones."""
-    for r in range(rounds):
-        yield clients if r % 2 == 0 else list(reversed(clients))
-
-
 async def sequential(
     clients: Sequence[Client], calls: int, block: int, burst: int = 0
 ) -> dict[str, Tally]:
@@ -331,17 +325,16 @@ async def sequential(
     block runs with ``burst`` idle connections in its pool."""
     tallies = {c.name: Tally() for c in clients}
     rounds = math.ceil(calls / block)
-    for r, order in enumerate(_orders(clients, rounds)):
+    for r, client in interleaved(rounds, clients, abba=True):
         n = min(block, calls - r * block)
-        for client in order:
-            tally = tallies[client.name]
-            if burst:
-                await run_concurrent(client, 4 * burst, burst)
-            lat: list[int] = []
-            with measured(tally, n):
-                await client.run(n, lat)
-            tally.latencies += lat
-            tally.block_medians.append(statistics.median(lat) if lat else math.nan)
+        tally = tallies[client.name]
+        if burst:
+            await run_concurrent(client, 4 * burst, burst)
+        lat: list[int] = []
+        with measured(tally, n):
+            await client.run(n, lat)
+        tally.latencies += lat
+        tally.block_medians.append(statistics.median(lat) if lat else math.nan)
     return tallies
 
 
@@ -349,13 +342,12 @@ async def concurrent(
     clients: Sequence[Client], calls: int, concurrency: int, rounds: int
 ) -> dict[str, Tally]:
     tallies = {c.name: Tally() for c in clients}
-    for order in _orders(clients, rounds):
-        for client in order:
-            tally = tallies[client.name]
-            wall0 = tally.wall_ns
-            with measured(tally, calls):
-                await run_concurrent(client, calls, concurrency)
-            tally.round_throughputs.append(calls / ((tally.wall_ns - wall0) / 1e9))
+    for _, client in interleaved(rounds, clients, abba=True):
+        tally = tallies[client.name]
+        wall0 = tally.wall_ns
+        with measured(tally, calls):
+            await run_concurrent(client, calls, concurrency)
+        tally.round_throughputs.append(calls / ((tally.wall_ns - wall0) / 1e9))
     return tallies
 
 

@@ -92,3 +92,14 @@ def test_the_run_options_and_quantiles_are_spelled_once() -> None:
     assert harness.quantile(values, 0.5, floor=True) == 6.0
     assert harness.quantile(values, 0.99, floor=True) == 10.0
     assert math.isnan(harness.quantile([], 0.5))
+    # Repetitions interleaved: ABBA, or a fresh shuffle of every variant each round.
+    assert list(harness.interleaved(3, "AB", abba=True)) == [
+        (0, "A"),
+        (0, "B"),
+        (1, "B"),
+        (1, "A"),
+        (2, "A"),
+        (2, "B"),
+    ]
+    shuffled = list(harness.interleaved(4, "ABC"))
+    assert [sorted(v for r, v in shuffled if r == k) for k in range(4)] == [list("ABC")] * 4
