@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 import anyio
 import openai
-from _harness import add_run_args, write_result
+from _harness import write_result
 
 import agentrt
 from agentrt.testing.vllm_cpu import SETUP_MESSAGE, ReplicaSpec, find_engine, launch
@@ -202,8 +202,9 @@ def main() -> int:
     parser.add_argument("--tool-s", type=float, default=0.1)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--max-num-seqs", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--url", help="an already running priority server (base URL)")
-    add_run_args(parser, out="real_ordering.json", seed=7)
+    parser.add_argument("--out", type=Path, default=Path("results/real_ordering.json"))
     args = parser.parse_args()
     started = time.monotonic()
     if args.url:
