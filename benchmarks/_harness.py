@@ -1,5 +1,6 @@
 """What every benchmark shares: the record of a run (what, command, commit, date), writing
-a result, repetitions in interleaved order, seeds, and bootstrap intervals.
+a result, the run options (``--out``, ``--seeds``/``--seed``, ``--rounds``), repetitions in
+interleaved order, quantiles and their bootstrap intervals.
 
 A benchmark script imports it as a sibling (``from _harness import write_result``), as it
 does another benchmark: ``python benchmarks/NAME.py`` and ``python -m benchmarks SUITE``
@@ -13,7 +14,7 @@ import json
 import random
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,7 +31,8 @@ __all__ = [
     "add_run_args",
     "commit",
     "interleaved",
-    "interval",
+    "intervals",
+    "quantile",
     "run_record",
     "seeds",
     "write_result",
@@ -81,17 +83,30 @@ def write_result(out: Path, result: Any, what: str | None, *, indent: int | None
 
 
 def add_run_args(
-    parser: argparse.ArgumentParser, *, out: str | None, seeds: int | None = None
+    parser: argparse.ArgumentParser,
+    *,
+    out: str | None,
+    seeds: int | None = None,
+    seed: int | None = None,
+    rounds: int | None = None,
+    rounds_help: str = "repetitions (default %(default)s)",
 ) -> None:
-    """The options every benchmark spells the same way: ``--out`` (default
-    ``results/OUT``) and, where the benchmark draws its workload, ``--seeds N``
-    (seeds 0..N-1)."""
+    """The options every benchmark spells the same way, in one ``run`` group: ``--out``
+    (default ``results/OUT``; ``out=""``: no default, the script picks one), and where
+    the benchmark has them, ``--seeds N`` (seeds 0..N-1), ``--seed S`` (one seed) and
+    ``--rounds N`` (repetitions, interleaved: :func:`interleaved`)."""
+    group = parser.add_argument_group("run")
     if out is not None:
-        parser.add_argument("--out", type=Path, default=RESULTS / out, help="default: %(default)s")
+        default = RESULTS / out if out else None
+        group.add_argument("--out", type=Path, default=default, help="default: %(default)s")
     if seeds is not None:
-        parser.add_argument(
+        group.add_argument(
             "--seeds", type=int, default=seeds, help="seeds 0..N-1 (default %(default)s)"
         )
+    if seed is not None:
+        group.add_argument("--seed", type=int, default=seed, help="default: %(default)s")
+    if rounds is not None:
+        group.add_argument("--rounds", type=int, default=rounds, help=rounds_help)
 
 
 def seeds(n: int) -> range:
@@ -99,33 +114,47 @@ def seeds(n: int) -> range:
     return range(n)
 
 
-def interleaved(rounds: int, variants: Sequence[T], *, seed: int = 0) -> Iterator[tuple[int, T]]:
-    """(round, variant) for ``rounds`` repetitions, the variants in a fresh shuffled
-    order each round, so that a machine's drifting load falls on all of them alike."""
+def interleaved(
+    rounds: int, variants: Sequence[T], *, abba: bool = False, seed: int = 0
+) -> Iterator[tuple[int, T]]:
+    """(round, variant) for ``rounds`` repetitions, so that a machine's drifting load
+    falls on all the variants alike: each round in a fresh shuffle of the last round's
+    order (``random.Random(seed)``), or with ``abba`` forwards on even rounds and
+    backwards on odd ones."""
+    order = list(variants)
     rng = random.Random(seed)
     for r in range(rounds):
-        order = list(variants)
+        if abba:
+            for v in order if r % 2 == 0 else order[::-1]:
+                yield r, v
+            continue
         rng.shuffle(order)
         for v in order:
             yield r, v
 
 
-def interval(
-    values: Sequence[float],
-    stat: Callable[[Sequence[float]], float],
-    *,
-    level: float = 0.95,
-    resamples: int = 2000,
-    seed: int = 0,
-) -> tuple[float, float]:
-    """The percentile bootstrap interval of ``stat`` over ``values`` (``level`` of the
-    resampled statistics between its ends). A percentile of a few dozen jobs moves with
-    one job: report this beside it."""
+def quantile(values: Iterable[float], q: float, *, floor: bool = False) -> float:
+    """The ``q`` quantile of ``values`` by nearest rank (``agentrt.bench``'s, as in the
+    bench's summaries: the ``ceil(q n)``-th smallest; NaN when empty); ``floor``: the
+    ``int(q n)``-th from 0 instead (the cost benchmarks' older convention, kept so that
+    their figures do not move)."""
+    from agentrt.bench._steady import _q  # on first use: a cost benchmark times its imports
+
+    s = sorted(values)
+    if floor and s:
+        return s[min(len(s) - 1, int(q * len(s)))]
+    return _q(s, q)
+
+
+def intervals(
+    values: Sequence[float], qs: Sequence[float], *, resamples: int = 1000, seed: int = 0
+) -> dict[str, list[float]]:
+    """Each quantile ``q`` of ``values`` as ``{"pQ": [point, lo, hi]}``: the point by
+    :func:`quantile` and its 90% percentile-bootstrap interval over ``resamples``
+    resamples (the steady-state study's, ``agentrt.bench._steady``). A percentile of a
+    few dozen jobs moves with one job: report this beside it."""
     if not values:
         raise ValueError("an interval needs at least one value")
-    rng = random.Random(seed)
-    n = len(values)
-    draws = sorted(stat([values[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples))
-    lo = draws[int((1 - level) / 2 * (resamples - 1))]
-    hi = draws[int((1 + level) / 2 * (resamples - 1))]
-    return lo, hi
+    from agentrt.bench._steady import _bootstrap
+
+    return _bootstrap(values, qs, resamples, random.Random(seed))

@@ -66,22 +66,7 @@ SUITES: Final = (
                     "alternatives_tuned_coding.toml",
                 ),
             ),
-            Entry(
-                "slo_rate",
-                "the highest Poisson rate at which the p90 JCT stretch stays <= 2, per client",
-                (
-                    "slo_rate.json",
-                    "slo_rate_claude_code_150.json",
-                    "slo_rate_claude_code_150_agentrt.json",
-                    "slo_rate_mixed_300.json",
-                    "slo_rate_mixed_300_fleet1.json",
-                    "slo_rate_mixed_300_fleet16.json",
-                ),
-            ),
-            Entry("routing", "session routing policies against the plain client, by load"),
-            Entry("scheduling", "client-side ordering (plas, mlfq) against plain and fcfs"),
             Entry("kv_policy", "what the engine does with a waiting session's KV"),
-            Entry("adaptive_cap", "the adaptive concurrency cap against none and a fixed one"),
         ),
     ),
     Suite(

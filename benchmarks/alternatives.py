@@ -3,7 +3,7 @@ deploy instead, and on top of them, on the embedded cluster in virtual time.
 
 For each workload, KV setting and seed, every configuration below is searched for its
 throughput at SLO (the highest Poisson rate at which the p90 JCT stretch stays <= 2,
-``benchmarks/slo_rate.py``'s search: the same jobs, only the arrival gaps scaled), then
+``_slo.py``'s search: the same jobs, only the arrival gaps scaled), then
 replayed at two loads (half and all of the best ``plain > peer``'s rate at SLO, the mean
 over seeds) for JCT p50 and p90:
 
@@ -39,13 +39,12 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
-from _harness import write_result
-from slo_rate import Setup, at_rate, measure
+from _harness import add_run_args, quantile, write_result
+from _slo import Setup, at_rate, measure
 
-from agentrt.bench import Arrivals, BenchConfig, TraceOptions, make_workload
+from agentrt.bench import BenchConfig, TraceOptions
 from agentrt.bench._drivers import ClientSpec
 from agentrt.bench._parallel import parse_workers
 from agentrt.bench._runner import ClientRun, PartResult, _resumed_hit_rate, run_parts
@@ -81,16 +80,12 @@ def configurations(peers: Sequence[str], tuned: str | None) -> list[str]:
 
 
 def _jct(run: ClientRun) -> dict[str, float]:
-    ok = sorted(r.jct_s for r in run.results if r.status == "ok")
+    ok = [r.jct_s for r in run.results if r.status == "ok"]
     if not ok:
         return {"p50": math.nan, "p90": math.nan, "failed": len(run.results)}
-
-    def pct(q: float) -> float:
-        return ok[min(len(ok) - 1, max(0, math.ceil(q * len(ok)) - 1))]
-
     return {
-        "p50": pct(0.5),
-        "p90": pct(0.9),
+        "p50": quantile(ok, 0.5),
+        "p90": quantile(ok, 0.9),
         "mean": statistics.fmean(ok),
         "failed": sum(r.status != "ok" for r in run.results),
         "cache_hit": run.engine.get("hit_rate") or math.nan,
@@ -109,33 +104,12 @@ def loads(
     ``high``), per seed."""
     items: list[tuple[BenchConfig, list[Any], int]] = []
     keys: list[tuple[str, int, str, str]] = []
-    for wl, opts in setup.workloads.items():
+    for wl in setup.workloads:
         for seed in setup.seeds:
-            plans = make_workload(
-                wl,
-                int(opts["jobs"]),
-                Arrivals(1.0, seed),
-                seed=seed,
-                traces=setup.traces,
-                tool_wait_s=setup.tool_wait_s,
-            )
+            plans = setup.jobs(wl, seed)
             for label, rate in zip(("low", "high"), rates[wl], strict=True):
                 for client in clients:
-                    cfg = BenchConfig(
-                        workload=wl,
-                        jobs=int(opts["jobs"]),
-                        rate=rate,
-                        seed=seed,
-                        clients=(client,),
-                        replicas=setup.replicas,
-                        preset=setup.preset,
-                        traces=setup.traces,
-                        stretch=False,
-                        api="http",
-                        tool_wait_s=setup.tool_wait_s,
-                        gpu_blocks=setup.gpu_blocks,
-                        fleet=setup.fleet,
-                    )
+                    cfg = setup.config(wl, seed, rate=rate, clients=(client,), fleet=setup.fleet)
                     items.append((cfg, at_rate(plans, rate), 0))
                     keys.append((wl, seed, label, client))
     out: dict[int, PartResult] = {}
@@ -330,7 +304,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "plain>PEER's rate at SLO; give them where that search never crossed the SLO)",
     )
     ap.add_argument("--pressure-blocks", type=int, default=KV["pressure"])
-    ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--tol", type=float, default=1.3)
     ap.add_argument("--max-tries", type=int, default=5)
     ap.add_argument("--max-wait", type=float, default=30.0)
@@ -344,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "below a replica's KV, or its longest calls are refused)",
     )
     ap.add_argument("--append", action="store_true", help="add to --out's configurations")
-    ap.add_argument("--out", type=Path, default=Path("results/alternatives_kv_ample.json"))
+    add_run_args(ap, out="alternatives_kv_ample.json", seeds=2)
     ap.add_argument(
         "--show", action="store_true", help="print --out's tables (text and Markdown), run nothing"
     )

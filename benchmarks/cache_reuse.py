@@ -21,11 +21,10 @@ import random
 import statistics
 import sys
 import uuid
-from pathlib import Path
 from typing import Any
 
 import anyio
-from _harness import write_result
+from _harness import add_run_args, write_result
 
 import agentrt
 from agentrt.testing.vllm_cpu import SETUP_MESSAGE, ReplicaSpec, find_engine, launch
@@ -94,7 +93,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path("results/cache_reuse.json"))
+    add_run_args(parser, out="cache_reuse.json")
     args = parser.parse_args()
     engine = find_engine()
     if engine is None:

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from _harness import write_result
+from _harness import add_run_args, write_result
 
 import agentrt
 from agentrt.telemetry import AttemptFailed, Event, SessionMoved
@@ -236,7 +236,7 @@ def main() -> int:
     p.add_argument("--turns", type=int, default=3, help="calls per sub-agent")
     p.add_argument("--tool-max-s", type=float, default=8.0, help="longest tool wait")
     p.add_argument("--backends", default="trio,asyncio")
-    p.add_argument("--out", type=Path, default=ROOT / "results" / "fault_soak.json")
+    add_run_args(p, out="fault_soak.json")
     args = p.parse_args()
     results: dict[str, Any] = {}
     with sim_servers(2) as urls:

@@ -17,12 +17,11 @@ import argparse
 import statistics
 import sys
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
-from _harness import write_result
+from _harness import add_run_args, write_result
 
 import agentrt
 from agentrt.bench import Call, JobPlan, Prompts, SessionPlan, VirtualTimeLoop
@@ -130,7 +129,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=8)
     parser.add_argument("--turns", type=int, default=6)
-    parser.add_argument("--out", type=Path, default=Path("results/fidelity.json"))
+    add_run_args(parser, out="fidelity.json")
     args = parser.parse_args()
     engine = find_engine()
     if engine is None:

@@ -27,13 +27,12 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
 import openai
-from _harness import write_result
+from _harness import add_run_args, interleaved, write_result
 
 import agentrt
 import agentrt._runtime
@@ -103,19 +102,17 @@ async def _burst(variant: str, n: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=1000, help="calls in the burst")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path("results/first_burst.json"))
+    add_run_args(parser, out="first_burst.json", rounds=3)
     parser.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:  # a child: one burst in this fresh process
         print(json.dumps(anyio.run(_burst, args.one, args.calls)))
         return
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
-    for r in range(args.rounds):
-        for variant in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
-            cmd = [sys.executable, __file__, "--one", variant, "--calls", str(args.calls)]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-            runs[variant].append(json.loads(out.strip().splitlines()[-1]))
+    for _, variant in interleaved(args.rounds, VARIANTS, abba=True):
+        cmd = [sys.executable, __file__, "--one", variant, "--calls", str(args.calls)]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        runs[variant].append(json.loads(out.strip().splitlines()[-1]))
     summary = {
         v: {k: statistics.median(x[k] for x in rs) for k in ("p50_ms", "max_ms", "wall_s")}
         for v, rs in runs.items()

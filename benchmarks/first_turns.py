@@ -26,6 +26,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from _harness import add_run_args, write_result
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -107,7 +109,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--stagger-s", type=float, default=0.25)
     parser.add_argument("--tool-s", type=float, default=0.2)
-    parser.add_argument("--out", default=str(ROOT / "results" / "first_turns.json"))
+    add_run_args(parser, out="first_turns.json")
     args = parser.parse_args()
     if args.worker is not None:
         _worker(*json.loads(args.worker))
@@ -155,8 +157,7 @@ def main() -> None:
         "max_over_mean": {"min": min(ratios), "max": max(ratios), "mean": statistics.fmean(ratios)},
     }
     print(json.dumps(summary["max_over_mean"]))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
+    write_result(args.out, summary, __doc__, indent=2)
 
 
 if __name__ == "__main__":

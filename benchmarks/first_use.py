@@ -16,10 +16,9 @@ import json
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
-from _harness import write_result
+from _harness import add_run_args, write_result
 
 _FIRST_USE = """
 import json, time
@@ -69,7 +68,7 @@ def measure(runs: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=7)
-    ap.add_argument("--out", type=Path, default=Path("results/first_use.json"))
+    add_run_args(ap, out="first_use.json")
     args = ap.parse_args(argv)
     result = measure(args.runs)
     m = result["median_s"]

@@ -27,11 +27,12 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from _harness import quantile
 
 from agentrt.bench._coding import FIT, QS, CodingFit, Quantiles
 from agentrt.bench._workloads import default_trace_dir
@@ -40,13 +41,7 @@ from agentrt.bench._workloads import default_trace_dir
 def quantiles(values: Sequence[float]) -> Quantiles:
     """The values' quantiles at ``QS`` (nearest rank), rounded to 3 significant digits."""
     s = sorted(values)
-
-    def at(q: float) -> float:
-        k = min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))
-        v = float(s[k])
-        return float(f"{v:.3g}")
-
-    return Quantiles(tuple(at(q) for q in QS))
+    return Quantiles(tuple(float(f"{float(quantile(s, q)):.3g}") for q in QS))
 
 
 def _prefix(k: int, a: Sequence[int], b: Sequence[int]) -> int:

@@ -20,10 +20,9 @@ import statistics
 import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
-from _harness import write_result
+from _harness import add_run_args, write_result
 
 from agentrt.bench import BenchConfig, run_study
 
@@ -66,9 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--fleets", nargs="+", type=int, default=[1, 4, 16, 64])
     ap.add_argument("--clients", nargs="+", default=list(CLIENTS))
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=Path("results/fleet.json"))
+    add_run_args(ap, out="fleet.json", seed=0)
     args = ap.parse_args(argv)
     configs: list[tuple[str, int, BenchConfig]] = []
     for name in args.workloads:

@@ -43,7 +43,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from _harness import write_result
+from _harness import add_run_args, write_result
 
 CLIENTS = ("plain", "defaults", "hash")
 WORDS = (
@@ -374,8 +374,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=2, help="jobs at once per process")
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--clients", nargs="+", choices=CLIENTS, default=list(CLIENTS))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=None)
+    add_run_args(parser, out="", seed=0)
     args = parser.parse_args()
     if args.worker is not None:
         import anyio

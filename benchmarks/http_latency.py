@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import random
 import socket
 import statistics
 import subprocess
@@ -42,7 +41,7 @@ from typing import Any
 import anyio
 import httpx
 import openai
-from _harness import write_result
+from _harness import add_run_args, interleaved, write_result
 
 import agentrt
 
@@ -188,15 +187,12 @@ async def measure(args: argparse.Namespace, server: subprocess.Popen[bytes], ori
         server_cpu = dict.fromkeys(names, 0.0)
         for n in names:  # warm-up: connections, learned tool waits
             await clients[n](f"w{names.index(n)}")
-        rng = random.Random(0)
         ids = {n: i for i, n in enumerate(names)}  # run tags of one length: same prompt sizes
-        for r in range(args.rounds):
-            rng.shuffle(names)
-            for n in names:
-                c0, s0 = time.process_time(), cpu_seconds(server.pid)
-                records[n] += await clients[n](f"r{r}c{ids[n]}")
-                cpu[n] += time.process_time() - c0
-                server_cpu[n] += cpu_seconds(server.pid) - s0
+        for r, n in interleaved(args.rounds, names):
+            c0, s0 = time.process_time(), cpu_seconds(server.pid)
+            records[n] += await clients[n](f"r{r}c{ids[n]}")
+            cpu[n] += time.process_time() - c0
+            server_cpu[n] += cpu_seconds(server.pid) - s0
     base = statistics.median(lat for lat, _ in records["plain-rr"])
     rows = {}
     for n in clients:
@@ -218,10 +214,9 @@ async def measure(args: argparse.Namespace, server: subprocess.Popen[bytes], ori
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=4, help="default: %(default)s")
     parser.add_argument("--replicas", type=int, default=2, help="default: %(default)s")
     parser.add_argument("--pin", action="store_true", help="server on CPU 1, client on CPU 0")
-    parser.add_argument("--out", type=Path, default=Path("results/http_latency.json"))
+    add_run_args(parser, out="http_latency.json", rounds=4)
     args = parser.parse_args()
     if args.pin:
         os.sched_setaffinity(0, {0})

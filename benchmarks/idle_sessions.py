@@ -17,12 +17,11 @@ import argparse
 import sys
 import tracemalloc
 from contextlib import AsyncExitStack
-from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx2
-from _harness import write_result
+from _harness import add_run_args, write_result
 
 import agentrt
 
@@ -73,7 +72,7 @@ async def measure(sessions: int) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=10_000)
-    parser.add_argument("--out", type=Path, default=Path("results/idle_sessions.json"))
+    add_run_args(parser, out="idle_sessions.json")
     args = parser.parse_args()
     result = anyio.run(measure, args.sessions)
     print(

@@ -43,10 +43,9 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from _harness import write_result
+from _harness import add_run_args, write_result
 
 from agentrt.bench import (
     Arrivals,
@@ -238,7 +237,6 @@ def main() -> int:
     parser.add_argument("--loads", nargs="*", default=["base", "heavy"])
     parser.add_argument("--rate", type=float, default=None, help="one rate instead of --loads")
     parser.add_argument("--jobs", type=int, default=None, help="default: 200 react, 100 traces")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--token-scale", type=float, default=0.25, help="claude-code tokens")
     parser.add_argument("--max-wait", type=float, default=300.0, help="cap one wait, seconds")
     parser.add_argument("--gpu-blocks", type=int, default=GPU_BLOCKS, help="per replica")
@@ -253,7 +251,7 @@ def main() -> int:
         action="store_true",
         help="also run final_policy=drop (lru and each policy, declare=oracle)",
     )
-    parser.add_argument("--out", type=Path, default=Path("results/kv_policy.json"))
+    add_run_args(parser, out="kv_policy.json", seed=0)
     parser.add_argument(
         "--workers",
         type=parse_workers,

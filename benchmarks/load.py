@@ -47,7 +47,7 @@ from typing import Any
 
 import anyio
 import openai
-from _harness import write_result
+from _harness import add_run_args, quantile, write_result
 
 import agentrt
 
@@ -232,11 +232,6 @@ async def run_jobs(client: Client, jobs: int, concurrency: int) -> Tally:
     return tally
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 async def measure(client: Client, jobs: int, concurrency: int) -> dict[str, Any]:
     gc.collect()
     cpu0, t0 = time.process_time(), time.perf_counter()
@@ -252,8 +247,8 @@ async def measure(client: Client, jobs: int, concurrency: int) -> dict[str, Any]
         "unexpected": tally.unexpected,
         "wall_s": wall,
         "calls_per_s": calls / wall,
-        "p50_ms": 1e3 * pct(tally.latencies, 0.5),
-        "p99_ms": 1e3 * pct(tally.latencies, 0.99),
+        "p50_ms": 1e3 * quantile(tally.latencies, 0.5, floor=True),
+        "p99_ms": 1e3 * quantile(tally.latencies, 0.99, floor=True),
         "cpu_us_per_call": 1e6 * cpu / calls,
         "rss_mb": rss_mb(),
     }
@@ -371,7 +366,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, nargs="+", default=[100, 500, 2000])
     p.add_argument("--jobs-per-slot", type=int, default=1)
     p.add_argument("--min-jobs", type=int, default=300)
-    p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--fail-pct", type=float, default=5.0)
     p.add_argument("--fail-only", action="store_true", help="only the run with failures")
     p.add_argument("--only", choices=("openai", "agentrt"), default=None)
@@ -387,7 +381,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--soak-fail-pct", type=float, default=5.0)
     p.add_argument("--sample-s", type=float, default=15.0)
     p.add_argument("--warmup-fraction", type=float, default=0.2)
-    p.add_argument("--out", type=Path, default=None)
+    add_run_args(p, out="", rounds=2)
     return p.parse_args(argv)
 
 

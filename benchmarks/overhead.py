@@ -72,7 +72,7 @@ from typing import Any, cast
 import anyio
 import httpx
 import openai
-from _harness import commit, write_result
+from _harness import add_run_args, commit, interleaved, quantile, write_result
 
 import agentrt
 
@@ -317,12 +317,6 @@ async def run_concurrent(client: Client, calls: int, concurrency: int) -> None:
                 tg.start_soon(client.run, n, None)
 
 
-def _orders(clients: Sequence[Client], rounds: int) -> Iterator[Sequence[Client]]:
-    """ABBA: forwards on even rounds, backwards on odd ones."""
-    for r in range(rounds):
-        yield clients if r % 2 == 0 else list(reversed(clients))
-
-
 async def sequential(
     clients: Sequence[Client], calls: int, block: int, burst: int = 0
 ) -> dict[str, Tally]:
@@ -331,17 +325,16 @@ async def sequential(
     block runs with ``burst`` idle connections in its pool."""
     tallies = {c.name: Tally() for c in clients}
     rounds = math.ceil(calls / block)
-    for r, order in enumerate(_orders(clients, rounds)):
+    for r, client in interleaved(rounds, clients, abba=True):
         n = min(block, calls - r * block)
-        for client in order:
-            tally = tallies[client.name]
-            if burst:
-                await run_concurrent(client, 4 * burst, burst)
-            lat: list[int] = []
-            with measured(tally, n):
-                await client.run(n, lat)
-            tally.latencies += lat
-            tally.block_medians.append(statistics.median(lat) if lat else math.nan)
+        tally = tallies[client.name]
+        if burst:
+            await run_concurrent(client, 4 * burst, burst)
+        lat: list[int] = []
+        with measured(tally, n):
+            await client.run(n, lat)
+        tally.latencies += lat
+        tally.block_medians.append(statistics.median(lat) if lat else math.nan)
     return tallies
 
 
@@ -349,13 +342,12 @@ async def concurrent(
     clients: Sequence[Client], calls: int, concurrency: int, rounds: int
 ) -> dict[str, Tally]:
     tallies = {c.name: Tally() for c in clients}
-    for order in _orders(clients, rounds):
-        for client in order:
-            tally = tallies[client.name]
-            wall0 = tally.wall_ns
-            with measured(tally, calls):
-                await run_concurrent(client, calls, concurrency)
-            tally.round_throughputs.append(calls / ((tally.wall_ns - wall0) / 1e9))
+    for _, client in interleaved(rounds, clients, abba=True):
+        tally = tallies[client.name]
+        wall0 = tally.wall_ns
+        with measured(tally, calls):
+            await run_concurrent(client, calls, concurrency)
+        tally.round_throughputs.append(calls / ((tally.wall_ns - wall0) / 1e9))
     return tallies
 
 
@@ -366,19 +358,14 @@ def _us(ns: float) -> float:
     return round(ns / 1000.0, 1)
 
 
-def _pct(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def summarize_sequential(tallies: dict[str, Tally], refs: Sequence[str]) -> dict[str, Any]:
     variants = {}
     for name, t in tallies.items():
         variants[name] = {
             "calls": t.calls,
             "median_us": _us(statistics.median(t.latencies)),
-            "p90_us": _us(_pct(t.latencies, 0.90)),
-            "p99_us": _us(_pct(t.latencies, 0.99)),
+            "p90_us": _us(quantile(t.latencies, 0.90, floor=True)),
+            "p99_us": _us(quantile(t.latencies, 0.99, floor=True)),
             "mean_block_us": _us(t.wall_ns / t.calls),
             "cpu_us_per_call": _us(t.cpu_ns / t.calls),
         }
@@ -647,7 +634,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block", type=int, default=100, help="sequential calls per block")
     p.add_argument("--concurrency", type=int, default=64, help="concurrent tasks per client")
     p.add_argument("--concurrent-calls", type=int, default=5000, help="calls per client and round")
-    p.add_argument("--rounds", type=int, default=3, help="rounds at --concurrency")
     p.add_argument("--calls-per-job", type=int, default=50, help="agentrt: calls per job")
     p.add_argument(
         "--prompt-kb", type=int, default=0, help="add a conversation history of this many KiB"
@@ -673,7 +659,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="precede each concurrency-1 block with a --concurrency burst (full, idle pools)",
     )
-    p.add_argument("--out", type=Path, default=Path("results/overhead.json"))
+    add_run_args(p, out="overhead.json", rounds=3, rounds_help="rounds at --concurrency")
     p.add_argument("--profile", type=Path, default=None, help="write cProfiles to this dir")
     p.add_argument("--profile-calls", type=int, default=2000)
     args = p.parse_args(argv)

@@ -49,7 +49,7 @@ from typing import Any
 
 import anyio
 import httpx
-from _harness import write_result
+from _harness import add_run_args, write_result
 
 from agentrt.sim import Cluster
 from agentrt.sim.peers import ReplicaView
@@ -560,7 +560,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--only", default="", help="comma-separated peers (e.g. vllm:cache_aware)")
     parser.add_argument("--no-sglang", action="store_true")
     parser.add_argument("--router-log-level", default="warning")
-    parser.add_argument("--out", type=Path, default=Path("results") / "peer_agreement.json")
+    add_run_args(parser, out="peer_agreement.json")
     args = parser.parse_args(argv)
     args.model = "tiny-llama" if args.preset == "cpu-tiny" else "sim-llama-3.1-8b"
     router_bin = find_router()

@@ -44,7 +44,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from _harness import write_result
+from _harness import add_run_args, write_result
 
 from agentrt.bench import BenchConfig, TraceOptions, run_bench
 from agentrt.bench._workloads import default_trace_dir
@@ -177,7 +177,7 @@ def _commit() -> str | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=HERE.parent / "results" / "replay_cost.json")
+    add_run_args(ap, out="replay_cost.json")
     ap.add_argument("--repeat", type=int, default=3, help="runs per slice (median)")
     ap.add_argument("--only", nargs="*", help="slices to run (default: all)")
     ap.add_argument("--no-instructions", action="store_true", help="skip valgrind")

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from _harness import write_result
+from _harness import add_run_args, quantile, write_result
 
 from agentrt.bench import (
     Arrivals,
@@ -317,13 +317,6 @@ async def replay(driver: Any, plans: Sequence[JobPlan]) -> tuple[list[JobResult]
     return results, anyio.current_time() - t0
 
 
-def _pct(values: Sequence[float], q: float) -> float:
-    if not values:
-        return math.nan
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
-
-
 def run_one(
     client: Client, engine: Engine, plans: list[JobPlan], router_bin: Path, log_dir: Path
 ) -> dict[str, Any]:
@@ -370,10 +363,10 @@ def run_one(
         "errors": sorted({r.status for r in results if r.status != "ok"}),
         "makespan_s": makespan,
         "jct_mean": statistics.fmean(jct) if jct else math.nan,
-        "jct_p50": _pct(jct, 0.5),
-        "jct_p90": _pct(jct, 0.9),
-        "latency_p50": _pct(lat, 0.5),
-        "latency_p90": _pct(lat, 0.9),
+        "jct_p50": quantile(jct, 0.5),
+        "jct_p90": quantile(jct, 0.9),
+        "latency_p50": quantile(lat, 0.5),
+        "latency_p90": quantile(lat, 0.9),
         "cached_share": hits / queries if queries else math.nan,
         "load_share_max": max(load) / sum(load) if sum(load) else math.nan,
         "router_scheduling": scheduling,
@@ -484,9 +477,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sim-replicas", type=int, default=4)
     parser.add_argument("--gpu-blocks", type=int, default=96, help="vLLM KV blocks (128 tokens)")
     parser.add_argument("--max-model-len", type=int, default=4096)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", default=None, help="comma-separated client numbers (1-6)")
-    parser.add_argument("--out", type=Path, default=None)
+    add_run_args(parser, out="", seed=0)
     args = parser.parse_args(argv)
     for key, value in DEFAULTS[args.engine].items():
         if getattr(args, key) is None:

@@ -20,10 +20,9 @@ import statistics
 import sys
 import time
 import tracemalloc
-from pathlib import Path
 from typing import Any
 
-from _harness import write_result
+from _harness import add_run_args, write_result
 
 from agentrt.scheduling import Admission, FixedLimit, Policy, Ticket, make_policy
 
@@ -171,8 +170,7 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--idle-jobs", type=int, default=10_000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("results/scheduler_micro.json"))
+    add_run_args(parser, out="scheduler_micro.json", seed=0)
     args = parser.parse_args()
 
     decisions = [

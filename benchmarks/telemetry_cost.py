@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from _harness import write_result
+from _harness import add_run_args, write_result
 from transport_micro import run, stub_only  # this folder: run as a script
 
 from agentrt.telemetry import Event
@@ -89,8 +89,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=5000)
     parser.add_argument("--calls-per-job", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=Path("results/telemetry_cost.json"))
+    add_run_args(parser, out="telemetry_cost.json", rounds=5)
     args = parser.parse_args()
 
     needs = {

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from _harness import write_result
+from _harness import add_run_args, write_result
 
 from agentrt.bench import BenchConfig, run_study
 from agentrt.bench._drivers import ClientSpec
@@ -458,7 +458,7 @@ def grid_table(c: Check) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated")
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "tune_check.json")
+    add_run_args(ap, out="tune_check.json")
     ap.add_argument("--workers", default="auto")
     ap.add_argument("--work", type=Path, default=None, help="folder for journals and files")
     ap.add_argument("--show", type=Path, default=None, help="print the tables of a saved run")

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from _harness import write_result
+from _harness import add_run_args, write_result
 from router import _pct, replay  # this folder: run as a script
 
 from agentrt import Runtime
@@ -254,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=2, help="agentrt tune --seeds")
     parser.add_argument("--workers", default="2", help="agentrt tune --workers")
     parser.add_argument("--max-model-len", type=int, default=4096)
-    parser.add_argument("--out", type=Path, default=Path("results") / "tune_real.json")
+    add_run_args(parser, out="tune_real.json")
     args = parser.parse_args(argv)
     if find_engine() is None:
         raise SystemExit(SETUP_MESSAGE)

@@ -217,10 +217,9 @@ class EngineQueueLimit:
     A call an engine cannot run yet waits in the engine's queue, first come, first served;
     held on the client instead, it waits in agentrt's policy, which knows jobs. Calls are
     never held while the engine has room, so this cannot throttle throughput the way a
-    fixed cap below the engine's batch does (docs/benchmarks/alternatives.md: a cap of 4 is
-    1.11x the JCT of no cap in overload). It learns from the engine's polled metrics
-    (:meth:`on_signals`, fed by ``Runtime(poll_metrics_s=...)``); without them it never
-    limits.
+    fixed cap below the engine's batch does in overload. It learns from the engine's
+    polled metrics (:meth:`on_signals`, fed by ``Runtime(poll_metrics_s=...)``); without
+    them it never limits.
 
     - The engine reports ``waiting > 0``: the limit becomes this process's share of its
       batch (the most it ran over the last ``window`` polls: a poll can land between two

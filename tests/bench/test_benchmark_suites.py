@@ -4,7 +4,9 @@ listed in results/README.md."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import re
 import subprocess
 import sys
@@ -69,5 +71,35 @@ def test_a_run_records_what_command_commit_and_date(tmp_path: Path) -> None:
     assert doc["x"] == 1
     assert doc["run"]["what"] == "What it measures."
     assert {"command", "date"} <= set(doc["run"])
-    lo, hi = harness.interval([1.0, 2.0, 3.0, 4.0, 100.0], lambda v: sorted(v)[len(v) // 2])
-    assert 1.0 <= lo <= 3.0 <= hi <= 100.0
+    point, lo, hi = harness.intervals([1.0, 2.0, 3.0, 4.0, 100.0], (0.5,))["p50"]
+    assert point == 3.0 and 1.0 <= lo <= 3.0 <= hi <= 100.0
+
+
+def test_the_run_options_and_quantiles_are_spelled_once() -> None:
+    harness = load_benchmark("_harness")
+    parser = argparse.ArgumentParser()
+    harness.add_run_args(parser, out="x.json", seeds=2, rounds=3)
+    args = parser.parse_args([])
+    assert args.out == RESULTS / "x.json" and args.seeds == 2 and args.rounds == 3
+    assert list(harness.seeds(args.seeds)) == [0, 1]
+    assert parser.parse_args(["--out", "y.json"]).out == Path("y.json")
+    none = argparse.ArgumentParser()
+    harness.add_run_args(none, out="", seed=7)
+    assert none.parse_args([]).out is None and none.parse_args([]).seed == 7
+    # Nearest rank (the bench's summaries), and the cost benchmarks' int(q n) convention.
+    values = [5.0, 1.0, 4.0, 2.0, 3.0, 6.0, 7.0, 8.0, 9.0, 10.0]
+    assert harness.quantile(values, 0.5) == 5.0
+    assert harness.quantile(values, 0.5, floor=True) == 6.0
+    assert harness.quantile(values, 0.99, floor=True) == 10.0
+    assert math.isnan(harness.quantile([], 0.5))
+    # Repetitions interleaved: ABBA, or a fresh shuffle of every variant each round.
+    assert list(harness.interleaved(3, "AB", abba=True)) == [
+        (0, "A"),
+        (0, "B"),
+        (1, "B"),
+        (1, "A"),
+        (2, "A"),
+        (2, "B"),
+    ]
+    shuffled = list(harness.interleaved(4, "ABC"))
+    assert [sorted(v for r, v in shuffled if r == k) for k in range(4)] == [list("ABC")] * 4
