@@ -27,7 +27,6 @@ from ._retry import (
     retry_after,
 )
 from ._stream import ObservedStream
-from .scheduling._queue import engine_level
 
 if TYPE_CHECKING:
     from ._context import Session
@@ -181,12 +180,8 @@ class Attempts:
                     f"{priority!r}; it must return an int (the queue level, lower first)"
                 )
             # Only to an endpoint that takes priorities (send_priority, or 'auto' and it
-            # advertised a priority scheduler); under FCFS, the job's attained service.
-            state.priority = (
-                engine_level(policy, priority, session.job._attained()[0])
-                if ep.options.send_priority
-                else None
-            )
+            # advertised a priority scheduler).
+            state.priority = priority if ep.options.send_priority else None
         return index
 
     def _admitted(self, ep: _EndpointState) -> httpx.Request:

@@ -1,5 +1,8 @@
-"""The engine priority under Runtime's defaults (FCFS): the job's attained-service level,
-sent only to endpoints that take priorities (issue 34: short jobs' calls first)."""
+"""The engine priority on the wire (issue 34): with ``policy="plas"`` the job's
+attained-service level, sent only to endpoints that take priorities (``send_priority="auto"``:
+those whose replies advertise ``x-agentrt-accept: priority``); under the default FCFS,
+level 0 (measured at steady state: sending attained service under FCFS did not help,
+docs/benchmarks/steady.md)."""
 
 from __future__ import annotations
 
@@ -11,8 +14,7 @@ from trio.testing import MockClock
 
 from agentrt import Endpoint, Retry, Runtime
 from agentrt._protocol import parse_agentrt_header
-from agentrt.scheduling import ATLAS, EDF, FCFS, MLFQ, PLAS, Ticket, plas_priority
-from agentrt.scheduling._queue import engine_level
+from agentrt.scheduling import plas_priority
 from tests._fake import FakeEngine
 
 pytestmark = pytest.mark.anyio
@@ -27,31 +29,6 @@ CALL_S = 3.0
 @pytest.fixture
 def anyio_backend() -> Any:
     return ("trio", {"clock": MockClock(autojump_threshold=0)})
-
-
-class _Level3(FCFS):
-    def classify(self, ticket: Ticket, now: float) -> int:
-        ticket.priority = 3
-        return 3
-
-
-def test_fcfs_sends_the_jobs_attained_service_level() -> None:
-    for service in (0.0, 0.5, 1.0, 3.9, 4.0, 20.0, 100.0, 300.0, 1e6):
-        assert engine_level(FCFS(), 0, service) == plas_priority(service)
-    assert [engine_level(FCFS(), 0, s) for s in (0.0, 2.0, 10.0, 50.0, 200.0, 900.0)] == [
-        0,
-        1,
-        2,
-        3,
-        4,
-        5,
-    ]
-
-
-def test_other_policies_send_their_own_level() -> None:
-    for policy in (PLAS(), ATLAS(), MLFQ(), EDF(), _Level3()):
-        assert engine_level(policy, 2, 900.0) == 2
-        assert engine_level(policy, 0, 900.0) == 0
 
 
 class _Engines(FakeEngine):
@@ -74,15 +51,15 @@ def _priorities(fake: FakeEngine, host: str) -> list[tuple[object, int | None]]:
     ]
 
 
-async def test_defaults_send_the_attained_level_only_where_accepted() -> None:
-    """Runtime's defaults (FCFS, ``send_priority="auto"``): once an endpoint advertised
-    priority scheduling, each call to it carries its job's attained-service level; the
-    endpoint that did not ask gets no priority at all."""
+async def _long_then_short(policy: str) -> tuple[_Engines, list[Any]]:
+    """A long job (12 calls of 3 s) then a short one (1 call), round robin over an
+    endpoint that advertises priority scheduling and one that does not."""
     fake = _Engines(delay_s=CALL_S)
     async with Runtime(
         [ACCEPTS, PLAIN],
         dialect="vllm",
         routing="round_robin",
+        policy=policy,
         transport=fake.transport(),
         retry=Retry(attempts=1),
         poll_metrics_s=None,
@@ -92,15 +69,22 @@ async def test_defaults_send_the_attained_level_only_where_accepted() -> None:
                 await s.chat(model="m", messages=MSG)
         async with rt.job("short") as job2, job2.session() as s2:
             await s2.chat(model="m", messages=MSG)
-    calls = job.report.call_reports + job2.report.call_reports
+    return fake, job.report.call_reports + job2.report.call_reports
+
+
+async def test_plas_sends_the_attained_level_only_where_accepted() -> None:
+    """``policy="plas"`` (the opt-in): once an endpoint advertised priority scheduling,
+    each call to it carries its job's attained-service level; the endpoint that did not
+    ask gets no priority at all."""
+    fake, calls = await _long_then_short("plas")
     assert len(calls) == 13
     to_accepts = _priorities(fake, "accepts.test")
     to_plain = _priorities(fake, "plain.test")
     assert to_plain and all(p == ("absent", None) for p in to_plain)
     # The first call learns that accepts.test takes priorities (from its reply).
     assert to_accepts[0] == ("absent", None)
-    # Then the long job's service (3 s a call, every other call there) raises its level:
-    # calls 3, 5, ..., 11 of the long job after 6, 12, ... 30 s of service.
+    # Then the long job's service (3 s a call) raises its level: calls 3, 5, ..., 11 of
+    # the long job go there after 6, 12, ..., 30 s of service.
     long_sent = [p for p, _ in to_accepts[1:6]]
     assert long_sent == [plas_priority(CALL_S * k) for k in (2, 4, 6, 8, 10)]
     assert long_sent == [2, 2, 3, 3, 3]
@@ -110,10 +94,24 @@ async def test_defaults_send_the_attained_level_only_where_accepted() -> None:
     assert [c.priority for c in calls if c.endpoint == PLAIN] == [None] * 6
 
 
+async def test_defaults_send_level_zero_where_accepted() -> None:
+    """Runtime's default FCFS has one level: an accepting endpoint gets 0 on every call
+    (nothing reordered), the other none."""
+    fake, _ = await _long_then_short("fcfs")
+    assert [p for p, _ in _priorities(fake, "accepts.test")] == ["absent"] + [0] * 6
+    assert all(p == ("absent", None) for p in _priorities(fake, "plain.test"))
+
+
 async def _four_calls(fake: FakeEngine, endpoint: str | Endpoint, **kwargs: Any) -> list[Any]:
-    """The ``priority`` body field (None: absent) of a job's four calls to one endpoint."""
+    """The ``priority`` body field (None: absent) of a PLAS job's four calls to one
+    endpoint."""
     async with Runtime(
-        [endpoint], dialect="vllm", transport=fake.transport(), retry=Retry(attempts=1), **kwargs
+        [endpoint],
+        dialect="vllm",
+        policy="plas",
+        transport=fake.transport(),
+        retry=Retry(attempts=1),
+        **kwargs,
     ) as rt:
         async with rt.job("j") as job, job.session() as s:
             for _ in range(4):

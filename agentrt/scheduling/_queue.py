@@ -31,7 +31,6 @@ __all__ = [
     "PLAS",
     "Policy",
     "Ticket",
-    "engine_level",
     "make_policy",
 ]
 
@@ -243,20 +242,6 @@ class FCFS(_Lazy):
 
     def _compact(self) -> None:
         self._q = _sweep(self._q)
-
-
-def engine_level(policy: Policy, level: int, service_s: float) -> int:
-    """The engine priority of a call that ``policy`` gave queue level ``level``, its
-    program having attained ``service_s`` LLM seconds (lower runs first).
-
-    FCFS has no levels (every call 0): the engine then gets the program's attained-service
-    level (:func:`plas_priority`, as PLAS would give it), so that an engine scheduling by
-    priority serves the calls of jobs that have had little service (short and new ones)
-    before those of long ones, whatever order agentrt's own queue keeps. Any other
-    policy's level goes as it is. The level depends on the job alone, so the processes
-    of a fleet send comparable ones.
-    """
-    return plas_priority(service_s) if type(policy) is FCFS else level
 
 
 class _AttainedService(_Lazy):

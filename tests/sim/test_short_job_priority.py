@@ -1,7 +1,8 @@
-"""Runtime's defaults on an embedded replica that schedules by priority: the jobs' attained
-service reaches the engine, and short jobs that arrive beside long ones wait less
-(issue 34). A small deterministic replay in virtual time, the same jobs on an FCFS
-replica and on a priority one."""
+"""The opt-in of issue 34: ``policy="plas"`` on an embedded replica that schedules by
+priority (it advertises it, so ``send_priority="auto"`` sends the levels): the jobs'
+attained service reaches the engine, and short jobs that arrive beside long ones wait
+less where the engine queues. A small deterministic replay in virtual time, the same jobs
+under Runtime's defaults (FCFS: level 0 for every call) and under PLAS."""
 
 from __future__ import annotations
 
@@ -29,18 +30,18 @@ SHORT_JOBS = 4
 SHORT_START_S = 30.0
 
 
-async def _replay(scheduling: str) -> tuple[list[float], list[float], list[int | None]]:
+async def _replay(policy: str) -> tuple[list[float], list[float], list[int | None]]:
     """Six long jobs (12 calls of 300 tokens out each) from t = 0 on one replica that runs
     two requests at a time, and four short ones (two calls of 40 tokens) from t = 30 s:
     the JCTs of the short and of the long jobs, and the priorities the short jobs' calls
     carried."""
-    cfg = EngineConfig(max_num_seqs=2, scheduling=scheduling)  # type: ignore[arg-type]
+    cfg = EngineConfig(max_num_seqs=2, scheduling="priority")
     short: list[float] = []
     long: list[float] = []
     sent: list[int | None] = []
     async with (
         Cluster(1, cfg) as cluster,
-        Runtime(list(cluster.base_urls), transport=cluster.transport()) as rt,
+        Runtime(list(cluster.base_urls), transport=cluster.transport(), policy=policy) as rt,
     ):
 
         async def job(name: str, calls: int, out: int, delay: float, into: list[float]) -> None:
@@ -66,16 +67,17 @@ async def _replay(scheduling: str) -> tuple[list[float], list[float], list[int |
     return short, long, sent
 
 
-async def test_short_jobs_wait_less_on_a_replica_that_schedules_by_priority() -> None:
+async def test_short_jobs_wait_less_when_plas_levels_reach_the_engine() -> None:
     fcfs_short, fcfs_long, fcfs_sent = await _replay("fcfs")
-    prio_short, prio_long, prio_sent = await _replay("priority")
-    # Nothing goes to a replica that does not advertise priority scheduling.
-    assert fcfs_sent == [None] * (2 * SHORT_JOBS)
+    plas_short, plas_long, plas_sent = await _replay("plas")
+    # FCFS has one level: 0 on every call but the first (sent before the replica's
+    # first reply advertised priority scheduling), nothing reordered.
+    assert set(fcfs_sent) <= {0, None}
     # A short job's calls go at level 0 or 1 (little service yet), ahead of the long
     # jobs' (level 3 or more by t = 30 s).
-    assert prio_sent and all(p is not None and p <= 1 for p in prio_sent)
-    ratio = statistics.fmean(prio_short) / statistics.fmean(fcfs_short)
-    assert ratio < 0.7, (prio_short, fcfs_short)
-    assert max(prio_short) < min(fcfs_short)
+    assert plas_sent and all(p is not None and p <= 1 for p in plas_sent)
+    ratio = statistics.fmean(plas_short) / statistics.fmean(fcfs_short)
+    assert ratio < 0.7, (plas_short, fcfs_short)
+    assert max(plas_short) < min(fcfs_short)
     # The long jobs pay for it, by little: the same work, reordered.
-    assert statistics.fmean(prio_long) < 1.1 * statistics.fmean(fcfs_long)
+    assert statistics.fmean(plas_long) < 1.1 * statistics.fmean(fcfs_long)
