@@ -77,28 +77,32 @@ async def test_plas_sends_the_attained_level_only_where_accepted() -> None:
     each call to it carries its job's attained-service level; the endpoint that did not
     ask gets no priority at all."""
     fake, calls = await _long_then_short("plas")
-    assert len(calls) == 13
+    assert len(calls) == 13 and len(fake.seen) == 13  # one after the other, in order
+    assert {c.endpoint for c in calls} == {ACCEPTS, PLAIN}  # round robin: both
     to_accepts = _priorities(fake, "accepts.test")
     to_plain = _priorities(fake, "plain.test")
     assert to_plain and all(p == ("absent", None) for p in to_plain)
-    # The first call learns that accepts.test takes priorities (from its reply).
+    # The first call there learns that accepts.test takes priorities (from its reply);
+    # each later one carries its job's level: the long job's k-th call after 3k s of
+    # service, the short job's first call at 0.
+    expected = [
+        plas_priority(CALL_S * k) for k, c in enumerate(calls[:12]) if c.endpoint == ACCEPTS
+    ]
+    if calls[12].endpoint == ACCEPTS:
+        expected.append(0)
     assert to_accepts[0] == ("absent", None)
-    # Then the long job's service (3 s a call) raises its level: calls 3, 5, ..., 11 of
-    # the long job go there after 6, 12, ..., 30 s of service.
-    long_sent = [p for p, _ in to_accepts[1:6]]
-    assert long_sent == [plas_priority(CALL_S * k) for k in (2, 4, 6, 8, 10)]
-    assert long_sent == [2, 2, 3, 3, 3]
+    assert [p for p, _ in to_accepts[1:]] == expected[1:]
     assert all(body == header for body, header in to_accepts[1:])
-    # A new job's first call goes at level 0, ahead of the long job's.
-    assert calls[-1].endpoint == ACCEPTS and to_accepts[-1] == (0, 0)
-    assert [c.priority for c in calls if c.endpoint == PLAIN] == [None] * 6
+    assert max(expected) == 3  # 30 s of service by the long job's last call
+    assert [c.priority for c in calls if c.endpoint == PLAIN] == [None] * len(to_plain)
 
 
 async def test_defaults_send_level_zero_where_accepted() -> None:
     """Runtime's default FCFS has one level: an accepting endpoint gets 0 on every call
     (nothing reordered), the other none."""
     fake, _ = await _long_then_short("fcfs")
-    assert [p for p, _ in _priorities(fake, "accepts.test")] == ["absent"] + [0] * 6
+    sent = [p for p, _ in _priorities(fake, "accepts.test")]
+    assert len(sent) >= 6 and sent == ["absent"] + [0] * (len(sent) - 1)
     assert all(p == ("absent", None) for p in _priorities(fake, "plain.test"))
 
 
