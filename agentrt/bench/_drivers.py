@@ -167,17 +167,23 @@ CLIENT_SPEC_HELP: Final = (
     "options: routing=, policy=, concurrency=, "
     "token_budget= (int), priority= (on/off: send each call's queue level as the engine "
     "priority; embedded replicas then schedule by priority), retention= (on/off: the "
-    "embedded replicas honour retention directives, as a vLLM built from PR #38514; the "
-    "only option agentrt:defaults takes, as it is the replicas'), dialect= (default vllm), "
+    "embedded replicas honour retention directives, as a vLLM built from PR #38514; "
+    "also allowed with defaults), dialect= (default vllm), "
     "declare= (tool waits the sessions declare: learned, the default: each tool's wait "
     "learned online; oracle: the exact next wait; none: nothing), poll= (the engines' "
     "/metrics: none, the default but with @engine; auto, Runtime's default; or seconds), "
+    "scheduling= (the embedded replicas' queue order: fcfs, or priority as vLLM's "
+    "--scheduling-policy priority; they then advertise it, so Runtime's "
+    "send_priority='auto' sends them priorities; default: priority with priority=on, "
+    "else fcfs; also allowed with defaults), "
     "config=FILE (a settings "
     "file such as agentrt tune writes: Runtime(config=FILE) decides routing, policy, "
     "concurrency, token_budget, priorities and learned waits, so none of those options "
     "may be given with it; declare= and dialect= may). "
     "'agentrt:defaults': Runtime(urls) as a user gets it, none of those options passed, "
-    "so whatever Runtime's defaults are is what is measured (no other option with it). "
+    "so whatever Runtime's defaults are is what is measured (no other option with it "
+    "but the replicas' scheduling= and retention=, e.g. "
+    "agentrt:defaults,scheduling=priority). "
     "Either, then '>PEER': the client sends to one URL, a modelled router in front of the "
     "embedded replicas (agentrt sim serve --gateway list names them; agentrt then speaks "
     "the peer's dialect unless dialect= says another), e.g. plain>vllm-router, "
@@ -191,6 +197,10 @@ CLIENT_SPEC_HELP: Final = (
 ENGINE_POLL_S: Final = 1.0
 """The metrics poll interval of a client with ``concurrency="engine"`` (``@engine``):
 Runtime's adaptive cap sees an engine's queue only through its polled ``/metrics``."""
+
+_REPLICA_OPTIONS: Final = frozenset({"scheduling", "retention"})
+"""Spec options that describe the embedded replicas, not the runtime
+(``agentrt:defaults`` takes them)."""
 
 _FILE_DECIDES: Final = ("routing", "policy", "concurrency", "token_budget", "send_priority")
 """The spec options a settings file (``config=``) sets instead."""
@@ -293,6 +303,13 @@ class ClientSpec:
     what is measured is whatever Runtime's defaults are. The fields above then show
     Runtime's defaults as of this version, for display only."""
 
+    scheduling: Literal["fcfs", "priority"] | None = None
+    """``scheduling=``: the embedded replicas' queue order (``EngineConfig.scheduling``,
+    as vLLM's ``--scheduling-policy``); None: ``priority`` where the client always sends
+    priorities (``priority=on``), else ``fcfs``. Replicas that schedule by priority
+    advertise it, so a runtime with ``send_priority="auto"`` (``agentrt:defaults``)
+    sends them its calls' levels."""
+
     gateway: str | None = None
     """``CLIENT>PEER``: the client sends to one URL, a modelled peer (a router such as
     ``vllm-router:cache_aware``, :mod:`agentrt.sim.peers`) in front of the embedded
@@ -363,6 +380,10 @@ class ClientSpec:
                 if low not in _TRUE + _FALSE:
                     raise _spec_error(text, f"retention must be on or off, not {value!r}")
                 put("retention", low in _TRUE)
+            elif key == "scheduling":
+                if low not in ("fcfs", "priority"):
+                    raise _spec_error(text, f"scheduling must be fcfs or priority, not {value!r}")
+                put("scheduling", low)
             elif key in ("poll", "poll_metrics_s"):
                 put("poll", _poll(low, text))
             elif key == "declare":
@@ -382,9 +403,11 @@ class ClientSpec:
                 put("config", value)
             else:
                 raise _spec_error(text, f"unknown option {key!r}")
-        if fields.get("defaults") and len(fields.keys() - {"retention"}) > 1:
+        if fields.get("defaults") and len(fields.keys() - _REPLICA_OPTIONS) > 1:
             raise _spec_error(
-                text, "defaults is Runtime as a user gets it: give no other option with it"
+                text,
+                "defaults is Runtime as a user gets it: give no other option with it "
+                "(but scheduling= and retention=, the replicas')",
             )
         if "defaults" in fields:
             fields.update(_RUNTIME_DEFAULTS)

@@ -545,8 +545,10 @@ async def _client(
     spec = ClientSpec.parse(cfg.clients[index])
     journal = journal_paths(cfg)[index]
     # A client that sends engine priorities gets replicas that schedule by them (as a
-    # vLLM server started with --scheduling-policy priority); the others keep FCFS.
-    engine = preset.replace(scheduling="priority") if spec.send_priority else preset
+    # vLLM server started with --scheduling-policy priority), as does one that asks for
+    # them (scheduling=priority); the others keep FCFS.
+    scheduling = spec.scheduling or ("priority" if spec.send_priority else None)
+    engine = preset.replace(scheduling=scheduling) if scheduling else preset
     if spec.retention:
         engine = engine.replace(retention_directives=True)
     async with Cluster(cfg.replicas, engine, gateway=spec.gateway) as cluster:

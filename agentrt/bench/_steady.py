@@ -25,7 +25,9 @@ measured job's start to the last one's; throughput is the jobs that end inside i
 its length (closed loop: N agents are busy throughout it).
 
 Per point and client: JCT p50/p90/p99 and stretch p90 (JCT over the job's JCT alone on an
-idle cluster) with percentile-bootstrap 90% intervals over the measured jobs; the prompt
+idle cluster) with percentile-bootstrap 90% intervals over the measured jobs, and the
+stretch of the shortest and the longest third of them by their JCT alone
+(``stretch_short``, ``stretch_long``); the prompt
 tokens the engines computed (not found in their prefix cache or host tier) and their
 prefix-cache hit rate over the whole replay (``engine_prefill_tokens``,
 ``engine_hit_rate``: every client has them), and the measured jobs' own uncached tokens
@@ -311,8 +313,16 @@ def measure(
         "measured": [r.name for r in measured],
     }
     if alone:
-        ratios = [r.jct_s / alone[r.name] for r in measured if alone.get(r.name)]
+        sized = [(alone[r.name], r.jct_s / alone[r.name]) for r in measured if alone.get(r.name)]
+        ratios = [x for _, x in sized]
         out["stretch"] = _bootstrap(ratios, (0.5, 0.9), bootstrap, rng)
+        # By job size (its JCT alone): the shortest and the longest third of the measured
+        # jobs, where short jobs beside long ones are hurt most (issue 34).
+        sized.sort(key=lambda x: x[0])
+        third = len(sized) // 3
+        if third >= 2:
+            for key, part in (("stretch_short", sized[:third]), ("stretch_long", sized[-third:])):
+                out[key] = _bootstrap([x for _, x in part], (0.5, 0.9), bootstrap, rng)
     prompt = cached = 0
     known = True
     for r in measured:
@@ -498,7 +508,8 @@ def format_table(result: dict[str, Any]) -> str:
     head = (
         f"{'mode':<6} {'kv':<8} {'N/load':>6} {'client':<30} {'jobs/s':>8} "
         f"{'JCT p50 [90% CI]':>22} {'JCT p90 [90% CI]':>22} {'JCT p99':>8} "
-        f"{'stretch p90 [90% CI]':>22} {'prefill Mtok':>12} {'hit':>5} {'moves':>6}"
+        f"{'stretch p90 [90% CI]':>22} {'short p90':>9} {'prefill Mtok':>12} {'hit':>5} "
+        f"{'moves':>6}"
     )
     lines = [head, "-" * len(head)]
     # prefill Mtok and hit: the engines' own counts over the whole replay (every client
@@ -506,12 +517,14 @@ def format_table(result: dict[str, Any]) -> str:
     for r in result["rows"]:
         x = r["users"] if r["mode"] == "closed" else f"{r['load']:g}x"
         stretch = r.get("stretch", {}).get("p90")
+        short = r.get("stretch_short", {}).get("p90")
         unc = r.get("engine_prefill_tokens")
         hit = r.get("engine_hit_rate")
         lines.append(
             f"{r['mode']:<6} {r['kv']:<8} {x!s:>6} {r['client']:<30} "
             f"{r['throughput']:>8.4f} {_ci(r['jct']['p50']):>22} {_ci(r['jct']['p90']):>22} "
             f"{r['jct']['p99'][0]:>8.0f} {_ci(stretch, 2):>22} "
+            f"{(short[0] if short else math.nan):>9.2f} "
             f"{(unc / 1e6 if unc is not None else math.nan):>12.2f} "
             f"{(hit * 100 if hit is not None else math.nan):>4.0f}% "
             f"{r['moves'] if r['moves'] is not None else '-'!s:>6}"

@@ -192,3 +192,18 @@ def test_a_bad_settings_file_is_one_line_before_any_replay(
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "bad.toml" in err and "fastest" in err, err
     assert not out.exists() or not any(out.iterdir())  # nothing ran
+
+
+def test_replicas_scheduling_is_a_spec_option_even_with_defaults() -> None:
+    """``scheduling=`` sets the embedded replicas' queue order; it is the only option
+    ``agentrt:defaults`` takes (it is the replicas', not the runtime's)."""
+    spec = ClientSpec.parse("agentrt:defaults,scheduling=priority")
+    assert spec.defaults and spec.scheduling == "priority" and not spec.send_priority
+    assert ClientSpec.parse("agentrt:defaults").scheduling is None
+    behind = ClientSpec.parse("agentrt:defaults,scheduling=priority>llm-d")
+    assert behind.scheduling == "priority" and behind.gateway == "llm-d"
+    assert ClientSpec.parse("agentrt:plas,scheduling=fcfs").scheduling == "fcfs"
+    with pytest.raises(ValueError, match="scheduling must be fcfs or priority"):
+        ClientSpec.parse("agentrt:defaults,scheduling=lifo")
+    with pytest.raises(ValueError, match="give no other option with it"):
+        ClientSpec.parse("agentrt:defaults,scheduling=priority,policy=plas")

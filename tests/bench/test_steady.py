@@ -68,6 +68,26 @@ def test_measure_leaves_out_warmup_and_drain() -> None:
         measure(jobs[:8], users=4, warmup_share=0.1)
 
 
+def test_stretch_by_job_size() -> None:
+    """The shortest and the longest third of the measured jobs (by their JCT alone) have
+    their own stretch: short jobs beside long ones are the ones hurt most (issue 34)."""
+    jobs = [_job(i, float(i), 100.0) for i in range(40)]
+    # alone: jobs 4..35 are measured; the short ones (alone 10 s) stretch 10x, the long
+    # ones (alone 90-100 s) about 1x
+    alone = {j.name: 10.0 if i % 3 == 0 else 90.0 + i % 10 for i, j in enumerate(jobs)}
+    m = measure(jobs, users=4, warmup_share=0.1, alone=alone, bootstrap=100)
+    measured = [int(n[1:]) for n in m["measured"]]
+    third = len(measured) // 3
+    assert third == 10
+    shortest = sorted(measured, key=lambda i: alone[f"j{i}"])[:third]
+    assert all(alone[f"j{i}"] == 10.0 for i in shortest)
+    assert m["stretch_short"]["p50"][0] == m["stretch_short"]["p90"][0] == 10.0
+    assert m["stretch_long"]["p90"][0] == pytest.approx(100.0 / 90.0, rel=0.12)
+    assert m["stretch_long"]["p90"][0] < 1.2 < m["stretch"]["p90"][0]
+    few = measure(jobs[:9], users=2, warmup_share=0.1, alone=alone, bootstrap=50)
+    assert "stretch" in few and "stretch_short" not in few  # 5 measured: thirds of 1
+
+
 def test_quick_study(tmp_path: Path) -> None:
     cfg = SteadyConfig(
         workload="coding",
