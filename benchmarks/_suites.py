@@ -53,6 +53,8 @@ SUITES: Final = (
                     "steady_coding.json",
                     "steady_claude_code_small.json",
                     "steady_claude_code_seed1.json",
+                    "steady_claude_code_retention.json",
+                    "steady_claude_code_pressure_retention.json",
                     "steady_claude_code_priority.json",
                 ),
             ),
