@@ -56,6 +56,7 @@ from ._drivers import ClientSpec, JobResult
 from ._parallel import Workers, check_workers
 from ._plan import Call, Fanout, JobPlan, SessionPlan
 from ._runner import ALONE, BenchConfig, ClientRun, PartResult, run_parts
+from ._view import format_view
 from ._workloads import Arrivals, TraceOptions, claude_code_jobs, make_workload
 
 __all__ = [
@@ -450,6 +451,7 @@ def run_steady(
                     "utilization": run.engine.get("utilization"),
                     "engine_prefill_tokens": sum(r["prefill_tokens"] for r in run.replicas),
                     "evictions": run.kv.get("evictions") if run.kv else None,
+                    "kv_view": run.view,
                 }
             )
             rows.append(figures)
@@ -516,6 +518,12 @@ def format_table(result: dict[str, Any]) -> str:
             f"{(hit * 100 if hit is not None else math.nan):>4.0f}% "
             f"{r['moves'] if r['moves'] is not None else '-'!s:>6}"
         )
+    views = [r for r in result["rows"] if r.get("kv_view")]
+    if views:
+        lines.append("the client's view of the replicas' KV against the engines' (bench/_view.py):")
+    for r in views:
+        x = r["users"] if r["mode"] == "closed" else f"{r['load']:g}x"
+        lines.append(f"  {r['mode']} {r['kv']} {x} {r['client']}: {format_view(r['kv_view'])}")
     failed = [r for r in result["rows"] if r.get("failed")]
     if failed:
         worst = max(failed, key=lambda r: r["failed"])

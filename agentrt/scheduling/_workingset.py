@@ -130,6 +130,10 @@ class KvShadow:
         """Sessions in the shadow (live, placed here)."""
         return len(self._sessions)
 
+    def contexts(self) -> dict[str, int]:
+        """Each live session's context tokens here, by session id (a copy)."""
+        return {sid: f.tokens for sid, f in self._sessions.items()}
+
     def tokens(self) -> int:
         """Context tokens of the live sessions here, unweighted."""
         return sum(f.tokens for f in self._sessions.values())
