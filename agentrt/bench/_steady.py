@@ -495,6 +495,11 @@ def _ci(triple: list[float] | None, digits: int = 0) -> str:
     return f"{p:.{digits}f} [{lo:.{digits}f}-{hi:.{digits}f}]"
 
 
+def _where(row: dict[str, Any]) -> str:
+    """A row's N (closed loop) or load (open loop, ``0.5x``)."""
+    return str(row["users"]) if row["mode"] == "closed" else f"{row['load']:g}x"
+
+
 def format_table(result: dict[str, Any]) -> str:
     """The study as a text table, one row per point and client."""
     head = (
@@ -506,7 +511,7 @@ def format_table(result: dict[str, Any]) -> str:
     # prefill Mtok and hit: the engines' own counts over the whole replay (every client
     # reports them; the measured jobs' own, from their replies, are in the JSON)
     for r in result["rows"]:
-        x = r["users"] if r["mode"] == "closed" else f"{r['load']:g}x"
+        x = _where(r)
         stretch = r.get("stretch", {}).get("p90")
         unc = r.get("engine_prefill_tokens")
         hit = r.get("engine_hit_rate")
@@ -522,8 +527,9 @@ def format_table(result: dict[str, Any]) -> str:
     if views:
         lines.append("the client's view of the replicas' KV against the engines' (bench/_view.py):")
     for r in views:
-        x = r["users"] if r["mode"] == "closed" else f"{r['load']:g}x"
-        lines.append(f"  {r['mode']} {r['kv']} {x} {r['client']}: {format_view(r['kv_view'])}")
+        lines.append(
+            f"  {r['mode']} {r['kv']} {_where(r)} {r['client']}: {format_view(r['kv_view'])}"
+        )
     failed = [r for r in result["rows"] if r.get("failed")]
     if failed:
         worst = max(failed, key=lambda r: r["failed"])
