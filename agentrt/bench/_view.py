@@ -74,24 +74,25 @@ class ViewSampler:
         self._sources: Counter[str] = Counter()
 
     def _sample(self, n: int = 1) -> None:
-        rt = self._rt
-        loads = rt.endpoint_loads()
-        shadows = [e.shadow for e in rt._core.endpoints]  # the router's own shadows
-        for i, (engine, load, shadow) in enumerate(zip(self._engines, loads, shadows, strict=True)):
+        # Read-only: rt.endpoint_loads() would refresh the retention estimates, whose
+        # recomputation depends on when they are read, and so move the routing.
+        core = self._rt._core  # the router's own shadows
+        now = core.clock()
+        for i, (engine, e) in enumerate(zip(self._engines, core.endpoints, strict=True)):
+            shadow = e.shadow
             contexts = shadow.contexts()
             if not contexts:
                 continue
+            capacity = shadow.capacity_tokens
+            demand = shadow.demand(now)
             estimate: float | None = None
-            if load.kv_capacity is not None:
+            if capacity is not None:
                 estimate = float(sum(shadow.resident(s) or 0 for s in contexts))
             real = float(sum(engine_cached(engine, s) for s in contexts))
             bs = engine.config.block_size
             slack = bs * len(contexts)
             evicted = real < sum(contexts.values()) - slack
-            capacity = load.kv_capacity
-            says_over = (
-                capacity is not None and load.kv_demand is not None and load.kv_demand > capacity
-            )
+            says_over = capacity is not None and demand > capacity
             self._rows.append(
                 (
                     n,
@@ -104,7 +105,7 @@ class ViewSampler:
                     evicted,
                 )
             )
-            self._sources[load.kv_capacity_source or "unknown"] += n
+            self._sources[shadow.source or "unknown"] += n
 
     async def run(self) -> None:
         await every(self._interval, self._sample)

@@ -116,6 +116,26 @@ def test_figures_reach_the_result_and_the_output() -> None:
     assert run.view is not None and "capacity assumed 426k" in format_view(run.view)
 
 
+def test_sampling_moves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The view is read-only: the same replay without the sampler gives the same jobs.
+    plans = [
+        JobPlan(name, "react", t, _session(name, 4, 3.0 + t, per_turn=8))
+        for name, t in (("a", 0.0), ("b", 0.5), ("c", 1.0), ("d", 1.5), ("e", 2.0))
+    ]
+    seen = _replay(plans, gpu_blocks=200)
+
+    async def nothing(self: ViewSampler) -> None:
+        return None
+
+    monkeypatch.setattr(ViewSampler, "run", nothing)
+    unseen = _replay(plans, gpu_blocks=200)
+    assert seen.view is not None and seen.view["resident"]["samples"] > 20
+    assert [(r.name, r.jct_s, [c.endpoint for c in r.calls]) for r in seen.results] == [
+        (r.name, r.jct_s, [c.endpoint for c in r.calls]) for r in unseen.results
+    ]
+    assert seen.engine == unseen.engine
+
+
 def test_plain_clients_and_one_endpoint_have_no_view() -> None:
     plans = [JobPlan("j", "react", 0.0, _session("s", 2, 1.0))]
     assert _replay(plans, clients=("plain",)).view is None
