@@ -176,15 +176,18 @@ class KvShadow:
 
     def resident(self, session_id: str) -> int | None:
         """Tokens of the session's context likely still cached here (LRU: what fits
-        above the stack distance), or None while the capacity is unknown."""
+        above the stack distance), or None while the capacity is unknown. A prefix it
+        shares with others (:meth:`found`) is cached once and kept hot by them: it
+        counts as resident, and takes its room once."""
         capacity = self.capacity_tokens
         f = self._sessions.get(session_id)
         if f is None:
             return 0
         if capacity is None:
             return None
-        room = capacity - self.stack_distance(session_id)
-        return int(min(max(room, 0.0), float(f.tokens)))
+        shared = f.shared
+        room = capacity - shared - self.stack_distance(session_id)
+        return shared + int(min(max(room, 0.0), float(f.tokens - shared)))
 
     # ------------------------------------------------------------ what happens
 
