@@ -298,8 +298,6 @@ class Placement:
                 and not state.moved
             ):
                 shadow.observe(distance, previous[1], state.cached_tokens, state.prompt_tokens)
-            elif (previous is None or previous[0] != index) and state.cached_tokens:
-                shadow.found(self.session_id, state.cached_tokens)
         if context is None:
             return
         self.cacheable = (index, context)

@@ -67,9 +67,6 @@ class _Footprint:
     """When it is expected to send again (None: unknown)."""
     busy: bool
     """A call of it is in flight there."""
-    shared: int = 0
-    """Tokens its first call there found cached: a prefix it shares with other sessions
-    (a system prompt), held once however many hold it."""
 
 
 class KvShadow:
@@ -161,33 +158,28 @@ class KvShadow:
 
     def stack_distance(self, session_id: str) -> int:
         """Tokens touched here since the session last touched its own context: the
-        contexts of the sessions that ran after it (in flight ones included), less the
-        prefixes they share with others (:meth:`found`: cached once, and touched by
-        every session that holds them, they are never the least recently used)."""
+        contexts of the sessions that ran after it (in flight ones included)."""
         f = self._sessions.get(session_id)
         if f is None:
             return 0
         since = f.touched
         return sum(
-            o.tokens - o.shared
+            o.tokens
             for sid, o in self._sessions.items()
             if (o.touched > since or o.busy) and sid != session_id
         )
 
     def resident(self, session_id: str) -> int | None:
         """Tokens of the session's context likely still cached here (LRU: what fits
-        above the stack distance), or None while the capacity is unknown. A prefix it
-        shares with others (:meth:`found`) is cached once and kept hot by them: it
-        counts as resident, and takes its room once."""
+        above the stack distance), or None while the capacity is unknown."""
         capacity = self.capacity_tokens
         f = self._sessions.get(session_id)
         if f is None:
             return 0
         if capacity is None:
             return None
-        shared = f.shared
-        room = capacity - shared - self.stack_distance(session_id)
-        return shared + int(min(max(room, 0.0), float(f.tokens - shared)))
+        room = capacity - self.stack_distance(session_id)
+        return int(min(max(room, 0.0), float(f.tokens)))
 
     # ------------------------------------------------------------ what happens
 
@@ -217,16 +209,6 @@ class KvShadow:
         f.touched = self._tick()
         f.busy = False
         f.wake_at = wake_at
-
-    def found(self, session_id: str, cached: int) -> None:
-        """The session's first call here found ``cached`` tokens of its prompt already
-        cached: a prefix shared with other sessions, which :meth:`stack_distance` counts
-        once. Replaying Claude Code traces, counting a 15k-token system prompt once per
-        session made the client think half its sessions' contexts evicted where the
-        engine held them (docs/benchmarks/steady.md, "How close the client's view is")."""
-        f = self._sessions.get(session_id)
-        if f is not None:
-            f.shared = min(cached, f.tokens)
 
     def leave(self, session_id: str) -> None:
         """The session ended, or moved away: its context counts here no more."""

@@ -92,26 +92,6 @@ def test_rewritten_prompts_teach_nothing() -> None:
     assert kv.evictions == 1 and kv.source == "learned"
 
 
-def test_a_shared_prefix_counts_once_in_the_stack_distance() -> None:
-    kv = KvShadow(40_000)
-    for sid in ("a", "b", "c"):
-        kv.start(sid, 15_000)
-        kv.finish(sid, 15_000, None)
-    kv.found("b", 12_000)  # b and c found a's 12k-token system prompt cached
-    kv.found("c", 12_000)
-    assert kv.stack_distance("a") == 2 * 3_000
-    assert kv.resident("a") == 15_000  # 12k shared + 3 * 3k own: everything fits
-    kv.set_capacity(17_000, "engine")
-    # b's shared 12k are resident, and take their room once: 5k left, of which c's own
-    # 3k (touched after b's) take 3k, so 2k of b's own 3k fit
-    assert kv.resident("b") == 12_000 + 2_000 and kv.resident("c") == 12_000 + 3_000
-    # a (the first: it found nothing cached) counts its whole context as its own
-    assert kv.resident("a") == 17_000 - 6_000
-    kv.found("zzz", 5)  # not here: nothing
-    kv.found("b", 99_000)  # never more than its context
-    assert kv.stack_distance("a") == 15_000 - 15_000 + 3_000
-
-
 def test_tiny_contexts_teach_nothing() -> None:
     kv = KvShadow()
     kv.observe(distance=100, previous=100, cached=0)
