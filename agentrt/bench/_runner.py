@@ -572,8 +572,12 @@ async def _client(
         viewer: ViewSampler | None = None
         async with driver, anyio.create_task_group() as tg:
             tg.start_soon(sampler.run)
-            if isinstance(driver, AgentrtDriver) and not spec.gateway and len(urls) > 1:
-                viewer = ViewSampler(cluster, driver.runtime, cfg.kv_sample_s)
+            # One agentrt client (a fleet of one included) that sees the replicas.
+            lone = driver
+            if isinstance(driver, Fleet) and len(driver.members) == 1:
+                lone = driver.members[0]
+            if isinstance(lone, AgentrtDriver) and not spec.gateway and len(urls) > 1:
+                viewer = ViewSampler(cluster, lone.runtime, cfg.kv_sample_s)
                 tg.start_soon(viewer.run)
             results, makespan = await _replay(
                 plans, driver.run_job, progress, spec.name, snapshot, cfg.users
