@@ -110,8 +110,9 @@ def test_figures_reach_the_result_and_the_output() -> None:
     (client,) = sim_clients(cfg, {0: run})
     assert client.kv_view == run.view
     result = BenchResult({}, True, 0.0, 3, [client])
-    (head, line) = view_lines(result)
-    assert "view" in head and line.strip().startswith("agentrt:defaults: resident est")
+    head, *lines = view_lines(result, 80)
+    assert "view" in head and lines[0].startswith("agentrt:defaults: resident est")
+    assert len(lines) > 1 and all(len(x) <= 80 and x.startswith("  ") for x in lines[1:])
     assert view_lines(BenchResult({}, True, 0.0, 0, [])) == []
     assert run.view is not None and "capacity assumed 426k" in format_view(run.view)
 
