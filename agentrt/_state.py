@@ -297,7 +297,7 @@ class Placement:
                 and state.cached_tokens is not None
                 and not state.moved
             ):
-                shadow.observe(distance, previous[1], state.cached_tokens)
+                shadow.observe(distance, previous[1], state.cached_tokens, state.prompt_tokens)
         if context is None:
             return
         self.cacheable = (index, context)

@@ -81,7 +81,7 @@ SUITES: Final = (
             Entry(
                 "call_instructions",
                 "CPU instructions per call (callgrind), per client",
-                ("call_instructions_retried.json",),
+                ("call_instructions_retried.json", "call_instructions_endpoints.json"),
             ),
             Entry("transport_micro", "the transport's own CPU per call, no network"),
             Entry("telemetry_cost", "CPU per call of each telemetry hook"),

@@ -29,6 +29,16 @@ echo server (``benchmarks/_echo_server.py --impl raw``) runs outside valgrind. C
     .venv/bin/python benchmarks/call_instructions.py     # ~6 min; results/call_instructions.json
     .venv/bin/python benchmarks/call_instructions.py --clients openai agentrt.openai
 
+``--endpoints 1 4 8`` runs each agentrt client over that many endpoints (distinct URLs
+on the one echo server, ``/e0/v1`` ...; the runtime's defaults: session routing, the
+engines' ``/metrics`` polled, a 404 here), named ``CLIENT@K``; ``--before DIR`` runs the
+agentrt clients a second time with ``PYTHONPATH=DIR`` (an older tree of agentrt: a
+``git worktree`` of the commit to compare with), their figures under ``"before"``:
+
+    git worktree add /tmp/before <commit>
+    .venv/bin/python benchmarks/call_instructions.py --clients openai agentrt.openai \
+        --endpoints 1 4 8 --before /tmp/before --out results/call_instructions_endpoints.json
+
 Needs ``valgrind`` (Debian: ``apt-get install valgrind``).
 """
 
@@ -62,7 +72,10 @@ PER_JOB = 50
 
 
 def child(client: str, calls: int, url: str) -> None:
-    """The measured process: a warm-up, then ``calls`` sequential calls."""
+    """The measured process: a warm-up, then ``calls`` sequential calls (``CLIENT@K``:
+    over ``K`` endpoints)."""
+    client, _, count = client.partition("@")
+    endpoints = int(count or 1)
     import anyio
     import openai
 
@@ -95,7 +108,12 @@ def child(client: str, calls: int, url: str) -> None:
         if client == "agentrt.retried":
             options["retry"] = agentrt.Retry(attempts=2, wait_initial=0.0, wait_jitter=0.0)
         base = url.replace("/v1", "/alternate/v1") if client == "agentrt.retried" else url
-        async with agentrt.Runtime([base], **options) as rt:
+        urls = (
+            [base]
+            if endpoints == 1
+            else [base.replace("/v1", f"/e{i}/v1") for i in range(endpoints)]
+        )
+        async with agentrt.Runtime(urls, **options) as rt:
             create = rt.openai().chat.completions.create
             for n in (WARMUP, calls):
                 done = 0
@@ -110,9 +128,12 @@ def child(client: str, calls: int, url: str) -> None:
     anyio.run(main)
 
 
-def instructions(client: str, calls: int, url: str) -> int:
-    """Instructions the whole process ran (callgrind's 'Collected')."""
+def instructions(client: str, calls: int, url: str, tree: Path | None = None) -> int:
+    """Instructions the whole process ran (callgrind's 'Collected'); ``tree``: agentrt
+    imported from there."""
     env = dict(os.environ, PYTHONHASHSEED="0")
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
     out = subprocess.run(
         [
             "valgrind",
@@ -140,6 +161,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=200, help="the calls that are counted")
     p.add_argument("--clients", nargs="+", choices=CLIENTS, default=list(CLIENTS))
+    p.add_argument(
+        "--endpoints", nargs="+", type=int, default=[1], help="agentrt clients over K endpoints"
+    )
+    p.add_argument("--before", type=Path, default=None, help="agentrt's tree to compare with")
     p.add_argument("--out", type=Path, default=Path("results/call_instructions.json"))
     p.add_argument("--child", nargs=3, metavar=("CLIENT", "CALLS", "URL"), help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -153,22 +178,44 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     from overhead import echo_server
 
-    names: list[str] = args.clients if "openai" in args.clients else ["openai", *args.clients]
-    per_call: dict[str, float] = {}
+    if any(k < 1 for k in args.endpoints):
+        p.error("--endpoints must be >= 1")
+    if args.before is not None and not (args.before / "agentrt" / "__init__.py").is_file():
+        p.error(f"--before {args.before}: no agentrt package there")
+    chosen: list[str] = args.clients if "openai" in args.clients else ["openai", *args.clients]
+    names = [
+        n if n.startswith("openai") or k == 1 else f"{n}@{k}"
+        for n in chosen
+        for k in (args.endpoints if n.startswith("agentrt") else [1])
+    ]
+    names = list(dict.fromkeys(names))
+    trees: dict[str, Path | None] = {"after": None}
+    if args.before is not None:
+        trees = {"before": args.before.resolve(), "after": None}
+    figures: dict[str, dict[str, float]] = {label: {} for label in trees}
     with echo_server("raw", None) as url, ThreadPoolExecutor(2) as pool:
         print(f"echo server (raw) at {url}; {args.calls} counted calls per client")
-        for name in names:
-            short, long = pool.map(
-                lambda n, name=name: instructions(name, n, url), (args.calls, 2 * args.calls)
-            )
-            per_call[name] = (long - short) / args.calls
-            print(f"  {name:16s} {per_call[name]:12,.0f} instructions per call", flush=True)
+        for label, tree in trees.items():
+            for name in names:
+                if label == "before" and name.startswith("openai"):
+                    continue
+                short, long = pool.map(
+                    lambda n, name=name, tree=tree: instructions(name, n, url, tree),
+                    (args.calls, 2 * args.calls),
+                )
+                figures[label][name] = (long - short) / args.calls
+                tag = f" ({label})" if len(trees) > 1 else ""
+                print(
+                    f"  {name:16s} {figures[label][name]:12,.0f} instructions per call{tag}",
+                    flush=True,
+                )
+    per_call = figures["after"]
     base = per_call["openai"]
     print("\nadded vs openai (instructions per call, and in % of the baseline's):")
     for name in names[1:]:
         added = per_call[name] - base
         print(f"  {name:16s} {added:+12,.0f}  {100 * added / base:+6.2f} %")
-    result = {
+    result: dict[str, Any] = {
         "meta": {
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "command": " ".join(["benchmarks/call_instructions.py", *sys.argv[1:]]),
@@ -177,6 +224,13 @@ def main() -> None:
         "instructions_per_call": per_call,
         "added_vs_openai": {n: per_call[n] - base for n in names[1:]},
     }
+    if "before" in figures:
+        before = figures["before"]
+        result["before"] = {"tree": str(args.before), "instructions_per_call": before}
+        result["after_vs_before"] = {n: per_call[n] - before[n] for n in before}
+        print("\nafter vs before (instructions per call):")
+        for n, v in result["after_vs_before"].items():
+            print(f"  {n:16s} {before[n]:12,.0f} -> {per_call[n]:12,.0f}  {v:+10,.0f}")
     write_result(args.out, result, __doc__, indent=2)
     print(f"\nwrote {args.out}")
 

@@ -34,7 +34,9 @@ def parse(argv: list[str] | None) -> tuple[SteadyConfig, argparse.Namespace]:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--clients", nargs="+", default=None, help="client specs (agentrt bench)")
     ap.add_argument("--users", nargs="+", type=int, default=None, help="closed-loop N values")
-    ap.add_argument("--loads", nargs="+", type=float, default=None, help="x capacity")
+    ap.add_argument(
+        "--loads", nargs="*", type=float, default=None, help="x capacity (none: closed loop only)"
+    )
     ap.add_argument("--kv", nargs="+", choices=("ample", "pressure"), default=None)
     ap.add_argument("--pressure-blocks", type=int, default=None, help="KV blocks per replica")
     ap.add_argument("--replicas", type=int, default=None)

@@ -913,6 +913,11 @@ class AgentrtDriver:
             **common,
         )
 
+    @property
+    def runtime(self) -> Runtime:
+        """The runtime the jobs run on (the bench's view sampler reads its router)."""
+        return self._rt
+
     async def __aenter__(self) -> AgentrtDriver:
         if self._ends is not None:
             self._rt = self._runtime([await self._ends.__aenter__()])

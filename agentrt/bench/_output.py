@@ -156,11 +156,27 @@ def fleet_lines(result: BenchResult, width: int = 80) -> list[str]:
     return [part for line in lines for part in wrap.wrap(line)]
 
 
+def view_lines(result: BenchResult, width: int = 80) -> list[str]:
+    """Per agentrt client over several embedded replicas: its router's view of their KV
+    against the engines' (``ClientResult.kv_view``, bench/_view.py), wrapped to
+    ``width``. Empty without one."""
+    from ._view import format_view
+
+    lines = [f"{c.client}: {format_view(c.kv_view)}" for c in result.clients if c.kv_view]
+    if not lines:
+        return []
+    lines.insert(0, "the client's view of the replicas' KV against the engines':")
+    wrap = textwrap.TextWrapper(width=width, subsequent_indent="  ", break_on_hyphens=False)
+    return [part for line in lines for part in wrap.wrap(line)]
+
+
 def print_table(result: BenchResult, title: str, echo: Callable[[str], None] | None = None) -> None:
     """The benchmark's table (:func:`bench_table`), then a fleet's lines
-    (:func:`fleet_lines`), through ``echo`` as :func:`show_tables`."""
+    (:func:`fleet_lines`) and the clients' views of the KV (:func:`view_lines`), through
+    ``echo`` as :func:`show_tables`."""
     show_tables([bench_table(result, title)], echo)
-    lines = fleet_lines(result, min(terminal_width(), 80))
+    width = min(terminal_width(), 80)
+    lines = fleet_lines(result, width) + view_lines(result, width)
     if lines:
         out = echo or print
         out("")

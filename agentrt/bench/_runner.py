@@ -32,10 +32,11 @@ import httpx
 from .._config import redact_userinfo
 from ..sim import PRESETS, Cluster, EngineConfig
 from ._clock import VirtualTimeLoop, every
-from ._drivers import ClientSpec, Driver, JobResult, Prompts, make_driver
+from ._drivers import AgentrtDriver, ClientSpec, Driver, JobResult, Prompts, make_driver
 from ._fleet import FLEET_ASSIGNS, Fleet, FleetAssign, plain_starts
 from ._parallel import Workers, check_workers, portable, run_replays
 from ._plan import JobPlan
+from ._view import ViewSampler
 from ._workloads import Arrivals, TraceOptions, make_workload
 
 __all__ = [
@@ -167,6 +168,11 @@ class ClientResult:
     served), ``prefill_tokens`` (prompt tokens it computed: not found in its prefix cache
     nor in its host tier), ``busy_s`` and ``first_turns`` (sessions whose first call,
     turn 0, it served)."""
+    kv_view: dict[str, Any] | None = None
+    """Embedded runs of one agentrt client over several replicas: its router's view of
+    each replica's KV (working set, what is still cached, capacity) against the engine's,
+    sampled together every ``kv_sample_s`` (bench/_view.py: ``resident``, ``over``,
+    ``capacity``)."""
     call_imbalance: float | None = None
     """Embedded runs: the replica that served the most calls, over the mean (beside
     ``load_imbalance``, the same for busy time)."""
@@ -286,6 +292,7 @@ def _summarize(
     kv: dict[str, float] | None = None,
     fleet: int = 1,
     replicas: list[dict[str, float]] | None = None,
+    kv_view: dict[str, Any] | None = None,
 ) -> ClientResult:
     ok = [r for r in results if r.status == "ok"]
     jcts = [r.jct_s for r in ok]
@@ -332,6 +339,7 @@ def _summarize(
         fleet=fleet,
         replicas=replicas,
         call_imbalance=_imbalance([r["calls"] for r in replicas]) if replicas else None,
+        kv_view=kv_view,
     )
 
 
@@ -466,6 +474,9 @@ class ClientRun:
     kv: dict[str, float]
     replicas: list[dict[str, float]] = field(default_factory=list)
     """Per replica: see :attr:`ClientResult.replicas`."""
+    view: dict[str, Any] | None = None
+    """The client's view of the replicas' KV against the engines': see
+    :attr:`ClientResult.kv_view`."""
 
 
 PartResult = dict[str, float] | ClientRun
@@ -562,8 +573,16 @@ async def _client(
             window.append((elapsed, busy))
 
         sampler = _KVSampler(cluster, cfg.kv_sample_s)
+        viewer: ViewSampler | None = None
         async with driver, anyio.create_task_group() as tg:
             tg.start_soon(sampler.run)
+            # One agentrt client (a fleet of one included) that sees the replicas.
+            lone = driver
+            if isinstance(driver, Fleet) and len(driver.members) == 1:
+                lone = driver.members[0]
+            if isinstance(lone, AgentrtDriver) and not spec.gateway and len(urls) > 1:
+                viewer = ViewSampler(cluster, lone.runtime, cfg.kv_sample_s)
+                tg.start_soon(viewer.run)
             results, makespan = await _replay(
                 plans, driver.run_job, progress, spec.name, snapshot, cfg.users
             )
@@ -573,8 +592,9 @@ async def _client(
             span = (window[1][0] - window[0][0], window[1][1] - window[0][1])
         stats = _sim_engine_stats(cluster, makespan, span)
         kv = sampler.result()
+        view = viewer.result() if viewer is not None else None
         replicas = _replica_figures(cluster, results)
-    return ClientRun(results, makespan, stats, kv, replicas)
+    return ClientRun(results, makespan, stats, kv, replicas, view)
 
 
 def replay_part(
@@ -610,6 +630,7 @@ def sim_clients(cfg: BenchConfig, parts: dict[int, PartResult]) -> list[ClientRe
                 run.kv,
                 cfg.fleet,
                 run.replicas,
+                run.view,
             )
         )
     return out

@@ -58,6 +58,7 @@ from ._drivers import ClientSpec, JobResult
 from ._parallel import Workers, check_workers
 from ._plan import Call, Fanout, JobPlan, SessionPlan
 from ._runner import ALONE, BenchConfig, ClientRun, PartResult, run_parts
+from ._view import format_view
 from ._workloads import Arrivals, TraceOptions, claude_code_jobs, make_workload
 
 __all__ = [
@@ -460,6 +461,7 @@ def run_steady(
                     "utilization": run.engine.get("utilization"),
                     "engine_prefill_tokens": sum(r["prefill_tokens"] for r in run.replicas),
                     "evictions": run.kv.get("evictions") if run.kv else None,
+                    "kv_view": run.view,
                 }
             )
             rows.append(figures)
@@ -503,6 +505,11 @@ def _ci(triple: list[float] | None, digits: int = 0) -> str:
     return f"{p:.{digits}f} [{lo:.{digits}f}-{hi:.{digits}f}]"
 
 
+def _where(row: dict[str, Any]) -> str:
+    """A row's N (closed loop) or load (open loop, ``0.5x``)."""
+    return str(row["users"]) if row["mode"] == "closed" else f"{row['load']:g}x"
+
+
 def format_table(result: dict[str, Any]) -> str:
     """The study as a text table, one row per point and client."""
     head = (
@@ -515,7 +522,7 @@ def format_table(result: dict[str, Any]) -> str:
     # prefill Mtok and hit: the engines' own counts over the whole replay (every client
     # reports them; the measured jobs' own, from their replies, are in the JSON)
     for r in result["rows"]:
-        x = r["users"] if r["mode"] == "closed" else f"{r['load']:g}x"
+        x = _where(r)
         stretch = r.get("stretch", {}).get("p90")
         short = r.get("stretch_short", {}).get("p90")
         unc = r.get("engine_prefill_tokens")
@@ -528,6 +535,13 @@ def format_table(result: dict[str, Any]) -> str:
             f"{(unc / 1e6 if unc is not None else math.nan):>12.2f} "
             f"{(hit * 100 if hit is not None else math.nan):>4.0f}% "
             f"{r['moves'] if r['moves'] is not None else '-'!s:>6}"
+        )
+    views = [r for r in result["rows"] if r.get("kv_view")]
+    if views:
+        lines.append("the client's view of the replicas' KV against the engines' (bench/_view.py):")
+    for r in views:
+        lines.append(
+            f"  {r['mode']} {r['kv']} {_where(r)} {r['client']}: {format_view(r['kv_view'])}"
         )
     failed = [r for r in result["rows"] if r.get("failed")]
     if failed:

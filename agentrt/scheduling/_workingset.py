@@ -130,6 +130,10 @@ class KvShadow:
         """Sessions in the shadow (live, placed here)."""
         return len(self._sessions)
 
+    def contexts(self) -> dict[str, int]:
+        """Each live session's context tokens here, by session id (a copy)."""
+        return {sid: f.tokens for sid, f in self._sessions.items()}
+
     def tokens(self) -> int:
         """Context tokens of the live sessions here, unweighted."""
         return sum(f.tokens for f in self._sessions.values())
@@ -210,13 +214,25 @@ class KvShadow:
         """The session ended, or moved away: its context counts here no more."""
         self._sessions.pop(session_id, None)
 
-    def observe(self, distance: int, previous: int, cached: int) -> None:
+    def observe(self, distance: int, previous: int, cached: int, prompt: int | None = None) -> None:
         """A resumed turn here: ``previous`` tokens of context left by its last call,
         ``cached`` of them found cached, ``distance`` tokens touched by others between
-        (its stack distance when it was sent). An eviction tells the capacity: the cache
-        held ``distance + cached`` at most; a full hit that the estimate called an
-        eviction tells it held ``distance + previous`` at least."""
-        if previous < _MIN_CONTEXT:
+        (its stack distance when it was sent), ``prompt`` the turn's prompt tokens (None:
+        unknown). An eviction tells the capacity: the cache held ``distance + cached`` at
+        most; a full hit that the estimate called an eviction tells it held ``distance +
+        previous`` at least.
+
+        Not evidence: a turn with nothing of this client's run there since its last
+        (``distance`` 0: an LRU cache that just held the whole context cannot have
+        evicted it for lack of room; the shortfall is a rewritten prompt, or traffic this
+        client does not see), and a prompt under half the previous context (a compacted
+        conversation reads as an eviction however much was cached). Replaying Claude Code
+        traces, such turns were every "eviction" seen with ample KV, and taught
+        capacities of a fifth of the engine's (docs/benchmarks/steady.md, "How close the
+        client's view is")."""
+        if previous < _MIN_CONTEXT or distance <= 0:
+            return
+        if prompt is not None and 2 * prompt < previous:
             return
         estimate = self.capacity_tokens
         if 2 * cached < previous:  # evicted (RetentionEstimator's rule for a hit)

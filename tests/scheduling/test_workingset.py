@@ -78,6 +78,20 @@ def test_the_engine_figure_caps_the_learned_one() -> None:
     assert kv.capacity_tokens == 8000 and kv.source == "engine"
 
 
+def test_rewritten_prompts_teach_nothing() -> None:
+    kv = KvShadow()
+    kv.set_capacity(400_000, "engine")
+    # Nothing else ran there since: an LRU cache that just held the context kept it,
+    # whatever the shortfall (a Claude Code trace's rewritten prompt)
+    kv.observe(distance=0, previous=96_000, cached=15_000, prompt=97_000)
+    # A compacted conversation: the prompt is under half the previous context
+    kv.observe(distance=120_000, previous=164_000, cached=12_000, prompt=27_000)
+    assert kv.capacity_tokens == 400_000 and kv.source == "engine" and kv.evictions == 0
+    # The same shortfall with others' contexts between, the prompt extending: evidence
+    kv.observe(distance=120_000, previous=164_000, cached=12_000, prompt=170_000)
+    assert kv.evictions == 1 and kv.source == "learned"
+
+
 def test_tiny_contexts_teach_nothing() -> None:
     kv = KvShadow()
     kv.observe(distance=100, previous=100, cached=0)
