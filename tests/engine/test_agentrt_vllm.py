@@ -144,7 +144,9 @@ async def test_second_turn_hits_the_prefix_cache(vllm_engine: Replica) -> None:
 
 async def test_a_replica_killed_mid_stream_gives_a_clear_error(engine_pool: object) -> None:
     pool = engine_pool
-    spec = ReplicaSpec(name="victim", kv_cache_space_gib=1, cpu_bind="1")
+    # The longest stream the model allows, killed at its first chunk: on a loaded machine a
+    # slow reader could otherwise find a short stream already whole in its socket buffer.
+    spec = ReplicaSpec(name="victim", kv_cache_space_gib=1, cpu_bind="1", max_model_len=8192)
     with pool.private([spec]) as (replica,):  # type: ignore[attr-defined]
         async with agentrt.Runtime(
             [replica.base_url], retry=agentrt.Retry(attempts=2, wait_initial=0.05)
@@ -155,16 +157,16 @@ async def test_a_replica_killed_mid_stream_gives_a_clear_error(engine_pool: obje
                         stream = await s.chat(
                             model=replica.model,
                             messages=[{"role": "user", "content": "go"}],
-                            max_tokens=4000,
+                            max_tokens=8000,
                             stream=True,
                             # A random-weight model may stop early: no end before the kill.
                             extra_body={"ignore_eos": True},
                         )
-                        n = 0
+                        killed = False
                         async for _ in stream:  # type: ignore[union-attr]
-                            n += 1
-                            if n == 3:
+                            if not killed:
                                 replica.kill()
+                                killed = True
             assert replica.base_url in str(info.value)
             # A new call to the dead replica: retried, then a clear error naming it.
             with pytest.raises(agentrt.EndpointError, match="failed after 2 attempt"):
