@@ -54,6 +54,7 @@ SUITES: Final = (
                     "steady_claude_code_small.json",
                     "steady_claude_code_seed1.json",
                     "steady_claude_code_retention.json",
+                    "steady_claude_code_seed1_peers.json",
                     "steady_claude_code_pressure_retention.json",
                     "steady_claude_code_priority.json",
                 ),
