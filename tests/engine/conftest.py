@@ -101,9 +101,19 @@ class EnginePool:
         if self.alive() + needed > self.max_alive:
             raise RuntimeError("too many private replicas alive")
 
-    def acquire(self, key: str, specs: Sequence[ReplicaSpec]) -> list[Replica]:
-        """The replicas for ``key``, started (or restarted, if one died) as needed."""
+    def acquire(
+        self, key: str, specs: Sequence[ReplicaSpec], *, alone: bool = False
+    ) -> list[Replica]:
+        """The replicas for ``key``, started (or restarted, if one died) as needed.
+
+        ``alone``: every other pooled replica is stopped first (a timing test: on 2 cores
+        idle replicas' engine loops busy-poll and starve a replica's API server)."""
         specs = tuple(specs)
+        if alone:
+            for other in [k for k in self._live if k != key]:
+                _, replicas = self._live.pop(other)
+                for r in replicas:
+                    r.stop()
         entry = self._live.get(key)
         if entry is not None:
             old_specs, replicas = entry
@@ -192,7 +202,7 @@ def vllm_engine(engine_pool: EnginePool) -> Replica:
 
 @pytest.fixture
 def vllm_priority_engine(engine_pool: EnginePool) -> Replica:
-    return engine_pool.acquire("priority", [PRIORITY_SPEC])[0]
+    return engine_pool.acquire("priority", [PRIORITY_SPEC], alone=True)[0]
 
 
 @pytest.fixture
