@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import runpy
+import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 from ._suites import HERE, SUITES, Suite, find
@@ -15,14 +17,20 @@ RESULTS = ROOT / "results"
 
 
 def _list() -> None:
+    width = min(shutil.get_terminal_size().columns, 100)
+
+    def say(text: str, indent: str = "", hang: str = "  ") -> None:
+        print(textwrap.fill(text, width, initial_indent=indent, subsequent_indent=hang))
+
     for suite in SUITES:
-        print(f"{suite.name}: {suite.question}  (docs/benchmarks/{suite.page})")
+        say(f"{suite.name}: {suite.question} (docs/benchmarks/{suite.page})")
         main = suite.main()
         for e in suite.entries:
             mark = "*" if e is main else " " if e.script.exists() else "-"
-            print(f"  {mark} {e.name:20s} {e.what}")
-    print("\n* the suite's main entry; - not in this tree yet")
-    print("run: python -m benchmarks SUITE [ENTRY] [OPTIONS...]  (ENTRY --help for its options)")
+            say(f"{e.name:20s} {e.what}", f"  {mark} ", " " * 25)
+    print()
+    say("* the suite's main entry; - not in this tree yet")
+    say("run: python -m benchmarks SUITE [ENTRY] [OPTIONS...] (ENTRY --help for its options)")
 
 
 def _git(*args: str) -> str:

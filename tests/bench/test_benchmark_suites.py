@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -58,9 +59,11 @@ def test_the_command_lists_the_suites() -> None:
         capture_output=True,
         text=True,
         check=True,
+        env={**os.environ, "COLUMNS": "80"},
     ).stdout
     for suite in _suites():
         assert f"{suite.name}: " in out  # type: ignore[attr-defined]
+    assert max(len(line) for line in out.splitlines()) <= 80
 
 
 def test_a_run_records_what_command_commit_and_date(tmp_path: Path) -> None:
