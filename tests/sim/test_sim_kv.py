@@ -6,32 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentrt.sim._kv import GPU, HOST, QUEUED, KVCache, Node
-from agentrt.sim._tokenize import Run
-
-
-def seq(ns: str, start: int, count: int) -> list[Run]:
-    return [(("r", ns, 16), start, count)]
-
-
-def cache_sequence(kv: KVCache, runs: list[Run], session: str, now: float) -> Node:
-    """Admit a request for ``runs`` (hits + new blocks), insert them, return its deepest node."""
-    n = sum(r[2] for r in runs)
-    m = kv.match(runs, n)
-    new = n - m.blocks
-    assert kv.can_admit(m, new)
-    deepest, _ = kv.admit(m, new, session, now)
-    if new:
-        rest = runs_after(runs, m.blocks)
-        node = kv.insert(deepest, rest, new, session, now)
-        assert node is not None
-        deepest = node
-    return deepest
-
-
-def runs_after(runs: list[Run], k: int) -> list[Run]:
-    from agentrt.sim._tokenize import slice_runs
-
-    return slice_runs(runs, k, sum(r[2] for r in runs))
+from tests.sim._kv_steps import cache_sequence, seq, try_request
 
 
 def test_match_counts_shared_prefix_and_splits_on_admit() -> None:
@@ -279,20 +254,9 @@ def test_counters_stay_consistent(ops: list[tuple[str, int, int]], host: int) ->
         if op == "fetch" and tails:
             kv.prefetch(tails.pop(who % len(tails)), now, 0.25, now + n)
         if op == "req":
-            runs = seq("sys", 0, 2) + seq(f"s{who}", 0, n)
-            total = 2 + n
-            m = kv.match(runs, total)
-            new = total - m.blocks
-            if kv.can_admit(m, new):
-                deepest, _ = kv.admit(m, new, f"s{who}", now)
-                if new:
-                    node = kv.insert(deepest, runs_after(runs, m.blocks), new, f"s{who}", now)
-                    if node is None:
-                        held.append((deepest, new))
-                    else:
-                        held.append((node, 0))
-                else:
-                    held.append((deepest, 0))
+            got = try_request(kv, who, n, now)
+            if got is not None:
+                held.append(got)
         elif op == "alloc" and kv.allocate(n % 4):
             kv.private -= n % 4
         elif op == "yield":

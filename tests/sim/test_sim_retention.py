@@ -11,29 +11,7 @@ from hypothesis import strategies as st
 
 from agentrt.sim import EngineConfig
 from agentrt.sim._kv import ENDED, GPU, QUEUED, KVCache, Node
-from agentrt.sim._tokenize import Run, slice_runs
-
-
-def seq(ns: str, start: int, count: int) -> list[Run]:
-    return [(("r", ns, 16), start, count)]
-
-
-def runs_after(runs: list[Run], k: int) -> list[Run]:
-    return slice_runs(runs, k, sum(r[2] for r in runs))
-
-
-def cache_sequence(kv: KVCache, runs: list[Run], session: str, now: float) -> Node:
-    """Admit a request for ``runs`` (hits + new blocks), insert them, return its deepest node."""
-    n = sum(r[2] for r in runs)
-    m = kv.match(runs, n)
-    new = n - m.blocks
-    assert kv.can_admit(m, new)
-    deepest, _ = kv.admit(m, new, session, now)
-    if new:
-        node = kv.insert(deepest, runs_after(runs, m.blocks), new, session, now)
-        assert node is not None
-        deepest = node
-    return deepest
+from tests.sim._kv_steps import cache_sequence, seq, try_request
 
 
 def idle_sessions(kv: KVCache, names: str, blocks: int = 10) -> dict[str, Node]:
@@ -188,17 +166,9 @@ def test_counters_stay_consistent_with_directives(
         now += 1.0 if op != "tick" else n
         kv.expire_pins(now)
         if op == "req":
-            runs = seq("sys", 0, 2) + seq(f"s{who}", 0, n)
-            total = 2 + n
-            m = kv.match(runs, total)
-            new = total - m.blocks
-            if kv.can_admit(m, new):
-                deepest, _ = kv.admit(m, new, f"s{who}", now)
-                if new:
-                    node = kv.insert(deepest, runs_after(runs, m.blocks), new, f"s{who}", now)
-                    held.append((deepest, new) if node is None else (node, 0))
-                else:
-                    held.append((deepest, 0))
+            got = try_request(kv, who, n, now)
+            if got is not None:
+                held.append(got)
         elif op == "alloc" and kv.allocate(n % 4):
             kv.private -= n % 4
         elif op == "pin" and held:
