@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ._protocol import PROTOCOL_VERSION, CallMetadata
     from ._runtime import DEFAULT_TIMEOUT_S, Runtime
     from ._sync import SyncJob, SyncRuntime, SyncSession
+    from .scheduling._loadcontrol import LoadControl, LoadStatistics
     from .telemetry import CallReport, JobReport, ToolReport
     from .telemetry._journal import JournalStatistics
 
@@ -48,6 +49,8 @@ __all__ = [
     "JobClosedError",
     "JobReport",
     "JournalStatistics",
+    "LoadControl",
+    "LoadStatistics",
     "NoticeStatistics",
     "Retry",
     "Runtime",
@@ -87,6 +90,8 @@ _HOMES: dict[str, str] = {
     "JobReport": ".telemetry",
     "ToolReport": ".telemetry",
     "JournalStatistics": ".telemetry._journal",
+    "LoadControl": ".scheduling._loadcontrol",
+    "LoadStatistics": ".scheduling._loadcontrol",
 }
 """Where each public name lives (tests/test_public_api.py checks it against ``__all__``)."""
 

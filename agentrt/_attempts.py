@@ -351,6 +351,8 @@ class Attempts:
         """The call's attempts, one after another with a backoff between them, until one
         is not retried; the last one's failure if every one failed. The retry's tenacity
         strategies are read only once an attempt has failed."""
+        if self.core.gate is not None:
+            await self._hold()
         retrying: Retrying | None = None
         n = 1
         while True:
@@ -373,6 +375,25 @@ class Attempts:
         attempt_failed(
             self.core, self.ticket, self.state, exc.endpoint, text, will_retry=will_retry
         )
+
+    async def _hold(self) -> None:
+        """Load control (``scheduling/_loadcontrol.py``): the call waits at its session's
+        tool boundary, before it is routed, while its replica has no room for its
+        context; the time held is the call's ``held_s``. A sub-agent's first turn is
+        not held (its job was admitted, and its parent waits for it)."""
+        gate = self.core.gate
+        assert gate is not None
+        session = self.session
+        placement = session.placement
+        home = None if placement.unserved else placement.home
+        if home is None and session.parent_id is not None:
+            return
+        grant = await gate.admit(session.id, home, self.ticket.tokens)
+        if grant.held_s > 0.0:
+            self.state.held_s = grant.held_s
+            self.sent_at = self.clock()
+        if home is None and grant.index >= 0:
+            placement.reserve(self.core, grant.index)
 
     def release(self, *, ok: bool, now: float | None = None) -> None:
         """The attempt in flight is over (at ``now``, else read from the clock): its

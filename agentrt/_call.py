@@ -290,7 +290,8 @@ class Call:
             state.error = error if error is None else self.core.redact(error)
             core, session, ticket = self.core, self.session, self.ticket
             tokens = (state.prompt_tokens or 0) + (state.completion_tokens or 0)
-            service = latency - state.queue_s - attempts.backoff_s  # not queueing nor backoff
+            # Not held, queueing nor backoff: service the program received.
+            service = latency - state.held_s - state.queue_s - attempts.backoff_s
             if service < 0.0:
                 service = 0.0
             session.job._served(service, tokens)

@@ -18,6 +18,7 @@ from .dialects import DialectOptions, DialectSpec, resolve_dialect
 from .scheduling._admission import Admission
 from .scheduling._health import EndpointHealth
 from .scheduling._limiter import make_limit
+from .scheduling._loadcontrol import LoadControl
 from .scheduling._poll import AUTO_POLL_S
 from .scheduling._queue import Policy, make_policy
 from .scheduling._routing import EndpointLoad, Router, make_router
@@ -217,6 +218,7 @@ def check(
     otel: bool,
     prometheus: Any,
     learn_waits: bool,
+    load_control: bool | LoadControl = True,
 ) -> Checked:
     """Check :class:`Runtime`'s arguments (raising as it raises), before anything is
     opened or registered: ``Runtime.__init__`` builds on the result, and ``SyncRuntime``
@@ -262,6 +264,10 @@ def check(
         raise TypeError(f"otel must be True or False, got {otel!r}")
     if not isinstance(learn_waits, bool):
         raise TypeError(f"learn_waits must be True or False, got {learn_waits!r}")
+    if not isinstance(load_control, bool | LoadControl):
+        raise TypeError(
+            f"load_control must be True, False or an agentrt.LoadControl, got {load_control!r}"
+        )
     if prometheus is not None and prometheus is not False:
         from .telemetry._prometheus import check_registry
 
@@ -273,6 +279,7 @@ def check(
         "token_budget": token_budget,
         "send_priority": send_priority,
         "learn_waits": learn_waits,
+        "load_control": load_control if isinstance(load_control, bool) else True,
         "poll_metrics_s": poll_metrics_s,  # "engine" caps only when polled
         "endpoints": len(states),
         # Whose load routing compares: "engine" (polled metrics: the fleet's),

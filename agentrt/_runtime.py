@@ -44,6 +44,7 @@ from ._transport import AgentTransport, SharedTransport
 from ._upkeep import Upkeep
 from .dialects import DialectSpec
 from .scheduling._admission import AdmissionStatistics
+from .scheduling._loadcontrol import Gate, LoadControl, LoadStatistics
 from .scheduling._routing import EndpointLoad, Router
 from .telemetry._events import Hook
 from .telemetry._journal import JournalStatistics
@@ -131,6 +132,13 @@ class Runtime:
       registry, or in the ``CollectorRegistry`` given.
     * **capture_content** - *(optional)* records prompt and completion text in events
       and spans (off by default).
+    * **load_control** - *(optional)* on by default: past the knee, a session's next
+      call waits at its tool boundary while its replica's KV is full of other live
+      sessions' contexts, instead of every session thrashing the cache (an operating
+      system's load control; docs/scheduling.md, "Load control"). It gates a replica
+      only once its KV capacity is known (the engine's figure, ``Endpoint(kv_capacity=)``,
+      or learned from evictions over several endpoints). ``False`` turns it off; an
+      :class:`agentrt.LoadControl` sets its bound and watermark.
     * **learn_waits** - *(optional)* on by default: learns each tool's typical wait from
       the finished ones, to expect a wait whose caller gave no ``expected_s`` and to
       predict a session's idle from the tools its replies call (docs/concepts.md,
@@ -162,6 +170,7 @@ class Runtime:
         prometheus: Any = None,
         capture_content: bool = False,
         learn_waits: bool = True,
+        load_control: bool | LoadControl = True,
     ) -> None:
         checked = check(
             endpoints,
@@ -180,9 +189,18 @@ class Runtime:
             otel=otel,
             prometheus=prometheus,
             learn_waits=learn_waits,
+            load_control=load_control,
         )
         states, poll = checked.states, checked.poll
-        self._core = _Core(states, checked.router, retry, api_key)
+        self._core = core = _Core(states, checked.router, retry, api_key)
+        if load_control is not False:
+            core.kv_aware = True
+            core.gate = Gate(
+                [e.shadow for e in states],
+                lambda i: states[i].load.healthy,
+                LoadControl() if load_control is True else load_control,
+                lambda: core.clock(),
+            )
         self._core.capture_content = bool(capture_content)
         if not learn_waits:
             self._core.waits = None
@@ -243,6 +261,12 @@ class Runtime:
             if self._core.kv_aware:
                 e.refresh_kv(now)
         return [replace(e.load) for e in self._core.endpoints]
+
+    def load_statistics(self) -> LoadStatistics | None:
+        """A snapshot of what load control did (sessions held now, holds, forced ones,
+        time held, the longest hold); None when it is off."""
+        gate = self._core.gate
+        return None if gate is None else replace(gate.stats)
 
     def admission_statistics(self) -> list[AdmissionStatistics]:
         """A snapshot of each endpoint's admission gate (limit, in flight, waiting)."""

@@ -169,6 +169,7 @@ _READERS: Final[dict[str, Callable[[str, str, object], object]]] = {
     "prometheus": _bool,
     "capture_content": _bool,
     "learn_waits": _bool,
+    "load_control": _bool,
 }
 
 CONFIG_KEYS: Final = tuple(sorted(_READERS))

@@ -27,6 +27,7 @@ from ._waits import WaitEstimator
 from .dialects import Dialect, DialectOptions
 from .scheduling._admission import Admission
 from .scheduling._health import EndpointHealth
+from .scheduling._loadcontrol import Gate
 from .scheduling._retention import RetentionEstimator
 from .scheduling._routing import EndpointLoad, RouteKey, Router, SessionAffinity, kv_fill
 from .scheduling._workingset import KvShadow
@@ -219,6 +220,11 @@ class Placement:
                     endpoints[home].shadow.leave(sid)
                     self.distance = None
                 endpoints[index].shadow.start(sid, max(tokens, context))
+        elif core.kv_aware and not self.ended:  # one replica, under load control
+            shadow = endpoints[0].shadow
+            if home is not None:
+                self.distance = shadow.stack_distance(sid)
+            shadow.start(sid, max(tokens, shadow.context(sid)))
         if home == index:
             return index, None
         self.home = index
@@ -233,6 +239,16 @@ class Placement:
             return index, "unavailable"
         reason: str | None = getattr(core.router, "move_reason", None)
         return index, reason or "routing"
+
+    def reserve(self, core: _Core, index: int) -> None:
+        """Load control admitted the session's first turn on replica ``index`` (where
+        there was room): it is placed there, as a home chosen for a first turn that has
+        not been answered yet (the router keeps it there unless it is down)."""
+        if self.home is not None or self.ended:
+            return
+        self.home = index
+        self.unserved = True
+        core.endpoints[index].load.sessions += 1
 
     def _kv_view(
         self, core: _Core, home: int | None, avoid: Collection[int], now: float
@@ -278,7 +294,7 @@ class Placement:
         self.last_reply_at = now
         self.unserved = False
         index = self.home
-        if index is None or not core.learn_retention:
+        if index is None or not (core.learn_retention or core.kv_aware):
             return
         previous, self.cacheable = self.cacheable, None
         context = (
@@ -298,10 +314,12 @@ class Placement:
                 and not state.moved
             ):
                 shadow.observe(distance, previous[1], state.cached_tokens, state.prompt_tokens)
+            if core.gate is not None:
+                core.gate.changed()
         if context is None:
             return
         self.cacheable = (index, context)
-        if (
+        if core.learn_retention and (
             previous is not None
             and previous[0] == index
             and idle_s is not None
@@ -316,6 +334,8 @@ class Placement:
         """A call of the session ended without a reply: its context is idle again."""
         if core.kv_aware and self.home is not None and not self.ended:
             core.endpoints[self.home].shadow.finish(self.session_id, None, None)
+            if core.gate is not None:
+                core.gate.changed()
 
     def unpin(self, core: _Core) -> None:
         """The session ended: it no longer counts in its replica's load, nor in its
@@ -327,6 +347,8 @@ class Placement:
             core.endpoints[self.home].load.sessions -= 1
             if core.kv_aware:
                 core.endpoints[self.home].shadow.leave(self.session_id)
+                if core.gate is not None:
+                    core.gate.changed()
 
 
 @dataclass(slots=True)
@@ -372,7 +394,9 @@ class _Core:
         self.prefix_aware = isinstance(router, SessionAffinity) and len(endpoints) > 1
         self.kv_aware = self.prefix_aware
         """Whether sessions' working sets are kept per replica (placement by working
-        set: the session router, over several endpoints)."""
+        set: the session router, over several endpoints; or load control)."""
+        self.gate: Gate | None = None
+        """Load control (``scheduling/_loadcontrol.py``), when on (set by Runtime)."""
         self.programs: dict[str, _Program] = {}
         self.active_jobs: dict[str, str] = {}
         """The ids of the jobs running now (and their names), in the order they started."""

@@ -44,6 +44,7 @@ from ._settings import configured
 from ._transport import AgentTransport
 from .dialects import DialectSpec
 from .scheduling._admission import AdmissionStatistics
+from .scheduling._loadcontrol import LoadControl, LoadStatistics
 from .scheduling._routing import EndpointLoad, Router
 from .telemetry._events import Hook
 from .telemetry._journal import Journal
@@ -217,6 +218,7 @@ class _RuntimeOptions(TypedDict, total=False):
     prometheus: Any
     capture_content: bool
     learn_waits: bool
+    load_control: bool | LoadControl
 
 
 _RUNTIME_SIGNATURE = inspect.signature(Runtime.__init__)
@@ -463,6 +465,10 @@ class SyncRuntime:
     def endpoint_loads(self) -> list[EndpointLoad]:
         """A snapshot of each endpoint's load (see :meth:`Runtime.endpoint_loads`)."""
         return self._call(self.runtime.endpoint_loads)  # type: ignore[no-any-return]
+
+    def load_statistics(self) -> LoadStatistics | None:
+        """A snapshot of what load control did (see :meth:`Runtime.load_statistics`)."""
+        return self._call(self.runtime.load_statistics)  # type: ignore[no-any-return]
 
     def admission_statistics(self) -> list[AdmissionStatistics]:
         """A snapshot of each endpoint's admission gate (see

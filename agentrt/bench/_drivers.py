@@ -168,7 +168,8 @@ CLIENT_SPEC_HELP: Final = (
     "token_budget= (int), priority= (on/off: send each call's queue level as the engine "
     "priority; embedded replicas then schedule by priority), retention= (on/off: the "
     "embedded replicas honour retention directives, as a vLLM built from PR #38514; "
-    "also allowed with defaults), dialect= (default vllm), "
+    "also allowed with defaults), load_control= (on/off: Runtime's load control, on by "
+    "default; also allowed with defaults), dialect= (default vllm), "
     "declare= (tool waits the sessions declare: learned, the default: each tool's wait "
     "learned online; oracle: the exact next wait; none: nothing), poll= (the engines' "
     "/metrics: none, the default but with @engine; auto, Runtime's default; or seconds), "
@@ -198,9 +199,9 @@ ENGINE_POLL_S: Final = 1.0
 """The metrics poll interval of a client with ``concurrency="engine"`` (``@engine``):
 Runtime's adaptive cap sees an engine's queue only through its polled ``/metrics``."""
 
-_REPLICA_OPTIONS: Final = frozenset({"scheduling", "retention"})
-"""Spec options that describe the embedded replicas, not the runtime
-(``agentrt:defaults`` takes them)."""
+_REPLICA_OPTIONS: Final = frozenset({"scheduling", "retention", "load_control"})
+"""Spec options that describe the embedded replicas, not the runtime, and load control
+(``agentrt:defaults`` takes them: ``load_control=off`` is the defaults without it)."""
 
 _FILE_DECIDES: Final = ("routing", "policy", "concurrency", "token_budget", "send_priority")
 """The spec options a settings file (``config=``) sets instead."""
@@ -279,6 +280,9 @@ class ClientSpec:
     :data:`ENGINE_POLL_S` seconds (without polling it never caps)."""
     token_budget: int | None = None
     send_priority: bool = False
+    load_control: bool = True
+    """``load_control=off``: ``Runtime(load_control=False)`` (on by default, as in
+    Runtime; also allowed with ``defaults``)."""
     retention: bool = False
     """``retention=on``: this client's embedded replicas honour retention directives
     (``EngineConfig.retention_directives``), a property of the replicas, not of the
@@ -376,6 +380,10 @@ class ClientSpec:
                 if low not in _TRUE + _FALSE:
                     raise _spec_error(text, f"priority must be on or off, not {value!r}")
                 put("send_priority", low in _TRUE)
+            elif key in ("load_control", "load"):
+                if low not in _TRUE + _FALSE:
+                    raise _spec_error(text, f"load_control must be on or off, not {value!r}")
+                put("load_control", low in _TRUE)
             elif key == "retention":
                 if low not in _TRUE + _FALSE:
                     raise _spec_error(text, f"retention must be on or off, not {value!r}")
@@ -407,7 +415,7 @@ class ClientSpec:
             raise _spec_error(
                 text,
                 "defaults is Runtime as a user gets it: give no other option with it "
-                "(but scheduling= and retention=, the replicas')",
+                "(but scheduling= and retention=, the replicas', and load_control=)",
             )
         if "defaults" in fields:
             fields.update(_RUNTIME_DEFAULTS)
@@ -894,6 +902,8 @@ class AgentrtDriver:
             if "dialect" not in load_config(spec.config):
                 common["dialect"] = spec.dialect
             return Runtime(urls, config=spec.config, **common)
+        if not spec.load_control:
+            common["load_control"] = False
         if spec.defaults:
             # As a user gets it: nothing but the bench's plumbing and dialect.
             return Runtime(urls, dialect=spec.dialect, **common)

@@ -67,6 +67,9 @@ class _Footprint:
     """When it is expected to send again (None: unknown)."""
     busy: bool
     """A call of it is in flight there."""
+    held: bool = False
+    """Load control holds it at its tool boundary (suspended): it counts in no demand
+    until its next call starts (``scheduling/_loadcontrol.py``)."""
 
 
 class KvShadow:
@@ -138,12 +141,15 @@ class KvShadow:
         """Context tokens of the live sessions here, unweighted."""
         return sum(f.tokens for f in self._sessions.values())
 
-    def demand(self, now: float) -> float:
+    def demand(self, now: float, exclude: str | None = None) -> float:
         """Tokens the live sessions here will want cached soon: each session's context
-        weighted by how soon it sends (module docstring)."""
+        weighted by how soon it sends (module docstring); sessions held by load control
+        and ``exclude`` left out."""
         horizon = self.horizon_s
         total = 0.0
-        for f in self._sessions.values():
+        for sid, f in self._sessions.items():
+            if f.held or sid == exclude:
+                continue
             wake = f.wake_at
             if f.busy or wake is None or wake - now <= horizon:
                 total += f.tokens
@@ -197,6 +203,21 @@ class KvShadow:
         f.tokens = max(f.tokens, tokens)
         f.touched = self._tick()
         f.busy = True
+        f.held = False
+
+    def hold(self, session_id: str) -> None:
+        """Load control suspended the session at its tool boundary: its context counts in
+        no demand here until its next call starts (it ages out of the cache as others
+        run; :meth:`resident` tells how much is left)."""
+        f = self._sessions.get(session_id)
+        if f is not None:
+            f.held = True
+            f.busy = False
+
+    def held(self, session_id: str) -> bool:
+        """Whether load control holds the session here."""
+        f = self._sessions.get(session_id)
+        return f is not None and f.held
 
     def finish(self, session_id: str, tokens: int | None, wake_at: float | None) -> None:
         """The session's call here ended: it holds ``tokens`` of context (None: as

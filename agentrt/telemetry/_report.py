@@ -49,12 +49,16 @@ class CallReport(BaseModel):
     stream: bool = False
     start_s: float
     """When the call entered agentrt, relative to the job's start."""
+    held_s: float = 0.0
+    """Time load control held the call at its session's tool boundary (the replica's
+    KV was full of other live sessions' contexts), before it was routed and queued."""
     queue_s: float = 0.0
     """Time spent in agentrt's admission queue before the first attempt was sent."""
     ttft_s: float | None = None
     """Time to the first streamed chunk (streaming calls only)."""
     latency_s: float | None = None
-    """From entering agentrt to the end of the reply, queue time and retries included."""
+    """From entering agentrt to the end of the reply, time held, queue time and retries
+    included."""
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
@@ -147,6 +151,9 @@ class JobReport(BaseModel):
     queue_s: float
     tool_s: float
     """Sum of the tool waits' durations."""
+    held_s: float = 0.0
+    """Sum of the calls' time held by load control at their sessions' tool boundaries
+    (``CallReport.held_s``)."""
     calls: int
     tool_waits: int
     sessions: int
@@ -191,10 +198,12 @@ class JobReport(BaseModel):
         head = f"job {self.name} ({self.job_id}): {self.status}"
         if self.deadline_s is not None:
             head += f", deadline {self.deadline_s:g} s"
-        jct, llm, tools, queued = _durations(
-            self.jct_s, self.critical_llm_s, self.tool_s, self.queue_s
+        jct, llm, tools, queued, held = _durations(
+            self.jct_s, self.critical_llm_s, self.tool_s, self.queue_s, self.held_s
         )
         split = f"LLM {llm}, tools {tools}, queued {queued}"
+        if self.held_s:
+            split += f", held {held}"
         calls = f"{self.calls} in {_count(self.sessions, 'session')}"
         extra = [
             _count(n, what)
@@ -300,6 +309,7 @@ class _CallState:
     """Clock time (``anyio.current_time()``) at which the call entered agentrt."""
     priority: int | None = None
     endpoint: str | None = None
+    held_s: float = 0.0
     queue_s: float = 0.0
     ttft_s: float | None = None
     latency_s: float | None = None
@@ -349,6 +359,7 @@ class _CallState:
                 "model": self.model,
                 "stream": self.stream,
                 "start_s": self.start_s,
+                "held_s": self.held_s,
                 "queue_s": self.queue_s,
                 "ttft_s": self.ttft_s,
                 "latency_s": self.latency_s,
@@ -400,9 +411,10 @@ def job_report(
     settle_idle(calls, sessions)
     intervals = []  # while a call is served: its queueing in agentrt (first) left out
     for c in states:
-        served = c.started + c.queue_s
+        waited = c.held_s + c.queue_s
+        served = c.started + waited
         if c.latency_s is not None:
-            if c.latency_s > c.queue_s:
+            if c.latency_s > waited:
                 intervals.append((served, c.started + c.latency_s))
         elif not c.done and end > served:
             intervals.append((served, end))
@@ -412,6 +424,7 @@ def job_report(
         critical_llm_s=union_length(intervals),
         queue_s=sum(c.queue_s for c in calls),
         tool_s=sum(t.duration_s for t in tools),
+        held_s=sum(c.held_s for c in calls),
         calls=len(calls),
         tool_waits=len(tools),
         sessions=len(sessions),

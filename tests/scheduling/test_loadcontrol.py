@@ -1,0 +1,269 @@
+"""Load control (scheduling/_loadcontrol.py): sessions held at their tool boundaries
+while their replica's live working set leaves no room, resumed resident first, then the
+longest held, never past the bound."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from agentrt import LoadControl
+from agentrt.scheduling._loadcontrol import ANY, Gate
+from agentrt.scheduling._workingset import KvShadow
+
+pytestmark = pytest.mark.anyio
+
+FAR = 1e9
+"""A wake time so far away that a sleeping session weighs nothing."""
+
+
+def gate(
+    *capacities: int | None, max_hold_s: float = 60.0, healthy: set[int] | None = None
+) -> tuple[Gate, list[KvShadow]]:
+    shadows = [KvShadow(c) for c in capacities]
+    up = set(range(len(shadows))) if healthy is None else healthy
+    settings = LoadControl(max_hold_s=max_hold_s, watermark=1.0, tick_s=0.01)
+    return Gate(shadows, lambda i: i in up, settings, anyio.current_time), shadows
+
+
+def running(shadow: KvShadow, sid: str, tokens: int) -> None:
+    """``sid`` holds ``tokens`` on ``shadow`` and is about to send again."""
+    shadow.start(sid, tokens)
+    shadow.finish(sid, tokens, None)
+
+
+async def test_a_session_that_fits_goes_on_at_once_at_home() -> None:
+    g, (kv,) = gate(1000)
+    running(kv, "a", 400)
+    running(kv, "b", 500)
+    assert (await g.admit("a", 0, 100))[::2] == (0, False)
+    assert g.stats.holds == 0
+    assert not kv.held("a")
+
+
+async def test_a_session_without_room_is_held_until_another_leaves() -> None:
+    g, (kv,) = gate(1000)
+    running(kv, "a", 600)
+    running(kv, "b", 600)  # the replica is overcommitted: 1,200 of 1,000
+    got: list[tuple[int, bool]] = []
+
+    async def resume_b() -> None:
+        grant = await g.admit("b", 0, 600)
+        assert grant.held_s >= 0.04
+        got.append((grant.index, grant.forced))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(resume_b)
+        await anyio.sleep(0.05)
+        assert not got and g.held == 1
+        assert kv.held("b")
+        assert kv.demand(0.0) == 600  # b counts in no demand while held
+        kv.leave("a")  # a's job ended
+        g.changed()
+    assert got == [(0, False)]
+    assert not kv.held("b")
+    assert g.stats.holds == 1 and g.stats.forced == 0
+    assert 0.04 <= g.stats.longest_s < 1.0
+
+
+async def test_a_sleeping_session_waking_past_the_horizon_leaves_room() -> None:
+    g, (kv,) = gate(1000)
+    kv.start("a", 900)
+    kv.finish("a", 900, FAR)  # a long tool wait: a's context weighs almost nothing
+    assert (await g.admit("b", None, 500))[::2] == (0, False)
+
+
+async def test_the_bound_forces_a_held_session_on() -> None:
+    g, (kv,) = gate(1000, max_hold_s=0.1)
+    running(kv, "a", 900)
+    running(kv, "b", 900)
+    with anyio.fail_after(2):
+        assert (await g.admit("b", 0, 900))[::2] == (0, True)
+    assert g.stats.forced == 1
+    assert 0.1 <= g.stats.longest_s < 1.0
+
+
+async def test_first_turns_go_to_the_replica_with_the_most_room() -> None:
+    g, (k0, k1, k2) = gate(1000, 1000, 1000)
+    running(k0, "a", 700)
+    running(k1, "b", 200)
+    running(k2, "c", 400)
+    assert (await g.admit("new", None, 300))[::2] == (1, False)
+    assert k1.context("new") == 300  # reserved there at once: the next one sees it
+    assert (await g.admit("new2", None, 300))[::2] == (2, False)
+
+
+async def test_no_gate_where_a_capacity_is_unknown() -> None:
+    g, (k0, k1) = gate(1000, None)
+    running(k0, "a", 5000)
+    assert (await g.admit("new", None, 300))[::2] == (ANY, False)
+    running(k1, "b", 10**6)
+    assert (await g.admit("b", 1, 10**6))[::2] == (1, False)
+
+
+async def test_a_session_alone_on_its_replica_always_fits() -> None:
+    g, (kv,) = gate(1000)
+    running(kv, "huge", 5000)
+    assert (await g.admit("huge", 0, 5000))[::2] == (0, False)
+
+
+async def test_a_new_session_queues_behind_held_ones() -> None:
+    g, (kv,) = gate(1000)
+    running(kv, "a", 800)
+    order: list[str] = []
+
+    async def first_turn(sid: str) -> None:
+        await g.admit(sid, None, 600)
+        order.append(sid)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(first_turn, "early")
+        await anyio.sleep(0.03)
+        tg.start_soon(first_turn, "late")
+        await anyio.sleep(0.03)
+        assert order == [] and g.held == 2
+        kv.leave("a")
+        g.changed()
+        await anyio.sleep(0.03)
+        assert order == ["early"]  # room for one of them: the one that came first
+        kv.leave("early")
+        g.changed()
+    assert order == ["early", "late"]
+
+
+async def test_a_resident_session_resumes_before_an_older_evicted_one() -> None:
+    g, (kv,) = gate(1000)
+    # "old" ran first, then a lot ran after it: its context is evicted (LRU).
+    running(kv, "old", 700)
+    running(kv, "x", 700)
+    running(kv, "young", 400)  # ran last: resident
+    order: list[str] = []
+
+    async def resume(sid: str, tokens: int) -> None:
+        await g.admit(sid, 0, tokens)
+        order.append(sid)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(resume, "old", 700)
+        await anyio.sleep(0.03)
+        tg.start_soon(resume, "young", 400)
+        await anyio.sleep(0.03)
+        assert order == [] and g.held == 2  # beside x's 700, neither fits
+        kv.finish("x", 700, FAR)  # x went into a long tool wait: it weighs nothing
+        g.changed()
+        await anyio.sleep(0.03)
+        assert order == ["young"]  # resident first; old's 700 does not fit beside it
+        kv.leave("young")
+        g.changed()
+    assert order == ["young", "old"]
+
+
+async def test_a_session_held_past_half_the_bound_reserves_its_replica() -> None:
+    g, (kv,) = gate(1000, max_hold_s=0.2)
+    running(kv, "x", 700)
+    running(kv, "big", 800)
+    order: list[str] = []
+
+    async def resume(sid: str, tokens: int) -> None:
+        await g.admit(sid, 0, tokens)
+        order.append(sid)
+
+    with anyio.fail_after(3):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(resume, "big", 800)
+            await anyio.sleep(0.15)  # past half the bound
+            running(kv, "small", 250)
+            tg.start_soon(resume, "small", 250)  # would fit beside x, but big waits longer
+            await anyio.sleep(0.02)
+            assert order == []
+    assert order[0] == "big"  # forced at the bound, then small
+    assert g.stats.forced >= 1
+
+
+async def test_a_cancelled_hold_leaves_no_waiter() -> None:
+    g, (kv,) = gate(1000)
+    running(kv, "a", 900)
+    running(kv, "b", 900)
+    with anyio.move_on_after(0.05):
+        await g.admit("b", 0, 900)
+    assert g.held == 0 and g.stats.held_now == 0
+
+
+async def test_a_down_home_resumes_where_there_is_room() -> None:
+    g, (k0, _) = gate(1000, 1000, healthy={1})
+    running(k0, "a", 900)
+    assert (await g.admit("a", 0, 900))[::2] == (1, False)
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="max_hold_s"):
+        LoadControl(max_hold_s=0)
+    with pytest.raises(ValueError, match="watermark"):
+        LoadControl(watermark=2.0)
+    with pytest.raises(ValueError, match="tick_s"):
+        LoadControl(tick_s=float("nan"))
+
+
+# ---------------------------------------------------------------- in the runtime
+
+
+async def test_the_runtime_holds_a_session_whose_replica_is_full() -> None:
+    from agentrt import Endpoint, Runtime
+    from tests._fake import FakeEngine
+
+    fake = FakeEngine(prompt_tokens=550, completion_tokens=50)
+    url = "http://engine.test/v1"
+    b_ran = anyio.Event()
+    rt = Runtime(
+        [Endpoint(url, kv_capacity=1000)],
+        transport=fake.transport(),
+        api_key="k",
+        poll_metrics_s=None,
+        load_control=LoadControl(watermark=1.0, tick_s=0.01),
+    )
+    ask = [{"role": "user", "content": "hi"}]
+    async with rt:
+        client = rt.openai()
+
+        async def a() -> None:
+            async with rt.job("a") as job, job.session("main") as s:
+                await s.chat(model="m", messages=ask)
+                await b_ran.wait()  # b's context (600) now sits beside a's (600)
+                await s.chat(model="m", messages=ask)  # held until b's session ends
+
+        async def b() -> None:
+            async with rt.job("b") as job, job.session("main") as s:
+                await s.chat(model="m", messages=ask)
+                b_ran.set()
+                await anyio.sleep(0.2)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a)
+            await anyio.sleep(0.05)
+            tg.start_soon(b)
+        del client
+        reports = {r.name: r for r in rt.reports()}
+        stats = rt.load_statistics()
+    second = reports["a"].call_reports[1]
+    assert 0.1 <= second.held_s < 1.0
+    assert reports["a"].held_s == second.held_s
+    assert reports["b"].held_s == 0.0
+    assert "held" in str(reports["a"])
+    assert stats is not None and stats.holds == 1 and stats.forced == 0
+    assert reports["a"].runtime is not None and reports["a"].runtime["load_control"] is True
+
+
+async def test_load_control_off_holds_nothing() -> None:
+    from agentrt import Endpoint, Runtime
+    from tests._fake import FakeEngine
+
+    fake = FakeEngine(prompt_tokens=550, completion_tokens=50)
+    rt = Runtime(
+        [Endpoint("http://engine.test/v1", kv_capacity=1000)],
+        transport=fake.transport(),
+        api_key="k",
+        load_control=False,
+    )
+    assert rt.load_statistics() is None
+    with pytest.raises(TypeError, match="load_control"):
+        Runtime("http://engine.test/v1", load_control="yes")  # type: ignore[arg-type]
