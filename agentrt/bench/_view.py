@@ -1,4 +1,4 @@
-"""How close the client's view of each replica's KV is to the engine's (issue 34).
+"""How close the client's view of each replica's KV is to the engine's.
 
 While an agentrt client replays on an embedded cluster, :class:`ViewSampler` samples, at
 the same virtual times and per replica, what the runtime's router believes
