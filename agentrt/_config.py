@@ -112,7 +112,9 @@ class Endpoint:
     ``kv_capacity`` is the tokens of KV cache the replica holds, for placement by
     working set (docs/routing.md): by default agentrt reads it from the engine's
     metrics (vLLM's ``vllm:cache_config_info``) where they are polled, else learns it
-    from the evictions replies reveal; give it for a server that publishes neither.
+    from the evictions replies reveal. Given, it wins over the engine's figure: give it
+    for a server that publishes none, or to place by a share of a replica that other
+    clients use too.
 
     ``basic_auth`` is a ``(user, password)`` pair sent as HTTP Basic auth (for a server
     behind a proxy that asks for it), in place of the runtime's ``api_key``. Credentials

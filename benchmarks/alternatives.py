@@ -1,4 +1,4 @@
-"""Against the alternatives (issue 26): agentrt beside the server-side routers a team would
+"""Against the alternatives: agentrt beside the server-side routers a team would
 deploy instead, and on top of them, on the embedded cluster in virtual time.
 
 For each workload, KV setting and seed, every configuration below is searched for its

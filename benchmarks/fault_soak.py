@@ -1,6 +1,6 @@
 """Healthy replicas must stay up: agent jobs with sub-agents against two sim servers.
 
-A benchmark script, not a test (issue 25, item 4). It starts two ``agentrt sim serve``
+A benchmark script, not a test. It starts two ``agentrt sim serve``
 processes (one replica each, uvicorn on loopback, its default 5 s keep-alive), then runs
 ``--jobs`` agent jobs on trio and again on asyncio through one ``Runtime`` with both
 replicas as its endpoints (its defaults otherwise: ``session_affinity``, 3 attempts).

@@ -1,4 +1,4 @@
-"""First turns of a fleet started one process at a time (issue 35, item 8).
+"""First turns of a fleet started one process at a time.
 
 ``--fleet`` OS processes (this file with ``--worker``), each ``agentrt.Runtime(urls)``
 with the defaults and one session of ``--turns`` turns (a tool wait of ``--tool-s``
@@ -9,7 +9,7 @@ counted too.
 
     python benchmarks/first_turns.py --runs 10          # results/first_turns.json
 
-The issue's figures (before the fix): max/mean 1.25, 1.25, 1.50 and 1.75 over four runs.
+The figures before the fix: max/mean 1.25, 1.25, 1.50 and 1.75 over four runs.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fleets in virtual time: K independent runtimes on one embedded cluster (issue 24).
+"""Fleets in virtual time: K independent runtimes on one embedded cluster.
 
 Each configuration replays the same jobs with every client as a fleet of K members
 (``agentrt bench --fleet K``: each member its own Runtime, jobs dealt round-robin by

@@ -1,4 +1,4 @@
-"""Fleets for real: K OS processes on one set of replicas, in wall-clock time (issue 24).
+"""Fleets for real: K OS processes on one set of replicas, in wall-clock time.
 
 Each client runs as K worker processes (this file with ``--worker``), each with its own
 client, all on the same replicas; the jobs are the same for every client: each worker

@@ -1,6 +1,6 @@
 """Placement by KV working set on two vLLM CPU replicas whose KV cache is small enough to evict.
 
-Issue 34's real-engine check: two vLLM CPU replicas (the tiny random-weight model of
+The real-engine check: two vLLM CPU replicas (the tiny random-weight model of
 ``.engine/``, one core each, dev mode so that each run starts on empty prefix caches),
 each given a KV cache (``--num-gpu-blocks-override``) that holds one session's context
 many times over but not every session's at once. N concurrent agent sessions, each a

@@ -1,5 +1,5 @@
 """What an embedded-cluster replay costs per simulated call: CPU time and, where valgrind
-is installed, instructions (issue 18's guard against the next regression).
+is installed, instructions (the guard against the next regression).
 
 A benchmark script, not a test. It replays fixed slices in virtual time through agentrt
 (``agentrt:session``, ``--api http``, no stretch runs), each in this process after the

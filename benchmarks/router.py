@@ -432,7 +432,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def goals(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The issue's goals, checked: agentrt > router JCT mean at most 0.85x the best plain
+    """The goals, checked: agentrt > router JCT mean at most 0.85x the best plain
     > router policy's, with a cached share 15 points higher or more; agentrt direct within
     5% of the best agentrt > router JCT mean."""
     by = {r["client"]: r for r in rows}

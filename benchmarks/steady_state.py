@@ -1,4 +1,4 @@
-"""The steady-state benchmark (issue 34): throughput against latency per client, closed
+"""The steady-state benchmark: throughput against latency per client, closed
 loop (N agents) and open loop (Poisson at fractions of the measured capacity), for ample
 KV and KV pressure. The logic is agentrt/bench/_steady.py; docs/benchmarks/steady.md says what it
 measures and how far to trust it.

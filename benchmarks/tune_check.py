@@ -1,4 +1,4 @@
-"""Does ``agentrt tune`` pick well? (issue 19's validation)
+"""Does ``agentrt tune`` pick well?
 
 On workloads tune was not developed on, each on an embedded cluster in virtual time:
 

@@ -1,5 +1,4 @@
-"""tune's loop on the real engine: record, tune, apply, measure (issue 19, "On the real
-engine").
+"""tune's loop on the real engine: record, tune, apply, measure.
 
 Two vLLM CPU replicas (the tiny random-weight model of ``.engine/``, one core each, dev
 mode to empty the prefix caches between runs) serve a small ``mixed`` workload (ReAct

@@ -276,3 +276,35 @@ def test_the_journal_records_what_placement_assumed_of_each_replica(tmp_path: Pa
     runtime = json.loads(journal.read_text().splitlines()[-1])["runtime"]
     assert runtime["kv_capacity"] == [50_000, None]  # the setting; nothing polled or learned
     assert runtime["kv_capacity_source"] == ["setting", None]
+
+
+def test_a_capacity_given_wins_over_the_engines(tmp_path: Path) -> None:
+    """``Endpoint(kv_capacity=)`` names the capacity outright (a share of a replica other
+    clients use too, an engine whose figure is off): it wins over the engine's
+    ``vllm:cache_config_info``, which a replica without the setting uses
+    (docs/routing.md, "Placement by working set")."""
+    journal = tmp_path / "j.jsonl"
+    preset = PRESETS["h100-8b"]
+    engine = preset.num_gpu_blocks * preset.block_size
+    seen: list[tuple[Any, ...]] = []
+
+    async def main() -> None:
+        async with Cluster(2, preset) as cluster:
+            urls = cluster.base_urls
+            endpoints = [Endpoint(urls[0], kv_capacity=50_000), urls[1]]
+            async with Runtime(
+                endpoints, transport=cluster.transport(), journal=journal, poll_metrics_s=1.0
+            ) as rt:
+                await _work(rt, 5.0)
+                loads = rt.endpoint_loads()
+                seen.extend((load.kv_capacity, load.kv_capacity_source) for load in loads)
+
+    virtual(main)
+    assert seen == [(50_000, "setting"), (engine, "engine")]
+    runtime = json.loads(journal.read_text().splitlines()[-1])["runtime"]
+    assert runtime["kv_capacity"] == [50_000, engine]
+    assert runtime["kv_capacity_source"] == ["setting", "engine"]
+    # and the docs say so: the setting first, the engine's figure else
+    routing = (Path(__file__).parents[1] / "docs" / "routing.md").read_text(encoding="utf-8")
+    (row,) = [line for line in routing.splitlines() if line.startswith("| the capacity")]
+    assert row.index("Endpoint(kv_capacity=") < row.index("vllm:cache_config_info"), row

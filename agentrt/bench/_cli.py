@@ -179,6 +179,12 @@ def bench_args(p: argparse.ArgumentParser) -> None:
         help="skip the solo runs that give each job's JCT stretch",
     )
     p.add_argument(
+        "--show-view",
+        action="store_true",
+        help="also print what each agentrt client believed about the embedded replicas' KV "
+        "cache against what the engines held (results.json has it either way: kv_view)",
+    )
+    p.add_argument(
         "--workers",
         type=workers_option,
         default="auto",
@@ -325,7 +331,13 @@ def _traces_fetch(args: argparse.Namespace) -> int:
 
 
 def _run(
-    cfg: BenchConfig, out: Path, plots: bool, title: str, journal: bool, workers: Workers = 1
+    cfg: BenchConfig,
+    out: Path,
+    plots: bool,
+    title: str,
+    journal: bool,
+    workers: Workers = 1,
+    show_view: bool = False,
 ) -> int:
     from ._output import print_table, run_with_progress
 
@@ -336,6 +348,7 @@ def _run(
     print_table(
         result,
         f"{title} ({result.calls} calls per client, {clock}, {result.wall_s:.1f} s wall)",
+        view=show_view,
     )
     from ._output import terminal_width
     from ._takeaway import takeaway
@@ -419,4 +432,6 @@ def _bench(args: argparse.Namespace) -> int:
         fleet_assign=args.fleet_assign,
     )
     title = f"agentrt bench: {args.workload}"
-    return _run(cfg, args.out, not args.no_plots, title, not args.no_journal, args.workers)
+    return _run(
+        cfg, args.out, not args.no_plots, title, not args.no_journal, args.workers, args.show_view
+    )

@@ -10,14 +10,12 @@ what was compared and what the numbers mean, and writes one summary figure.
 from __future__ import annotations
 
 import math
-import re
-import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from ..report._tables import TextTable
+from ..report._tables import TextTable, wrap
 from ._coding import FIT
 from ._runner import BenchConfig, BenchResult, ClientResult
 
@@ -201,17 +199,6 @@ def summary(result: BenchResult) -> list[str]:
     ]
 
 
-_UNIT: Final = re.compile(r"(\d) (s|min)\b")
-
-
-def wrap(text: str, width: int) -> list[str]:
-    """``text`` wrapped to ``width``, with no break between a number and its unit nor at
-    a hyphen."""
-    held = _UNIT.sub("\\1\x00\\2", text)
-    lines = textwrap.wrap(held, width, break_on_hyphens=False)
-    return [line.replace("\x00", " ") for line in lines]
-
-
 def cache_bars(result: BenchResult) -> list[float]:
     """Each client's cache-hit bar in the figure, in percent: :func:`cache_share`, the
     one source of the table's column and the panel's title ratio too (the bars read the
@@ -227,55 +214,57 @@ def demo_figure(result: BenchResult, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ._output import LINE_STYLES
+    from ..report._plots import plain_text
+    from ._output import client_styles
 
-    h = headline(result)
-    fig, (ax, ax_hit, ax_ttft) = plt.subplots(
-        1, 3, figsize=(11, 4.2), gridspec_kw={"width_ratios": [2.6, 1, 1]}
-    )
-    for i, c in enumerate(result.clients):
-        jcts = sorted(r["jct_s"] for r in c.job_rows if r["status"] == "ok")
-        if not jcts:
-            continue
-        color, style = LINE_STYLES[i % len(LINE_STYLES)]
-        ys = [(k + 1) / len(jcts) for k in range(len(jcts))]
-        label = f"{LABELS.get(c.client, c.client)} (median {c.jct['p50']:.0f} s)"
-        ax.step(jcts, ys, where="post", color=color, linestyle=style, lw=2.2, label=label)
-        ax.plot([c.jct["p50"]], [0.5], "o", color=color)
-    ax.axhline(0.5, color="black", lw=0.5, alpha=0.4)
-    ax.set_xlabel("job completion time (s)")
-    ax.set_ylabel("fraction of jobs done")
-    ax.set_title(f"Jobs finish sooner: median JCT {_x(h.jct_p50)}")
-    ax.set_xlim(left=0)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    with plain_text():
+        h = headline(result)
+        fig, (ax, ax_hit, ax_ttft) = plt.subplots(
+            1, 3, figsize=(11, 4.2), gridspec_kw={"width_ratios": [2.6, 1, 1]}
+        )
+        styles = client_styles([c.client for c in result.clients])
+        for c, (color, style) in zip(result.clients, styles, strict=True):
+            jcts = sorted(r["jct_s"] for r in c.job_rows if r["status"] == "ok")
+            if not jcts:
+                continue
+            ys = [(k + 1) / len(jcts) for k in range(len(jcts))]
+            label = f"{LABELS.get(c.client, c.client)} (median {c.jct['p50']:.0f} s)"
+            ax.step(jcts, ys, where="post", color=color, linestyle=style, lw=2.2, label=label)
+            ax.plot([c.jct["p50"]], [0.5], "o", color=color)
+        ax.axhline(0.5, color="black", lw=0.5, alpha=0.4)
+        ax.set_xlabel("job completion time (s)")
+        ax.set_ylabel("fraction of jobs done")
+        ax.set_title(f"Jobs finish sooner: median JCT {_x(h.jct_p50)}")
+        ax.set_xlim(left=0)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
 
-    names = [LABELS.get(c.client, c.client) for c in result.clients]
-    colors = [LINE_STYLES[i % len(LINE_STYLES)][0] for i in range(len(names))]
-    hits = cache_bars(result)
-    bars = ax_hit.bar(names, hits, color=colors)
-    ax_hit.bar_label(bars, labels=[f"{v:.0f}%" for v in hits])
-    ax_hit.set_ylim(0, 110)
-    ax_hit.set_ylabel("prompt tokens from cache (%)")
-    ax_hit.set_title(f"Cache hits {_x(h.cache_hit)}")
+        names = [LABELS.get(c.client, c.client) for c in result.clients]
+        colors = [color for color, _ in styles]
+        hits = cache_bars(result)
+        bars = ax_hit.bar(names, hits, color=colors)
+        ax_hit.bar_label(bars, labels=[f"{v:.0f}%" for v in hits])
+        ax_hit.set_ylim(0, 110)
+        ax_hit.set_ylabel("prompt tokens from cache (%)")
+        ax_hit.set_title(f"Cache hits {_x(h.cache_hit)}")
 
-    ttfts = [_ttft(c) or 0.0 for c in result.clients]
-    bars = ax_ttft.bar(names, ttfts, color=colors)
-    ax_ttft.bar_label(bars, labels=[f"{v:.2f} s" for v in ttfts])
-    ax_ttft.set_ylim(0, max([*ttfts, 0.001]) * 1.2)
-    ax_ttft.set_ylabel("median time to first token (s)")
-    ax_ttft.set_title(f"TTFT {_x(h.ttft_p50)}")
+        ttfts = [_ttft(c) or 0.0 for c in result.clients]
+        bars = ax_ttft.bar(names, ttfts, color=colors)
+        ax_ttft.bar_label(bars, labels=[f"{v:.2f} s" for v in ttfts])
+        ax_ttft.set_ylim(0, max([*ttfts, 0.001]) * 1.2)
+        ax_ttft.set_ylabel("median time to first token (s)")
+        ax_ttft.set_title(f"TTFT {_x(h.ttft_p50)}")
 
-    jobs = result.clients[0].jobs
-    replicas = result.config.get("replicas", DEMO_REPLICAS)
-    fig.suptitle(
-        f"agentrt demo: {jobs} coding jobs on {replicas} simulated replicas, "
-        "plain client vs agentrt's defaults"
-    )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+        jobs = result.clients[0].jobs
+        replicas = result.config.get("replicas", DEMO_REPLICAS)
+        fig.suptitle(
+            f"agentrt demo: {jobs} coding jobs on {replicas} simulated replicas, "
+            "plain client vs agentrt's defaults"
+        )
+        fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
     return path
 
 

@@ -7,6 +7,7 @@ import math
 import shutil
 import sys
 import textwrap
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,8 +19,10 @@ from ._runner import BenchConfig, BenchResult, run_bench
 
 __all__ = [
     "HEADERS",
-    "LINE_STYLES",
+    "KNOWN_CLIENTS",
+    "PALETTE",
     "bench_table",
+    "client_styles",
     "fleet_lines",
     "plot",
     "print_table",
@@ -54,15 +57,62 @@ BENCH_CAPTION: Final = (
     "replicas' busy share. Lower is better except jobs/s, cache hit (higher) and util."
 )
 
-LINE_STYLES: Final = (
+LineStyle = str | tuple[int, tuple[int, ...]]
+
+PALETTE: Final[tuple[tuple[str, LineStyle], ...]] = (
     ("tab:gray", "--"),
     ("tab:blue", "-"),
     ("tab:orange", "-."),
     ("tab:green", ":"),
     ("tab:red", (0, (5, 1))),
     ("tab:purple", (0, (3, 1, 1, 1))),
+    ("tab:brown", (0, (1, 1))),
+    ("tab:pink", (0, (5, 2, 1, 2))),
+    ("tab:olive", (0, (8, 2))),
+    ("tab:cyan", (0, (3, 1, 1, 1, 1, 1))),
+    ("black", "-"),
+    ("goldenrod", "--"),
+    ("teal", "-."),
+    ("navy", ":"),
+    ("crimson", (0, (5, 1))),
+    ("darkviolet", (0, (3, 1, 1, 1))),
 )
-"""Colour and line style per client, in order: lines that coincide stay visible."""
+"""Colours and line styles of the clients' lines (lines that coincide stay visible)."""
+KNOWN_CLIENTS: Final = {
+    "plain": 0,
+    "agentrt:session": 1,
+    "agentrt:defaults": 1,
+    "agentrt:round-robin": 2,
+    "plain>llm-d": 3,
+    "plain>llm-d:ideal": 4,
+    "plain>dynamo:affinity": 5,
+    "plain>vllm-router:cache_aware": 6,
+    "agentrt:defaults>llm-d": 7,
+}
+"""The clients every figure draws alike, as indices into :data:`PALETTE`: plain grey and
+dashed, agentrt's defaults (session routing) blue, and the steady-state study's peers."""
+
+
+def client_styles(clients: Sequence[str]) -> list[tuple[str, LineStyle]]:
+    """Each client's colour and line style, the same in every figure: a known client's
+    (:data:`KNOWN_CLIENTS`), else one drawn from a stable hash of its name among the
+    styles no known client has. Two clients
+    of one figure never share one (while the palette lasts): the later takes the next
+    free style."""
+    first = max(KNOWN_CLIENTS.values()) + 1  # the others' part of the palette
+    used: set[int] = set()
+    out = []
+    for client in clients:
+        k = KNOWN_CLIENTS.get(client)
+        if k is None:
+            k = first + zlib.crc32(client.encode()) % (len(PALETTE) - first)
+        for step in range(len(PALETTE)):
+            if (k + step) % len(PALETTE) not in used:
+                k = (k + step) % len(PALETTE)
+                break
+        used.add(k)
+        out.append(PALETTE[k])
+    return out
 
 
 def _f(value: float | None, fmt: str = "{:.2f}") -> str:
@@ -157,26 +207,33 @@ def fleet_lines(result: BenchResult, width: int = 80) -> list[str]:
 
 
 def view_lines(result: BenchResult, width: int = 80) -> list[str]:
-    """Per agentrt client over several embedded replicas: its router's view of their KV
-    against the engines' (``ClientResult.kv_view``, bench/_view.py), wrapped to
-    ``width``. Empty without one."""
+    """Per agentrt client over several embedded replicas: what it believed about the
+    replicas' KV cache against what the engines held (``ClientResult.kv_view``,
+    bench/_view.py), in words, wrapped to ``width``. Empty without one. ``agentrt bench``
+    prints them with ``--show-view``; results.json has the figures either way."""
     from ._view import format_view
 
     lines = [f"{c.client}: {format_view(c.kv_view)}" for c in result.clients if c.kv_view]
     if not lines:
         return []
-    lines.insert(0, "the client's view of the replicas' KV against the engines':")
+    lines.insert(0, "Each agentrt client's picture of the replicas' KV cache against the engines':")
     wrap = textwrap.TextWrapper(width=width, subsequent_indent="  ", break_on_hyphens=False)
     return [part for line in lines for part in wrap.wrap(line)]
 
 
-def print_table(result: BenchResult, title: str, echo: Callable[[str], None] | None = None) -> None:
+def print_table(
+    result: BenchResult,
+    title: str,
+    echo: Callable[[str], None] | None = None,
+    *,
+    view: bool = False,
+) -> None:
     """The benchmark's table (:func:`bench_table`), then a fleet's lines
-    (:func:`fleet_lines`) and the clients' views of the KV (:func:`view_lines`), through
-    ``echo`` as :func:`show_tables`."""
+    (:func:`fleet_lines`) and, with ``view``, the clients' views of the KV
+    (:func:`view_lines`), through ``echo`` as :func:`show_tables`."""
     show_tables([bench_table(result, title)], echo)
     width = min(terminal_width(), 80)
-    lines = fleet_lines(result, width) + view_lines(result, width)
+    lines = fleet_lines(result, width) + (view_lines(result, width) if view else [])
     if lines:
         out = echo or print
         out("")
@@ -192,13 +249,12 @@ def progress_bar(jobs: int, enabled: bool = True) -> Iterator[Callable[[str], No
     try:
         if not enabled:
             raise ImportError
-        from rich.markup import escape
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
     except ImportError:
         yield lambda label: None
         return
     with Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("jobs"),
@@ -209,7 +265,7 @@ def progress_bar(jobs: int, enabled: bool = True) -> Iterator[Callable[[str], No
         def advance(label: str) -> None:
             if label not in tasks:
                 name = "alone (each job on an idle cluster)" if label == "alone" else label
-                tasks[label] = bar.add_task(escape(name), total=jobs)  # not markup
+                tasks[label] = bar.add_task(name, total=jobs)  # not markup, not emoji
             bar.update(tasks[label], advance=1)
 
         yield advance
@@ -240,29 +296,36 @@ def _cdf(values: Sequence[float]) -> tuple[list[float], list[float]]:
 
 def plot(result: BenchResult, out_dir: Path) -> list[Path]:
     """Write the JCT CDF (``jct_cdf.png``: one line per client, each in its own colour and
-    line style, so clients with the same results stay visible). Needs matplotlib."""
+    line style (:func:`client_styles`), so clients with the same results stay visible).
+    Needs matplotlib."""
     import matplotlib
+
+    from ..report._plots import log_x, plain_text
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, c in enumerate(result.clients):
-        jcts = [r["jct_s"] for r in c.job_rows if r["status"] == "ok"]
-        if not jcts:
-            continue
-        color, style = LINE_STYLES[i % len(LINE_STYLES)]
-        xs, ys = _cdf(jcts)
-        ax.step(xs, ys, where="post", label=c.client, color=color, linestyle=style, lw=2)
-    ax.set_xscale("log")
-    ax.set_xlabel("job completion time (s, log scale)")
-    ax.set_ylabel("fraction of jobs done")
-    ax.set_title("JCT CDF per client (further left is faster)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    path = out_dir / "jct_cdf.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with plain_text():  # client names as written: a config=FILE may hold "$"
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        styles = client_styles([c.client for c in result.clients])
+        lines, labels = [], []
+        for c, (color, style) in zip(result.clients, styles, strict=True):
+            jcts = [r["jct_s"] for r in c.job_rows if r["status"] == "ok"]
+            if not jcts:
+                continue
+            xs, ys = _cdf(jcts)
+            lines += ax.step(xs, ys, where="post", color=color, linestyle=style, lw=2)
+            labels.append(c.client)
+        log_x(ax)
+        ax.set_xlabel("job completion time (s, log scale)")
+        ax.set_ylabel("fraction of jobs done")
+        ax.set_title("JCT CDF per client (further left is faster)")
+        ax.grid(alpha=0.3)
+        if lines:
+            ax.legend(lines, labels)
+        path = out_dir / "jct_cdf.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
     return [path]

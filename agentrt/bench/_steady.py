@@ -318,7 +318,7 @@ def measure(
         ratios = [x for _, x in sized]
         out["stretch"] = _bootstrap(ratios, (0.5, 0.9), bootstrap, rng)
         # By job size (its JCT alone): the shortest and the longest third of the measured
-        # jobs, where short jobs beside long ones are hurt most (issue 34).
+        # jobs, where short jobs beside long ones are hurt most.
         sized.sort(key=lambda x: x[0])
         third = len(sized) // 3
         if third >= 2:
@@ -562,46 +562,70 @@ def format_table(result: dict[str, Any]) -> str:
 
 def plot(result: dict[str, Any], path: Path) -> Path:
     """Throughput against JCT p90 (with its interval), one panel per KV setting and
-    mode, one line per client; written to ``path`` (PNG). Needs matplotlib."""
+    mode that ran (no open-loop panels without --loads), one line per client, each in
+    its colour of every bench figure (``_output.client_styles``); written to ``path``
+    (PNG). Needs matplotlib."""
     import matplotlib
+
+    from ..report._plots import plain_text
+    from ._output import client_styles
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = result["rows"]
     kvs = list(dict.fromkeys(r["kv"] for r in rows))
-    modes = ["closed", "open"]
-    fig, axes = plt.subplots(
-        len(kvs), 2, figsize=(12, 4.5 * len(kvs)), squeeze=False, constrained_layout=True
-    )
+    modes = [m for m in ("closed", "open") if any(r["mode"] == m for r in rows)] or ["closed"]
     clients = list(dict.fromkeys(r["client"] for r in rows))
-    for i, kv in enumerate(kvs):
-        for j, mode in enumerate(modes):
-            ax = axes[i][j]
-            for c in clients:
-                pts = [r for r in rows if r["kv"] == kv and r["mode"] == mode and r["client"] == c]
-                pts.sort(key=lambda r: r["throughput"])
-                if not pts:
-                    continue
-                xs = [r["throughput"] for r in pts]
-                ys = [r["jct"]["p90"][0] for r in pts]
-                lo = [r["jct"]["p90"][0] - r["jct"]["p90"][1] for r in pts]
-                hi = [r["jct"]["p90"][2] - r["jct"]["p90"][0] for r in pts]
-                ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=c)
-            cap = result["capacity"].get(kv, {}).get("jobs_per_s")
-            if cap and math.isfinite(cap):
-                ax.axvline(cap, color="grey", linestyle=":", linewidth=1)
-            ax.set_title(
-                f"{result['config']['workload']}, {kv} KV, "
-                + ("closed loop (N agents)" if mode == "closed" else "open loop (Poisson)")
-            )
-            ax.set_xlabel("throughput (jobs/s, measured window)")
-            ax.set_ylabel("JCT p90 (s), 90% CI")
-            ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    styles = dict(zip(clients, client_styles(clients), strict=True))
+    with plain_text():
+        fig, axes = plt.subplots(
+            len(kvs) or 1,
+            len(modes),
+            figsize=(6 * len(modes), 4.5 * (len(kvs) or 1)),
+            squeeze=False,
+            constrained_layout=True,
+        )
+        for i, kv in enumerate(kvs):
+            for j, mode in enumerate(modes):
+                ax = axes[i][j]
+                for c in clients:
+                    pts = [
+                        r for r in rows if r["kv"] == kv and r["mode"] == mode and r["client"] == c
+                    ]
+                    pts.sort(key=lambda r: r["throughput"])
+                    if not pts:
+                        continue
+                    xs = [r["throughput"] for r in pts]
+                    ys = [r["jct"]["p90"][0] for r in pts]
+                    lo = [r["jct"]["p90"][0] - r["jct"]["p90"][1] for r in pts]
+                    hi = [r["jct"]["p90"][2] - r["jct"]["p90"][0] for r in pts]
+                    color, style = styles[c]
+                    ax.errorbar(
+                        xs,
+                        ys,
+                        yerr=[lo, hi],
+                        marker="o",
+                        capsize=3,
+                        label=c,
+                        color=color,
+                        linestyle=style,
+                    )
+                cap = result["capacity"].get(kv, {}).get("jobs_per_s")
+                if cap and math.isfinite(cap):
+                    ax.axvline(cap, color="grey", linestyle=":", linewidth=1)
+                ax.set_title(
+                    f"{result['config']['workload']}, {kv} KV, "
+                    + ("closed loop (N agents)" if mode == "closed" else "open loop (Poisson)")
+                )
+                ax.set_xlabel("throughput (jobs/s, measured window)")
+                ax.set_ylabel("JCT p90 (s), 90% CI")
+                ax.grid(alpha=0.3)
+        if clients:
+            axes[0][0].legend(fontsize=8)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
     return path
 
 

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import math
-import textwrap
 from typing import Final
 
+from ..report._tables import wrap, wrap_title
 from ._runner import BenchResult, ClientResult
 
 __all__ = ["SAME_WITHIN", "takeaway"]
@@ -51,10 +51,9 @@ def takeaway(result: BenchResult, width: int = 80) -> list[str]:
         return []
     base, others = result.clients[0], result.clients[1:]
     lines = [f"Against {base.client} (below 1.00x: lower, faster):"]
-    lines += [
-        textwrap.fill(_line(c, base), width, initial_indent="  ", subsequent_indent="    ")
-        for c in others
-    ]
+    for c in others:  # wrapped between phrases: "cache hit 84% vs 84%" stays whole
+        first, *rest = wrap_title(_line(c, base), width - 4)
+        lines += ["  " + first, *("    " + line for line in rest)]
     same = [c.client for c in others if _same(c, base)]
     differ = [c for c in others if not _same(c, base)]
     if differ:
@@ -74,5 +73,5 @@ def takeaway(result: BenchResult, width: int = 80) -> list[str]:
             "each session's cache) or claude-code; load (--rate, --users, fewer --replicas) "
             "for the ordering policies (agentrt:plas, agentrt:mlfq)."
         )
-    lines.append(textwrap.fill(text, width))
+    lines += wrap(text, width)
     return lines

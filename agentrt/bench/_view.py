@@ -1,4 +1,4 @@
-"""How close the client's view of each replica's KV is to the engine's (issue 34).
+"""How close the client's view of each replica's KV is to the engine's.
 
 While an agentrt client replays on an embedded cluster, :class:`ViewSampler` samples, at
 the same virtual times and per replica, what the runtime's router believes
@@ -178,24 +178,32 @@ def _correlation(w: list[float], x: list[float], y: list[float]) -> float | None
 
 
 def format_view(view: dict[str, Any]) -> str:
-    """One line: the client's view of the replicas' KV against the engines'."""
+    """The client's view of the replicas' KV against the engines', in words: its estimate
+    of the context its sessions keep cached against the engines' figure, how often it
+    judged a replica full against how often the engines had evicted, and the KV it
+    assumed a replica holds against the real size (``k``: thousands of tokens)."""
     r, o, c = view["resident"], view["over"], view["capacity"]
     parts = []
     if r.get("mae") is not None:
         rel = r.get("rel_error")
         corr = r.get("correlation")
+        off = f"{r['mae'] / 1e3:.0f}k" + ("" if rel is None else f", {100 * rel:.0f}%")
         parts.append(
-            f"resident est {r['estimate_mean'] / 1e3:.0f}k vs real {r['real_mean'] / 1e3:.0f}k "
-            f"tok (MAE {r['mae'] / 1e3:.0f}k, {'-' if rel is None else f'{100 * rel:.0f}%'}, "
-            f"r={'-' if corr is None else f'{corr:.2f}'})"
+            f"estimated its sessions' cached context at {r['estimate_mean'] / 1e3:.0f}k "
+            f"tokens per replica on average, against {r['real_mean'] / 1e3:.0f}k really "
+            f"cached (off by {off} on average"
+            + ("" if corr is None else f"; correlation {corr:.2f}")
+            + ")"
         )
     parts.append(
-        f"over capacity: client {100 * o['client']:.0f}%, engine {100 * o['engine']:.0f}% "
-        f"(false {100 * o['false_over']:.0f}%, missed {100 * o['missed_over']:.0f}%)"
+        f"judged a replica full {100 * o['client']:.0f}% of the time, while the engines "
+        f"had evicted some of its sessions' context {100 * o['engine']:.0f}% of the time "
+        f"(a false alarm {100 * o['false_over']:.0f}%, a miss "
+        f"{100 * o['missed_over']:.0f}%)"
     )
     if c["assumed_mean"] is not None:
         parts.append(
-            f"capacity assumed {c['assumed_mean'] / 1e3:.0f}k (min {c['assumed_min'] / 1e3:.0f}k)"
-            f" vs real {c['real'] / 1e3:.0f}k"
+            f"assumed a replica holds {c['assumed_mean'] / 1e3:.0f}k tokens of KV (at "
+            f"least {c['assumed_min'] / 1e3:.0f}k), where each holds {c['real'] / 1e3:.0f}k"
         )
     return "; ".join(parts)

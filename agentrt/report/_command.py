@@ -10,7 +10,7 @@ import math
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..telemetry import JobReport, read_journal
@@ -233,6 +233,7 @@ def report(
         for ab, run in zip("AB", runs, strict=False)
     ]
     if compare_runs:
+        tables[1] = replace(tables[1], caption="")  # the legend once, under A's table
         tables.append(
             comparison_table(
                 compare(runs[0].reports, runs[1].reports), runs[0].label, runs[1].label

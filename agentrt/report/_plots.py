@@ -6,13 +6,17 @@
   time axis: where each one's time went, LLM, queued, tool or other, as it happened.
 - :func:`timeline`: one job as a Gantt chart: sessions as rows, calls (their queue part
   hatched) and tool waits as bars, the critical path outlined and repeated on a top row.
+
+Names (jobs, sessions, clients) are the user's text and are drawn as written: every figure
+is built and saved under :func:`plain_text`, so ``$`` is a dollar sign, never TeX.
 """
 
 from __future__ import annotations
 
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from ..telemetry import JobReport
@@ -24,7 +28,15 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["breakdown_bars", "jct_cdf", "job_strips", "png_bytes", "timeline"]
+__all__ = [
+    "breakdown_bars",
+    "jct_cdf",
+    "job_strips",
+    "log_x",
+    "plain_text",
+    "png_bytes",
+    "timeline",
+]
 
 LLM = "#4c78a8"
 QUEUE = "#b8b8b8"
@@ -33,6 +45,30 @@ OTHER = "#e8e8e8"
 FAILED = "#e45756"
 CRITICAL = "#d62728"
 DPI = 110
+
+
+@contextmanager
+def plain_text() -> Iterator[None]:
+    """Draw text as it is written while the block runs: a name with two ``$`` in it is
+    not read as TeX (which failed to parse, or drew the name garbled), whatever the
+    user's matplotlibrc says. Build *and* save a figure inside it: matplotlib reads the
+    setting when it makes each text, and makes tick labels while it draws."""
+    require("matplotlib")
+    import matplotlib
+
+    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+        yield
+
+
+def log_x(ax: Axes) -> None:
+    """A log-scale x axis labelled in plain numbers (10, 100, 1000, and 20, 30 where
+    a decade is all there is): matplotlib's own log labels are TeX, which
+    :func:`plain_text` turns off."""
+    from matplotlib.ticker import LogFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(LogFormatter())
+    ax.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -48,34 +84,41 @@ def _figure(width: float, height: float) -> Figure:
 def png_bytes(fig: Figure) -> bytes:
     """The figure as a PNG (no software tag in its metadata)."""
     buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
+    with plain_text():
+        fig.tight_layout()
+        fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
     return buf.getvalue()
 
 
+@plain_text()
 def jct_cdf(series: Sequence[tuple[str, Sequence[float]]]) -> Figure:
     """Fraction of jobs done by each JCT, one line per ``(label, jcts)``."""
     fig = _figure(7, 4.5)
     ax = fig.add_subplot()
     lo, hi = math.inf, 0.0
+    lines, labels = [], []
     for label, values in series:
         jcts = sorted(v for v in values if v > 0)
         if not jcts:
             continue
         lo, hi = min(lo, jcts[0]), max(hi, jcts[-1])
         ys = [(i + 1) / len(jcts) for i in range(len(jcts))]
-        ax.step([jcts[0], *jcts], [0.0, *ys], where="post", label=label)
+        lines += ax.step([jcts[0], *jcts], [0.0, *ys], where="post")
+        labels.append(label)
     if hi > 0 and hi / lo > 20:
-        ax.set_xscale("log")
+        log_x(ax)
     ax.set_xlabel("job completion time (s)")
     ax.set_ylabel("fraction of jobs")
     ax.set_ylim(0, 1.02)
     ax.set_title("JCT CDF per job name")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    # the labels given, not label=: matplotlib leaves out of its legend a label that
+    # starts with "_", and a job's name may
+    ax.legend(lines, labels, fontsize="small")
     return fig
 
 
+@plain_text()
 def breakdown_bars(series: Sequence[tuple[str, NameSummary]]) -> Figure:
     """Each ``(label, summary)``'s mean JCT as a bar split into LLM, queue, tool, other."""
     fig = _figure(7, max(3.2, 0.55 * len(series) + 2.0))
@@ -146,6 +189,7 @@ def _bar(ax: Axes, a: Activity, row: int, outline: bool) -> None:
         )
 
 
+@plain_text()
 def timeline(report: JobReport, label: str = "") -> Figure:
     """One job's Gantt chart (see the module's doc)."""
     from matplotlib.patches import Patch
@@ -203,6 +247,7 @@ _PHASE_STYLE: dict[str, tuple[str, str, str | None]] = {
 }
 
 
+@plain_text()
 def job_strips(rows: Sequence[tuple[str, JobReport]], title: str = "") -> Figure:
     """Each ``(label, job)`` as one bar from its start to its end, coloured by what its time
     went to at each moment (:func:`~agentrt.report._timeline.phases`), all on one axis so

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ __all__ = [
     "print_tables",
     "summary_table",
     "text_lines",
+    "wrap",
+    "wrap_title",
 ]
 
 SUMMARY_HEADERS = (
@@ -49,6 +52,33 @@ SUMMARY_CAPTION = (
     "written to it, where the server says; reasoning: the completion tokens spent "
     "reasoning, where the server says."
 )
+
+
+_UNIT = re.compile(r"(\d) (s|ms|min|tok|jobs)\b")
+_PHRASE = re.compile(r"(?<=[,:;]) | (?=\()")
+
+
+def wrap(text: str, width: int) -> list[str]:
+    """``text`` wrapped to ``width``, with no break between a number and its unit nor at
+    a hyphen, and no line ending in spaces."""
+    held = _UNIT.sub("\\1\x00\\2", text)
+    lines = textwrap.wrap(held, width, break_on_hyphens=False)
+    return [line.replace("\x00", " ") for line in lines]
+
+
+def wrap_title(text: str, width: int) -> list[str]:
+    """A title wrapped to ``width`` between its phrases (after a comma, colon or
+    semicolon, before a parenthesis) as long as each phrase fits a line, so that
+    "5.9 s wall" or "calls per client" stay together; else as :func:`wrap`."""
+    lines: list[str] = []
+    for phrase in _PHRASE.split(text) if text else []:
+        if lines and len(lines[-1]) + 1 + len(phrase) <= width:
+            lines[-1] += " " + phrase
+        elif len(phrase) <= width:
+            lines.append(phrase)
+        else:
+            lines.extend(wrap(phrase, width))
+    return lines
 
 
 @dataclass(frozen=True)
@@ -212,7 +242,7 @@ def text_lines(t: TextTable, width: int = 80) -> list[str]:
             i = max(range(part.label_columns), key=lambda k: widths[k])
             widths[i] = max(widths[i] - over, 4)
         if part.title:
-            out.extend(textwrap.wrap(part.title, width))
+            out.extend(wrap_title(part.title, width))
         for row in (part.headers, *part.rows):
             cells = [_fold(c, w) for c, w in zip(row, widths, strict=True)]
             for k in range(max(len(c) for c in cells)):
@@ -222,7 +252,7 @@ def text_lines(t: TextTable, width: int = 80) -> list[str]:
                     line.append(text.ljust(w) if i < part.label_columns else text.rjust(w))
                 out.append("  ".join(line).rstrip())
         if part.caption:
-            out.extend(textwrap.wrap(part.caption, width))
+            out.extend(wrap(part.caption, width))
         out.append("")
     return out[:-1]
 
@@ -231,32 +261,37 @@ def print_tables(tables: Sequence[TextTable], width: int | None = None) -> None:
     """Print with rich, each table split to fit the console (``width``, else the
     terminal's or ``$COLUMNS``, else 80 when the output is not a terminal): labels fold
     rather than being cut with an ellipsis. Every cell, title and caption is shown as it
-    is, never read as rich markup (job names and paths are the user's: ``triage[v2]``)."""
+    is, never read as rich markup or emoji codes (job names and paths are the user's:
+    ``triage[v2]``, ``deploy:rocket:``). Titles and captions are wrapped to the console
+    (titles between phrases, :func:`wrap_title`), not to the table, and end in no
+    spaces."""
     require("rich")
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     console = Console(width=width)
+
+    def lines(texts: list[str], style: str) -> None:
+        for line in texts:
+            console.print(Text(line, style=style), soft_wrap=True)
+
     for t in tables:
         for part in fit_width(t, console.width):
-            table = Table(
-                title=escape(part.title) or None,
-                title_justify="left",
-                caption=escape(part.caption) or None,
-                caption_justify="left",
-            )
+            lines(wrap_title(part.title, console.width), "table.title")
+            table = Table()
             for i, h in enumerate(part.headers):
                 label = i < part.label_columns
                 table.add_column(
-                    escape(h),
+                    Text(h),
                     justify="left" if label else "right",
                     overflow="fold",
                     no_wrap=not label,
                 )
             for row in part.rows:
-                table.add_row(*(escape(cell) for cell in row))
+                table.add_row(*(Text(cell) for cell in row))
             console.print(table)
+            lines(wrap(part.caption, console.width), "table.caption")
 
 
 def html_table(t: TextTable) -> str:

@@ -20,9 +20,10 @@ questions placement asks (``docs/routing.md``, "Placement by working set"):
   waking later weighs ``horizon_s / time to wake``; a session whose job ended weighs
   nothing: it is gone from the shadow).
 
-The capacity comes from the engine where it says (vLLM's ``vllm:cache_config_info``:
-``num_gpu_blocks * block_size``; the embedded engine serves the same gauge), else from a
-setting, and is corrected by what replies report: a resumed turn whose cached tokens
+The capacity comes from a setting where one is given (``Endpoint(kv_capacity=)``: a user
+who names it wins), else from the engine where it says (vLLM's
+``vllm:cache_config_info``: ``num_gpu_blocks * block_size``; the embedded engine serves
+the same gauge), and is corrected by what replies report: a resumed turn whose cached tokens
 fall short of its previous context reveals an eviction, and how much the cache held
 above it (:meth:`KvShadow.observe`). In a fleet each process sees only its own sessions,
 so the capacity it learns is its share: the estimate stays consistent with the view.
@@ -271,7 +272,8 @@ class KvShadow:
                 self._learned = None if self.capacity and learned >= self.capacity else learned
 
     def set_capacity(self, tokens: int, source: CapacitySource) -> None:
-        """The engine (or a setting) says the capacity is ``tokens``."""
+        """The engine says the capacity is ``tokens`` (its callers ask it only while no
+        capacity is known: one given as a setting wins over the engine's)."""
         if tokens <= 0:
             return
         self.capacity = tokens

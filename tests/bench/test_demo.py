@@ -298,24 +298,25 @@ def test_the_progress_bar_counts_jobs_per_run() -> None:
 
 def test_run_labels_show_as_written_in_the_progress_bar() -> None:
     """A client's label is user text (a spec, a file name): rich shows it, never reads it
-    as markup (``[/]`` raised MarkupError)."""
+    as markup (``[/]`` raised MarkupError) nor as an emoji code (``:rocket:``)."""
     if not HAVE_RICH:
         return
-    from rich.progress import Progress, TextColumn
+    from rich.progress import Progress
 
     shown: list[str] = []
     real_stop = Progress.stop
 
-    def stop(self: Progress) -> None:
-        shown.extend(TextColumn("{task.description}").render(t).plain for t in self.tasks)
+    def stop(self: Progress) -> None:  # the bar's own first column: the label
+        shown.extend(self.columns[0].render(t).plain for t in self.tasks)  # type: ignore[union-attr]
         real_stop(self)
 
+    labels = ["[/]", "agentrt:config=tuned[v2].toml", "[bold]x", "plain>:rocket:"]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Progress, "stop", stop)
         with progress_bar(2) as advance:
-            for label in ("[/]", "agentrt:config=tuned[v2].toml", "[bold]x"):
+            for label in labels:
                 advance(label)
-    assert shown == ["[/]", "agentrt:config=tuned[v2].toml", "[bold]x"]
+    assert shown == labels
 
 
 def test_headline_ratios_and_summary_follow_the_numbers(bench_result: Any) -> None:
@@ -340,3 +341,159 @@ def test_without_rich_the_demo_table_is_plain_text(
     assert lines[0] == "title"
     assert re.match(r"client\s+JCT mean\s+JCT p50\s+JCT p90\s+TTFT p50\s+cache hit$", lines[1])
     assert _row(lines, "agentrt / plain")[0].endswith("x")
+
+
+# --- the figures: one colour per client, user text as written --------------------------
+
+
+def _legend_colours(ax: Any) -> dict[str, str]:
+    from matplotlib.colors import to_hex
+
+    legend = ax.get_legend()
+    labels = [t.get_text().split(" (median")[0] for t in legend.get_texts()]
+    return {
+        label: to_hex(h.get_color()) for label, h in zip(labels, legend.legend_handles, strict=True)
+    }
+
+
+@pytest.fixture
+def figures(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The figures the bench draws, kept (pyplot.close is where each one ends)."""
+    import matplotlib.pyplot as plt
+
+    kept: list[Any] = []
+    real_close = plt.close
+    monkeypatch.setattr(plt, "close", kept.append)
+    yield kept
+    for fig in kept:
+        real_close(fig)
+
+
+def _steady_result(clients: tuple[str, ...], modes: tuple[str, ...]) -> dict[str, Any]:
+    rows = [
+        {
+            "kv": "ample",
+            "mode": mode,
+            "client": client,
+            "throughput": 0.01 * (k + 1),
+            "jct": {"p90": [100.0 + k, 90.0 + k, 110.0 + k]},
+        }
+        for mode in modes
+        for client in clients
+        for k in range(3)
+    ]
+    return {"rows": rows, "capacity": {}, "config": {"workload": "coding"}}
+
+
+@pytest.mark.skipif(not HAVE_MATPLOTLIB, reason="the figures need matplotlib")
+def test_each_client_has_one_colour_in_every_figure(
+    bench_result: Any, tmp_path: Path, figures: list[Any]
+) -> None:
+    """plain was grey in the bench's CDF and blue in the steady-state plot; agentrt
+    (session routing) blue in the demo's figure, orange in the bench's, brown in the
+    steady-state plot: the colour followed the client's place in the figure."""
+    from dataclasses import replace
+
+    from matplotlib.colors import to_hex
+
+    from agentrt.bench._demo import demo_figure
+    from agentrt.bench._output import client_styles, plot
+    from agentrt.bench._steady import plot as steady_plot
+
+    plain, session = bench_result.clients[0], bench_result.clients[2]
+    assert session.client == "agentrt:session"
+    plot(bench_result, tmp_path)
+    demo_figure(replace(bench_result, clients=[plain, session]), tmp_path / "demo.png")
+    steady_plot(_steady_result(("agentrt:session", "plain"), ("closed",)), tmp_path / "s.png")
+    bench_fig, demo_fig, steady_fig = figures
+    bench = _legend_colours(bench_fig.axes[0])
+    demo = _legend_colours(demo_fig.axes[0])
+    steady = {c.get_label(): to_hex(c.lines[0].get_color()) for c in steady_fig.axes[0].containers}
+    grey, blue = to_hex("tab:gray"), to_hex("tab:blue")
+    assert bench["plain"] == demo["plain"] == steady["plain"] == grey
+    assert bench["agentrt:session"] == demo["agentrt"] == steady["agentrt:session"] == blue
+    assert len(set(bench.values())) == 3  # no two clients of one figure alike
+    # the demo's bars are the clients' colours too
+    bars = [to_hex(p.get_facecolor()) for p in demo_fig.axes[1].patches]
+    assert bars == [grey, blue]
+    # a known client's style does not depend on the others in its figure (the steady-state
+    # study's peers among them); an unknown one's is drawn from its name; none alike
+    names = ["plain>llm-d", "agentrt:defaults", "plain>dynamo:affinity", "plain", "x"]
+    alone = {n: client_styles([n])[0] for n in names}
+    assert dict(zip(names, client_styles(names), strict=True)) == alone
+    assert client_styles(["agentrt:mlfq@16"]) == client_styles(["agentrt:mlfq@16"])
+    many = client_styles([*names, "agentrt:session", "agentrt:round-robin", "y", "z", "w"])
+    assert len(set(many)) == len(many)
+
+
+@pytest.mark.skipif(not HAVE_MATPLOTLIB, reason="the figures need matplotlib")
+def test_the_steady_state_plot_draws_only_the_modes_that_ran(
+    tmp_path: Path, figures: list[Any]
+) -> None:
+    """Without --loads the study runs closed loop only: no empty open-loop panel."""
+    from agentrt.bench._steady import plot as steady_plot
+
+    steady_plot(_steady_result(("plain",), ("closed",)), tmp_path / "closed.png")
+    steady_plot(_steady_result(("plain",), ("closed", "open")), tmp_path / "both.png")
+    closed, both = figures
+    assert [ax.get_title().split(", ")[-1] for ax in closed.axes] == ["closed loop (N agents)"]
+    assert len(both.axes) == 2 and all(ax.containers for ax in both.axes)
+
+
+@pytest.mark.skipif(not HAVE_MATPLOTLIB, reason="the figures need matplotlib")
+def test_client_names_with_dollar_signs_are_drawn_as_written(
+    bench_result: Any, tmp_path: Path, figures: list[Any]
+) -> None:
+    """A client named by its settings file may hold "$": drawn as written, not as TeX."""
+    from dataclasses import replace
+
+    from agentrt.bench._output import plot
+
+    odd = "agentrt:config=$HOME/a_$b.toml"
+    clients = [bench_result.clients[0], replace(bench_result.clients[1], client=odd)]
+    (path,) = plot(replace(bench_result, clients=clients), tmp_path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (fig,) = figures
+    legend = fig.axes[0].get_legend()
+    texts = [t for t in legend.get_texts()]
+    assert [t.get_text() for t in texts] == ["plain", odd]
+    assert not any(t.get_parse_math() for t in texts)
+
+
+def test_bench_prints_the_kv_view_only_when_asked(
+    bench_result: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client's KV view against the engines' is for who asks (--show-view); it is in
+    results.json either way."""
+    from dataclasses import replace
+
+    from agentrt.bench._output import view_lines
+    from agentrt.cli import _parser
+
+    view = {
+        "resident": {
+            "estimate_mean": 62e3,
+            "real_mean": 67e3,
+            "mae": 13e3,
+            "rel_error": 0.2,
+            "correlation": 0.79,
+        },
+        "over": {"client": 0.19, "engine": 0.22, "false_over": 0.12, "missed_over": 0.14},
+        "capacity": {"assumed_mean": 84e3, "assumed_min": 31e3, "real": 426e3, "sources": {}},
+    }
+    clients = [bench_result.clients[0], replace(bench_result.clients[2], kv_view=view)]
+    result = replace(bench_result, clients=clients)
+    monkeypatch.setenv("COLUMNS", "80")
+    quiet: list[str] = []
+    print_table(result, "agentrt bench: coding", echo=quiet.append)
+    asked: list[str] = []
+    print_table(result, "agentrt bench: coding", echo=asked.append, view=True)
+    assert asked[: len(quiet)] == quiet
+    shown = " ".join(" ".join(asked[len(quiet) :]).split())
+    assert "KV cache against the engines'" in shown
+    assert "62k tokens per replica on average, against 67k really cached" in shown
+    assert "where each holds 426k" in shown
+    assert not any("KV" in line or "MAE" in line or "r=" in line for line in quiet)
+    assert view_lines(result, 80)[0].startswith("Each agentrt client's picture")
+    assert _parser().parse_args(["bench", "--show-view"]).show_view
+    assert not _parser().parse_args(["bench"]).show_view

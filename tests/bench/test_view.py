@@ -111,10 +111,10 @@ def test_figures_reach_the_result_and_the_output() -> None:
     assert client.kv_view == run.view
     result = BenchResult({}, True, 0.0, 3, [client])
     head, *lines = view_lines(result, 80)
-    assert "view" in head and lines[0].startswith("agentrt:defaults: resident est")
+    assert "picture" in head and lines[0].startswith("agentrt:defaults: estimated its")
     assert len(lines) > 1 and all(len(x) <= 80 and x.startswith("  ") for x in lines[1:])
     assert view_lines(BenchResult({}, True, 0.0, 0, [])) == []
-    assert run.view is not None and "capacity assumed 426k" in format_view(run.view)
+    assert run.view is not None and "where each holds 426k" in format_view(run.view)
 
 
 def test_sampling_moves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

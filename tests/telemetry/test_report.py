@@ -275,8 +275,9 @@ def test_names_print_as_written_not_as_markup(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Job and session names, and the journal's path, are the user's text: rich shows them
-    as they are (``triage[v2]`` stayed ``triage``; ``[/]`` crashed the command)."""
-    names = ["triage[v2]", "[/]", "[bold]loud[/bold]"]
+    as they are (``triage[v2]`` stayed ``triage``; ``[/]`` crashed the command;
+    ``deploy:rocket:`` was drawn with an emoji)."""
+    names = ["triage[v2]", "[/]", "[bold]loud[/bold]", "deploy:rocket:"]
     folder = tmp_path / "runs[1]"
     folder.mkdir()
     jobs = [
@@ -291,6 +292,47 @@ def test_names_print_as_written_not_as_markup(
     # The path may be folded at the terminal's width (its length is pytest's).
     assert "runs[1]" in "".join(out.split()) and "[red]s" in out
     assert "Critical path of [bold]loud[/bold] j2" in " ".join(out.split())
+
+
+@needs_extra
+def test_names_are_drawn_as_written_not_as_tex(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Names are the user's text in the plots too: two ``$`` are two dollar signs, not
+    TeX (``sum_$a_$b`` failed --png and --html with matplotlib's parse error; ``price $5
+    or $6`` was drawn in math italics), and a name starting with ``_`` is not left out of
+    the legend."""
+    from matplotlib.text import Text
+
+    from agentrt.report._command import PNG_NAMES
+    from agentrt.report._plots import breakdown_bars, jct_cdf, png_bytes, timeline
+
+    names = ["sum_$a_$b", "price $5 or $6", "_internal"]
+    jobs = [
+        _job(n, 1.0 + i, calls=[("$s$", 0.0, 0.1, 0.5)], tools=[("$s$", 0.6, 0.2)], job_id=f"j{i}")
+        for i, n in enumerate(names)
+    ]
+    path = _write(tmp_path / "j.jsonl", jobs)
+    out, page = tmp_path / "png", tmp_path / "r.html"
+    assert main(["report", str(path), "--png", str(out), "--html", str(page)]) == 0
+    assert all(_is_png(out / name) for name in PNG_NAMES)
+    assert "sum_$a_$b" in page.read_text()
+
+    cdf = jct_cdf([(n, [1.0 + i, 2.0 + i]) for i, n in enumerate(names)])
+    bars = breakdown_bars([(s.name, s) for s in summarize(jobs)])
+    gantt = timeline(jobs[0])
+    for fig in (cdf, bars, gantt):
+        png_bytes(fig)  # drawn, so the tick labels exist
+        assert [t.get_text() for t in fig.findobj(Text) if t.get_parse_math()] == []
+    legend = cdf.axes[0].get_legend()
+    assert legend is not None and [t.get_text() for t in legend.get_texts()] == names
+    assert {t.get_text() for t in bars.axes[0].get_yticklabels()} == set(names)
+    assert "$s$" in {t.get_text() for t in gantt.axes[0].get_yticklabels()}
+    # a log axis (JCTs over more than 20x) is labelled in plain numbers, not TeX
+    wide = jct_cdf([("a", [1.0, 30.0, 400.0])])
+    png_bytes(wide)
+    ticks = [t.get_text() for t in wide.axes[0].get_xticklabels() if t.get_text()]
+    assert "10" in ticks and "100" in ticks and not any("$" in t for t in ticks)
 
 
 @needs_extra
@@ -393,6 +435,7 @@ def test_compare_in_the_terminal(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["report", "--compare", str(a), str(b)]) == 0
     out = capsys.readouterr().out
     assert "B / A: new over base" in out
+    assert out.count("Times in seconds.") == 1  # the summaries' legend once, under A's
     assert re.search(r"JCT p50\s+.\s+2\.000\s+.\s+4\.000\s+.\s+2\.00x", out)
     assert re.search(r"cache share\s+.\s+10%\s+.\s+30%\s+.\s+3\.00x", out)
     assert re.search(r"call p50\s+.\s+1\.000\s+.\s+0\.500\s+.\s+0\.50x", out)
@@ -409,6 +452,7 @@ def test_compare_real_runs_with_plots_and_page(
     assert "B / A: roomy over tight" in out
     text = page.read_text()
     assert text.count("<table>") == 4  # A, B, B over A, the critical path
+    assert text.count("Times in seconds.") == 1  # the summaries' legend once, under A's
     assert "roomy over tight" in text
     # The page leads with the strips of both sides, then the B/A table, then A's and B's.
     order = [

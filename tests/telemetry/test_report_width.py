@@ -151,3 +151,53 @@ def test_plain_text_fits_and_folds_long_labels(width: int) -> None:
     for name in (*NAMES, "x" * 90):
         assert name in text
     assert "\n".join(lines).count("133.33") == len(rows)  # every number once, whole
+
+
+TITLE = "agentrt bench: coding (362 calls per client, virtual time, 5.9 s wall)"
+CAPTION = "Times in seconds. JCT: job completion time; call: per-call latency. " * 3
+
+
+def test_titles_wrap_between_phrases() -> None:
+    from agentrt.report._tables import wrap_title
+
+    assert wrap_title(TITLE, 80) == [TITLE]
+    assert wrap_title(TITLE, 60) == [
+        "agentrt bench: coding (362 calls per client, virtual time,",
+        "5.9 s wall)",
+    ]
+    assert wrap_title(TITLE, 30) == [
+        "agentrt bench: coding",
+        "(362 calls per client,",
+        "virtual time, 5.9 s wall)",
+    ]
+    assert wrap_title("", 80) == []
+
+
+@needs_rich
+@pytest.mark.parametrize("width", [60, 80, 100])
+def test_titles_and_captions_span_the_terminal_not_the_table_and_end_in_no_space(
+    width: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bench title wrapped at its narrow table's width, mid-phrase ("5.9 s" / "wall)"),
+    and rich padded titles and captions with spaces to the table's width."""
+    from agentrt.report._tables import print_tables, wrap_title
+
+    narrow = TextTable(TITLE, ("client", "JCT"), (("plain", "1.00"), ("agentrt", "0.50")), CAPTION)
+    print_tables([narrow], width=width)
+    lines = capsys.readouterr().out.splitlines()
+    title = wrap_title(TITLE, width)
+    assert lines[: len(title)] == title
+    assert "5.9 s wall)" in lines[len(title) - 1]
+    assert not [line for line in lines if line != line.rstrip()]
+    caption = [line for line in lines if not line.startswith(("┏", "┃", "┡", "│", "└"))]
+    caption = caption[len(title) :]
+    assert " ".join(caption) == CAPTION.strip()
+    assert max(len(line) for line in caption) > 40  # the terminal's width, not the table's
+
+
+def test_plain_text_titles_wrap_between_phrases_too() -> None:
+    lines = text_lines(TextTable(TITLE, ("client", "JCT"), (("plain", "1.00"),)), 60)
+    assert lines[:2] == [
+        "agentrt bench: coding (362 calls per client, virtual time,",
+        "5.9 s wall)",
+    ]
