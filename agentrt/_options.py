@@ -25,6 +25,7 @@ from .scheduling._routing import EndpointLoad, Router, make_router
 from .scheduling._workingset import KvShadow
 from .telemetry._events import Hook
 from .telemetry._journal import Journal
+from .telemetry._otel_use import otel_in_use
 
 __all__ = ["AsyncTransport", "Checked", "PolicySpec", "TimeoutLike", "check", "telemetry_hooks"]
 
@@ -305,7 +306,7 @@ def telemetry_hooks(
     out = list(hooks)
     counters: list[Callable[[bool], None]] = []
     """The exporters' journal-line counters."""
-    if otel:
+    if otel and otel_in_use():  # (the hook's module is imported only then)
         from .telemetry._otel import otel_hook
 
         span_hook = otel_hook(capture_content=bool(capture_content))

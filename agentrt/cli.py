@@ -1,11 +1,11 @@
-"""The ``agentrt`` command: ``demo``, ``bench``, ``report``, ``tune``, ``sim serve`` and
-``traces fetch``.
+"""The ``agentrt`` command: ``demo``, ``bench``, ``report``, ``tune``, ``check``,
+``sim serve`` and ``traces fetch``.
 
 Each command's arguments, and what it runs, live with its package (``bench/_cli.py``,
-``report/_cli.py``, ``tune/_cli.py``, ``sim/_cli.py``); this module puts them together
-and reports any failure. Only the standard library is imported up front, so ``agentrt
---help`` starts fast; each subcommand imports what it needs when it runs. Errors are one
-line on stderr (exit status 2), never a traceback.
+``report/_cli.py``, ``tune/_cli.py``, ``check/_cli.py``, ``sim/_cli.py``); this module
+puts them together and reports any failure. Only the standard library is imported up
+front, so ``agentrt --help`` starts fast; each subcommand imports what it needs when it
+runs. Errors are one line on stderr (exit status 2), never a traceback.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Final
 
 from ._cliparts import CommandError, Formatter, Parser, examples, print_help
 from .bench._cli import add_bench, add_demo, add_traces
+from .check._cli import add_check
 from .report._cli import add_report
 from .sim._cli import add_sim
 from .tune._cli import add_tune
@@ -50,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
             "agentrt demo                    # the main job: plain client vs agentrt",
             "agentrt sim serve               # an OpenAI-compatible server on :8000",
             "agentrt report journal.jsonl    # JCT tables from a Runtime's journal",
+            "agentrt check URL [URL ...]     # what agentrt reads from your replicas",
         ),
     )
     parser.add_argument("--version", action="version", version=f"agentrt {_version()}")
@@ -69,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     add_bench(command)
     add_report(command)
     add_tune(command)
+    add_check(command)
     add_sim(command)
     add_traces(command)
     parser.set_defaults(run=lambda _: print_help(parser))

@@ -17,7 +17,17 @@ from agentrt.cli import main
 from agentrt.report import _cli as report_cli
 from agentrt.sim import _cli as sim_cli
 
-COMMANDS = ([], ["demo"], ["bench"], ["report"], ["tune"], ["sim"], ["sim", "serve"], ["traces"])
+COMMANDS = (
+    [],
+    ["demo"],
+    ["bench"],
+    ["report"],
+    ["tune"],
+    ["check"],
+    ["sim"],
+    ["sim", "serve"],
+    ["traces"],
+)
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -39,11 +39,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from ._events import (
@@ -62,6 +61,7 @@ from ._events import (
     ToolEnded,
     ToolStarted,
 )
+from ._otel_use import otel_in_use
 
 if TYPE_CHECKING:
     from contextvars import Token
@@ -144,17 +144,6 @@ JOB_BUCKETS += (250.0, 500.0, 1000.0, 2500.0, 5000.0)
 _ERROR_NAME = re.compile(r"^(?:endpoint \S+ failed after \d+ attempt\(s\): )?([A-Za-z_][\w.]*): ")
 
 
-_PROVIDER_ENV: Final = ("OTEL_PYTHON_TRACER_PROVIDER", "OTEL_PYTHON_METER_PROVIDER")
-"""Environment variables that name a provider OpenTelemetry's API loads on first use."""
-
-
-def _otel_in_use() -> bool:
-    """Whether a tracer or meter provider may be installed: the API was imported (every
-    way to install one imports it first) or the environment names one."""
-    imported = "opentelemetry.trace" in sys.modules or "opentelemetry.metrics" in sys.modules
-    return imported or any(os.environ.get(name) for name in _PROVIDER_ENV)
-
-
 def otel_hook(*, capture_content: bool = False) -> Hook | None:
     """The span and metrics hook; None when ``opentelemetry-api`` is not installed, or
     when no tracer or meter provider has been installed yet (then spans would be no-ops:
@@ -164,7 +153,7 @@ def otel_hook(*, capture_content: bool = False) -> Hook | None:
     Nothing is imported when no provider can have been installed: OpenTelemetry's API not
     imported yet and no provider named in the environment (a runtime in a program that
     does not use OpenTelemetry pays nothing for it)."""
-    if not _otel_in_use():
+    if not otel_in_use():
         return None
     try:
         import opentelemetry.metrics

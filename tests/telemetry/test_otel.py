@@ -685,11 +685,10 @@ print("hook", otel_hook() is not None)
 """
 
 
-def test_a_program_that_does_not_use_opentelemetry_does_not_import_it() -> None:
-    """The runtime's first use imports OpenTelemetry only where a provider may be
-    installed: once one is, the hook is there."""
+def _run_unnamed(code: str) -> list[str]:
+    """The first two lines ``code`` prints, run where the environment names no provider."""
     out = subprocess.run(
-        [sys.executable, "-c", _UNUSED],
+        [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         timeout=60,
@@ -697,4 +696,34 @@ def test_a_program_that_does_not_use_opentelemetry_does_not_import_it() -> None:
         env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_PYTHON_")},
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[:2] == ["hook False imported False", "hook True"]
+    return out.stdout.split("\n")[:2]
+
+
+def test_a_program_that_does_not_use_opentelemetry_does_not_import_it() -> None:
+    """The runtime's first use imports OpenTelemetry only where a provider may be
+    installed: once one is, the hook is there."""
+    assert _run_unnamed(_UNUSED) == ["hook False imported False", "hook True"]
+
+
+_FIRST_RUNTIME = """
+import sys, anyio, agentrt
+
+async def main():
+    async with agentrt.Runtime(["http://127.0.0.1:9/v1"]):
+        pass
+
+anyio.run(main)
+print("span hook module", "agentrt.telemetry._otel" in sys.modules)
+import opentelemetry.trace
+from opentelemetry.sdk.trace import TracerProvider
+
+opentelemetry.trace.set_tracer_provider(TracerProvider())
+anyio.run(main)
+print("span hook module", "agentrt.telemetry._otel" in sys.modules)
+"""
+
+
+def test_a_runtime_without_opentelemetry_does_not_import_its_span_hook() -> None:
+    """Nor the span hook's own module (a few milliseconds of every first Runtime):
+    whether a provider may be installed is told before it is imported."""
+    assert _run_unnamed(_FIRST_RUNTIME) == ["span hook module False", "span hook module True"]
