@@ -269,6 +269,7 @@ class Engine:
             track,
             directives=config.retention_directives,
         )
+        self.kv.block_size = config.block_size
         self._paths: OrderedDict[Any, Node] = OrderedDict()
         """Each named session's last finished path (its deepest node), for notices."""
         self._notices: list[tuple[Any, float]] = []
