@@ -58,14 +58,19 @@ def check_extra() -> None:
 
 
 def source_addresses(body: str, base_url: str) -> list[str]:
-    """The ZMQ addresses a ``GET /kv_event_sources`` reply lists (vLLM: a JSON array of
-    ``{"endpoint", "replay_endpoint", "topic", "data_parallel_rank"}``), a wildcard host
-    (``tcp://*:5557``, as the publisher binds) replaced by the server's own host."""
+    """The ZMQ addresses a ``GET /kv_event_sources`` reply lists, a wildcard host
+    (``tcp://*:5557``, as the publisher binds) replaced by the server's own host. vLLM
+    0.32 answers an object by data-parallel rank of each publisher's resolved
+    ``KVEventsConfig`` (``{"0": {"endpoint": ..., "topic": ..., ...}}``:
+    ``vllm/entrypoints/serve/instrumentator/basic.py``); later vLLM a JSON array of
+    ``{"data_parallel_rank", "endpoint", "replay_endpoint", "topic"}``."""
     try:
         data = json.loads(body)
     except ValueError:
         return []
-    items = data.get("sources") if isinstance(data, dict) else data
+    items: Any = data
+    if isinstance(data, dict):
+        items = data.get("sources") if "sources" in data else list(data.values())
     host = httpx.URL(base_url).host
     out: list[str] = []
     for item in items if isinstance(items, list) else []:

@@ -127,13 +127,9 @@ class KvShadow:
     def capacity_tokens(self) -> float | None:
         """The capacity placement assumes: the learned one once an eviction was seen
         (never above the engine's or configured one), else that one; None if unknown.
-        With the engine's events, what the cache held when it last evicted stands for
-        the learned one."""
-        learned = self._learned
-        exact = self.exact
-        if exact is not None:
-            seen = exact.capacity_seen()
-            learned = None if seen is None else float(seen)
+        With the engine's events and no figure from the engine or a setting, what the
+        cache held when it last evicted stands for the learned one."""
+        learned = self._learned_now()
         if learned is None:
             return None if self.capacity is None else float(self.capacity)
         return learned if self.capacity is None else min(learned, float(self.capacity))
@@ -141,14 +137,19 @@ class KvShadow:
     @property
     def source(self) -> CapacitySource | None:
         """Where :attr:`capacity_tokens` comes from (None while unknown)."""
-        learned = self._learned
-        exact = self.exact
-        if exact is not None:
-            seen = exact.capacity_seen()
-            learned = None if seen is None else float(seen)
+        learned = self._learned_now()
         if learned is not None and (self.capacity is None or learned < self.capacity):
             return "learned"
         return None if self.capacity is None else self._given
+
+    def _learned_now(self) -> float | None:
+        exact = self.exact
+        if exact is None:
+            return self._learned
+        if self.capacity is not None:
+            return None  # the engine's (or configured) figure; the events only confirm it
+        seen = exact.capacity_seen()
+        return None if seen is None else float(seen)
 
     @property
     def sessions(self) -> int:
