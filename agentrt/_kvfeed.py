@@ -28,6 +28,7 @@ import anyio
 import anyio.lowlevel
 import httpx
 
+from ._state import metrics_candidates
 from .scheduling._kvevents import KvEvent, KvLedger, decode_batch
 
 if TYPE_CHECKING:
@@ -122,27 +123,36 @@ class KvFeed:
         """Messages the sequence numbers say were missed (the ledger may be off since)."""
         self.bad = 0
         """Messages that did not decode."""
+        self.subscribed = False
+        """Its socket is connected and subscribed (ZMQ joins a moment later: a PUB
+        socket drops what it sends before a subscriber has joined)."""
 
     async def _addresses(self) -> list[str]:
         address = self._ep.endpoint.kv_events
         if address != "auto":
             return [] if address is None else [address]
         base = self._ep.endpoint.url
-        u = httpx.URL(base)
-        url = f"{u.scheme}://{u.netloc.decode('ascii')}/kv_event_sources"
+        # Beside its API (a path-prefixed replica's), then at its origin (vLLM's), as
+        # its /metrics page is found.
+        urls = [m.removesuffix("/metrics") + "/kv_event_sources" for m in metrics_candidates(base)]
+        status = 0
         while True:
-            reply = await self._fetch(url)
-            if reply is not None and reply[0] < 500:
+            for url in urls:
+                reply = await self._fetch(url)
+                if reply is None or reply[0] >= 500:
+                    break  # not answering now: asked again later
                 status, body = reply
                 found = source_addresses(body, base) if status == 200 else []
-                if not found:
-                    log.warning(
-                        "endpoint %s: GET /kv_event_sources gave %s, no KV-events source; "
-                        "give Endpoint(kv_events='tcp://HOST:PORT')",
-                        base,
-                        status,
-                    )
-                return found
+                if found:
+                    return found
+            else:
+                log.warning(
+                    "endpoint %s: GET /kv_event_sources gave %s, no KV-events source; "
+                    "give Endpoint(kv_events='tcp://HOST:PORT')",
+                    base,
+                    status,
+                )
+                return []
             await anyio.sleep(_DISCOVER_RETRY_S)
 
     async def run(self) -> None:
@@ -159,6 +169,7 @@ class KvFeed:
             for address in addresses:
                 sock.connect(address)
             sock.setsockopt(zmq.SUBSCRIBE, b"")
+            self.subscribed = True
             await self._read(sock, zmq.NOBLOCK, zmq.Again)
         finally:
             sock.close(linger=0)

@@ -42,6 +42,7 @@ __all__ = [
     "BlockStored",
     "KvEvent",
     "KvLedger",
+    "event_to_wire",
     "events_from_wire",
 ]
 
@@ -141,6 +142,33 @@ def events_from_wire(batch: Any) -> list[KvEvent]:
     if not isinstance(raw, list | tuple):
         raise ValueError("not a KV event batch: no event list")
     return [e for e in map(_event, raw) if e is not None]
+
+
+def event_to_wire(event: KvEvent) -> dict[str, Any]:
+    """One event as vLLM 0.32 encodes it in a batch: a map tagged ``type``, the
+    required fields always, the optional ones only when set (``omit_defaults``). No
+    token ids (an empty list): the embedded engine has none to give."""
+    if isinstance(event, BlockStored):
+        out: dict[str, Any] = {
+            "type": "BlockStored",
+            "block_hashes": list(event.block_hashes),
+            "parent_block_hash": event.parent_block_hash,
+            "token_ids": [],
+            "block_size": event.block_size,
+            "lora_id": None,
+            "medium": event.medium or GPU,
+            "lora_name": None,
+        }
+        if event.session_id is not None:
+            out["session_id"] = event.session_id
+        return out
+    if isinstance(event, BlockRemoved):
+        return {
+            "type": "BlockRemoved",
+            "block_hashes": list(event.block_hashes),
+            "medium": event.medium or GPU,
+        }
+    return {"type": "AllBlocksCleared"}
 
 
 def decode_batch(payload: bytes) -> list[KvEvent]:
