@@ -116,6 +116,13 @@ class Endpoint:
     for a server that publishes none, or to place by a share of a replica that other
     clients use too.
 
+    ``kv_events`` reads the replica's KV-cache events for exact residency (placement and
+    load control then know which sessions' contexts it still caches, and its evictions as
+    they happen): a ZMQ address its engine publishes on (vLLM's ``--kv-events-config``
+    ``endpoint``, e.g. ``"tcp://host:5557"``; SGLang's), or ``"auto"``: the addresses its
+    ``GET /kv_event_sources`` lists (vLLM). Needs the ``kv-events`` extra (pyzmq,
+    msgspec); the embedded engine's are read in-process (docs/routing.md).
+
     ``basic_auth`` is a ``(user, password)`` pair sent as HTTP Basic auth (for a server
     behind a proxy that asks for it), in place of the runtime's ``api_key``. Credentials
     written in the URL (``http://user:KEY@host/v1``) are moved there: ``url`` keeps the
@@ -130,6 +137,7 @@ class Endpoint:
     send_priority: bool | Literal["auto"] | None = None
     basic_auth: tuple[str, str] | None = field(default=None, repr=False)
     kv_capacity: int | None = None
+    kv_events: str | None = None
 
     def __post_init__(self) -> None:
         url, credentials = split_userinfo(_check_url(self.url))
@@ -170,6 +178,14 @@ class Endpoint:
                 f"endpoint kv_capacity must be an int >= 1 (tokens) or None, "
                 f"got {self.kv_capacity!r}"
             )
+        if self.kv_events is not None and not (
+            isinstance(self.kv_events, str)
+            and (self.kv_events == "auto" or self.kv_events.startswith(KV_EVENT_SCHEMES))
+        ):
+            raise ValueError(
+                "endpoint kv_events must be a ZMQ address (tcp://HOST:PORT, ipc://PATH) "
+                f"or 'auto', got {self.kv_events!r}"
+            )
         if isinstance(self.dialect, list):
             object.__setattr__(self, "dialect", tuple(self.dialect))
         if not (isinstance(self.weight, int | float) and math.isfinite(self.weight)) or (
@@ -179,6 +195,9 @@ class Endpoint:
         if self.api_key is not None:
             check_api_key(self.api_key, f"endpoint {url} api_key")
 
+
+KV_EVENT_SCHEMES: Final = ("tcp://", "ipc://", "inproc://")
+"""The ZMQ transports an ``Endpoint(kv_events=)`` address may name."""
 
 RETRY_KEYWORDS: Final = ("attempts", "wait_initial", "wait_max", "wait_jitter", "retry_after_max")
 """:class:`Retry`'s own keywords (numbers: a config file's ``retry`` table takes these)."""

@@ -1,11 +1,13 @@
 """A runtime's background work while its block lasts: endpoints marked down are probed
-until they answer, and engines' metrics are polled when asked (scheduling/_poll.py says
-when), in the runtime's task group (there is one only with several endpoints or metrics
-polls); the tool-start notices are sent in it, and the dialects' session-end requests
-beside it."""
+until they answer, engines' metrics are polled when asked (scheduling/_poll.py says
+when) and their KV-cache events read where an endpoint names them (``_kvfeed.py``), in
+the runtime's task group (there is one only with several endpoints, metrics polls or
+events read over ZMQ); the tool-start notices are sent in it, and the dialects'
+session-end requests beside it."""
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from contextlib import AsyncExitStack
@@ -17,6 +19,7 @@ import httpx
 
 from ._httplib import HttpLib
 from ._ids import random_bytes
+from ._kvfeed import KvFeed, attach_inprocess, check_extra
 from ._log import health_log
 from ._notice import Notices
 from ._state import _Core, _EndpointState, metrics_candidates
@@ -61,11 +64,16 @@ class Upkeep:
         """When each endpoint's metrics are polled (while the block lasts, if polled)."""
         self._refreshing: anyio.Event | None = None
         """Set when the fresh polls a first turn asked for are done (while they run)."""
+        self.feeds: list[KvFeed] = []
+        """The endpoints' KV-event feeds read over ZMQ (while the block lasts)."""
+        self._unsubscribe: list[Any] = []
+        """Ends the in-process engines' event feeds (the simulator's transport)."""
 
     async def start(self) -> None:
         """The runtime's block begins: notices may be sent, the dialects' session-end
         requests open, and the background work starts if there is any."""
         core = self._core
+        self._open_feeds()  # first: it may refuse (the extra missing)
         self._notices.open = True
         ends = [
             (state.endpoint.url, state.dialect.session_ends, state.authorization)
@@ -82,7 +90,7 @@ class Upkeep:
         # block does). Only then is there one: its cancel scope would enclose all the
         # agent's code, and every cancel scope and checkpoint of the HTTP stack on every
         # call would walk one level more (docs/benchmarks/cost.md, "Cancel scopes").
-        if len(core.endpoints) > 1 or self._poll_s is not None:
+        if len(core.endpoints) > 1 or self._poll_s is not None or self.feeds:
             self._tasks = anyio.create_task_group()
             await self._tasks.__aenter__()
             self._notices.tasks = self._tasks
@@ -98,6 +106,26 @@ class Upkeep:
                 if self._poll_adaptive:
                     core.fresh_view = self.fresh_view
             self._tasks.start_soon(self.run)
+            for feed in self.feeds:
+                self._tasks.start_soon(feed.run)
+
+    def _open_feeds(self) -> None:
+        """The endpoints' KV-event feeds: in-process where the transport serves the
+        replica's engine (``kv_event_feed``), else over ZMQ (checked here: without the
+        extra, one line says so before any call is sent)."""
+        inprocess: Any = getattr(self._inner, "kv_event_feed", None)
+        feeds = []
+        for e in self._core.endpoints:
+            if e.endpoint.kv_events is None:
+                continue
+            subscribe = None if inprocess is None else inprocess(e.endpoint.url)
+            if subscribe is not None:
+                self._unsubscribe.append(attach_inprocess(e, subscribe))
+            else:
+                feeds.append(KvFeed(e, functools.partial(self._get, e)))
+        if feeds:
+            check_extra()
+        self.feeds = feeds
 
     async def stop(self) -> None:
         """The runtime's block ends: no notice is sent from now on, the background work
@@ -105,6 +133,9 @@ class Upkeep:
         self._notices.open = False
         self._notices.tasks = None
         self._core.fresh_view = None
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        self._unsubscribe.clear()
         if self._tasks is not None:
             # Its scope encloses the runtime's block: leave it first (it ends at once).
             self._tasks.cancel_scope.cancel()

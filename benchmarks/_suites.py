@@ -57,6 +57,8 @@ SUITES: Final = (
                     "steady_claude_code_seed1_peers.json",
                     "steady_claude_code_pressure_retention.json",
                     "steady_claude_code_priority.json",
+                    "steady_claude_code_kv_events.json",
+                    "steady_claude_code_kv_events_pressure.json",
                 ),
             ),
             Entry(

@@ -45,9 +45,9 @@ stage "install agentrt and its test tools into .venv ($(.venv/bin/python --versi
 .venv/bin/python -m pip install -q --upgrade pip
 if [[ $MODE == quick ]]; then
     # The frameworks too (pure Python): mypy --strict checks the adapters against them.
-    .venv/bin/python -m pip install -q -e ".[dev,otel,prometheus,report,serve,test-frameworks]"
+    .venv/bin/python -m pip install -q -e ".[dev,otel,prometheus,report,serve,kv-events,test-frameworks]"
 else
-    .venv/bin/python -m pip install -q -e ".[dev,otel,prometheus,report,serve,ray,test-frameworks]"
+    .venv/bin/python -m pip install -q -e ".[dev,otel,prometheus,report,serve,kv-events,ray,test-frameworks]"
 
     # The real engine (vLLM CPU + a tiny offline model) in its own environment, with its own
     # Python 3.11 (found, or installed with uv where uv is; else one line says what to do).

@@ -18,7 +18,7 @@ import httpx
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 
-from .._config import redact_userinfo
+from .._config import Endpoint, redact_userinfo
 from .._ids import new_id
 from .._platform import give_platform, openai_platform
 from .._runtime import Runtime
@@ -169,7 +169,9 @@ CLIENT_SPEC_HELP: Final = (
     "priority; embedded replicas then schedule by priority), retention= (on/off: the "
     "embedded replicas honour retention directives, as a vLLM built from PR #38514; "
     "also allowed with defaults), load_control= (on/off: Runtime's load control, on by "
-    "default; also allowed with defaults), dialect= (default vllm), "
+    "default; also allowed with defaults), kv_events= (on/off: the runtime reads the "
+    "embedded replicas' KV-cache events, Endpoint(kv_events='auto'), in-process: exact "
+    "residency for placement; also allowed with defaults), dialect= (default vllm), "
     "declare= (tool waits the sessions declare: learned, the default: each tool's wait "
     "learned online; oracle: the exact next wait; none: nothing), poll= (the engines' "
     "/metrics: none, the default but with @engine; auto, Runtime's default; or seconds), "
@@ -183,7 +185,7 @@ CLIENT_SPEC_HELP: Final = (
     "may be given with it; declare= and dialect= may). "
     "'agentrt:defaults': Runtime(urls) as a user gets it, none of those options passed, "
     "so whatever Runtime's defaults are is what is measured (no other option with it "
-    "but the replicas' scheduling= and retention=, e.g. "
+    "but the replicas' scheduling=, retention=, kv_events= and load_control=, e.g. "
     "agentrt:defaults,scheduling=priority). "
     "Either, then '>PEER': the client sends to one URL, a modelled router in front of the "
     "embedded replicas (agentrt sim serve --gateway list names them; agentrt then speaks "
@@ -199,9 +201,10 @@ ENGINE_POLL_S: Final = 1.0
 """The metrics poll interval of a client with ``concurrency="engine"`` (``@engine``):
 Runtime's adaptive cap sees an engine's queue only through its polled ``/metrics``."""
 
-_REPLICA_OPTIONS: Final = frozenset({"scheduling", "retention", "load_control"})
-"""Spec options that describe the embedded replicas, not the runtime, and load control
-(``agentrt:defaults`` takes them: ``load_control=off`` is the defaults without it)."""
+_REPLICA_OPTIONS: Final = frozenset({"scheduling", "retention", "kv_events", "load_control"})
+"""Spec options that describe the embedded replicas (and, for ``kv_events``, whether
+the runtime reads what they publish), and load control (``load_control=off`` is the
+defaults without it): ``agentrt:defaults`` takes them."""
 
 _FILE_DECIDES: Final = ("routing", "policy", "concurrency", "token_budget", "send_priority")
 """The spec options a settings file (``config=``) sets instead."""
@@ -287,6 +290,10 @@ class ClientSpec:
     """``retention=on``: this client's embedded replicas honour retention directives
     (``EngineConfig.retention_directives``), a property of the replicas, not of the
     runtime, so ``agentrt:defaults`` takes it too."""
+    kv_events: bool = False
+    """``kv_events=on``: every endpoint is ``Endpoint(url, kv_events="auto")``, so the
+    runtime reads the embedded replicas' KV-cache events (in-process) for exact
+    residency; ``agentrt:defaults`` takes it too."""
     poll: float | Literal["auto"] | None = None
     """``poll_metrics_s`` (``poll=``): None (no polls; with ``@engine``,
     :data:`ENGINE_POLL_S`), ``"auto"`` (Runtime's default) or seconds."""
@@ -388,6 +395,10 @@ class ClientSpec:
                 if low not in _TRUE + _FALSE:
                     raise _spec_error(text, f"retention must be on or off, not {value!r}")
                 put("retention", low in _TRUE)
+            elif key == "kv_events":
+                if low not in _TRUE + _FALSE:
+                    raise _spec_error(text, f"kv_events must be on or off, not {value!r}")
+                put("kv_events", low in _TRUE)
             elif key == "scheduling":
                 if low not in ("fcfs", "priority"):
                     raise _spec_error(text, f"scheduling must be fcfs or priority, not {value!r}")
@@ -415,7 +426,8 @@ class ClientSpec:
             raise _spec_error(
                 text,
                 "defaults is Runtime as a user gets it: give no other option with it "
-                "(but scheduling= and retention=, the replicas', and load_control=)",
+                "(but scheduling=, retention= and kv_events=, the replicas', and "
+                "load_control=)",
             )
         if "defaults" in fields:
             fields.update(_RUNTIME_DEFAULTS)
@@ -892,7 +904,10 @@ class AgentrtDriver:
         self._extra = _extra(real_engine)
 
     def _runtime(self, hooks: Sequence[Any]) -> Runtime:
-        spec, urls = self._spec, self._urls
+        spec = self._spec
+        urls: list[Any] = list(self._urls)
+        if spec.kv_events:
+            urls = [Endpoint(u, kv_events="auto") for u in urls]
         common = {**self._common, **({"hooks": tuple(hooks)} if hooks else {})}
         if spec.config is not None:
             # As where the file is applied: the file's settings, Runtime's defaults

@@ -28,6 +28,14 @@ fall short of its previous context reveals an eviction, and how much the cache h
 above it (:meth:`KvShadow.observe`). In a fleet each process sees only its own sessions,
 so the capacity it learns is its share: the estimate stays consistent with the view.
 
+Where the engine publishes its KV-cache events (vLLM's ``--kv-events-config``, the
+embedded engine's), :attr:`KvShadow.exact` holds the replica's ledger of them
+(``_kvevents.KvLedger``): :meth:`KvShadow.resident` is then the session's context still
+cached there, exactly, wherever the ledger could tell which blocks are the session's; the
+capacity is learned from the evictions the events show rather than guessed from replies;
+:meth:`KvShadow.cached_tokens` is the replica's cached tokens. Where the ledger cannot
+tell (a session whose blocks it could not assign), the estimate above stands.
+
 Pure bookkeeping: no HTTP, no clock of its own (times are given).
 """
 
@@ -35,7 +43,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
+
+if TYPE_CHECKING:
+    from ._kvevents import KvLedger
 
 __all__ = [
     "DEFAULT_HORIZON_S",
@@ -87,6 +98,7 @@ class KvShadow:
         "_sessions",
         "capacity",
         "evictions",
+        "exact",
         "horizon_s",
     )
 
@@ -109,14 +121,19 @@ class KvShadow:
         self._seq = 0
         self.evictions = 0
         """Resumed turns that found part of their context evicted here."""
+        self.exact: KvLedger | None = None
+        """The replica's KV-cache events, where it publishes them and they are read
+        (module docstring); None: the estimate alone."""
 
     # ------------------------------------------------------------ what it knows
 
     @property
     def capacity_tokens(self) -> float | None:
         """The capacity placement assumes: the learned one once an eviction was seen
-        (never above the engine's or configured one), else that one; None if unknown."""
-        learned = self._learned
+        (never above the engine's or configured one), else that one; None if unknown.
+        With the engine's events and no figure from the engine or a setting, what the
+        cache held when it last evicted stands for the learned one."""
+        learned = self._learned_now()
         if learned is None:
             return None if self.capacity is None else float(self.capacity)
         return learned if self.capacity is None else min(learned, float(self.capacity))
@@ -124,10 +141,19 @@ class KvShadow:
     @property
     def source(self) -> CapacitySource | None:
         """Where :attr:`capacity_tokens` comes from (None while unknown)."""
-        learned = self._learned
+        learned = self._learned_now()
         if learned is not None and (self.capacity is None or learned < self.capacity):
             return "learned"
         return None if self.capacity is None else self._given
+
+    def _learned_now(self) -> float | None:
+        exact = self.exact
+        if exact is None:
+            return self._learned
+        if self.capacity is not None:
+            return None  # the engine's (or configured) figure; the events only confirm it
+        seen = exact.capacity_seen()
+        return None if seen is None else float(seen)
 
     @property
     def sessions(self) -> int:
@@ -176,13 +202,24 @@ class KvShadow:
             if (o.touched > since or o.busy) and sid != session_id
         )
 
+    def cached_tokens(self) -> int | None:
+        """Tokens the replica caches now, from its events; None without them."""
+        exact = self.exact
+        return None if exact is None else exact.cached_tokens()
+
     def resident(self, session_id: str) -> int | None:
-        """Tokens of the session's context likely still cached here (LRU: what fits
-        above the stack distance), or None while the capacity is unknown."""
-        capacity = self.capacity_tokens
+        """Tokens of the session's context still cached here: from the engine's events
+        where they tell (:attr:`exact`), else likely so (LRU: what fits above the stack
+        distance), or None while the capacity is unknown."""
         f = self._sessions.get(session_id)
         if f is None:
             return 0
+        exact = self.exact
+        if exact is not None:
+            known = exact.resident(session_id)
+            if known is not None:
+                return min(known, f.tokens)
+        capacity = self.capacity_tokens
         if capacity is None:
             return None
         room = capacity - self.stack_distance(session_id)
@@ -197,6 +234,8 @@ class KvShadow:
     def start(self, session_id: str, tokens: int) -> None:
         """A call of the session was sent here: its context (at least ``tokens``) is
         touched and in use."""
+        if self.exact is not None:
+            self.exact.started(session_id)
         f = self._sessions.get(session_id)
         if f is None:
             self._sessions[session_id] = _Footprint(tokens, self._tick(), None, True)
@@ -223,6 +262,8 @@ class KvShadow:
     def finish(self, session_id: str, tokens: int | None, wake_at: float | None) -> None:
         """The session's call here ended: it holds ``tokens`` of context (None: as
         before) and will send again at ``wake_at`` (None: unknown)."""
+        if self.exact is not None:
+            self.exact.finished(session_id)
         f = self._sessions.get(session_id)
         if f is None:
             return
@@ -235,6 +276,8 @@ class KvShadow:
     def leave(self, session_id: str) -> None:
         """The session ended, or moved away: its context counts here no more."""
         self._sessions.pop(session_id, None)
+        if self.exact is not None:
+            self.exact.forget(session_id)
 
     def observe(self, distance: int, previous: int, cached: int, prompt: int | None = None) -> None:
         """A resumed turn here: ``previous`` tokens of context left by its last call,
@@ -252,8 +295,8 @@ class KvShadow:
         traces, such turns were every "eviction" seen with ample KV, and taught
         capacities of a fifth of the engine's (docs/benchmarks/steady.md, "How close the
         client's view is")."""
-        if previous < _MIN_CONTEXT or distance <= 0:
-            return
+        if previous < _MIN_CONTEXT or distance <= 0 or self.exact is not None:
+            return  # with the engine's events, evictions are seen, not inferred
         if prompt is not None and 2 * prompt < previous:
             return
         estimate = self.capacity_tokens

@@ -212,6 +212,9 @@ class ReplicaApp:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._ids = itertools.count(1)
+        self.kv_event_sources: list[dict[str, Any]] | None = None
+        """What ``GET /kv_event_sources`` lists (where its KV-cache events are published:
+        ``agentrt sim serve --kv-events-port``); None: a 404, nothing is published."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -298,6 +301,8 @@ class ReplicaApp:
                 )
             if path == "/version":
                 return _json_reply(200, b'{"version":"agentrt-sim"}')
+            if path == "/kv_event_sources" and self.kv_event_sources is not None:
+                return _json_reply(200, json.dumps(self.kv_event_sources).encode())
             raise _HTTPError(404, f"no route {path}")
         except _HTTPError as e:
             return _json_reply(e.status, _error_body(e))
@@ -914,7 +919,7 @@ class ClusterApp:
         if front is not None and (name == "v1" or scope.get("method") == "POST"):
             await front(scope, receive, send)
             return
-        if name == "v1" or (path == "/metrics" and len(self._order) == 1):
+        if name == "v1" or (path in ("/metrics", "/kv_event_sources") and len(self._order) == 1):
             if len(self._order) == 1:
                 await self._order[0](scope, receive, send)
             elif path == _NOTICE_PATH:

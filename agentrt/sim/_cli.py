@@ -154,6 +154,15 @@ def add_sim(command: Command) -> None:
         help="a modelled router at the front door /v1 instead of round-robin, e.g. "
         "vllm-router:cache_aware (docs/sim.md, Peers; the list: --gateway list)",
     )
+    serve.add_argument(
+        "--kv-events-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="publish each replica's KV-cache events on ZMQ as vLLM's --kv-events-config "
+        "does: replica i on tcp://HOST:PORT+i, listed at /replica-i/kv_event_sources "
+        "(read them with Endpoint(kv_events='auto'); the kv-events extra)",
+    )
     engine_args(serve, serve=True)
     serve.set_defaults(run=_serve)
 
@@ -165,6 +174,20 @@ def _serve(args: argparse.Namespace) -> int:
         raise CommandError(f"--host-blocks must be 0 or more, got {args.host_blocks}")
     if not 0 <= args.port <= 65535:
         raise CommandError(f"--port must be between 0 and 65535, got {args.port}")
+    events = args.kv_events_port
+    if events is not None:
+        if not 1 <= events <= 65535 - args.replicas + 1:
+            raise CommandError(
+                f"--kv-events-port must leave a port for each replica (1 to "
+                f"{65535 - args.replicas + 1}), got {events}"
+            )
+        try:
+            import msgspec  # noqa: F401
+            import zmq  # noqa: F401
+        except ImportError:
+            raise CommandError(
+                "--kv-events-port needs pyzmq and msgspec: pip install 'agentjct[kv-events]'"
+            ) from None
     gateway = None
     if args.gateway is not None:
         from .peers import PEERS, peer_name
@@ -212,6 +235,7 @@ def _serve(args: argparse.Namespace) -> int:
             log_level="warning",
             on_ready=ready,
             gateway=gateway,
+            kv_events_port=events,
         )
     except RuntimeError as exc:  # the server did not start (the reason is one line)
         raise CommandError(str(exc)) from None

@@ -20,12 +20,14 @@ import heapq
 import itertools
 import math
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
 import anyio
 from anyio.abc import TaskStatus
 
+from ..scheduling._kvevents import KvEvent
 from ._config import EngineConfig
 from ._kv import ENDED, GPU, QUEUED, KVCache, Node
 from ._tokenize import Prompt, Tokenizer, slice_runs
@@ -269,6 +271,9 @@ class Engine:
             track,
             directives=config.retention_directives,
         )
+        self.kv.block_size = config.block_size
+        self._kv_sinks: list[Callable[[list[KvEvent]], None]] = []
+        """Who reads the KV cache's events (:meth:`subscribe_kv`)."""
         self._paths: OrderedDict[Any, Node] = OrderedDict()
         """Each named session's last finished path (its deepest node), for notices."""
         self._notices: list[tuple[Any, float]] = []
@@ -458,6 +463,36 @@ class Engine:
             req = self._lane.popleft()
         self._num_waiting -= 1
         self._waiting_blocks -= req.queued_blocks
+
+    # ------------------------------------------------------------ KV-cache events
+
+    def subscribe_kv(self, sink: Callable[[list[KvEvent]], None]) -> Callable[[], None]:
+        """Hand the KV cache's events (vLLM's ``BlockStored`` / ``BlockRemoved``, see
+        ``_kv``) to ``sink`` as they happen, until the returned function is called."""
+        sinks = self._kv_sinks
+        sinks.append(sink)
+        self._route_kv_events()
+
+        def unsubscribe() -> None:
+            if sink in sinks:
+                sinks.remove(sink)
+                self._route_kv_events()
+
+        return unsubscribe
+
+    def _route_kv_events(self) -> None:
+        sinks = self._kv_sinks
+        if not sinks:
+            self.kv.on_events = None
+        elif len(sinks) == 1:
+            self.kv.on_events = sinks[0]
+        else:
+
+            def fan_out(events: list[KvEvent]) -> None:
+                for sink in list(sinks):
+                    sink(events)
+
+            self.kv.on_events = fan_out
 
     # ------------------------------------------------------------ scraped metrics
 

@@ -35,14 +35,25 @@ not dropped to make room on the host. The tool-wait policies work on a session's
 (the unshared, unreferenced end of its last request's path): pin it, drop it, or offload it
 to the host and later :meth:`KVCache.prefetch` it back, a transfer that completes at the
 blocks' ``ready_at``.
+
+KV-cache events: with a sink (:attr:`KVCache.on_events`), every change of the accelerator
+part of the tree is reported as vLLM reports it (``agentrt.scheduling._kvevents``):
+``BlockStored`` when blocks enter it (computed and cached, or loaded back from the host
+tier), with the hash of the block before them and the session that stored them;
+``BlockRemoved`` when they leave it (evicted, offloaded or dropped). A block's hash is an
+id given when it is first cached (:attr:`Node.ids`, run-length encoded as the keys are):
+unique for as long as the block exists, as vLLM's chained hashes identify a block and its
+prefix. Without a sink nothing is built.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from typing import Any, Final
 
+from ..scheduling._kvevents import BlockRemoved, BlockStored, KvEvent
 from ._tokenize import Run, runs_length, slice_runs
 
 __all__ = ["ENDED", "GPU", "HOST", "QUEUED", "KVCache", "Match", "Node", "Prefetch"]
@@ -65,6 +76,7 @@ class Node:
         "far_seq",
         "gpu_children",
         "heap_seq",
+        "ids",
         "last_access",
         "length",
         "parent",
@@ -90,6 +102,9 @@ class Node:
         self.parent = parent
         self.runs = runs
         self.length = length
+        self.ids: list[Run] = []
+        """Its blocks' ids (the hashes its KV-cache events carry), as runs
+        ``(None, first, count)`` parallel to ``runs``."""
         self.children: dict[tuple[Any, int], Node] = {}
         self.gpu_children = 0
         self.refcount = 0
@@ -216,6 +231,49 @@ class KVCache:
         """Prefetches not started: no room on the accelerator, or nothing left to load."""
         self.yielded_blocks = 0
         """Pinned blocks unpinned early because a running request needed the room."""
+        self.on_events: Callable[[list[KvEvent]], None] | None = None
+        """Where the KV-cache events go (module docstring); None: none are built."""
+        self._next_id = 1
+        self.block_size = 0
+        """Tokens per block (the events' ``block_size``; set by the engine)."""
+
+    # ------------------------------------------------------------ events
+
+    def _fresh_ids(self, n: int) -> list[Run]:
+        first = self._next_id
+        self._next_id = first + n
+        return [(None, first, n)]
+
+    def _stored(self, node: Node, ids: list[Run]) -> None:
+        """``ids`` (blocks of ``node``) entered the accelerator's cache."""
+        sink = self.on_events
+        if sink is None:
+            return
+        parent = node.parent
+        if ids is not node.ids:  # blocks appended at its end: below its earlier ones
+            first = ids[0][1]
+            before = _id_before(node.ids, first)
+        else:
+            before = None
+        if before is None and parent is not None and parent is not self.root:
+            before = _last_id(parent.ids)
+        session = node.session
+        sink(
+            [
+                BlockStored(
+                    _expand(ids),
+                    before,
+                    self.block_size,
+                    session if isinstance(session, str) else None,
+                )
+            ]
+        )
+
+    def _removed(self, ids: list[Run]) -> None:
+        """``ids`` left the accelerator's cache."""
+        sink = self.on_events
+        if sink is not None and ids:
+            sink([BlockRemoved(_expand(ids))])
 
     # ------------------------------------------------------------ accounting
 
@@ -336,6 +394,8 @@ class KVCache:
                     assert node.parent is not None
                     node.parent.gpu_children += 1
                     loaded += node.length
+                    if self.on_events is not None:
+                        self._stored(node, node.ids)
             self.loaded_blocks += loaded
         self.private += new_blocks
         return deepest, loaded
@@ -366,11 +426,16 @@ class KVCache:
             deepest.last_access = now
             self.gpu_tree += n
             self.private -= n
+            new = self._fresh_ids(n)
+            _append_ids(deepest.ids, new)
+            if self.on_events is not None:
+                self._stored(deepest, new)
             return deepest
         tag, start, _ = runs[0]
         if (tag, start) in deepest.children:
             return None
         node = Node(deepest, list(runs), n, session)
+        node.ids = self._fresh_ids(n)
         node.refcount = 1
         node.last_access = now
         deepest.children[(tag, start)] = node
@@ -379,6 +444,8 @@ class KVCache:
         self.private -= n
         if self._track:
             self.sessions.setdefault(session, set()).add(node)
+        if self.on_events is not None:
+            self._stored(node, node.ids)
         return node
 
     def release(self, deepest: Node | None, private: int, now: float) -> None:
@@ -588,6 +655,8 @@ class KVCache:
             node.parent.gpu_children += 1
             node.ready_at = ready
             node.prefetch = p
+            if self.on_events is not None:
+                self._stored(node, node.ids)
         self.prefetches += 1
         self.prefetched_blocks += need
         return need
@@ -645,6 +714,8 @@ class KVCache:
         """Split ``node`` after its first ``m`` blocks; returns the new top part (the
         existing object keeps the bottom part, so references to it stay valid)."""
         top = Node(node.parent, slice_runs(node.runs, 0, m), m, node.session)
+        top.ids = slice_runs(node.ids, 0, m)
+        node.ids = slice_runs(node.ids, m, node.length)
         node.runs = slice_runs(node.runs, m, node.length)
         node.length -= m
         parent = node.parent
@@ -799,13 +870,18 @@ class KVCache:
         self._wasted(n)
         keep = n.length - k
         tail_runs = slice_runs(n.runs, keep, n.length)
+        tail_ids = slice_runs(n.ids, keep, n.length)
         n.runs = slice_runs(n.runs, 0, keep)
+        n.ids = slice_runs(n.ids, 0, keep)
         n.length = keep
+        if self.on_events is not None:
+            self._removed(tail_ids)
         self.gpu_tree -= k
         self.evictable -= k
         if self.host_capacity and self._host_room(k):
             # The tail becomes a host node between ``n`` and n's (host) children.
             tail = Node(n, tail_runs, k, n.session)
+            tail.ids = tail_ids
             tail.tier = HOST
             tail.last_access = n.last_access
             tail.resume_at = n.resume_at
@@ -855,6 +931,8 @@ class KVCache:
 
     def _to_host(self, n: Node) -> None:
         self._wasted(n)
+        if self.on_events is not None:
+            self._removed(n.ids)
         self.gpu_tree -= n.length
         if n.pinned:
             self.host_pinned += n.length
@@ -911,6 +989,8 @@ class KVCache:
         del parent.children[n.key()]
         if n.tier == GPU:
             self._wasted(n)
+            if self.on_events is not None:
+                self._removed(n.ids)
             self.gpu_tree -= n.length
             if n.pinned:
                 self.gpu_pins -= 1
@@ -990,3 +1070,38 @@ def _append_runs(dst: list[Run], src: list[Run]) -> None:
             dst.extend(src[1:])
             return
     dst.extend(src)
+
+
+def _append_ids(dst: list[Run], src: list[Run]) -> None:
+    if dst and src:
+        t, s, n = dst[-1]
+        _, s2, n2 = src[0]
+        if s + n == s2:
+            dst[-1] = (t, s, n + n2)
+            dst.extend(src[1:])
+            return
+    dst.extend(src)
+
+
+def _expand(ids: list[Run]) -> list[int]:
+    if len(ids) == 1:
+        _, first, count = ids[0]
+        return list(range(first, first + count))
+    return [i for _, first, count in ids for i in range(first, first + count)]
+
+
+def _last_id(ids: list[Run]) -> int | None:
+    if not ids:
+        return None
+    _, first, count = ids[-1]
+    return first + count - 1
+
+
+def _id_before(ids: list[Run], first: int) -> int | None:
+    """The id before ``first`` in ``ids`` (None: ``first`` is the node's first block)."""
+    prev: int | None = None
+    for _, start, count in ids:
+        if start <= first < start + count:
+            return first - 1 if first > start else prev
+        prev = start + count - 1
+    return prev

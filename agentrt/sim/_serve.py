@@ -9,14 +9,16 @@ spreads them) and every replica under a path prefix: replica ``i`` is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
 
+from ._app import ReplicaApp
 from ._cluster import Cluster
 from ._config import EngineConfig
 
@@ -133,6 +135,7 @@ async def serve_async(
     log_level: str = "warning",
     on_ready: Callable[[ServedURLs], None] | None = None,
     gateway: str | None = None,
+    kv_events_port: int | None = None,
     task_status: TaskStatus[ServedURLs] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``replicas`` simulated engines until cancelled (asyncio backend only).
@@ -143,6 +146,9 @@ async def serve_async(
     an address that cannot be bound or a missing uvicorn raise :class:`ServeError` before
     anything starts. ``gateway``: a modelled peer (:mod:`agentrt.sim.peers`, e.g.
     ``"vllm-router:cache_aware"``) answers the front door instead of the round-robin.
+    ``kv_events_port``: replica ``i`` publishes its KV-cache events on ZMQ at
+    ``tcp://HOST:kv_events_port+i``, as vLLM's ``--kv-events-config`` (``_kvpublish``),
+    and lists it at ``GET /replica-i/kv_event_sources``.
     """
     uvicorn = _import_uvicorn()
     try:
@@ -154,7 +160,10 @@ async def serve_async(
     sock = _bind(host, port)
     try:
         bound_port = sock.getsockname()[1]
-        async with Cluster(replicas, preset, gateway=gateway) as cluster:
+        async with (
+            Cluster(replicas, preset, gateway=gateway) as cluster,
+            _publishing(cluster, host, kv_events_port),
+        ):
             config = uvicorn.Config(
                 cluster.asgi_app(),
                 lifespan="off",
@@ -200,6 +209,33 @@ async def serve_async(
         sock.close()
 
 
+@contextlib.asynccontextmanager
+async def _publishing(cluster: Cluster, host: str, port: int | None) -> AsyncIterator[None]:
+    """While it lasts, each replica's KV-cache events go out on ZMQ (``port`` + its
+    index), if ``port`` is given."""
+    if port is None:
+        yield
+        return
+    from ._kvpublish import ZmqPublisher, sources_reply
+
+    bind = "*" if host in ("0.0.0.0", "::", "") else host
+    opened: list[tuple[ZmqPublisher, Callable[[], None]]] = []
+    try:
+        for r in cluster.replicas:
+            try:
+                publisher = ZmqPublisher(f"tcp://{bind}:{port + r.index}")
+            except RuntimeError as exc:
+                raise ServeError(str(exc)) from None
+            opened.append((publisher, r.engine.subscribe_kv(publisher)))
+            if isinstance(r.app, ReplicaApp):
+                r.app.kv_event_sources = sources_reply(publisher.address)
+        yield
+    finally:
+        for publisher, unsubscribe in opened:
+            unsubscribe()
+            publisher.close()
+
+
 def serve(
     replicas: int = 1,
     host: str = "127.0.0.1",
@@ -209,6 +245,7 @@ def serve(
     log_level: str = "info",
     on_ready: Callable[[ServedURLs], None] | None = None,
     gateway: str | None = None,
+    kv_events_port: int | None = None,
 ) -> None:
     """Serve ``replicas`` simulated engines in wall-clock time until interrupted (Ctrl-C).
 
@@ -221,7 +258,14 @@ def serve(
     _import_uvicorn()  # fail early with the install hint
     anyio.run(
         lambda: serve_async(
-            replicas, host, port, preset, log_level=log_level, on_ready=on_ready, gateway=gateway
+            replicas,
+            host,
+            port,
+            preset,
+            log_level=log_level,
+            on_ready=on_ready,
+            gateway=gateway,
+            kv_events_port=kv_events_port,
         ),
         backend="asyncio",
     )

@@ -25,6 +25,7 @@ import httpx
 from ._app import INPROCESS_EXTENSION, ASGIApp, Message, ReplicaApp, ReplyStream
 
 if TYPE_CHECKING:
+    from ..scheduling._kvevents import KvEvent
     from ._engine import Engine
 
 __all__ = ["ASGIDispatchTransport"]
@@ -212,6 +213,17 @@ class ASGIDispatchTransport(httpx.AsyncBaseTransport):
             return None
         cfg = engine.config
         return int(cfg.num_gpu_blocks * cfg.block_size)
+
+    def kv_event_feed(
+        self, url: str
+    ) -> Callable[[Callable[[list[KvEvent]], None]], Callable[[], None]] | None:
+        """Subscribes to the KV-cache events of the simulated replica whose base URL is
+        ``url`` (its engine's ``subscribe_kv``): agentrt's ``Endpoint(kv_events=...)``
+        reads them in-process, in virtual time, with no socket. None for any other URL."""
+        served = self.replica_app(url)
+        if served is None or type(served[0]) is not ReplicaApp:
+            return None
+        return served[0].engine.subscribe_kv
 
     async def post_status(
         self, url: str, headers: list[tuple[bytes, bytes]], body: bytes

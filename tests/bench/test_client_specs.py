@@ -207,3 +207,13 @@ def test_replicas_scheduling_is_a_spec_option_even_with_defaults() -> None:
         ClientSpec.parse("agentrt:defaults,scheduling=lifo")
     with pytest.raises(ValueError, match="give no other option with it"):
         ClientSpec.parse("agentrt:defaults,scheduling=priority,policy=plas")
+
+
+def test_kv_events_is_a_spec_option_even_with_defaults() -> None:
+    """``kv_events=on``: the runtime reads the embedded replicas' KV-cache events."""
+    spec = ClientSpec.parse("agentrt:defaults,kv_events=on")
+    assert spec.defaults and spec.kv_events
+    assert not ClientSpec.parse("agentrt:defaults").kv_events
+    assert ClientSpec.parse("agentrt:session,kv_events=off").kv_events is False
+    with pytest.raises(ValueError, match="kv_events must be on or off"):
+        ClientSpec.parse("agentrt:defaults,kv_events=maybe")

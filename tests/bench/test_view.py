@@ -148,3 +148,18 @@ def test_correlation() -> None:
     assert _correlation(w, [1.0, 2.0, 3.0], [2.0, 4.0, 6.0]) == pytest.approx(1.0)
     assert _correlation(w, [1.0, 2.0, 3.0], [6.0, 4.0, 2.0]) == pytest.approx(-1.0)
     assert _correlation(w, [1.0, 1.0, 1.0], [1.0, 2.0, 3.0]) is None
+
+
+def test_kv_events_make_the_view_exact() -> None:
+    # The tight replay above, with the runtime reading the replicas' KV-cache events
+    # (in-process): the resident figure is the engine's, evictions included.
+    plans = [
+        JobPlan(name, "react", t, _session(name, 5, 20.0, per_turn=2))
+        for name, t in (("a", 0.0), ("b", 0.0), ("c", 10.0), ("d", 10.0))
+    ]
+    guessed = _replay(plans, gpu_blocks=56).view
+    exact = _replay(plans, gpu_blocks=56, clients=("agentrt:defaults,kv_events=on",)).view
+    assert guessed is not None and exact is not None
+    assert exact["over"]["engine"] > 0.2  # the same evictions
+    assert exact["resident"]["rel_error"] < 0.5 * guessed["resident"]["rel_error"]
+    assert exact["resident"]["correlation"] > 0.95

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import socket
+from collections.abc import Callable
 
 import anyio
 import httpx
@@ -209,3 +210,45 @@ async def test_front_door_behind_a_gateway_routes_as_the_peer() -> None:
     assert done.status_code == 200 and done.json()["session_id"] == "s-1"
     assert listing["balancing"] == "gateway vllm-router:sticky_least_loaded"
     assert sorted(per_replica) == [0, 3]  # one replica served the whole session
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    """Poll ``condition`` (state read off the runtime: nothing to wait on) until it holds."""
+    with anyio.fail_after(timeout_s):
+        while not condition():  # noqa: ASYNC110
+            await anyio.sleep(0.05)
+
+
+async def test_served_replicas_publish_their_kv_events_over_zmq() -> None:
+    # vLLM's --kv-events-config, reproduced: replica i publishes on PORT+i and lists the
+    # address at /replica-i/kv_event_sources; Endpoint(kv_events="auto") finds and reads it.
+    pytest.importorskip("zmq")
+    pytest.importorskip("msgspec")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        events_port = s.getsockname()[1]
+    async with anyio.create_task_group() as tg:
+        urls = await tg.start(
+            functools.partial(serve_async, kv_events_port=events_port), 2, "127.0.0.1", 0
+        )
+        async with httpx.AsyncClient() as http:
+            listed = (await http.get(urls[1].removesuffix("/v1") + "/kv_event_sources")).json()
+        assert listed[0]["endpoint"] == f"tcp://127.0.0.1:{events_port + 1}"
+        endpoints = [agentrt.Endpoint(u, kv_events="auto") for u in urls]
+        async with agentrt.Runtime(endpoints, dialect="vllm") as rt:
+            shadows = [e.shadow for e in rt._core.endpoints]
+            await _until(lambda: all(f.subscribed for f in rt._upkeep.feeds))
+            await anyio.sleep(1.0)  # ZMQ joins the subscriptions a moment later
+            async with rt.job("served") as job, job.session() as sess:
+                for _ in range(2):
+                    await sess.chat(
+                        model="m",
+                        messages=[{"role": "user", "content": "<|b:kv:0:20:16|>"}],
+                        max_tokens=4,
+                    )
+                await _until(lambda: any(s.cached_tokens() for s in shadows))
+                (shadow,) = [s for s in shadows if s.contexts()]
+                (sid,) = shadow.contexts()
+                assert shadow.cached_tokens() == 20 * 16
+                assert shadow.exact is not None and shadow.exact.resident(sid) == 20 * 16
+        tg.cancel_scope.cancel()
