@@ -108,7 +108,7 @@ class LoadStatistics:
 class Grant(NamedTuple):
     """What :meth:`Gate.admit` granted."""
 
-    index: int
+    replica: int
     """The replica (:data:`ANY`: the router chooses)."""
     held_s: float
     """Seconds the session was held (0.0: it went on at once)."""

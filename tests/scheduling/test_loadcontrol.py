@@ -50,7 +50,7 @@ async def test_a_session_without_room_is_held_until_another_leaves() -> None:
     async def resume_b() -> None:
         grant = await g.admit("b", 0, 600)
         assert grant.held_s >= 0.04
-        got.append((grant.index, grant.forced))
+        got.append((grant.replica, grant.forced))
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(resume_b)
