@@ -131,9 +131,14 @@ class Gate:
     """Load control over the replicas' working sets (see the module docstring).
 
     ``shadows[i]`` is replica ``i``'s working set (:class:`KvShadow`), ``healthy(i)``
-    whether it answers, ``clock`` the event loop's time."""
+    whether it answers, ``clock`` the event loop's time.
 
-    __slots__ = ("_clock", "_healthy", "_last", "_shadows", "_waiters", "settings", "stats")
+    Held sessions look for room whenever something frees some (:meth:`changed`: a call
+    ended, a session ended); besides, one of them (the *timer*) wakes every ``tick_s``
+    to look for all of them and to apply the bound, so that a thousand held sessions
+    cost one timeout, not a thousand."""
+
+    __slots__ = ("_clock", "_healthy", "_shadows", "_timer", "_waiters", "settings", "stats")
 
     def __init__(
         self,
@@ -147,45 +152,52 @@ class Gate:
         self.settings = settings
         self._clock = clock
         self._waiters: list[_Waiter] = []
-        self._last = -math.inf
+        self._timer: _Waiter | None = None
         self.stats = LoadStatistics()
 
     # ------------------------------------------------------------ the room
 
-    def _fits(self, i: int, session_id: str, tokens: int, now: float) -> bool:
-        """Whether ``tokens`` of the session fit in replica ``i`` beside its live working
-        set (always, where the capacity is unknown or nothing else lives there)."""
-        shadow = self._shadows[i]
-        capacity = shadow.capacity_tokens
-        if capacity is None:
-            return True
-        others = shadow.demand(now, session_id)
-        return others <= 0.0 or others + tokens <= capacity * self.settings.watermark
+    def _rooms(self, now: float, exclude: str | None = None) -> list[tuple[float, bool] | None]:
+        """Each replica's room (tokens its live working set leaves under the watermark,
+        ``exclude``'s context left out) and whether nothing lives there; None where its
+        capacity is unknown (it is not gated)."""
+        out: list[tuple[float, bool] | None] = []
+        watermark = self.settings.watermark
+        for shadow in self._shadows:
+            capacity = shadow.capacity_tokens
+            if capacity is None:
+                out.append(None)
+                continue
+            demand = shadow.demand(now, exclude)
+            out.append((capacity * watermark - demand, demand <= 0.0))
+        return out
 
     def _place(
-        self, session_id: str, home: int | None, tokens: int, now: float, reserved: set[int]
+        self,
+        home: int | None,
+        tokens: int,
+        rooms: list[tuple[float, bool] | None],
+        reserved: set[int],
     ) -> int:
-        """Where the session may go now: its home if it fits there; a new (or homeless)
-        session the healthy replica with the most room where it fits, :data:`ANY` where
-        some capacity is unknown; else ``_FULL``."""
-        shadows = self._shadows
-        n = len(shadows)
+        """Where a session of ``tokens`` may go now: its home if it fits there; a new
+        (or homeless) session the healthy replica with the most room where it fits,
+        :data:`ANY` where some capacity is unknown; else ``_FULL``."""
         if home is not None and self._healthy(home):
             if home in reserved:
                 return _FULL
-            return home if self._fits(home, session_id, tokens, now) else _FULL
+            room = rooms[home]
+            return home if room is None or room[1] or room[0] >= tokens else _FULL
+        n = len(rooms)
         healthy = [i for i in range(n) if self._healthy(i)] or list(range(n))
         best, most = _FULL, -math.inf
         for i in healthy:
-            capacity = shadows[i].capacity_tokens
-            if capacity is None:
+            room = rooms[i]
+            if room is None:
                 return ANY
             if i in reserved:
                 continue
-            others = shadows[i].demand(now, session_id)
-            room = capacity * self.settings.watermark - others
-            if (others <= 0.0 or room >= tokens) and room > most:
-                best, most = i, room
+            if (room[1] or room[0] >= tokens) and room[0] > most:
+                best, most = i, room[0]
         return best
 
     def _tokens(self, session_id: str, home: int | None, tokens: int) -> int:
@@ -213,9 +225,10 @@ class Gate:
         # A running session's resume goes on where it fits; a new session queues behind
         # the held ones (they came first).
         if home is not None or not self._waiters:
-            index = self._place(session_id, home, tokens, now, self._reserved(now))
+            rooms = self._rooms(now, session_id)
+            index = self._place(home, tokens, rooms, self._reserved(now))
             if index != _FULL:
-                self._grant_now(session_id, index, tokens)
+                self._grant(session_id, index, tokens)
                 return Grant(index, 0.0, False)
         w = _Waiter(session_id, home, tokens, now)
         if home is not None:
@@ -224,21 +237,29 @@ class Gate:
         stats = self.stats
         stats.holds += 1
         stats.held_now += 1
-        tick, bound = self.settings.tick_s, self.settings.max_hold_s
+        tick = self.settings.tick_s
         try:
             self._dispatch(now)  # its leaving may make room for a resident one
             while w.index == _FULL:
-                left = w.since + bound - self._clock()
-                with anyio.move_on_after(max(min(tick, left), 0.0)):
+                if self._timer is None:
+                    self._timer = w
+                if self._timer is w:
+                    with anyio.move_on_after(tick):
+                        await w.event.wait()
+                    if w.index == _FULL:
+                        self._dispatch(self._clock())
+                else:
                     await w.event.wait()
-                now = self._clock()
-                # One look a tick for all the held sessions (each wakes each tick).
-                if w.index == _FULL and (now - self._last >= tick / 2 or now - w.since >= bound):
-                    self._dispatch(now)
+                if w.index == _FULL:
+                    w.event = anyio.Event()  # woken to become the timer
         finally:
             stats.held_now -= 1
             if w.index == _FULL:  # cancelled while held
                 self._waiters.remove(w)
+            if self._timer is w:
+                self._timer = None
+                if self._waiters:  # the next one keeps time
+                    self._waiters[0].event.set()
         held = self._clock() - w.since
         stats.held_s += held
         stats.longest_s = max(stats.longest_s, held)
@@ -246,7 +267,7 @@ class Gate:
             stats.forced += 1
         return Grant(w.index, held, w.forced)
 
-    def _grant_now(self, session_id: str, index: int, tokens: int) -> None:
+    def _grant(self, session_id: str, index: int, tokens: int) -> None:
         if index >= 0:
             self._shadows[index].start(session_id, tokens)
 
@@ -269,24 +290,32 @@ class Gate:
             self._dispatch(self._clock())
 
     def _dispatch(self, now: float) -> None:
+        """Grant the held sessions that fit now (resident ones first, then the longest
+        held), and those held ``max_hold_s`` whatever the room."""
         waiters = self._waiters
         if not waiters:
             return
-        self._last = now
         bound = self.settings.max_hold_s
+        rooms = self._rooms(now)
+        oldest = min(w.since for w in waiters)
+        if now - oldest < bound:
+            # Nothing is due and nothing fits anywhere: done (the common case when full).
+            smallest = min(w.tokens for w in waiters)
+            if all(r is not None and not r[1] and r[0] < smallest for r in rooms):
+                return
         half = bound / 2
         reserved: set[int] = set()
         order = sorted(waiters, key=lambda w: (not self._resident(w), w.since))
         for w in order:
             waited = now - w.since
-            index = self._place(w.session_id, w.home, w.tokens, now, reserved)
+            index = self._place(w.home, w.tokens, rooms, reserved)
             if index == _FULL and waited >= bound:
                 w.forced = True
                 home = w.home
                 if home is not None and self._healthy(home):
                     index = home
                 else:
-                    index = self._place(w.session_id, None, 0, now, set())
+                    index = self._place(None, 0, rooms, set())
                     if index == _FULL:
                         index = ANY
             if index == _FULL:
@@ -294,11 +323,14 @@ class Gate:
                     if w.home is not None and self._healthy(w.home):
                         reserved.add(w.home)
                     else:
-                        reserved.update(range(len(self._shadows)))
+                        reserved.update(range(len(rooms)))
                 continue
             waiters.remove(w)
             w.index = index
-            self._grant_now(w.session_id, index, w.tokens)
+            self._grant(w.session_id, index, w.tokens)
+            room = rooms[index] if index >= 0 else None
+            if room is not None:
+                rooms[index] = (room[0] - w.tokens, False)
             w.event.set()
 
     @property
