@@ -269,7 +269,7 @@ class Gate:
 
     def _grant(self, session_id: str, index: int, tokens: int) -> None:
         if index >= 0:
-            self._shadows[index].start(session_id, tokens)
+            self._shadows[index].admit(session_id, tokens)
 
     def _reserved(self, now: float) -> set[int]:
         """Replicas reserved for sessions held past half the bound."""

@@ -245,6 +245,19 @@ class KvShadow:
         f.busy = True
         f.held = False
 
+    def admit(self, session_id: str, tokens: int) -> None:
+        """Load control admitted the session's next call here: from now on its context
+        (at least ``tokens``) counts in the demand, as if in flight, so that nobody else
+        takes its room. Not a touch: :meth:`start` touches it when the call is sent (its
+        stack distance, measured then, stays the one since its previous call)."""
+        f = self._sessions.get(session_id)
+        if f is None:
+            self._sessions[session_id] = _Footprint(tokens, self._tick(), None, True)
+            return
+        f.tokens = max(f.tokens, tokens)
+        f.busy = True
+        f.held = False
+
     def hold(self, session_id: str) -> None:
         """Load control suspended the session at its tool boundary: its context counts in
         no demand here until its next call starts (it ages out of the cache as others
