@@ -300,14 +300,17 @@ def add_traces(command: Command) -> None:
         type=Path,
         default=None,
         metavar="DIR",
-        help="where to write them (default: ~/.cache/agentrt/traces/claude-code)",
+        help="where to write them (default: ~/.cache/agentrt/traces/claude-code): the "
+        "traces (trace_NNNN.json.gz), LICENSE and SOURCE are written there, replacing "
+        "files of those names; nothing else in DIR is touched",
     )
     traces.add_argument(
         "--archive",
         type=Path,
         default=None,
         metavar="FILE",
-        help="check and unpack this archive of the repository instead of downloading it",
+        help="check and unpack this archive of the repository instead of downloading it "
+        "(offline: download the archive elsewhere, from the URL the fetch names)",
     )
     traces.add_argument("--url", default=None, help="download the archive from here instead")
     traces.add_argument("--all", action="store_true", help="also the 29 traces of 4 MiB or more")
