@@ -5,6 +5,7 @@ when a command runs."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -87,13 +88,19 @@ def workers_option(text: str) -> int | str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+BENCH_OUT: Final = "agentrt-bench"
+"""``agentrt bench``'s folder unless ``--out`` is given, in the current folder."""
+
+
 def output_args(p: argparse.ArgumentParser, default_out: str) -> None:
     p.add_argument(
         "--out",
         type=Path,
         default=Path(default_out),
         metavar="DIR",
-        help="folder for results.json, the journals and the PNGs",
+        help=f"folder for results.json, the journals and the PNGs (default: {default_out}); "
+        "a run writes them only once it has results (a run in which every job failed "
+        "writes nothing), replacing the files of those names, and leaves the rest of DIR",
     )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument(
@@ -235,7 +242,7 @@ def bench_args(p: argparse.ArgumentParser) -> None:
         help="traces: skip those with a call longer than this (scaled), as a model's "
         "context window would; --jobs counts the traces kept (default: keep all)",
     )
-    output_args(p, "results")
+    output_args(p, BENCH_OUT)
 
 
 def add_demo(command: Command, started: float) -> None:
@@ -334,7 +341,18 @@ def _run(
 
     if journal:
         cfg.journal_dir = out
+    existed = out.exists()
     result = run_with_progress(cfg, workers=workers)
+    from ._takeaway import all_failed, failures, why_all_failed
+
+    if all_failed(result):
+        if not existed:  # the journals' folder, made for a run that kept none
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise CommandError(
+            f"{why_all_failed(result)}; nothing was written to {out}"
+            + (" (its files are as they were)" if existed else "")
+        )
     clock = "virtual time" if result.virtual_time else "wall-clock time"
     print_table(
         result,
@@ -343,6 +361,9 @@ def _run(
     from ._output import terminal_width
     from ._takeaway import takeaway
 
+    failed = failures(result)
+    if failed is not None:
+        print(failed)
     for line in takeaway(result, min(terminal_width(), 100)):
         print(line)
     out.mkdir(parents=True, exist_ok=True)
