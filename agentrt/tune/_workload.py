@@ -168,8 +168,10 @@ def _recorded(reports: list[JobReport]) -> tuple[dict[str, Any], bool]:
         settings = r.runtime or _from_client(r.metadata.get("client"))
         if settings:
             # poll_metrics_s: whether "engine" capped (it caps only when polled); with
-            # "auto", the endpoints say whether it polled (several: polled)
-            key = tuple(sorted((k, settings.get(k)) for k in (*TUNED, *_POLLED)))
+            # "auto", the endpoints say whether it polled (several: polled). A plain
+            # client has none of them: its marker is its setting.
+            keys = ("plain",) if settings.get("plain") else (*TUNED, *_POLLED)
+            key = tuple(sorted((k, settings.get(k)) for k in keys))
             counts[key] = counts.get(key, 0) + 1
     if not counts:
         return runtime_defaults(), False
