@@ -586,7 +586,7 @@ def _driver(
 
 
 async def _client(
-    cfg: BenchConfig, plans: list[JobPlan], index: int, progress: Progress
+    cfg: BenchConfig, plans: list[JobPlan], index: int, progress: Progress, staged: bool
 ) -> ClientRun:
     preset = cfg.engine_config()
     model = cfg.model or preset.model_name
@@ -603,7 +603,14 @@ async def _client(
         urls = [cluster.gateway_url] if spec.gateway else list(cluster.base_urls)
         prompts = Prompts("sim")
         driver = _driver(
-            cfg, spec, plans, urls, cluster.transport(), model, prompts, _staged(journal)
+            cfg,
+            spec,
+            plans,
+            urls,
+            cluster.transport(),
+            model,
+            prompts,
+            _staged(journal) if staged else journal,
         )
         window: list[tuple[float, float]] = []
 
@@ -637,16 +644,23 @@ async def _client(
 
 
 def replay_part(
-    cfg: BenchConfig, plans: list[JobPlan], part: int, progress: Progress | None = None
+    cfg: BenchConfig,
+    plans: list[JobPlan],
+    part: int,
+    progress: Progress | None = None,
+    *,
+    staged: bool = False,
 ) -> PartResult:
     """Replay one part of an embedded run (:data:`ALONE` or a client's index) on fresh
     clusters, in its own virtual-time event loop from time 0: a part's result does not
-    depend on the other parts, nor on where or in which order they run (blocking)."""
+    depend on the other parts, nor on where or in which order they run (blocking).
+    A client's journal (``cfg.journal_dir``) is appended to in its place, or with
+    ``staged`` beside it, for the run to move there once it ends (:func:`run_study`)."""
     report: Progress = progress or (lambda label: None)
     options = {"loop_factory": VirtualTimeLoop}
     if part == ALONE:
         return anyio.run(_alone, cfg, plans, report, backend_options=options)
-    return anyio.run(_client, cfg, plans, part, report, backend_options=options)
+    return anyio.run(_client, cfg, plans, part, report, staged, backend_options=options)
 
 
 def sim_clients(cfg: BenchConfig, parts: dict[int, PartResult]) -> list[ClientResult]:
@@ -914,6 +928,8 @@ class _Replay:
     jobs_id: str
     """Names the pickled jobs: a worker that has unpickled them keeps them for the next
     replay of the same workload."""
+    staged: bool = False
+    """Journals beside their place (see :func:`replay_part`)."""
 
 
 _jobs_cache: dict[str, list[JobPlan]] = {}
@@ -927,7 +943,7 @@ def _run_replay(replay: _Replay, jobs: bytes) -> PartResult:
         _jobs_cache.clear()
         plans = _jobs_cache[replay.jobs_id] = pickle.loads(jobs)
     try:
-        return replay_part(replay.cfg, plans, replay.part)
+        return replay_part(replay.cfg, plans, replay.part, staged=replay.staged)
     except Exception as exc:
         raise portable(exc) from None
 
@@ -949,6 +965,7 @@ def run_parts(
     *,
     workers: Workers = "auto",
     progress: Progress | None = None,
+    staged: bool = False,
 ) -> None:
     """Replay each ``(config, jobs, part)`` of ``parts`` (see :func:`replay_part`:
     :data:`ALONE` or a client's index): independent replays, in this process (``workers``
@@ -958,13 +975,16 @@ def run_parts(
     A jobs list given for several parts (the same object) is pickled once and unpickled
     once per process. ``progress`` as :func:`run_bench` (in one go as a replay ends, when
     it ran elsewhere). The entry point for a grid of replays whose jobs are made by the
-    caller; :func:`run_study` runs :class:`BenchConfig` runs through it. Blocking."""
+    caller; :func:`run_study` runs :class:`BenchConfig` runs through it (``staged``: the
+    journals beside their place, as :func:`replay_part`). Blocking."""
     where = check_workers(workers)
     report: Progress = progress or (lambda label: None)
     if where == 1 or len(parts) <= 1:
         for index, (cfg, plans, part) in enumerate(parts):
             try:
-                result: PartResult | BaseException = replay_part(cfg, plans, part, report)
+                result: PartResult | BaseException = replay_part(
+                    cfg, plans, part, report, staged=staged
+                )
             except Exception as exc:
                 result = exc
             done(index, result)
@@ -987,7 +1007,7 @@ def run_parts(
         if key is None:
             key = ids[id(plans)] = f"{batch}-{len(ids)}"
             shared[key] = pickle.dumps(plans, protocol=pickle.HIGHEST_PROTOCOL)
-        replays.append((_Replay(cfg, part, key), key))
+        replays.append((_Replay(cfg, part, key, staged), key))
     run_replays(_run_replay, replays, shared, where, finished)
 
 
@@ -1094,7 +1114,7 @@ def run_study(
         assert plans is not None
         items.append((runs[i].cfg, plans, part))
     try:
-        run_parts(items, done, workers=where, progress=progress)
+        run_parts(items, done, workers=where, progress=progress, staged=True)
     except BaseException:
         for run in runs:
             if run.parts is not None:
