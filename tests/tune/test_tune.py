@@ -151,8 +151,8 @@ def test_a_plain_clients_journal_is_tuned_against_the_plain_client(
     ("content", "needle"),
     [
         (None, "does not exist"),
-        ("", "no valid job report"),
-        ('not json\n{"job_id": 1}\n', "no valid job report"),
+        ("", "is empty: no job reports in it"),
+        ('not json\n{"job_id": 1}\n', "no valid job report: none of its 2 lines"),
     ],
     ids=["missing", "empty", "invalid"],
 )
