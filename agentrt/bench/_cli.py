@@ -120,7 +120,14 @@ def bench_args(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="the jobs to run (listed above)",
     )
-    p.add_argument("--jobs", type=int, default=40, metavar="N", help="number of jobs")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=40,
+        metavar="N",
+        help="number of jobs (claude-code: one trace each, so at most the traces folder "
+        "holds; more is an error)",
+    )
     p.add_argument(
         "--rate",
         type=float,
