@@ -166,7 +166,7 @@ class Call:
         except RetryableStatus as exc:
             return self._out_of_attempts(exc.response)
         except RetryableError as exc:
-            raise self._unreachable(exc) from exc.error
+            raise self._unreachable(exc) from None  # the transport's error: its .error
         except BaseException as exc:  # an EndpointError of a wrapped agentrt transport too
             self._ended_by(exc)
             raise
@@ -232,7 +232,7 @@ class Call:
             state.session_id,
             message,
         )
-        return EndpointError(message, endpoint=url, attempts=state.attempts)
+        return EndpointError(message, endpoint=url, attempts=state.attempts, error=exc.error)
 
     def _check_reply(self, response: httpx.Response, raw: bytes) -> None:
         """A 2xx reply, read whole: a JSON completion (its usage, finish reason, tool calls

@@ -27,12 +27,25 @@ class EndpointError(AgentrtError, openai.OpenAIError):
     number of attempts made. It is an ``openai.OpenAIError`` too, so openai's clients
     (2.x and 3.x) pass it on as it is, neither wrapped in ``APIConnectionError`` nor
     retried: agentrt has already retried it.
+
+    ``error`` is the HTTP library's exception that ended the last attempt (a connection
+    error, a timeout), where one did, else None. Its message is in this one's; it is kept
+    here rather than chained as the cause, so that a traceback ends in this one line,
+    not in the transport's internals (it does not survive pickling).
     """
 
-    def __init__(self, message: str, *, endpoint: str, attempts: int = 1) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        endpoint: str,
+        attempts: int = 1,
+        error: BaseException | None = None,
+    ) -> None:
         super().__init__(message)
         self.endpoint = endpoint
         self.attempts = attempts
+        self.error = error
 
     def __reduce__(self) -> tuple[Any, ...]:  # keyword arguments: pickled by hand
         return (_endpoint_error, (str(self), self.endpoint, self.attempts))

@@ -135,7 +135,9 @@ class ObservedStream:
         except self._lib.transport_errors as exc:
             message = self._call.core.redact(f"endpoint {self._url} broke off the stream: {exc!r}")
             self._call.end("error", message)
-            raise EndpointError(message, endpoint=self._url, attempts=state.attempts) from exc
+            raise EndpointError(
+                message, endpoint=self._url, attempts=state.attempts, error=exc
+            ) from None  # the transport's error: its .error, not a chained traceback
         except BaseException as exc:
             if only_cancelled(exc):  # trio's may come in a group (a nursery in the read)
                 why = self._call.why_cancelled()

@@ -12,10 +12,15 @@ import argparse
 import ast
 import json
 import operator
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
+import openai
 
 import agentrt
 
@@ -120,3 +125,53 @@ def print_report(answer: str, report: agentrt.JobReport) -> None:
             f"  tool {tool.name} in {names.get(tool.session_id)}: "
             f"{tool.duration_s:.3f}s ({tool.status})"
         )
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then what it wraps: its cause or context, and an exception group's
+    members (frameworks run tools and models in task groups), each once."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop(0)
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        if isinstance(e, BaseExceptionGroup):
+            todo.extend(e.exceptions)
+        todo.extend(x for x in (e.__cause__, e.__context__) if x is not None)
+
+
+def _own(e: BaseException) -> bool:
+    """Whether ``e`` is agentrt's or the server's own error, whose message says what to
+    do: agentrt's errors, openai's (a reply's status and text), and the ValueError or
+    TypeError agentrt raises for bad input (a URL without its scheme)."""
+    if isinstance(e, agentrt.AgentrtError | openai.OpenAIError):
+        return True
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = str(tb.tb_frame.f_globals.get("__name__", "")) if tb is not None else ""
+    return isinstance(e, ValueError | TypeError) and where.split(".")[0] == "agentrt"
+
+
+def error_line(exc: BaseException) -> str:
+    """What went wrong, in one line: agentrt's or the server's own error (a server not
+    there, a wrong model or URL) wherever a framework wrapped it, else ``exc`` itself."""
+    for e in _chain(exc):
+        if _own(e):
+            return f"{type(e).__name__}: {e}"
+    return f"{type(exc).__name__}: {exc} (AGENTRT_TRACEBACK=1 shows the traceback)"
+
+
+@contextmanager
+def one_line_errors() -> Iterator[None]:
+    """Around an example's run: an error ends it in one line on stderr (exit status 1),
+    not a traceback; ``AGENTRT_TRACEBACK=1`` shows the traceback instead."""
+    try:
+        yield
+    except Exception as exc:
+        if os.environ.get("AGENTRT_TRACEBACK"):
+            raise
+        sys.exit(f"{Path(sys.argv[0]).name}: error: {' '.join(error_line(exc).split())}")

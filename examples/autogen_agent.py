@@ -29,7 +29,14 @@ import agentrt
 from agentrt.integrations.agents import Agents
 
 # The tools' logic, the command line and the report, shared by the examples
-from _shared import arg_parser, calculate, count_words, print_report, scripted_question
+from _shared import (
+    arg_parser,
+    calculate,
+    count_words,
+    one_line_errors,
+    print_report,
+    scripted_question,
+)
 
 QUESTION = scripted_question(helper_arg="task")
 MODEL_INFO = {
@@ -91,4 +98,5 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(anyio.run(main))
+    with one_line_errors():
+        sys.exit(anyio.run(main))

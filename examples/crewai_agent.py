@@ -35,7 +35,7 @@ from crewai.tools import tool
 import agentrt
 
 # The tools' logic, the command line and the report, shared by the examples
-from _shared import arg_parser, calculate, print_report, scripted_question
+from _shared import arg_parser, calculate, one_line_errors, print_report, scripted_question
 
 QUESTION = scripted_question(helper_arg="task")
 
@@ -112,4 +112,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with one_line_errors():
+        sys.exit(main())

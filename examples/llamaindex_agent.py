@@ -26,7 +26,14 @@ import agentrt
 from agentrt.integrations import llamaindex
 
 # The tools' logic, the command line and the report, shared by the examples
-from _shared import arg_parser, calculate, count_words, print_report, scripted_question
+from _shared import (
+    arg_parser,
+    calculate,
+    count_words,
+    one_line_errors,
+    print_report,
+    scripted_question,
+)
 
 QUESTION = scripted_question(helper_arg="question")
 
@@ -81,4 +88,5 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(anyio.run(main))
+    with one_line_errors():
+        sys.exit(anyio.run(main))

@@ -31,7 +31,7 @@ from openai.types.chat import (
 import agentrt
 
 # The tools' logic and the command line, shared by the examples
-from _shared import arg_parser, calculate, count_words
+from _shared import arg_parser, calculate, count_words, one_line_errors
 
 SYSTEM = (
     "You are a careful assistant. Think step by step and use the tools: calculator for "
@@ -177,4 +177,5 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(anyio.run(main))
+    with one_line_errors():
+        sys.exit(anyio.run(main))

@@ -27,7 +27,7 @@ from smolagents import OpenAIModel, ToolCallingAgent, tool
 import agentrt
 
 # The tools' logic, the command line and the report, shared by the examples
-from _shared import arg_parser, calculate, print_report
+from _shared import arg_parser, calculate, one_line_errors, print_report
 
 HELPER_TASK = (
     'Count the words of README.md.\nCALL word_count {"path": "README.md"}\n'
@@ -108,4 +108,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with one_line_errors():
+        sys.exit(main())

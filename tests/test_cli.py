@@ -282,5 +282,5 @@ def test_bench_against_a_server_that_is_not_there_says_what_to_do() -> None:
         sock.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
     result = _run("bench", "--endpoint", url, "--jobs", "1")
-    _one_line_error(result, "could not connect at", url, "is the server running there?")
+    _one_line_error(result, f"could not reach {url}", f"is a server running at {url}?")
     assert "a bug" not in result.stderr

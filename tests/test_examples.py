@@ -136,3 +136,71 @@ def test_react_agent_help_gives_its_whole_first_paragraph() -> None:
     first = " ".join(doc.split("\n\n")[0].split())
     assert first.endswith("reads their results, and answers.")
     assert first in text
+
+
+def _refused_url() -> str:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on once this closes
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+
+
+async def _example(*args: str) -> subprocess.CompletedProcess[bytes]:
+    env = {k: v for k, v in os.environ.items() if k != "AGENTRT_TRACEBACK"}
+    script = str(ROOT / "examples" / "react_agent.py")
+    return await anyio.run_process([sys.executable, script, *args], check=False, env=env)
+
+
+def _one_line(run: subprocess.CompletedProcess[bytes], *needles: str) -> None:
+    err = run.stderr.decode()
+    assert run.returncode == 1, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("react_agent.py: error: "), err
+    for needle in needles:
+        assert needle in err, err
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # uvicorn runs on asyncio
+async def test_the_example_ends_a_wrong_url_model_or_server_in_one_line() -> None:
+    """Not a chained traceback of 40 to 121 lines with the good line at its end."""
+    pytest.importorskip("uvicorn")
+    url = _refused_url()
+    down = await _example("--base-url", url)
+    _one_line(down, "EndpointError: endpoint", f"is a server running at {url}?")
+    no_scheme = await _example("--base-url", "127.0.0.1:8000/v1")
+    _one_line(no_scheme, "ValueError: endpoint URL", "needs an http:// or https:// scheme")
+    assert "AGENTRT_TRACEBACK" not in no_scheme.stderr.decode()  # agentrt's own: no bug
+    async with anyio.create_task_group() as tg:
+        served = AGENT_REPLIES.replace(served_model_names=(AGENT_REPLIES.model_name,))
+        urls = await tg.start(serve_async, 1, "127.0.0.1", 0, served)  # others: 404
+        wrong_model = await _example("--base-url", urls.url, "--model", "WRONG")
+        wrong_path = await _example("--base-url", urls.url.replace("/v1", "/wrong/v1"))
+        tg.cancel_scope.cancel()
+    _one_line(wrong_model, "NotFoundError: Error code: 404", "WRONG")
+    _one_line(wrong_path, "NotFoundError: Error code: 404", "/wrong/v1")
+
+
+def test_every_example_ends_its_errors_in_one_line() -> None:
+    """Each script runs its main inside ``one_line_errors`` (frameworks' wrapped errors
+    are unwrapped to agentrt's or the server's own)."""
+    for script in sorted((ROOT / "examples").glob("*_agent.py")):
+        tail = script.read_text().split('if __name__ == "__main__":')[1]
+        assert tail.lstrip().startswith("with one_line_errors():"), script.name
+
+
+def test_the_one_line_is_the_servers_own_error_inside_a_frameworks() -> None:
+    load("react_agent")
+    from _shared import error_line  # type: ignore[import-not-found]
+
+    url = "http://127.0.0.1:9/v1"
+    inner = agentrt.EndpointError(f"endpoint {url} failed: is a server running?", endpoint=url)
+    try:
+        try:
+            raise inner
+        except agentrt.EndpointError as exc:
+            raise RuntimeError("the framework's wrapper") from exc
+    except RuntimeError as wrapped:
+        group = ExceptionGroup("task group", [wrapped])
+    assert error_line(group) == f"EndpointError: endpoint {url} failed: is a server running?"
+    assert error_line(KeyError("x")).endswith("(AGENTRT_TRACEBACK=1 shows the traceback)")

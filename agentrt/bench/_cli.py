@@ -5,6 +5,7 @@ when a command runs."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -87,13 +88,19 @@ def workers_option(text: str) -> int | str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+BENCH_OUT: Final = "agentrt-bench"
+"""``agentrt bench``'s folder unless ``--out`` is given, in the current folder."""
+
+
 def output_args(p: argparse.ArgumentParser, default_out: str) -> None:
     p.add_argument(
         "--out",
         type=Path,
         default=Path(default_out),
         metavar="DIR",
-        help="folder for results.json, the journals and the PNGs",
+        help=f"folder for results.json, the journals and the PNGs (default: {default_out}); "
+        "a run writes them only once it has results (a run in which every job failed "
+        "writes nothing), replacing the files of those names, and leaves the rest of DIR",
     )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument(
@@ -113,7 +120,14 @@ def bench_args(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="the jobs to run (listed above)",
     )
-    p.add_argument("--jobs", type=int, default=40, metavar="N", help="number of jobs")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=40,
+        metavar="N",
+        help="number of jobs (claude-code: one trace each, so at most the traces folder "
+        "holds; more is an error)",
+    )
     p.add_argument(
         "--rate",
         type=float,
@@ -241,7 +255,7 @@ def bench_args(p: argparse.ArgumentParser) -> None:
         help="traces: skip those with a call longer than this (scaled), as a model's "
         "context window would; --jobs counts the traces kept (default: keep all)",
     )
-    output_args(p, "results")
+    output_args(p, BENCH_OUT)
 
 
 def add_demo(command: Command, started: float) -> None:
@@ -306,14 +320,17 @@ def add_traces(command: Command) -> None:
         type=Path,
         default=None,
         metavar="DIR",
-        help="where to write them (default: ~/.cache/agentrt/traces/claude-code)",
+        help="where to write them (default: ~/.cache/agentrt/traces/claude-code): the "
+        "traces (trace_NNNN.json.gz), LICENSE and SOURCE are written there, replacing "
+        "files of those names; nothing else in DIR is touched",
     )
     traces.add_argument(
         "--archive",
         type=Path,
         default=None,
         metavar="FILE",
-        help="check and unpack this archive of the repository instead of downloading it",
+        help="check and unpack this archive of the repository instead of downloading it "
+        "(offline: download the archive elsewhere, from the URL the fetch names)",
     )
     traces.add_argument("--url", default=None, help="download the archive from here instead")
     traces.add_argument("--all", action="store_true", help="also the 29 traces of 4 MiB or more")
@@ -343,7 +360,18 @@ def _run(
 
     if journal:
         cfg.journal_dir = out
+    existed = out.exists()
     result = run_with_progress(cfg, workers=workers)
+    from ._takeaway import all_failed, failures, why_all_failed
+
+    if all_failed(result):
+        if not existed:  # the journals' folder, made for a run that kept none
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise CommandError(
+            f"{why_all_failed(result)}; nothing was written to {out}"
+            + (" (its files are as they were)" if existed else "")
+        )
     clock = "virtual time" if result.virtual_time else "wall-clock time"
     print_table(
         result,
@@ -353,6 +381,9 @@ def _run(
     from ._output import terminal_width
     from ._takeaway import takeaway
 
+    failed = failures(result)
+    if failed is not None:
+        print(failed)
     for line in takeaway(result, min(terminal_width(), 100)):
         print(line)
     out.mkdir(parents=True, exist_ok=True)

@@ -1025,6 +1025,7 @@ class AgentrtDriver:
     async def run_job(self, plan: JobPlan, t0: float) -> JobResult:
         start = anyio.current_time()
         status = "ok"
+        error = None
         try:
             # Named by kind, so that reports and metrics group jobs of a kind together.
             metadata = {"plan": plan.name, "client": self._name}
@@ -1032,6 +1033,7 @@ class AgentrtDriver:
                 await self._session(job, plan.root, None)
         except Exception as exc:
             status = f"error: {type(exc).__name__}"
+            error = redact_userinfo(f"{type(exc).__name__}: {exc}")
         rep = job.report
         resumed = self._resumed.pop(job.id, set())
         calls = [
@@ -1056,7 +1058,15 @@ class AgentrtDriver:
             for w in rep.tool_reports
         ]
         return JobResult(
-            plan.name, plan.kind, plan.arrival_s, start - t0, rep.jct_s, status, calls, tools
+            plan.name,
+            plan.kind,
+            plan.arrival_s,
+            start - t0,
+            rep.jct_s,
+            status,
+            calls,
+            tools,
+            error=error,
         )
 
 

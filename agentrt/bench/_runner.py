@@ -29,7 +29,9 @@ from typing import Any, Final, Literal, overload
 import anyio
 import httpx
 
-from .._config import redact_userinfo
+from .._config import Endpoint, redact_userinfo
+from .._errors import EndpointError
+from .._httplib import what_to_do
 from ..sim import PRESETS, Cluster, EngineConfig
 from ._clock import VirtualTimeLoop, every
 from ._drivers import AgentrtDriver, ClientSpec, Driver, JobResult, Prompts, make_driver
@@ -37,7 +39,7 @@ from ._fleet import FLEET_ASSIGNS, Fleet, FleetAssign, plain_starts
 from ._parallel import Workers, check_workers, portable, run_replays
 from ._plan import JobPlan
 from ._view import ViewSampler
-from ._workloads import Arrivals, TraceOptions, make_workload
+from ._workloads import Arrivals, TraceOptions, make_workload, too_few_traces
 
 __all__ = [
     "BenchConfig",
@@ -82,10 +84,13 @@ class BenchConfig:
     at once, so time to first token is exact)."""
     journal_dir: Path | None = None
     """Write one journal per client there (``journal-<client>.jsonl``: a JobReport per
-    line, as ``Runtime(journal=...)`` writes them), replacing the previous run's;
-    None: no journals. A fleet's members all append to their client's one file: each
-    line is one unbuffered ``O_APPEND`` write made from the event loop's thread, so the
-    members' lines never mix."""
+    line, as ``Runtime(journal=...)`` writes them); None: no journals. During the run
+    each is written beside its place (``.journal-<client>.jsonl.part``) and moved there,
+    replacing the previous run's, once the run has ended with at least one job done: a
+    run that raises, or in which every job failed, leaves the folder's journals as they
+    were. A fleet's members all append to their client's one file: each line is one
+    unbuffered ``O_APPEND`` write made from the event loop's thread, so the members'
+    lines never mix."""
     tool_wait_policy: str | None = None
     """The embedded replicas' tool-wait KV policy (``EngineConfig.tool_wait_policy``:
     lru, keep, pin, offload, drop, ...); None: the preset's."""
@@ -240,6 +245,37 @@ def journal_paths(cfg: BenchConfig) -> list[Path | None]:
     return out
 
 
+def _staged(path: Path | None) -> Path | None:
+    """Where a run writes the journal ``path`` until it ends (see ``journal_dir``)."""
+    return None if path is None else path.with_name(f".{path.name}.part")
+
+
+def _discard_journals(cfg: BenchConfig) -> None:
+    """Remove what a run wrote of its journals (or a run stopped before its end left)."""
+    for path in journal_paths(cfg):
+        staged = _staged(path)
+        if staged is not None:
+            staged.unlink(missing_ok=True)
+
+
+def _keep_journals(cfg: BenchConfig, clients: list[ClientResult]) -> None:
+    """A run ended: its journals replace the previous run's, unless every job failed
+    (then the previous run's stay, and the clients name no journal)."""
+    if not any(c.jobs > c.failed for c in clients):
+        _discard_journals(cfg)
+        for c in clients:
+            c.journal = None
+        return
+    for path in journal_paths(cfg):
+        staged = _staged(path)
+        if path is None or staged is None:
+            continue
+        if staged.exists():
+            staged.replace(path)
+        else:  # the client wrote no line: no journal of this run
+            path.unlink(missing_ok=True)
+
+
 async def _replay(
     plans: Sequence[JobPlan],
     run_job: Callable[[JobPlan, float], Any],
@@ -314,6 +350,7 @@ def _summarize(
             "call_latency_p50": _pct([c.latency_s for c in r.calls], 0.5),
             "alone_jct_s": alone.get(r.name) if alone else None,
             "worker": r.worker,
+            "error": r.error and redact_userinfo(r.error),  # no user:password@
         }
         for r in sorted(results, key=lambda r: r.arrival_s)
     ]
@@ -549,7 +586,7 @@ def _driver(
 
 
 async def _client(
-    cfg: BenchConfig, plans: list[JobPlan], index: int, progress: Progress
+    cfg: BenchConfig, plans: list[JobPlan], index: int, progress: Progress, staged: bool
 ) -> ClientRun:
     preset = cfg.engine_config()
     model = cfg.model or preset.model_name
@@ -565,7 +602,16 @@ async def _client(
     async with Cluster(cfg.replicas, engine, gateway=spec.gateway) as cluster:
         urls = [cluster.gateway_url] if spec.gateway else list(cluster.base_urls)
         prompts = Prompts("sim")
-        driver = _driver(cfg, spec, plans, urls, cluster.transport(), model, prompts, journal)
+        driver = _driver(
+            cfg,
+            spec,
+            plans,
+            urls,
+            cluster.transport(),
+            model,
+            prompts,
+            _staged(journal) if staged else journal,
+        )
         window: list[tuple[float, float]] = []
 
         def snapshot(elapsed: float) -> None:
@@ -598,16 +644,23 @@ async def _client(
 
 
 def replay_part(
-    cfg: BenchConfig, plans: list[JobPlan], part: int, progress: Progress | None = None
+    cfg: BenchConfig,
+    plans: list[JobPlan],
+    part: int,
+    progress: Progress | None = None,
+    *,
+    staged: bool = False,
 ) -> PartResult:
     """Replay one part of an embedded run (:data:`ALONE` or a client's index) on fresh
     clusters, in its own virtual-time event loop from time 0: a part's result does not
-    depend on the other parts, nor on where or in which order they run (blocking)."""
+    depend on the other parts, nor on where or in which order they run (blocking).
+    A client's journal (``cfg.journal_dir``) is appended to in its place, or with
+    ``staged`` beside it, for the run to move there once it ends (:func:`run_study`)."""
     report: Progress = progress or (lambda label: None)
     options = {"loop_factory": VirtualTimeLoop}
     if part == ALONE:
         return anyio.run(_alone, cfg, plans, report, backend_options=options)
-    return anyio.run(_client, cfg, plans, part, report, backend_options=options)
+    return anyio.run(_client, cfg, plans, part, report, staged, backend_options=options)
 
 
 def sim_clients(cfg: BenchConfig, parts: dict[int, PartResult]) -> list[ClientResult]:
@@ -655,21 +708,78 @@ async def _metrics(client: httpx.AsyncClient, url: str) -> dict[str, float]:
     return out
 
 
+def _brief(resp: httpx.Response, limit: int = 160) -> str:
+    """What a server's error reply says, on one line, cut to ``limit`` characters: its
+    message where the body is an OpenAI-style error (``{"error": {"message": ...}}``,
+    vLLM's ``{"message": ...}``, FastAPI's ``{"detail": ...}``), else its text."""
+    text = resp.text
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error")
+        said = error.get("message") if isinstance(error, dict) else error
+        said = said or body.get("message") or body.get("detail")
+        if isinstance(said, str) and said:
+            text = said
+    line = " ".join(text.split()) or "an empty reply"
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+async def _served_models(http: httpx.AsyncClient, url: str, required: bool) -> list[str]:
+    """The models ``GET {url}/models`` lists. A server not reached raises
+    :class:`~agentrt.EndpointError`; so does one that answers no model list where
+    ``required`` (no model was given), showing the server's own reply."""
+    shown = redact_userinfo(url)
+    try:
+        resp = await http.get(url.rstrip("/") + "/models")
+    except httpx.HTTPError as exc:
+        raise EndpointError(
+            f"could not reach {shown} (GET /models: {type(exc).__name__}: {exc}); "
+            + what_to_do(exc, shown, httpx),
+            endpoint=shown,
+        ) from None
+    problem = None
+    ids: list[str] = []
+    if resp.status_code != 200:
+        problem = f"answered HTTP {resp.status_code}"
+    else:
+        try:
+            ids = [str(m["id"]) for m in resp.json()["data"]]
+        except (ValueError, KeyError, TypeError):
+            problem = "answered no OpenAI model list"
+    if problem is not None and required:
+        raise EndpointError(
+            f"{shown}/models {problem} ({_brief(resp)}): is {shown} the server's OpenAI "
+            "base URL (usually ending in /v1)? (A server without /models: give --model)",
+            endpoint=shown,
+        )
+    return ids
+
+
 async def _run_real(
     cfg: BenchConfig, plans: list[JobPlan], progress: Progress
 ) -> list[ClientResult]:
     urls = list(cfg.endpoints)
     out = []
     async with httpx.AsyncClient(timeout=10.0) as http:
+        # Every server is asked for its models before any job runs: one that is not there,
+        # or (without --model) not an OpenAI API at that URL, stops the run here.
+        served = [await _served_models(http, u, cfg.model is None) for u in urls]
         model = cfg.model
         if model is None:
-            resp = await http.get(urls[0].rstrip("/") + "/models")
-            model = resp.json()["data"][0]["id"]
+            if not served[0]:
+                raise EndpointError(
+                    f"{redact_userinfo(urls[0])}/models lists no model: give --model",
+                    endpoint=redact_userinfo(urls[0]),
+                )
+            model = served[0][0]
         for name, journal in zip(cfg.clients, journal_paths(cfg), strict=True):
             spec = ClientSpec.parse(name)
             before = [await _metrics(http, u) for u in urls]
             prompts = Prompts("text")
-            driver = _driver(cfg, spec, plans, urls, None, model, prompts, journal)
+            driver = _driver(cfg, spec, plans, urls, None, model, prompts, _staged(journal))
             async with driver:
                 results, makespan = await _replay(
                     plans, driver.run_job, progress, spec.name, None, cfg.users
@@ -727,14 +837,17 @@ def check_config(cfg: BenchConfig) -> None:
         raise ValueError(
             f"fleet_assign must be one of {', '.join(FLEET_ASSIGNS)}, not {cfg.fleet_assign!r}"
         )
+    for url in cfg.endpoints:
+        Endpoint(url)  # as Runtime checks its endpoints: a scheme, a host, no whitespace
     if not cfg.endpoints:
         cfg.engine_config()  # fails on an unknown preset or a bad engine option
 
 
 def prepare(cfg: BenchConfig) -> list[JobPlan]:
-    """Check ``cfg`` and make its jobs."""
+    """Check ``cfg`` and make its jobs: ``cfg.jobs`` of them, or a ValueError that says
+    why there cannot be as many (a traces folder holding fewer traces)."""
     check_config(cfg)
-    return make_workload(
+    plans = make_workload(
         cfg.workload,
         cfg.jobs,
         Arrivals(cfg.rate, cfg.seed),
@@ -743,6 +856,9 @@ def prepare(cfg: BenchConfig) -> list[JobPlan]:
         tool_wait_s=cfg.tool_wait_s,
         long_share=cfg.long_share,
     )
+    if len(plans) < cfg.jobs:
+        raise ValueError(too_few_traces(cfg.jobs, len(plans), cfg.traces))
+    return plans
 
 
 def workload_key(cfg: BenchConfig) -> tuple[object, ...]:
@@ -757,13 +873,6 @@ def workload_key(cfg: BenchConfig) -> tuple[object, ...]:
         cfg.tool_wait_s,
         cfg.long_share,
     )
-
-
-def clear_journals(cfg: BenchConfig) -> None:
-    """Remove the journals of a previous run (journals append)."""
-    for path in journal_paths(cfg):
-        if path is not None:
-            path.unlink(missing_ok=True)
 
 
 def bench_result(
@@ -799,9 +908,14 @@ def run_bench(
         return result
     plans = prepare(cfg)
     report: Progress = progress or (lambda label: None)
-    clear_journals(cfg)
+    _discard_journals(cfg)  # (journals append: none left by a run stopped midway)
     started = time.perf_counter()
-    clients = anyio.run(_run_real, cfg, plans, report)
+    try:
+        clients = anyio.run(_run_real, cfg, plans, report)
+    except BaseException:
+        _discard_journals(cfg)
+        raise
+    _keep_journals(cfg, clients)
     return bench_result(cfg, plans, clients, time.perf_counter() - started)
 
 
@@ -814,6 +928,8 @@ class _Replay:
     jobs_id: str
     """Names the pickled jobs: a worker that has unpickled them keeps them for the next
     replay of the same workload."""
+    staged: bool = False
+    """Journals beside their place (see :func:`replay_part`)."""
 
 
 _jobs_cache: dict[str, list[JobPlan]] = {}
@@ -827,7 +943,7 @@ def _run_replay(replay: _Replay, jobs: bytes) -> PartResult:
         _jobs_cache.clear()
         plans = _jobs_cache[replay.jobs_id] = pickle.loads(jobs)
     try:
-        return replay_part(replay.cfg, plans, replay.part)
+        return replay_part(replay.cfg, plans, replay.part, staged=replay.staged)
     except Exception as exc:
         raise portable(exc) from None
 
@@ -849,6 +965,7 @@ def run_parts(
     *,
     workers: Workers = "auto",
     progress: Progress | None = None,
+    staged: bool = False,
 ) -> None:
     """Replay each ``(config, jobs, part)`` of ``parts`` (see :func:`replay_part`:
     :data:`ALONE` or a client's index): independent replays, in this process (``workers``
@@ -858,13 +975,16 @@ def run_parts(
     A jobs list given for several parts (the same object) is pickled once and unpickled
     once per process. ``progress`` as :func:`run_bench` (in one go as a replay ends, when
     it ran elsewhere). The entry point for a grid of replays whose jobs are made by the
-    caller; :func:`run_study` runs :class:`BenchConfig` runs through it. Blocking."""
+    caller; :func:`run_study` runs :class:`BenchConfig` runs through it (``staged``: the
+    journals beside their place, as :func:`replay_part`). Blocking."""
     where = check_workers(workers)
     report: Progress = progress or (lambda label: None)
     if where == 1 or len(parts) <= 1:
         for index, (cfg, plans, part) in enumerate(parts):
             try:
-                result: PartResult | BaseException = replay_part(cfg, plans, part, report)
+                result: PartResult | BaseException = replay_part(
+                    cfg, plans, part, report, staged=staged
+                )
             except Exception as exc:
                 result = exc
             done(index, result)
@@ -887,7 +1007,7 @@ def run_parts(
         if key is None:
             key = ids[id(plans)] = f"{batch}-{len(ids)}"
             shared[key] = pickle.dumps(plans, protocol=pickle.HIGHEST_PROTOCOL)
-        replays.append((_Replay(cfg, part, key), key))
+        replays.append((_Replay(cfg, part, key, staged), key))
     run_replays(_run_replay, replays, shared, where, finished)
 
 
@@ -975,7 +1095,7 @@ def run_study(
     ]
     for run in runs:
         if run.plans is not None and run.error is None:
-            clear_journals(run.cfg)
+            _discard_journals(run.cfg)  # (journals append: none left by a stopped run)
             run.parts = {}
     started = time.perf_counter()
 
@@ -993,7 +1113,13 @@ def run_study(
         plans = runs[i].plans
         assert plans is not None
         items.append((runs[i].cfg, plans, part))
-    run_parts(items, done, workers=where, progress=progress)
+    try:
+        run_parts(items, done, workers=where, progress=progress, staged=True)
+    except BaseException:
+        for run in runs:
+            if run.parts is not None:
+                _discard_journals(run.cfg)
+        raise
 
     out: list[BenchResult | Exception] = []
     real = iter(results)
@@ -1006,10 +1132,12 @@ def run_study(
             assert run.parts is not None and run.plans is not None
             failed = [r for p, r in sorted(run.parts.items()) if isinstance(r, BaseException)]
             if failed:
+                _discard_journals(run.cfg)
                 out.append(_as_exception(failed[0]))
             else:
                 parts = {p: r for p, r in run.parts.items() if not isinstance(r, BaseException)}
                 clients = sim_clients(run.cfg, parts)
+                _keep_journals(run.cfg, clients)
                 out.append(bench_result(run.cfg, run.plans, clients, run.done_s))
     return out
 

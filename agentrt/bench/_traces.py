@@ -115,10 +115,14 @@ def _download(url: str, to: Path, echo: Callable[[str], None]) -> None:
     import httpx
 
     echo(f"downloading {url}")
+    offline = (
+        "; without a connection, download that archive elsewhere and give it with "
+        "'agentrt traces fetch --archive FILE'"
+    )
     try:
         with httpx.stream("GET", url, follow_redirects=True, timeout=60.0) as response:
             if response.status_code != 200:
-                raise FetchError(f"{url}: HTTP {response.status_code}")
+                raise FetchError(f"could not download {url}: HTTP {response.status_code}{offline}")
             got = 0
             with to.open("wb") as f:
                 for chunk in response.iter_bytes(1 << 20):
@@ -126,7 +130,23 @@ def _download(url: str, to: Path, echo: Callable[[str], None]) -> None:
                     got += len(chunk)
             echo(f"downloaded {got / 1e6:.1f} MB")
     except httpx.HTTPError as exc:
-        raise FetchError(f"{url}: {exc}") from exc
+        raise FetchError(
+            f"could not download {url} ({type(exc).__name__}: {exc}){offline}"
+        ) from None
+
+
+def _place(files: Path, dest: Path) -> None:
+    """Move each file of ``files`` into ``dest`` (created if need be), each replacing the
+    file of its name there at once (written beside it, then renamed); nothing else in
+    ``dest`` is touched."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for src in sorted(files.iterdir()):
+        part = dest / f".{src.name}.part"
+        try:
+            shutil.copyfile(src, part)
+            os.replace(part, dest / src.name)
+        finally:
+            part.unlink(missing_ok=True)
 
 
 def fetch(
@@ -140,14 +160,19 @@ def fetch(
 ) -> Path:
     """Download the repository's archive (or read ``archive``, one already downloaded),
     check every trace the manifest lists against its blob hash, and write them gzipped to
-    ``dest`` (default :func:`user_trace_dir`) with the license. ``dest`` is replaced only
-    once every file checked out; a file missing or changed raises :class:`FetchError`.
+    ``dest`` (default :func:`user_trace_dir`) with the license.
+
+    The download and the checked traces wait in a temporary folder (the system's:
+    ``$TMPDIR``); only once every file checked out are they written to ``dest``, each
+    replacing the file of its name. Nothing else in ``dest`` is touched, and a fetch that
+    fails (offline, a file missing or changed: :class:`FetchError`) creates nothing.
     Returns ``dest``."""
     dest = dest or user_trace_dir()
+    if dest.exists() and not dest.is_dir():
+        raise FetchError(f"{dest} is a file: give a folder for the traces (--out DIR)")
     manifest = manifest or read_manifest()
     wanted = manifest.wanted(include_large)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".agentrt-traces-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="agentrt-traces-") as tmp:
         work = Path(tmp)
         if archive is None:
             archive = work / "source.tar.gz"
@@ -189,8 +214,9 @@ def fetch(
             f"{len(found)} files, each checked against its git blob hash, gzipped.\n",
             encoding="utf-8",
         )
-        if dest.exists():
-            shutil.rmtree(dest)
-        out.rename(dest)
+        try:
+            _place(out, dest)
+        except OSError as exc:
+            raise FetchError(f"could not write the traces to {dest}: {exc}") from None
     echo(f"{len(found)} traces checked and written to {dest}")
     return dest

@@ -28,6 +28,7 @@ __all__ = [
     "make_workload",
     "react_job",
     "react_longtail_job",
+    "too_few_traces",
 ]
 
 SYSTEM_BLOCKS: Final = 24
@@ -375,6 +376,22 @@ def claude_code_jobs(opts: TraceOptions) -> list[SessionPlan]:
     return out
 
 
+def too_few_traces(asked: int, found: int, opts: TraceOptions, what: str = "jobs") -> str:
+    """The one-line error for ``asked`` Claude Code replays where the traces give only
+    ``found``: the folder, why (``max_context``), and what to do."""
+    from ._traces import sample_dir
+
+    directory = opts.directory or default_trace_dir()
+    sample = directory.resolve() == sample_dir().resolve()
+    where = f"the package's sample ({directory})" if sample else str(directory)
+    if opts.max_context is not None:
+        why = f"only {found} traces of {where} fit max_context (--max-context)"
+    else:
+        why = f"{where} holds only {found} Claude Code traces"
+    fetch = "; 'agentrt traces fetch' gets the full set of 710" if sample else ""
+    return f"{asked} {what} asked for, but {why}: ask for {found} or fewer{fetch}"
+
+
 def _longest_call(session: SessionPlan) -> int:
     """The tokens (prompt and output) of the session tree's longest call."""
     longest = 0
@@ -464,9 +481,11 @@ def make_workload(
         n_long = round(jobs * long_share)
         chosen = set(rng.sample(range(jobs), n_long))
         kinds = ["claude-code" if i in chosen else "react" for i in range(jobs)]
-        long_roots = iter(
-            claude_code_jobs(replace(traces or TraceOptions(), limit=n_long)) if n_long else []
-        )
+        long_opts = replace(traces or TraceOptions(), limit=n_long)
+        found = claude_code_jobs(long_opts) if n_long else []
+        if len(found) < n_long:
+            raise ValueError(too_few_traces(n_long, len(found), long_opts, "Claude Code jobs"))
+        long_roots = iter(found)
         for i, kind in enumerate(kinds):
             if kind == "react":
                 roots.append((kind, react_job(rng, f"react-{i}", tool_wait_s=tool_wait_s)))

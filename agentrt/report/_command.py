@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..telemetry import JobReport, read_journal
+from ..telemetry import JobReport
+from ..telemetry._journal import scan_journal
 from ._stats import NameSummary, compare, summarize
 from ._tables import TextTable, comparison_table, print_tables, summary_table
 from ._timeline import critical_path
@@ -45,22 +45,14 @@ class Run:
 def _sniff(path: Path) -> None:
     """Raise :class:`ReportError` when the first :data:`SNIFF_LINES` non-empty lines of
     ``path`` hold no job report (a README, a results file given by mistake)."""
-    seen = 0
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                JobReport.model_validate_json(line)
-                return
-            except ValueError:  # pydantic's ValidationError
-                seen += 1
-            if seen >= SNIFF_LINES:
-                raise ReportError(
-                    f"{path} is not an agentrt journal: its first {seen} lines are not job "
-                    "reports (a journal is one JSON JobReport per line, as "
-                    "Runtime(journal=...) and agentrt bench write)"
-                )
+    head = scan_journal(path, stop_after_invalid=SNIFF_LINES)
+    if not head.reports and len(head.invalid) >= SNIFF_LINES:
+        number, reason = head.invalid[0]
+        raise ReportError(
+            f"{path} is not an agentrt journal: its first {len(head.invalid)} lines are "
+            f"not job reports (line {number}: {reason}; a journal is one JSON JobReport "
+            "per line, as Runtime(journal=...) and agentrt bench write)"
+        )
 
 
 def _read(path: Path, warn: Callable[[str], None]) -> list[JobReport]:
@@ -70,21 +62,17 @@ def _read(path: Path, warn: Callable[[str], None]) -> list[JobReport]:
         raise ReportError(f"journal {path}: is a directory")
     try:
         _sniff(path)
+        scan = scan_journal(path)
     except OSError as exc:
         raise ReportError(f"journal {path}: {exc.strerror or exc}") from exc
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            reports = read_journal(path)
-        except OSError as exc:
-            raise ReportError(f"journal {path}: {exc.strerror or exc}") from exc
-    for w in caught[:MAX_WARNINGS]:
-        warn(str(w.message))
-    if len(caught) > MAX_WARNINGS:
-        warn(f"{path}: {len(caught)} lines in all were not valid job reports; skipped")
-    if not reports:
-        raise ReportError(f"journal {path} is empty: no job reports in it")
-    return reports
+    problem = scan.no_report()
+    if problem is not None:
+        raise ReportError(problem)
+    for number, reason in scan.invalid[:MAX_WARNINGS]:
+        warn(f"{path}:{number}: not a valid job report ({reason}); skipped")
+    if len(scan.invalid) > MAX_WARNINGS:
+        warn(f"{path}: {len(scan.invalid)} lines in all were not valid job reports; skipped")
+    return scan.reports
 
 
 def load_run(

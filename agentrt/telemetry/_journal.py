@@ -193,25 +193,84 @@ class Journal:
         self._log.flush(self.last_error or "")
 
 
-def iter_journal(path: str | os.PathLike[str]) -> Iterator[JobReport]:
-    """The reports in a journal, in order. A line that is not a valid report (a crash
-    cut it short, or it was edited) is skipped with a :class:`JournalWarning` that names
-    the file and the line number."""
-    p = Path(path)
+def _lines(p: Path) -> Iterator[tuple[int, JobReport | str]]:
+    """Each non-empty line of journal ``p``: its number, and its report or why it is
+    not one (pydantic's first error: ``field: reason``, or the reason alone)."""
     with p.open(encoding="utf-8", errors="replace") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
-                yield JobReport.model_validate_json(line)
+                yield number, JobReport.model_validate_json(line)
             except ValidationError as exc:
                 first = exc.errors()[0]
-                where = ".".join(str(x) for x in first.get("loc", ())) or "line"
-                warnings.warn(
-                    f"{p}:{number}: not a valid job report ({where}: {first.get('msg')}); skipped",
-                    JournalWarning,
-                    stacklevel=2,
-                )
+                where = ".".join(str(x) for x in first.get("loc", ()))
+                yield number, f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+
+
+def iter_journal(path: str | os.PathLike[str]) -> Iterator[JobReport]:
+    """The reports in a journal, in order. A line that is not a valid report (a crash
+    cut it short, or it was edited) is skipped with a :class:`JournalWarning` that names
+    the file and the line number."""
+    p = Path(path)
+    for number, read in _lines(p):
+        if isinstance(read, str):
+            warnings.warn(
+                f"{p}:{number}: not a valid job report ({read}); skipped",
+                JournalWarning,
+                stacklevel=2,
+            )
+        else:
+            yield read
+
+
+@dataclass(frozen=True, slots=True)
+class JournalScan:
+    """A journal read whole (:func:`scan_journal`): its valid reports, in order, and its
+    invalid lines as ``(line number, reason)``."""
+
+    path: Path
+    reports: list[JobReport]
+    invalid: list[tuple[int, str]]
+
+    def no_report(self) -> str | None:
+        """Why the journal holds no job report, in one line (None when it holds one):
+        empty, or what is wrong with its lines (how many, the first's number and
+        reason)."""
+        if self.reports:
+            return None
+        if not self.invalid:
+            return f"journal {self.path} is empty: no job reports in it"
+        number, reason = self.invalid[0]
+        n = len(self.invalid)
+        lines = "its one line is not" if n == 1 else f"none of its {n} lines is"
+        return (
+            f"journal {self.path} has no valid job report: {lines} a JobReport (first: "
+            f"line {number}, {reason}); a journal is one JSON JobReport per line, as "
+            "Runtime(journal=...) and agentrt bench write"
+        )
+
+
+def scan_journal(
+    path: str | os.PathLike[str], *, stop_after_invalid: int | None = None
+) -> JournalScan:
+    """Read a journal whole: its valid reports and its invalid lines, with no warning
+    (for a command that says what is wrong itself). With ``stop_after_invalid``, only its
+    head: up to its first report, or that many invalid lines before any (is the file a
+    journal at all?)."""
+    p = Path(path)
+    reports: list[JobReport] = []
+    invalid: list[tuple[int, str]] = []
+    for number, read in _lines(p):
+        if isinstance(read, str):
+            invalid.append((number, read))
+            if not reports and len(invalid) == stop_after_invalid:
+                break
+        else:
+            reports.append(read)
+            if stop_after_invalid is not None:
+                break
+    return JournalScan(p, reports, invalid)
 
 
 def read_journal(path: str | os.PathLike[str]) -> list[JobReport]:

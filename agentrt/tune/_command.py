@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -341,6 +342,12 @@ def _intro(
         lines.append(f"engine: {opts.preset} as it is (too few calls to fit)")
     rec = recorded.label() + ("" if observed.recorded_known else " (assumed: Runtime defaults)")
     lines.append(f"recorded with: {rec}")
+    if recorded.plain:
+        lines.append(
+            "  (no agentrt: each call sent at once, round-robin over the replicas); ranked:\n"
+            "  that client replayed (*) and agentrt's settings (Runtime's defaults, then one\n"
+            "  change each), every ratio to the plain client's replay"
+        )
     lines.append(
         f"replays: {sample} jobs per sample, {seeds} sample(s), loads "
         + ", ".join(f"{x:g}x" for x in LOADS)
@@ -421,9 +428,13 @@ def table(result: TuneResult) -> list[str]:
         lines.append(f"{i:>2}  {label:<26} {p50}  {p90}  {rate:>5}")
     best = result.ranked[0] if result.ranked else None
     lines.append("")
-    lines.append("Ratios to the recorded settings (*), lower is better; rate: the load sustained")
-    lines.append("at p90 stretch <= 2 over the recorded one's (higher is better), loads capped at")
-    lines.append(f"{LOADS[-1]:g}x the observed.")
+    base = "the plain client's replay" if result.recorded.plain else "the recorded settings"
+    lines += textwrap.wrap(
+        f"Ratios to {base} (*), lower is better; rate: the load sustained at p90 stretch "
+        f"<= 2 over the recorded one's (higher is better), loads capped at {LOADS[-1]:g}x "
+        "the observed.",
+        WIDTH,
+    )
     pick = chosen(result)
     if best is not None and pick is not None:
         lines.append(f"best: {best.setting.label()}; confidence {result.confidence}")
@@ -431,7 +442,11 @@ def table(result: TuneResult) -> list[str]:
             f"  score {best.score:.3f} +/- {best.spread:.3f} over {len(best.samples)} "
             "window(s), lower is better"
         )
-        if pick is not best:
+        if pick.setting.plain:  # a settings file configures agentrt, not a bare client
+            lines.append(
+                f"chosen: Runtime's defaults (no setting beats the plain client by {MIN_GAIN:.0%})"
+            )
+        elif pick is not best:
             lines.append(f"chosen: the recorded settings (the best gains under {MIN_GAIN:.0%})")
     lines.append(f"{result.replays} replays in {result.wall_s:.0f} s")
     return [line[:WIDTH] if len(line) > WIDTH else line for line in lines]

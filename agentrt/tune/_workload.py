@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import warnings
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ..bench._plan import BLOCK_TOKENS, Call, Fanout, JobPlan, SessionPlan, Step
-from ..telemetry._journal import JournalWarning, iter_journal
+from ..telemetry._journal import scan_journal
 from ..telemetry._report import CallReport, JobReport, SessionReport
 
 __all__: list[str] = []
@@ -88,18 +87,12 @@ def load(paths: Sequence[str | os.PathLike[str]]) -> Observed:
             raise FileNotFoundError(f"journal {p} does not exist")
         if p.is_dir():
             raise JournalError(f"journal {p} is a directory; give the .jsonl file")
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", JournalWarning)
-            try:
-                found = list(iter_journal(p))
-            except UnicodeDecodeError:
-                found = []
-        skipped += sum(issubclass(w.category, JournalWarning) for w in caught)
-        if not found:
-            raise JournalError(
-                f"journal {p} has no valid job report (a file Runtime(journal=...) wrote: "
-                "one JSON JobReport per line)"
-            )
+        scan = scan_journal(p)
+        skipped += len(scan.invalid)
+        problem = scan.no_report()
+        if problem is not None:
+            raise JournalError(problem)
+        found = scan.reports
         reports.extend(found)
         runtimes.extend(runtime_key(r, file) for r in found)
     keep = [any(_usable(c) for c in r.call_reports) for r in reports]
@@ -168,8 +161,10 @@ def _recorded(reports: list[JobReport]) -> tuple[dict[str, Any], bool]:
         settings = r.runtime or _from_client(r.metadata.get("client"))
         if settings:
             # poll_metrics_s: whether "engine" capped (it caps only when polled); with
-            # "auto", the endpoints say whether it polled (several: polled)
-            key = tuple(sorted((k, settings.get(k)) for k in (*TUNED, *_POLLED)))
+            # "auto", the endpoints say whether it polled (several: polled). A plain
+            # client has none of them: its marker is its setting.
+            keys = ("plain",) if settings.get("plain") else (*TUNED, *_POLLED)
+            key = tuple(sorted((k, settings.get(k)) for k in keys))
             counts[key] = counts.get(key, 0) + 1
     if not counts:
         return runtime_defaults(), False

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from agentrt.bench._runner import BenchConfig, BenchResult, run_bench
-from agentrt.bench._takeaway import takeaway
+from agentrt.bench._takeaway import failures, takeaway
 from agentrt.cli import main
 
 
@@ -55,3 +55,24 @@ def test_bench_defaults_to_the_coding_workload(monkeypatch: pytest.MonkeyPatch) 
     args = cli._parser().parse_args(["bench"])
     assert args.workload == "coding" and args.clients is None
     assert main is cli.main
+
+
+def test_a_client_with_no_job_done_is_named_by_no_claim(result: BenchResult) -> None:
+    """A client whose every job failed has no JCT: it is not 'the one that changes JCT
+    the most' (its JCTs are NaN), and with the first client failed nothing is compared."""
+    plain, rr, session = result.clients
+    rows = [
+        {**row, "status": "error: NotFoundError", "error": "NotFoundError: no"}
+        for row in rr.job_rows
+    ]
+    nan = {k: float("nan") for k in rr.jct}
+    broken = replace(rr, failed=rr.jobs, jct=nan, job_rows=rows)
+    text = " ".join(takeaway(replace(result, clients=[plain, broken, session]), 100))
+    assert "agentrt:round-robin" not in text
+    assert "agentrt:session changes JCT the most here" in text
+    assert takeaway(replace(result, clients=[replace(plain, failed=plain.jobs), rr])) == []
+    line = failures(replace(result, clients=[plain, broken, session]))
+    assert (
+        line == f"jobs failed: agentrt:round-robin {rr.jobs} of {rr.jobs}; why: NotFoundError: no"
+    )
+    assert failures(result) is None

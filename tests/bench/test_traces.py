@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import http.server
 import io
+import socket
 import tarfile
 import threading
 from collections.abc import Iterator
@@ -169,3 +170,57 @@ def test_traces_fetch_command_reports_a_bad_archive_in_one_line(
     status = main(["traces", "fetch", "--archive", str(bad), "--out", str(tmp_path / "t")])
     err = capsys.readouterr().err
     assert status == 2 and "not a readable tar.gz archive" in err and err.count("\n") == 1
+
+
+def _refused_url() -> str:
+    """A loopback URL where nothing listens (a port bound, then let go)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/archive.tar.gz"
+
+
+def test_fetch_writes_its_files_and_touches_nothing_else_in_the_folder(tmp_path: Path) -> None:
+    files = dict(list(_sample().items())[:2])
+    archive = tmp_path / "source.tar.gz"
+    archive.write_bytes(_archive(files))
+    dest = tmp_path / "mine"
+    (dest / "notes").mkdir(parents=True)
+    (dest / "notes" / "todo.txt").write_text("keep me")
+    (dest / "report.md").write_text("mine too")
+    (dest / "trace_9999.json.gz").write_bytes(b"an earlier fetch's trace")
+    fetch(dest, archive=archive, manifest=_subset(files), echo=lambda _: None)
+    assert (dest / "notes" / "todo.txt").read_text() == "keep me"
+    assert (dest / "report.md").read_text() == "mine too"
+    assert (dest / "trace_9999.json.gz").read_bytes() == b"an earlier fetch's trace"
+    written = {f"{n}.gz" for n in files}
+    assert written <= {p.name for p in dest.iterdir()}
+    assert not list(dest.glob(".*"))  # no temporary left behind
+
+
+def test_fetch_into_the_current_folder_keeps_what_is_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = dict(list(_sample().items())[:2])
+    archive = tmp_path / "source.tar.gz"
+    archive.write_bytes(_archive(files))
+    here = tmp_path / "project"
+    here.mkdir()
+    (here / "main.py").write_text("print('mine')")
+    monkeypatch.chdir(here)
+    fetch(Path("."), archive=archive, manifest=_subset(files), echo=lambda _: None)
+    assert (here / "main.py").read_text() == "print('mine')"
+    assert sorted(p.name for p in here.glob("trace_*.json.gz")) == sorted(f"{n}.gz" for n in files)
+    assert {"LICENSE", "SOURCE"} <= {p.name for p in here.iterdir()}
+
+
+def test_a_fetch_that_cannot_download_creates_nothing_and_names_archive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    status = main(["traces", "fetch", "--url", _refused_url()])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1
+    assert "could not download" in err and "--archive FILE" in err
+    assert not cache.exists()  # no empty cache folder left behind

@@ -171,6 +171,8 @@ async def test_stream_dropped_midway_is_an_error_of_the_call(server: FaultServer
         report, caught, _ = await run_job(rt, stream=True)
     assert isinstance(caught, agentrt.EndpointError)
     assert caught.endpoint == server.url
+    # The transport's error is its .error, not its chained cause (one-exception traceback).
+    assert caught.error is not None and caught.__cause__ is None and caught.__suppress_context__
     (call,) = report.call_reports
     assert call.status == "error" and call.stream
     assert report.status == "error"

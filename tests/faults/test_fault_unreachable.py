@@ -1,7 +1,7 @@
 """A server that is not there: the error says what to do (is the server running at the
 URL? check it), names agentrt's public exception (``agentrt.EndpointError``, as httpx's
-say ``httpx.ConnectError``) and keeps the cause chain; a timeout and a dropped connection
-say what happened too."""
+say ``httpx.ConnectError``) and keeps the transport's error as its ``error``, unchained;
+a timeout and a dropped connection say what happened too."""
 
 from __future__ import annotations
 
@@ -39,7 +39,13 @@ async def test_a_refused_connection_says_what_to_do(how: str) -> None:
     assert line.startswith(f"agentrt.EndpointError: endpoint {url} failed after 2 attempt(s): ")
     assert "ConnectError" in line
     assert f"is a server running at {url}? Check the URL" in line
-    assert type(exc.__cause__).__name__ == "ConnectError"  # the chain is kept (httpx or httpx2)
+    # The transport's error is kept as .error, not chained: a traceback is agentrt's one
+    # exception, not three (httpcore's, httpx's, then agentrt's).
+    assert type(exc.error).__name__ == "ConnectError"  # (httpx or httpx2)
+    assert exc.__cause__ is None and exc.__suppress_context__
+    shown = "".join(traceback.format_exception(exc))
+    assert "direct cause" not in shown and "During handling" not in shown
+    assert shown.count("Traceback (most recent call last)") == 1, shown
     # An OpenAIError too: openai's clients (2.x as 3.x) pass it on unwrapped, unretried.
     assert isinstance(exc, openai.OpenAIError)
     assert job.report.error is not None and "is a server running" in job.report.error

@@ -507,6 +507,27 @@ def test_a_corrupt_line_is_a_warning(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert " x " in captured.out
 
 
+@pytest.mark.parametrize("command", ["report", "tune"])
+def test_a_journal_whose_every_line_is_invalid_says_what_is_wrong(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+) -> None:
+    """Not "is empty" (report) nor a bare "no valid job report" (tune): how many lines,
+    the first bad one and why."""
+    path = tmp_path / "runs.jsonl"
+    good = _job("x", 1.0).model_dump_json()
+    path.write_text("\n" + good.replace('"jct_s"', '"jct"') + "\n" + good[:40] + "\n")
+    monkeypatch.chdir(tmp_path)  # (where tune would write its file)
+    assert main([command, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    assert f"journal {path} has no valid job report: none of its 2 lines is a JobReport" in err
+    assert "(first: line 2, jct_s: Field required)" in err
+    assert "is empty" not in err
+
+
 def test_a_file_that_is_not_a_journal_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -123,12 +123,36 @@ def test_tune_end_to_end_writes_runtime_arguments(
     assert rt._core.settings is not None and rt._core.settings["routing"] == settings["routing"]
 
 
+def test_a_plain_clients_journal_is_tuned_against_the_plain_client(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The demo's journal-plain.jsonl: recorded by a bare client, so the baseline is that
+    client replayed, not agentrt settings it never ran with."""
+    path = _record(tmp_path, "react", 6, client="plain")
+    assert path.name == "journal-plain.jsonl"
+    observed = load([path])
+    assert observed.recorded_known and Setting.of(observed.recorded) == Setting(plain=True)
+    out = tmp_path / "tuned.toml"
+    args = ["tune", str(path), "--out", str(out), "--sample", "4", "--seeds", "1"]
+    assert main([*args, "--workers", "1", "--top", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "recorded with: plain client\n  (no agentrt:" in text
+    assert "every ratio to the plain client's replay" in text
+    assert "Ratios to the plain client's replay (*)" in text
+    rows = [line for line in text.splitlines() if line[:2].strip().isdigit()]
+    assert [r for r in rows if "plain client*" in r]  # the baseline ran, and is marked
+    assert not [r for r in rows if r.rstrip().endswith("*") and "plain" not in r]
+    assert "noprio" not in text  # no agentrt setting stands in for what was recorded
+    assert all(len(line) <= 80 for line in text.splitlines() if str(out) not in line)
+    assert "# recorded with: plain client" in out.read_text()
+
+
 @pytest.mark.parametrize(
     ("content", "needle"),
     [
         (None, "does not exist"),
-        ("", "no valid job report"),
-        ('not json\n{"job_id": 1}\n', "no valid job report"),
+        ("", "is empty: no job reports in it"),
+        ('not json\n{"job_id": 1}\n', "no valid job report: none of its 2 lines"),
     ],
     ids=["missing", "empty", "invalid"],
 )
