@@ -392,8 +392,11 @@ class Attempts:
         if grant.held_s > 0.0:
             self.state.held_s = grant.held_s
             self.sent_at = self.clock()
-        if home is None and grant.replica >= 0:
-            placement.reserve(self.core, grant.replica)
+        if grant.replica >= 0:
+            if home is None:
+                placement.reserve(self.core, grant.replica)
+            elif grant.replica != home:
+                placement.target = grant.replica
 
     def release(self, *, ok: bool, now: float | None = None) -> None:
         """The attempt in flight is over (at ``now``, else read from the clock): its

@@ -153,6 +153,7 @@ class Placement:
         "last_reply_at",
         "session_id",
         "stable",
+        "target",
         "unserved",
     )
 
@@ -171,6 +172,10 @@ class Placement:
         self.unserved = False
         """``home`` was chosen for a first turn that has not been answered yet: nothing
         of the session is there (a retry of that turn is still a first turn)."""
+        self.target: int | None = None
+        """Where load control resumes the session, away from its home (its context was
+        no longer resident there, and another replica had room): the next route goes
+        there, a move for ``"load"``."""
         self.distance: int | None = None
         """Tokens other sessions touched at its home between its previous call and this
         one (the stack distance when this call was routed there), for the capacity
@@ -194,6 +199,7 @@ class Placement:
         index = 0
         sid = self.session_id
         self.distance = None
+        target = None
         if len(endpoints) > 1:
             idle = None
             context, resident = 0, None
@@ -213,7 +219,12 @@ class Placement:
             key = RouteKey(
                 sid, held, held is None, prefix, tokens, idle, self.stable, context, resident
             )
-            index = core.router.choose([e.load for e in endpoints], key, avoid)
+            target, self.target = self.target, None
+            if target is not None and target not in avoid and endpoints[target].load.healthy:
+                index = target
+            else:
+                target = None
+                index = core.router.choose([e.load for e in endpoints], key, avoid)
             core.router.served(index, key)
             if core.kv_aware and not self.ended:
                 if home is not None and home != index:
@@ -237,6 +248,8 @@ class Placement:
             return index, None  # nothing of the session was anywhere: not a move
         if home in avoid or not endpoints[home].load.healthy:
             return index, "unavailable"
+        if target is not None:
+            return index, "load"
         reason: str | None = getattr(core.router, "move_reason", None)
         return index, reason or "routing"
 

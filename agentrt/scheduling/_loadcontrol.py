@@ -178,23 +178,26 @@ class Gate:
         tokens: int,
         rooms: list[tuple[float, bool] | None],
         reserved: set[int],
+        movable: bool = False,
     ) -> int:
         """Where a session of ``tokens`` may go now: its home if it fits there; a new
-        (or homeless) session the healthy replica with the most room where it fits,
-        :data:`ANY` where some capacity is unknown; else ``_FULL``."""
+        (or homeless) session, or one ``movable`` (its context no longer resident at
+        home: nothing is lost by moving), the healthy replica with the most room where
+        it fits, :data:`ANY` where some capacity is unknown; else ``_FULL``."""
         if home is not None and self._healthy(home):
-            if home in reserved:
-                return _FULL
             room = rooms[home]
-            return home if room is None or room[1] or room[0] >= tokens else _FULL
+            if home not in reserved and (room is None or room[1] or room[0] >= tokens):
+                return home
+            if not movable:
+                return _FULL
         n = len(rooms)
         healthy = [i for i in range(n) if self._healthy(i)] or list(range(n))
         best, most = _FULL, -math.inf
         for i in healthy:
             room = rooms[i]
             if room is None:
-                return ANY
-            if i in reserved:
+                return ANY if home is None or not self._healthy(home) else _FULL
+            if i in reserved or i == home:
                 continue
             if (room[1] or room[0] >= tokens) and room[0] > most:
                 best, most = i, room[0]
@@ -205,12 +208,13 @@ class Gate:
             return tokens
         return max(tokens, self._shadows[home].context(session_id))
 
-    def _resident(self, w: _Waiter) -> bool:
-        if w.home is None:
+    def _resident(self, session_id: str, home: int | None) -> bool:
+        """Whether at least half the session's context is likely still cached at home."""
+        if home is None:
             return False
-        shadow = self._shadows[w.home]
-        resident = shadow.resident(w.session_id)
-        return resident is not None and 2 * resident >= shadow.context(w.session_id) > 0
+        shadow = self._shadows[home]
+        resident = shadow.resident(session_id)
+        return resident is not None and 2 * resident >= shadow.context(session_id) > 0
 
     # ------------------------------------------------------------ admission
 
@@ -226,7 +230,8 @@ class Gate:
         # the held ones (they came first).
         if home is not None or not self._waiters:
             rooms = self._rooms(now, session_id)
-            index = self._place(home, tokens, rooms, self._reserved(now))
+            movable = home is not None and not self._resident(session_id, home)
+            index = self._place(home, tokens, rooms, self._reserved(now), movable)
             if index != _FULL:
                 self._grant(session_id, index, tokens)
                 return Grant(index, 0.0, False)
@@ -305,10 +310,11 @@ class Gate:
                 return
         half = bound / 2
         reserved: set[int] = set()
-        order = sorted(waiters, key=lambda w: (not self._resident(w), w.since))
+        resident = {id(w): self._resident(w.session_id, w.home) for w in waiters}
+        order = sorted(waiters, key=lambda w: (not resident[id(w)], w.since))
         for w in order:
             waited = now - w.since
-            index = self._place(w.home, w.tokens, rooms, reserved)
+            index = self._place(w.home, w.tokens, rooms, reserved, not resident[id(w)])
             if index == _FULL and waited >= bound:
                 w.forced = True
                 home = w.home
