@@ -57,6 +57,7 @@ class Upkeep:
         self._get_urls: dict[str, Any] = {}  # the URLs _get asks, parsed
         self._read_engine: Any = getattr(inner, "engine_reading", None)
         self._read_capacity: Any = getattr(inner, "engine_capacity", None)
+        self._read_host: Any = getattr(inner, "engine_host_capacity", None)
         """A transport that serves simulated engines in this process (the simulator's,
         ``agentrt.sim``) reads their load without a page to render and parse: the same
         signals, at a fraction of the CPU (a fleet's polls of a long replay)."""
@@ -210,6 +211,8 @@ class Upkeep:
             config = parse_cache_config(text)  # once: it does not change
             if config is not None:
                 e.shadow.set_capacity(config.gpu_blocks * config.block_size, "engine")
+                if config.host_blocks:
+                    e.shadow.host_tokens = config.host_blocks * config.block_size
         if signals is not None:
             e.load.running = signals.running
             e.load.waiting = signals.waiting
@@ -284,6 +287,8 @@ class Upkeep:
                     tokens = self._read_capacity(url)  # the page's cache_config_info
                     if tokens:
                         ep.shadow.set_capacity(tokens, "engine")
+                    if self._read_host is not None:
+                        ep.shadow.host_tokens = self._read_host(url) or 0
                 return EngineSignals(running=running, waiting=waiting, kv_usage=kv_usage)
         return None
 

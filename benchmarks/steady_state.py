@@ -39,6 +39,9 @@ def parse(argv: list[str] | None) -> tuple[SteadyConfig, argparse.Namespace]:
     )
     ap.add_argument("--kv", nargs="+", choices=("ample", "pressure"), default=None)
     ap.add_argument("--pressure-blocks", type=int, default=None, help="KV blocks per replica")
+    ap.add_argument(
+        "--host-blocks", type=int, default=None, help="KV blocks per replica's host tier"
+    )
     ap.add_argument("--replicas", type=int, default=None)
     ap.add_argument("--preset", default=d.preset)
     ap.add_argument("--traces", type=Path, default=None)
@@ -70,6 +73,7 @@ def parse(argv: list[str] | None) -> tuple[SteadyConfig, argparse.Namespace]:
         seed=args.seed,
         preset=args.preset,
         pressure_blocks=args.pressure_blocks,
+        host_blocks=args.host_blocks,
         traces=traces,
         warmup_share=args.warmup_share,
         knee=args.knee,

@@ -101,6 +101,8 @@ class SteadyConfig:
     kv: Sequence[Kv] = ("ample", "pressure")
     pressure_blocks: int | None = None
     """KV blocks per replica under pressure; None: a quarter of the preset's."""
+    host_blocks: int | None = None
+    """KV blocks in each replica's host tier (CPU offload); None: the preset's."""
     replicas: int = 8
     preset: str = "h100-8b"
     traces: TraceOptions = field(
@@ -136,6 +138,8 @@ class SteadyConfig:
         self.bench("ample").engine_config()
         if self.pressure_blocks is not None and self.pressure_blocks < 1:
             raise ValueError("pressure_blocks must be >= 1")
+        if self.host_blocks is not None and self.host_blocks < 0:
+            raise ValueError("host_blocks must be >= 0")
 
     def gpu_blocks(self, kv: Kv) -> int | None:
         """KV blocks per replica for ``kv`` (None: the preset's)."""
@@ -159,6 +163,7 @@ class SteadyConfig:
             stretch=False,
             api=self.api,
             gpu_blocks=self.gpu_blocks(kv),
+            host_blocks=self.host_blocks,
             kv_sample_s=self.kv_sample_s,
         )
 

@@ -63,11 +63,15 @@ class LoadControl:
     * **watermark** - the share of a replica's KV capacity that live working sets may
       fill (the rest is headroom for decode and chunked prefill).
     * **tick_s** - how often held sessions look for room besides when calls end.
+    * **host_weight** - the share of a replica's host tier (CPU offload, where its
+      engine says how large) counted as room: a waiting session's context offloaded
+      there comes back at a reload's cost, a fraction of a recompute's, but not free.
     """
 
     max_hold_s: float = 300.0
     watermark: float = 0.95
     tick_s: float = 1.0
+    host_weight: float = 0.5
 
     def __post_init__(self) -> None:
         if not (
@@ -87,6 +91,8 @@ class LoadControl:
             raise ValueError(f"LoadControl tick_s must be a finite number, got {self.tick_s!r}")
         if not self.tick_s > 0:
             raise ValueError(f"LoadControl tick_s must be > 0, got {self.tick_s!r}")
+        if not (isinstance(self.host_weight, int | float) and 0 <= self.host_weight <= 1):
+            raise ValueError(f"LoadControl host_weight must be in [0, 1], got {self.host_weight!r}")
 
 
 @dataclass(slots=True)
@@ -162,14 +168,15 @@ class Gate:
         ``exclude``'s context left out) and whether nothing lives there; None where its
         capacity is unknown (it is not gated)."""
         out: list[tuple[float, bool] | None] = []
-        watermark = self.settings.watermark
+        watermark, host = self.settings.watermark, self.settings.host_weight
         for shadow in self._shadows:
             capacity = shadow.capacity_tokens
             if capacity is None:
                 out.append(None)
                 continue
             demand = shadow.demand(now, exclude)
-            out.append((capacity * watermark - demand, demand <= 0.0))
+            room = (capacity + host * shadow.host_tokens) * watermark - demand
+            out.append((room, demand <= 0.0))
         return out
 
     def _place(

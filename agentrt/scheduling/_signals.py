@@ -165,5 +165,9 @@ def parse_cache_config(text: str) -> CacheConfig | None:
         except ValueError:
             continue
         if gpu >= 1 and size >= 1:
-            return CacheConfig(gpu, size)
+            try:
+                host: int | None = int(labels.get("num_cpu_blocks", ""))
+            except ValueError:
+                host = None
+            return CacheConfig(gpu, size, host if host is not None and host > 0 else None)
     return None

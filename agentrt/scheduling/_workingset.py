@@ -100,6 +100,7 @@ class KvShadow:
         "evictions",
         "exact",
         "horizon_s",
+        "host_tokens",
     )
 
     def __init__(
@@ -114,6 +115,10 @@ class KvShadow:
         if not (horizon_s > 0 and math.isfinite(horizon_s)):
             raise ValueError(f"horizon_s must be a finite number > 0, got {horizon_s!r}")
         self.capacity = capacity
+        self.host_tokens = 0
+        """The replica's host tier (CPU offload) in tokens, where its engine says
+        (``num_cpu_blocks`` on ``vllm:cache_config_info``): load control counts part of
+        it as room (a reload costs a fraction of a recompute)."""
         self._given: CapacitySource = source
         self.horizon_s = horizon_s
         self._learned: float | None = None

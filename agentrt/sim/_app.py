@@ -744,7 +744,7 @@ def _render(engine: Engine, s: ReplicaStats, labels: str) -> str:
         "Information of the LLMEngine CacheConfig.",
         1,
         f'block_size="{cfg.block_size}",num_gpu_blocks="{cfg.num_gpu_blocks}",'
-        'enable_prefix_caching="True"',
+        f'num_cpu_blocks="{cfg.num_host_blocks}",enable_prefix_caching="True"',
     )
     metric(
         "vllm:kv_cache_usage_perc",

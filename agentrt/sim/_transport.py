@@ -214,6 +214,18 @@ class ASGIDispatchTransport(httpx.AsyncBaseTransport):
         cfg = engine.config
         return int(cfg.num_gpu_blocks * cfg.block_size)
 
+    def engine_host_capacity(self, url: str) -> int | None:
+        """The host tier's KV capacity in tokens of the simulated replica at ``url``
+        (``num_cpu_blocks * block_size`` on its ``vllm:cache_config_info``), None for any
+        other URL or without a host tier."""
+        if self.engine_reading(url) is None:
+            return None
+        engine = self._readers[url][0]
+        if engine is None:  # pragma: no cover - engine_reading said it is there
+            return None
+        cfg = engine.config
+        return int(cfg.num_host_blocks * cfg.block_size) or None
+
     def kv_event_feed(
         self, url: str
     ) -> Callable[[Callable[[list[KvEvent]], None]], Callable[[], None]] | None:

@@ -267,3 +267,28 @@ async def test_load_control_off_holds_nothing() -> None:
     assert rt.load_statistics() is None
     with pytest.raises(TypeError, match="load_control"):
         Runtime("http://engine.test/v1", load_control="yes")  # type: ignore[arg-type]
+
+
+async def test_a_host_tier_counts_as_room_at_its_weight() -> None:
+    g, (kv,) = gate(1000)
+    running(kv, "a", 900)
+    running(kv, "b", 900)
+    with anyio.move_on_after(0.05):
+        await g.admit("b", 0, 900)  # 1,800 of 1,000: held
+    assert g.stats.holds == 1
+    kv.host_tokens = 2000  # half of it counts: 2,000 of room
+    assert (await g.admit("b", 0, 900))[::2] == (0, False)
+
+
+def test_the_host_tier_is_read_from_the_engines_cache_config() -> None:
+    from agentrt.scheduling._signals import parse_cache_config
+
+    page = (
+        'vllm:cache_config_info{block_size="16",num_gpu_blocks="100",'
+        'num_cpu_blocks="400",enable_prefix_caching="True"} 1.0\n'
+    )
+    config = parse_cache_config(page)
+    assert config is not None and (config.gpu_blocks, config.host_blocks) == (100, 400)
+    assert parse_cache_config(page.replace('"400"', '"0"')).host_blocks is None  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="host_weight"):
+        LoadControl(host_weight=1.5)
