@@ -123,6 +123,7 @@ def sending(
         endpoint=url,
         attempt=state.attempts,
         queue_s=state.queue_s,
+        held_s=state.held_s,
         priority=state.priority,
         wire_session_id=wire_session_id,
     )

@@ -299,10 +299,13 @@ def telemetry_hooks(
     prometheus: Any,
     journal: str | os.PathLike[str] | None,
     capture_content: bool,
+    load: Any = None,
 ) -> tuple[tuple[Hook, ...], Journal | None]:
     """A runtime's hooks, in the order they hear each event: the caller's, OpenTelemetry's
     (when it is installed), Prometheus's, then the journal (opened now: a bad path fails
-    here), which tells the exporters of each line it writes or loses."""
+    here), which tells the exporters of each line it writes or loses. ``load``: the
+    runtime whose ``load_statistics()`` Prometheus reads when scraped (its load control
+    is on)."""
     out = list(hooks)
     counters: list[Callable[[bool], None]] = []
     """The exporters' journal-line counters."""
@@ -317,6 +320,8 @@ def telemetry_hooks(
         from .telemetry._prometheus import PrometheusHook
 
         prom_hook = PrometheusHook(None if prometheus is True else prometheus)
+        if load is not None:
+            prom_hook.watch_load(load)
         out.append(prom_hook)
         counters.append(prom_hook.journal_line)
     opened = None

@@ -210,6 +210,7 @@ class Runtime:
             prometheus=prometheus,
             journal=journal,
             capture_content=capture_content,
+            load=self if core.gate is not None else None,
         )
         if self._journal is not None:
             self._core.prefixes = PrefixTracker()

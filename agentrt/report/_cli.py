@@ -18,9 +18,9 @@ def add_report(command: Command) -> None:
         "report",
         "tables and plots from journals (Runtime(journal=...))",
         "Per job name: JCT percentiles beside per-call latency, where the time went "
-        "(queue, LLM critical path, tools), cache share, retries, session moves and "
-        "errors. Several journals are pooled unless --compare. Needs the report extra: "
-        "pip install 'agentjct[report]'.",
+        "(queue, LLM critical path, tools; time held by load control where any), cache "
+        "share, retries, session moves and errors. Several journals are pooled unless "
+        "--compare. Needs the report extra: pip install 'agentjct[report]'.",
         examples(
             "agentrt report results/demo/journal-agentrt_session.jsonl",
             "agentrt report --compare A.jsonl B.jsonl",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..telemetry import JobReport
 from ..telemetry._journal import scan_journal
-from ._stats import NameSummary, compare, summarize
+from ._stats import NameSummary, compare, held_any, summarize
 from ._tables import TextTable, comparison_table, print_tables, summary_table
 from ._timeline import critical_path
 
@@ -125,6 +125,7 @@ def _critical_table(run: Run, job: JobReport, top: int | None = None) -> TextTab
             if total > 0
             else f" Shown: {top} of its {len(path)} activities."
         )
+    held = any(a.held_s > 0 for a in path)  # a column only where load control held
     rows = tuple(
         (
             a.session,
@@ -133,13 +134,15 @@ def _critical_table(run: Run, job: JobReport, top: int | None = None) -> TextTab
             f"{a.start_s:.3f}",
             f"{a.end_s:.3f}",
             f"{a.end_s - a.start_s:.3f}",
+            *((f"{a.held_s:.3f}" if a.kind == "call" else "",) if held else ()),
             f"{a.queue_s:.3f}" if a.kind == "call" else "",
         )
         for a in shown
     )
     return TextTable(
         f"Critical path of {job.name} {job.job_id}{where} (JCT {job.jct_s:.2f} s)",
-        ("session", "kind", "activity", "start", "end", "length", "queued"),
+        ("session", "kind", "activity", "start", "end", "length")
+        + (("held", "queued") if held else ("queued",)),
         rows,
         "Walking back from the job's end, the activity that ended last; then the one that "
         "ended last before it started; and so on. Seconds since the job started." + note,
@@ -210,6 +213,7 @@ def report(
     else:
         runs = [load_run(journals, "", warn)]
     chosen_run, chosen = _find(runs, job_id)
+    held = any(held_any(run.reports) for run in runs)  # load control held some call
 
     tables = [
         summary_table(
@@ -217,6 +221,7 @@ def report(
             (f"{ab}: {run.label}, " if compare_runs else "")
             + f"{len(run.reports)} jobs from "
             + ", ".join(str(p) for p in run.paths),
+            held=held,
         )
         for ab, run in zip("AB", runs, strict=False)
     ]
@@ -258,7 +263,8 @@ def report(
             )
             + ", each from its start to its end on one time axis: blue while one of its "
             "calls was being served, grey while calls only waited in agentrt's queue, "
-            "orange while it only waited for tools, light grey for the rest (the agent's "
+            + ("purple while calls were only held by load control, " if held else "")
+            + "orange while it only waited for tools, light grey for the rest (the agent's "
             "own code, think time).",
             pngs[3],
             wide=True,
@@ -277,8 +283,9 @@ def report(
                 ),
                 Image(
                     "Where the time goes: each job name's mean JCT, split into time with a "
-                    "call being served (LLM critical path), only queued in agentrt, only in "
-                    "tool waits, and the rest (the agent's own code).",
+                    "call being served (LLM critical path), only queued in agentrt, "
+                    + ("only held by load control, " if held else "")
+                    + "only in tool waits, and the rest (the agent's own code).",
                     pngs[1],
                 ),
                 *(tables[:2] if compare_runs else []),
@@ -288,8 +295,10 @@ def report(
                     [
                         Image(
                             f"Timeline of {which}: sessions as rows, calls in blue (the hatched "
-                            "part queued in agentrt), tool waits in orange; the critical path "
-                            "is outlined in red and repeated on the top row.",
+                            "part queued in agentrt"
+                            + (", the purple part held by load control" if held else "")
+                            + "), tool waits in orange; the critical path is outlined in red "
+                            "and repeated on the top row.",
                             pngs[2],
                             wide=True,
                         ),

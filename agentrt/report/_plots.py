@@ -1,11 +1,16 @@
 """The report's plots (matplotlib, drawn on the Agg canvas, no global pyplot state).
 
 - :func:`jct_cdf`: the JCT distribution per job name (and run).
-- :func:`breakdown_bars`: each job name's mean JCT split into LLM, queue, tool and other.
+- :func:`breakdown_bars`: each job name's mean JCT split into LLM, queue, tool and other
+  (and held, where load control held calls).
 - :func:`job_strips`: chosen jobs (a run's slowest and median) as one bar each, on one
-  time axis: where each one's time went, LLM, queued, tool or other, as it happened.
+  time axis: where each one's time went, LLM, queued, held, tool or other, as it happened.
 - :func:`timeline`: one job as a Gantt chart: sessions as rows, calls (their queue part
-  hatched) and tool waits as bars, the critical path outlined and repeated on a top row.
+  and their time held by load control hatched) and tool waits as bars, the critical path
+  outlined and repeated on a top row.
+
+Time held by load control has its own colour and hatch (purple, slanted against the
+queue's grey), drawn and named in a legend only where some call was held.
 
 Names (jobs, sessions, clients) are the user's text and are drawn as written: every figure
 is built and saved under :func:`plain_text`, so ``$`` is a dollar sign, never TeX.
@@ -40,6 +45,8 @@ __all__ = [
 
 LLM = "#4c78a8"
 QUEUE = "#b8b8b8"
+HELD = "#b279a2"
+HELD_HATCH = "\\\\\\"
 TOOL = "#f58518"
 OTHER = "#e8e8e8"
 FAILED = "#e45756"
@@ -120,12 +127,15 @@ def jct_cdf(series: Sequence[tuple[str, Sequence[float]]]) -> Figure:
 
 @plain_text()
 def breakdown_bars(series: Sequence[tuple[str, NameSummary]]) -> Figure:
-    """Each ``(label, summary)``'s mean JCT as a bar split into LLM, queue, tool, other."""
+    """Each ``(label, summary)``'s mean JCT as a bar split into LLM, queue, tool, other
+    (and held, after queue, where some job was held)."""
     fig = _figure(7, max(3.2, 0.55 * len(series) + 2.0))
     ax = fig.add_subplot()
+    held = any(s.hold_max > 0 for _, s in series)
     parts = (
         ("LLM (critical path)", "llm_share", LLM, None),
         ("queue (agentrt)", "queue_share", QUEUE, "///"),
+        *((("held (load control)", "held_share", HELD, HELD_HATCH),) if held else ()),
         ("tool", "tool_share", TOOL, None),
         ("other", "other_share", OTHER, None),
     )
@@ -154,20 +164,31 @@ def breakdown_bars(series: Sequence[tuple[str, NameSummary]]) -> Figure:
     ax.set_xlabel("mean JCT (s)")
     ax.set_title("Where the time goes: shares of mean JCT")
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4)
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(parts))
     return fig
 
 
 def _bar(ax: Axes, a: Activity, row: int, outline: bool) -> None:
-    """One activity on row ``row``: a tool wait, or a call (its queue part hatched)."""
+    """One activity on row ``row``: a tool wait, or a call (its time held and its queue
+    part hatched)."""
     height = 0.6
     y = (row - height / 2, height)
     if a.kind == "tool":
         ax.broken_barh([(a.start_s, a.end_s - a.start_s)], y, color=TOOL)
     else:
+        if a.held_s > 0:
+            ax.broken_barh(
+                [(a.start_s, a.held_s)],
+                y,
+                facecolor=HELD,
+                hatch=HELD_HATCH,
+                edgecolor="#777777",
+                linewidth=0,
+            )
+        waited = a.held_s + a.queue_s
         if a.queue_s > 0:
             ax.broken_barh(
-                [(a.start_s, a.queue_s)],
+                [(a.start_s + a.held_s, a.queue_s)],
                 y,
                 facecolor=QUEUE,
                 hatch="///",
@@ -175,7 +196,7 @@ def _bar(ax: Axes, a: Activity, row: int, outline: bool) -> None:
                 linewidth=0,
             )
         ax.broken_barh(
-            [(a.start_s + a.queue_s, a.end_s - a.start_s - a.queue_s)],
+            [(a.start_s + waited, a.end_s - a.start_s - waited)],
             y,
             color=LLM if a.status == "ok" else FAILED,
         )
@@ -211,6 +232,7 @@ def timeline(report: JobReport, label: str = "") -> Figure:
     for a in path:
         _bar(ax, a, 0, True)
     failed = any(a.kind == "call" and a.status != "ok" for a in acts)
+    held = any(a.held_s > 0 for a in acts)
     ax.axvline(report.jct_s, color="black", linestyle="--", linewidth=1)
     ax.set_yticks(range(len(names)), names)
     ax.set_ylim(len(names) - 0.4, -0.6)
@@ -227,6 +249,11 @@ def timeline(report: JobReport, label: str = "") -> Figure:
     ax.legend(
         handles=[
             Patch(color=LLM, label="call (served)"),
+            *(
+                [Patch(facecolor=HELD, hatch=HELD_HATCH, edgecolor="#777777", label="call (held)")]
+                if held
+                else []
+            ),
             Patch(facecolor=QUEUE, hatch="///", edgecolor="#777777", label="call (queued)"),
             Patch(color=TOOL, label="tool wait"),
             *([Patch(color=FAILED, label="failed call")] if failed else []),
@@ -242,6 +269,7 @@ def timeline(report: JobReport, label: str = "") -> Figure:
 _PHASE_STYLE: dict[str, tuple[str, str, str | None]] = {
     "llm": ("LLM (a call served)", LLM, None),
     "queued": ("queued in agentrt", QUEUE, "///"),
+    "held": ("held by load control", HELD, HELD_HATCH),
     "tool": ("tool wait", TOOL, None),
     "other": ("other (agent code, think time)", OTHER, None),
 }
@@ -257,9 +285,11 @@ def job_strips(rows: Sequence[tuple[str, JobReport]], title: str = "") -> Figure
     fig = _figure(11, 0.62 * len(rows) + 1.5)
     ax = fig.add_subplot()
     longest = max([r.jct_s for _, r in rows] + [1e-9])
+    held = False
     for y, (_, job) in enumerate(rows):
         totals = dict.fromkeys(_PHASE_STYLE, 0.0)
         for kind, spans in _by_kind(job).items():
+            held = held or kind == "held"
             _, color, hatch = _PHASE_STYLE[kind]
             ax.broken_barh(
                 spans,
@@ -295,12 +325,13 @@ def job_strips(rows: Sequence[tuple[str, JobReport]], title: str = "") -> Figure
     ax.legend(
         handles=[
             Patch(facecolor=color, hatch=hatch, edgecolor="#777777" if hatch else color, label=n)
-            for n, color, hatch in _PHASE_STYLE.values()
+            for kind, (n, color, hatch) in _PHASE_STYLE.items()
+            if held or kind != "held"
         ],
         fontsize="small",
         loc="lower left",
         bbox_to_anchor=(0.0, 1.0),
-        ncol=4,
+        ncol=5 if held else 4,
         frameon=False,
         borderaxespad=0.2,
     )

@@ -5,11 +5,13 @@ Where a job's time went is a partition of its JCT, read off its calls and tool w
 - **LLM**: at least one call is being served (sent, not queued): the LLM time on the
   job's critical path.
 - **queue**: no call is being served, but at least one waits in agentrt's admission queue.
-- **tool**: neither, and at least one tool wait is open.
+- **held**: none of those, but at least one call is held by load control at its session's
+  tool boundary (its replica's KV full of other live sessions' contexts).
+- **tool**: none of those, and at least one tool wait is open.
 - **other**: the rest: the job's own code, think time, anything not marked as a tool.
 
-The four add up to the JCT. A name's shares are of its jobs' summed JCT (the shares of the
-mean JCT).
+The five add up to the JCT (held is 0 for jobs that load control never held). A name's
+shares are of its jobs' summed JCT (the shares of the mean JCT).
 """
 
 from __future__ import annotations
@@ -45,16 +47,18 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 @dataclass(frozen=True)
 class Breakdown:
-    """A job's JCT split into LLM, queue, tool and other seconds (they add up to it)."""
+    """A job's JCT split into LLM, queue, held, tool and other seconds (they add up to
+    it)."""
 
     llm_s: float
     queue_s: float
     tool_s: float
     other_s: float
+    held_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.llm_s + self.queue_s + self.tool_s + self.other_s
+        return self.llm_s + self.queue_s + self.held_s + self.tool_s + self.other_s
 
 
 def breakdown(report: JobReport) -> Breakdown:
@@ -70,14 +74,23 @@ def breakdown(report: JobReport) -> Breakdown:
         return out
 
     acts = activities(report)
-    served = clip((a.start_s + a.queue_s, a.end_s) for a in acts if a.kind == "call")
-    queued = clip((a.start_s, a.start_s + a.queue_s) for a in acts if a.kind == "call")
+    made = [a for a in acts if a.kind == "call"]
+    # a call is held first (load control), then queued (admission), then served
+    routed = [a.start_s + a.held_s for a in made]
+    served = clip((t + a.queue_s, a.end_s) for t, a in zip(routed, made, strict=True))
+    queued = clip((t, t + a.queue_s) for t, a in zip(routed, made, strict=True))
+    held = clip((a.start_s, t) for t, a in zip(routed, made, strict=True))
     tools = clip((a.start_s, a.end_s) for a in acts if a.kind == "tool")
     llm = union_length(served)
-    calls = union_length(served + queued)
-    busy = union_length(served + queued + tools)
+    admitted = union_length(served + queued)
+    calls = union_length(served + queued + held) if held else admitted
+    busy = union_length(served + queued + held + tools)
     return Breakdown(
-        llm_s=llm, queue_s=calls - llm, tool_s=busy - calls, other_s=max(jct - busy, 0.0)
+        llm_s=llm,
+        queue_s=admitted - llm,
+        tool_s=busy - calls,
+        other_s=max(jct - busy, 0.0),
+        held_s=calls - admitted,
     )
 
 
@@ -116,6 +129,11 @@ class NameSummary:
     reasoning_share: float | None = None
     """Reasoning tokens over completion tokens (None when no call's server reported any:
     ``usage.completion_tokens_details.reasoning_tokens``)."""
+    held_share: float = 0.0
+    """Share of JCT with calls only held by load control (beside ``queue_share`` and the
+    others; 0.0 when no job of the name was held)."""
+    hold_max: float = 0.0
+    """The longest time one call was held by load control (seconds; 0.0: none was)."""
 
 
 def _summary(name: str, reports: Sequence[JobReport]) -> NameSummary:
@@ -155,6 +173,8 @@ def _summary(name: str, reports: Sequence[JobReport]) -> NameSummary:
         ttft_p99=percentile(ttfts, 0.99),
         cache_write_share=written / prompt if written and prompt else None,
         reasoning_share=reasoning / completion if reasoning and completion else None,
+        held_share=share(sum(p.held_s for p in parts)),
+        hold_max=max((c.held_s for r in reports for c in r.call_reports), default=0.0),
     )
 
 
@@ -197,6 +217,8 @@ COMPARED: tuple[tuple[str, str, str], ...] = (
     ("TTFT p99", "ttft_p99", "s"),
     ("call p50", "call_p50", "s"),
     ("call p99", "call_p99", "s"),
+    ("held share", "held_share", "share"),
+    ("hold max", "hold_max", "s"),
     ("queue share", "queue_share", "share"),
     ("LLM share", "llm_share", "share"),
     ("tool share", "tool_share", "share"),
@@ -205,16 +227,29 @@ COMPARED: tuple[tuple[str, str, str], ...] = (
     ("session moves", "session_moves", "count"),
     ("errors", "errors", "count"),
 )
-"""The metrics a comparison shows: label, :class:`NameSummary` field, kind."""
+"""The metrics a comparison shows: label, :class:`NameSummary` field, kind. The held
+ones (:data:`HELD_METRICS`) only where load control held a job of either run."""
+
+HELD_METRICS = frozenset({"held_share", "hold_max"})
+"""The fields of :data:`COMPARED` shown only when some job was held."""
+
+
+def held_any(reports: Iterable[JobReport]) -> bool:
+    """Whether load control held any call of these jobs (a journal written without it,
+    or before it, shows no held time anywhere)."""
+    return any(r.held_s > 0 for r in reports)
 
 
 def compare(a: Iterable[JobReport], b: Iterable[JobReport]) -> list[ComparisonRow]:
     """Run B beside run A, per job name (A's names first, then names only B has)."""
+    a, b = list(a), list(b)
     sa = {s.name: s for s in summarize(a)}
     sb = {s.name: s for s in summarize(b)}
+    held = held_any(a) or held_any(b)
+    metrics = [m for m in COMPARED if held or m[1] not in HELD_METRICS]
     rows = []
     for name in [*sa, *(n for n in sb if n not in sa)]:
-        for label, field, kind in COMPARED:
+        for label, field, kind in metrics:
             va = getattr(sa[name], field) if name in sa else None
             vb = getattr(sb[name], field) if name in sb else None
             rows.append(

@@ -44,14 +44,27 @@ SUMMARY_HEADERS = (
     "moves",
     "errors",
 )
-SUMMARY_CAPTION = (
-    "Times in seconds. JCT: job completion time; call: per-call latency. queue, LLM, tool, "
-    "other: shares of JCT spent only queued in agentrt, with a call being served (the LLM "
-    "critical path), in tool waits only, and in none (the agent's own code); they add up "
-    "to 100%. cached: prompt tokens served from the prefix cache; cache wr: prompt tokens "
-    "written to it, where the server says; reasoning: the completion tokens spent "
-    "reasoning, where the server says."
+_TIMES_CAPTION = "Times in seconds. JCT: job completion time; call: per-call latency. "
+_TOKENS_CAPTION = (
+    "cached: prompt tokens served from the prefix cache; cache wr: prompt tokens written to "
+    "it, where the server says; reasoning: the completion tokens spent reasoning, where the "
+    "server says."
 )
+SUMMARY_CAPTION = (
+    _TIMES_CAPTION
+    + "queue, LLM, tool, other: shares of JCT spent only queued in agentrt, with a call "
+    "being served (the LLM critical path), in tool waits only, and in none (the agent's "
+    "own code); they add up to 100%. " + _TOKENS_CAPTION
+)
+HELD_CAPTION = (
+    _TIMES_CAPTION
+    + "held, queue, LLM, tool, other: shares of JCT spent only held by load control at a "
+    "session's tool boundary (its replica's KV full of other sessions' contexts), only "
+    "queued in agentrt, with a call being served (the LLM critical path), in tool waits "
+    "only, and in none (the agent's own code); they add up to 100%. hold max: the "
+    "longest one call was held. " + _TOKENS_CAPTION
+)
+"""The caption when the table shows the held columns."""
 
 
 _UNIT = re.compile(r"(\d) (s|ms|min|tok|jobs)\b")
@@ -102,7 +115,14 @@ def _share(value: float | None) -> str:
     return _num(value, "{:.0%}") if value is None or value >= 0.01 or value == 0 else "<1%"
 
 
-def summary_table(summaries: Sequence[NameSummary], title: str) -> TextTable:
+def summary_table(
+    summaries: Sequence[NameSummary], title: str, *, held: bool | None = None
+) -> TextTable:
+    """One row per job name. ``held``: show the columns of time held by load control
+    (``held`` before ``queue``, ``hold max`` after ``other``); None: where any name's jobs
+    were held (a run without load control gets no column of zeros)."""
+    if held is None:
+        held = any(s.hold_max > 0 for s in summaries)
     rows = tuple(
         (
             s.name,
@@ -112,10 +132,12 @@ def summary_table(summaries: Sequence[NameSummary], title: str) -> TextTable:
             _num(s.jct_p99),
             _num(s.call_p50, "{:.3f}"),
             _num(s.call_p99, "{:.3f}"),
+            *((_share(s.held_share),) if held else ()),
             _share(s.queue_share),
             _share(s.llm_share),
             _share(s.tool_share),
             _share(s.other_share),
+            *((_num(s.hold_max),) if held else ()),
             _share(s.cache_share),
             _share(s.cache_write_share),
             _share(s.reasoning_share),
@@ -125,7 +147,12 @@ def summary_table(summaries: Sequence[NameSummary], title: str) -> TextTable:
         )
         for s in summaries
     )
-    return TextTable(title, SUMMARY_HEADERS, rows, SUMMARY_CAPTION)
+    if not held:
+        return TextTable(title, SUMMARY_HEADERS, rows, SUMMARY_CAPTION)
+    headers = list(SUMMARY_HEADERS)
+    headers.insert(headers.index("other") + 1, "hold max")
+    headers.insert(headers.index("queue"), "held")
+    return TextTable(title, tuple(headers), rows, HELD_CAPTION)
 
 
 def _value(value: float | None, kind: str) -> str:

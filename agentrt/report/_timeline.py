@@ -1,12 +1,13 @@
 """One job on a timeline: its calls and tool waits, and the critical path through them.
 
-The critical path is traced backwards from the job's end: the activity (a call, its queue
-time included, or a tool wait) that ended last, no later than the current point, is on the
-path; the point moves to its start, and the walk repeats until no activity ends before
-the point. The result is a chain of non-overlapping activities, in time order, that ends
-at the job's last activity: shorten any of them and the job ends sooner (unless a
-parallel activity of nearly the same length takes its place). The gaps between them are
-the job's own code: prompt building, parsing, think time.
+The critical path is traced backwards from the job's end: the activity (a call, its time
+held by load control and its queue time included, or a tool wait) that ended last, no
+later than the current point, is on the path; the point moves to its start, and the walk
+repeats until no activity ends before the point. The result is a chain of non-overlapping
+activities, in time order, that ends at the job's last activity: shorten any of them and
+the job ends sooner (unless a parallel activity of nearly the same length takes its
+place). The gaps between them are the job's own code: prompt building, parsing, think
+time.
 """
 
 from __future__ import annotations
@@ -35,8 +36,11 @@ class Activity:
     start_s: float
     end_s: float
     queue_s: float = 0.0
-    """A call's time in agentrt's admission queue (the first part of it)."""
+    """A call's time in agentrt's admission queue (after its time held)."""
     status: str = "ok"
+    held_s: float = 0.0
+    """A call's time held by load control at its session's tool boundary (the first part
+    of it, before it was queued)."""
 
 
 def activities(report: JobReport) -> list[Activity]:
@@ -46,6 +50,8 @@ def activities(report: JobReport) -> list[Activity]:
     out = []
     for c in report.call_reports:
         end = c.start_s + c.latency_s if c.latency_s is not None else report.jct_s
+        length = max(end - c.start_s, 0.0)
+        held = min(c.held_s, length)
         out.append(
             Activity(
                 kind="call",
@@ -54,8 +60,9 @@ def activities(report: JobReport) -> list[Activity]:
                 label=f"turn {c.turn}",
                 start_s=c.start_s,
                 end_s=max(end, c.start_s),
-                queue_s=min(c.queue_s, max(end - c.start_s, 0.0)),
+                queue_s=min(c.queue_s, length - held),
                 status=c.status,
+                held_s=held,
             )
         )
     for t in report.tool_reports:
@@ -90,7 +97,7 @@ def critical_path(report: JobReport) -> list[Activity]:
     return path
 
 
-PhaseKind = Literal["llm", "queued", "tool", "other"]
+PhaseKind = Literal["llm", "queued", "held", "tool", "other"]
 
 
 @dataclass(frozen=True)
@@ -99,13 +106,14 @@ class Phase:
 
     kind: PhaseKind
     """``llm``: a call of the job was being served; else ``queued``: one waited in
-    agentrt's admission queue; else ``tool``: a tool wait ran; else ``other`` (the agent's
+    agentrt's admission queue; else ``held``: one was held by load control at its
+    session's tool boundary; else ``tool``: a tool wait ran; else ``other`` (the agent's
     own code, think time)."""
     start_s: float
     end_s: float
 
 
-_RANK: dict[PhaseKind, int] = {"llm": 0, "queued": 1, "tool": 2, "other": 3}
+_RANK: dict[PhaseKind, int] = {"llm": 0, "queued": 1, "held": 2, "tool": 3, "other": 4}
 
 
 def phases(report: JobReport) -> list[Phase]:
@@ -116,8 +124,10 @@ def phases(report: JobReport) -> list[Phase]:
     spans: list[tuple[float, float, PhaseKind]] = []
     for a in activities(report):
         if a.kind == "call":
-            spans.append((a.start_s, a.start_s + a.queue_s, "queued"))
-            spans.append((a.start_s + a.queue_s, a.end_s, "llm"))
+            held, queued = a.start_s + a.held_s, a.start_s + a.held_s + a.queue_s
+            spans.append((a.start_s, held, "held"))
+            spans.append((held, queued, "queued"))
+            spans.append((queued, a.end_s, "llm"))
         else:
             spans.append((a.start_s, a.end_s, "tool"))
     clipped = [(max(a, 0.0), min(b, jct), k) for a, b, k in spans if min(b, jct) > max(a, 0.0)]

@@ -145,6 +145,9 @@ class CallSent(Event):
     """1 for the first attempt."""
     queue_s: float
     """Time this call has spent in the admission queue so far."""
+    held_s: float = 0.0
+    """Time load control held this call at its session's tool boundary, before it was
+    routed and queued (0.0: not held)."""
     priority: int | None
     headers: dict[str, str] = field(default_factory=dict)
     """Hooks may add headers to the attempt here (e.g. W3C ``traceparent``); names lower

@@ -355,7 +355,9 @@ class _OtelHook:
         self._job_phase = meter.create_histogram(
             "agentrt.job.phase.duration",
             unit="s",
-            description="A job's time per phase (agentrt.phase: queue, llm, critical_llm, tool).",
+            description=(
+                "A job's time per phase (agentrt.phase: held, queue, llm, critical_llm, tool)."
+            ),
             explicit_bucket_boundaries_advisory=JOB_BUCKETS,
         )
         self._journal_lines = meter.create_counter(
@@ -466,6 +468,7 @@ class _OtelHook:
                     "agentrt.job.llm_s": r.llm_s,
                     "agentrt.job.critical_llm_s": r.critical_llm_s,
                     "agentrt.job.queue_s": r.queue_s,
+                    "agentrt.job.held_s": r.held_s,
                     "agentrt.job.tool_s": r.tool_s,
                     "agentrt.job.calls": r.calls,
                     "agentrt.job.tool_waits": r.tool_waits,
@@ -491,6 +494,7 @@ class _OtelHook:
             self._invoke_workflow_duration.record(r.jct_s, attrs)
         name = r.name
         phase = self._job_phase
+        phase.record(r.held_s, {"agentrt.job.name": name, "agentrt.phase": "held"})
         phase.record(r.queue_s, {"agentrt.job.name": name, "agentrt.phase": "queue"})
         phase.record(r.llm_s, {"agentrt.job.name": name, "agentrt.phase": "llm"})
         phase.record(r.critical_llm_s, {"agentrt.job.name": name, "agentrt.phase": "critical_llm"})
@@ -633,6 +637,7 @@ class _OtelHook:
             attrs: dict[str, Any] = {
                 "agentrt.endpoint": e.endpoint,
                 "agentrt.attempts": e.attempt,
+                "agentrt.held_s": e.held_s,
                 "agentrt.queue_s": e.queue_s,
             }
             if address is not None:
@@ -686,6 +691,7 @@ class _OtelHook:
         if span.is_recording():
             attrs: dict[str, Any] = {
                 "agentrt.attempts": r.attempts,
+                "agentrt.held_s": r.held_s,
                 "agentrt.queue_s": r.queue_s,
                 "agentrt.status": r.status,
             }

@@ -40,6 +40,7 @@ from ._events import (
 __all__ = [
     "CALL_BUCKETS",
     "DEFAULT_MAX_LABEL_VALUES",
+    "HELD_BUCKETS",
     "JOB_BUCKETS",
     "QUEUE_BUCKETS",
     "TOOL_BUCKETS",
@@ -64,6 +65,8 @@ CALL_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300, 6
 """LLM call latency, queue and retries included: 50 ms to 10 minutes."""
 TTFT_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
 QUEUE_BUCKETS: Final = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+HELD_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+"""Holds by load control: 10 ms to 10 minutes (its default bound is 300 s)."""
 TOOL_BUCKETS: Final = (0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
 JOB_BUCKETS: Final = (
     0.5,
@@ -147,7 +150,7 @@ class _Metrics:
         )
         self.call_duration = hist(
             "agentrt_call_duration_seconds",
-            "LLM call latency as the job saw it: queue time and retries included.",
+            "LLM call latency as the job saw it: time held, queue time and retries included.",
             (JOB, ENDPOINT, "status"),
             CALL_BUCKETS,
         )
@@ -156,6 +159,13 @@ class _Metrics:
             "Time a call waited in agentrt's admission queue.",
             JOB_ENDPOINT,
             QUEUE_BUCKETS,
+        )
+        self.call_held = hist(
+            "agentrt_call_held_seconds",
+            "Time a held call waited at its session's tool boundary for room in its "
+            "replica's KV (load control); calls that were not held are not observed.",
+            JOB_ENDPOINT,
+            HELD_BUCKETS,
         )
         self.ttft = hist(
             "agentrt_call_time_to_first_token_seconds",
@@ -209,6 +219,8 @@ class _Metrics:
         self.endpoint_label = _Bounded(max_label_values)
         self.reason_label = _Bounded(max_label_values)
         self._children: dict[tuple[object, ...], Any] = {}
+        self.load = _LoadCollector(prom)
+        registry.register(self.load)
 
     def child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, cached (labels() takes a lock and builds a key)."""
@@ -233,6 +245,42 @@ class _Metrics:
                 self.cached_tokens.labels(job, endpoint),
             )
         return children
+
+
+class _LoadCollector:
+    """Load control's state, read from the watched runtimes' ``load_statistics()`` when
+    the registry is scraped (nothing on the calls' path): ``agentrt_sessions_held`` (a
+    gauge: sessions held at a tool boundary now) and ``agentrt_load_control_forced``
+    (a counter: holds that ended at the bound without room), each summed over the live
+    runtimes of the registry whose load control is on. No series while there is none:
+    the held time itself is ``agentrt_call_held_seconds``, from the calls' events."""
+
+    def __init__(self, prom: Any) -> None:
+        self._core = prom.metrics_core
+        self.sources: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def describe(self) -> list[Any]:
+        return []  # the names are checked at each collect, not at registration
+
+    def collect(self) -> list[Any]:
+        stats = [s for s in (source.load_statistics() for source in list(self.sources)) if s]
+        if not stats:
+            return []
+        core = self._core
+        return [
+            core.GaugeMetricFamily(
+                "agentrt_sessions_held",
+                "Sessions held by load control at their tool boundaries now (their "
+                "replica's KV full of other live sessions' contexts).",
+                value=sum(s.held_now for s in stats),
+            ),
+            core.CounterMetricFamily(
+                "agentrt_load_control_forced",
+                "Holds that ended at load control's bound (max_hold_s) without room: "
+                "forced admissions.",
+                value=sum(s.forced for s in stats),
+            ),
+        ]
 
 
 _BY_REGISTRY: weakref.WeakKeyDictionary[Any, _Metrics] = weakref.WeakKeyDictionary()
@@ -284,6 +332,12 @@ class PrometheusHook:
 
     def __repr__(self) -> str:
         return f"<agentrt PrometheusHook registry={self.registry!r}>"
+
+    def watch_load(self, runtime: Any) -> None:
+        """Read ``runtime.load_statistics()`` (its load control's held sessions and forced
+        admissions) whenever the registry is scraped, while the runtime lives (a weak
+        reference: a runtime that is gone drops out)."""
+        self._m.load.sources.add(runtime)
 
     def journal_line(self, written: bool) -> None:
         """Count one journal line, written or lost (the runtime's journal calls this)."""
@@ -341,6 +395,8 @@ class PrometheusHook:
         queue.observe(r.queue_s)
         if r.ttft_s is not None:
             ttft.observe(r.ttft_s)
+        if r.held_s > 0.0:
+            m.child(m.call_held, self._job(e.job_id), endpoint).observe(r.held_s)
         if r.prompt_tokens:
             prompt.inc(r.prompt_tokens)
         if r.completion_tokens:

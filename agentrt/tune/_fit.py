@@ -76,13 +76,14 @@ def from_journal(reports: Sequence[JobReport], engine: EngineConfig) -> tuple[En
                 continue
             if quiet is not None and c.call_id not in quiet:
                 continue
-            latency = c.latency_s - c.queue_s
+            waited = c.held_s + c.queue_s  # held by load control, then queued: no service
+            latency = c.latency_s - waited
             out = c.completion_tokens or 1
             pre, dec = _features(engine, c.prompt_tokens, c.cached_tokens or 0, out)
             if latency > 0:
                 rows.append((1.0, pre, dec, latency))
-            if c.ttft_s is not None and c.ttft_s - c.queue_s > 0:
-                rows.append((1.0, pre, 0.0, c.ttft_s - c.queue_s))
+            if c.ttft_s is not None and c.ttft_s - waited > 0:
+                rows.append((1.0, pre, 0.0, c.ttft_s - waited))
     if len(rows) < MIN_CALLS:
         return engine, Fit("preset", 1.0, 1.0, engine.request_overhead_s, None, len(rows))
     if len(rows) > MAX_CALLS:
@@ -127,7 +128,7 @@ def _quiet_calls(reports: Sequence[JobReport]) -> set[str] | None:
         for c in r.call_reports:
             if c.latency_s is None:
                 continue
-            start = t0 + c.start_s + c.queue_s
+            start = t0 + c.start_s + c.held_s + c.queue_s
             lane = events.setdefault(c.endpoint, [])
             lane.append((start, 1, c.call_id))
             lane.append((t0 + c.start_s + c.latency_s, -1, c.call_id))

@@ -319,6 +319,7 @@ async def test_a_one_session_job_is_a_workflow_with_one_agent(otel: Otel) -> Non
     }
     assert phases == pytest.approx(
         {
+            "held": report.held_s,
             "queue": report.queue_s,
             "llm": report.llm_s,
             "critical_llm": report.critical_llm_s,

@@ -229,6 +229,11 @@ METRICS = {
     "agentrt_journal_lines": ("counter", {"outcome"}),
     "agentrt_jobs_in_progress": ("gauge", {"job_name"}),
     "agentrt_calls_in_progress": ("gauge", {"job_name"}),
+    # No call is held in this run: the held histogram's labels (job_name, endpoint_url) are
+    # checked in test_held_telemetry.py. Load control's state, read when scraped.
+    "agentrt_call_held_seconds": ("histogram", set()),
+    "agentrt_sessions_held": ("gauge", set()),
+    "agentrt_load_control_forced": ("counter", set()),
 }
 
 

@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,8 @@ from agentrt.cli import main
 from agentrt.report import breakdown, compare, critical_path, summarize
 from agentrt.report._timeline import phases
 from agentrt.sim import PRESETS, Cluster
-from agentrt.telemetry import CallReport, JobReport, ToolReport, read_journal
+from agentrt.telemetry import JobReport, read_journal
+from tests.telemetry._jobs import job_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -109,51 +109,12 @@ def _job(
     jct: float,
     calls: Sequence[tuple[str, float, float, float]] = (),
     tools: Sequence[tuple[str, float, float]] = (),
-    *,
-    prompt: int = 100,
-    cached: int = 0,
-    status: str = "ok",
-    job_id: str | None = None,
-    retries: int = 0,
+    **fields: Any,
 ) -> JobReport:
-    """A report: calls as (session, start, queue, latency), tools as (session, start, s)."""
-    call_reports = [
-        CallReport(
-            call_id=f"c{i}",
-            session_id=s,
-            session_name=s,
-            turn=i,
-            path="/chat/completions",
-            start_s=start,
-            queue_s=queue,
-            latency_s=latency,
-        )
-        for i, (s, start, queue, latency) in enumerate(calls)
-    ]
-    tool_reports = [
-        ToolReport(session_id=s, name="t", start_s=start, duration_s=d) for s, start, d in tools
-    ]
-    return JobReport(
-        job_id=job_id or f"{name}-{jct}",
-        name=name,
-        program_id="p",
-        status=status,  # type: ignore[arg-type]
-        started_at=datetime(2026, 1, 1, tzinfo=UTC),
-        jct_s=jct,
-        llm_s=sum(c.latency_s or 0.0 for c in call_reports),
-        critical_llm_s=0.0,
-        queue_s=sum(c.queue_s for c in call_reports),
-        tool_s=sum(t.duration_s for t in tool_reports),
-        calls=len(call_reports),
-        tool_waits=len(tool_reports),
-        sessions=len({c.session_id for c in call_reports}),
-        prompt_tokens=prompt,
-        completion_tokens=10,
-        cached_tokens=cached,
-        retries=retries,
-        call_reports=call_reports,
-        tool_reports=tool_reports,
-    )
+    """A report: calls as (session, start, queue, latency), tools as (session, start, s);
+    ``fields`` as :func:`job_report` takes them."""
+    held = [(s, start, 0.0, queue, latency) for s, start, queue, latency in calls]
+    return job_report(name, jct, held, tools, **fields)
 
 
 def _write(path: Path, reports: Sequence[JobReport]) -> Path:
