@@ -218,6 +218,11 @@ class Upkeep:
             e.load.waiting = signals.waiting
             e.load.kv_usage = signals.kv_usage
             e.admission.engine_signals(signals.running, signals.waiting)
+            if signals.running is not None:
+                # More calls at the engine than this process has there: other clients
+                # share the replica (load control then fills only its learned share).
+                calls = signals.running + (signals.waiting or 0)
+                e.shadow.saw_others(calls > e.load.in_flight + 2, anyio.current_time())
         answered = direct or text is not None
         reading = signals.reading if answered and signals is not None else None
         schedule.polled(

@@ -170,7 +170,7 @@ class Gate:
         out: list[tuple[float, bool] | None] = []
         watermark, host = self.settings.watermark, self.settings.host_weight
         for shadow in self._shadows:
-            capacity = shadow.capacity_tokens
+            capacity = shadow.gate_capacity
             if capacity is None:
                 out.append(None)
                 continue

@@ -58,6 +58,9 @@ DEFAULT_HORIZON_S: Final = 30.0
 """A sleeping session waking within this many seconds weighs fully in its replica's
 demand; one waking later weighs ``horizon / time to wake``."""
 
+SHARED_FOR_S: Final = 120.0
+"""A replica where other clients' calls were seen counts as shared this long after."""
+
 _LEARN_RATE: Final = 0.25
 """How far one observation moves the learned capacity toward what it revealed."""
 
@@ -101,6 +104,7 @@ class KvShadow:
         "exact",
         "horizon_s",
         "host_tokens",
+        "shared_at",
     )
 
     def __init__(
@@ -116,6 +120,9 @@ class KvShadow:
             raise ValueError(f"horizon_s must be a finite number > 0, got {horizon_s!r}")
         self.capacity = capacity
         self.host_tokens = 0
+        self.shared_at: float | None = None
+        """When the engine last showed calls of other clients (its polled running and
+        waiting above this process's own), None if never (:meth:`saw_others`)."""
         """The replica's host tier (CPU offload) in tokens, where its engine says
         (``num_cpu_blocks`` on ``vllm:cache_config_info``): load control counts part of
         it as room (a reload costs a fraction of a recompute)."""
@@ -142,6 +149,25 @@ class KvShadow:
         if learned is None:
             return None if self.capacity is None else float(self.capacity)
         return learned if self.capacity is None else min(learned, float(self.capacity))
+
+    @property
+    def gate_capacity(self) -> float | None:
+        """The capacity load control fills: the engine's or configured figure where one
+        is known and this process is alone on the replica (it must not hold sessions
+        back below what the replica holds); else the learned one, which in a fleet is
+        this process's share (the module docstring)."""
+        if self.capacity is not None and self.shared_at is None:
+            return float(self.capacity)
+        return self.capacity_tokens
+
+    def saw_others(self, others: bool, now: float) -> None:
+        """A poll of the engine: whether it showed other clients' calls. A replica
+        counts as shared from the first sighting until none was seen for
+        :data:`SHARED_FOR_S`."""
+        if others:
+            self.shared_at = now
+        elif self.shared_at is not None and now - self.shared_at > SHARED_FOR_S:
+            self.shared_at = None
 
     @property
     def source(self) -> CapacitySource | None:

@@ -292,3 +292,21 @@ def test_the_host_tier_is_read_from_the_engines_cache_config() -> None:
     assert parse_cache_config(page.replace('"400"', '"0"')).host_blocks is None  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="host_weight"):
         LoadControl(host_weight=1.5)
+
+
+def test_a_shared_replica_is_gated_at_the_learned_share() -> None:
+    kv = KvShadow(1000, source="engine")
+    assert kv.gate_capacity == 1000.0
+    kv.start("a", 600)
+    kv.finish("a", 600, None)
+    kv.start("b", 300)
+    kv.finish("b", 300, None)
+    kv.observe(distance=300, previous=600, cached=0)  # evicted: at most 300 held
+    assert kv.capacity_tokens is not None and kv.capacity_tokens < 1000
+    assert kv.gate_capacity == 1000.0  # alone: the engine's figure
+    kv.saw_others(True, now=10.0)
+    assert kv.gate_capacity == kv.capacity_tokens  # shared: its learned share
+    kv.saw_others(False, now=100.0)
+    assert kv.gate_capacity == kv.capacity_tokens  # seen lately: still shared
+    kv.saw_others(False, now=200.0)
+    assert kv.gate_capacity == 1000.0
