@@ -18,7 +18,12 @@ from agentrt.bench._runner import BenchConfig, prepare, replay_part
 from agentrt.sim import Cluster
 from agentrt.sim.peers import PEERS, GatewayRequest, ReplicaView, make_policy, peer_dialect
 from agentrt.sim.peers._llmd import LLMDFairness, LLMDFlow
-from agentrt.sim.peers._thunderagent import ProgramScheduler, ThunderAgent, ThunderAgentConfig
+from agentrt.sim.peers._thunderagent import (
+    ProgramScheduler,
+    ThunderAgent,
+    ThunderAgentConfig,
+    ThunderAgentHome,
+)
 from tests.sim._helpers import virtual_backend
 
 pytestmark = pytest.mark.anyio
@@ -36,6 +41,8 @@ def test_registered_with_the_dynamo_dialect() -> None:
     assert PEERS["thunderagent"] is ThunderAgent
     assert type(make_policy("thunderagent")) is ThunderAgent
     assert peer_dialect("thunderagent") == "dynamo"
+    assert PEERS["thunderagent:home"] is ThunderAgentHome
+    assert ThunderAgentHome().cfg.resume_home and not ThunderAgent().cfg.resume_home
     assert PEERS["llm-d:flow"] is LLMDFlow
     assert peer_dialect("llm-d:flow") == "llm-d"
     spec = ClientSpec.parse("plain:session>thunderagent")
@@ -115,9 +122,11 @@ def test_resume_order_waiting_turns_then_new_then_idle_smallest_first() -> None:
     assert order == ["w-small", "w-big", "new", "i-small", "i-big"]
 
 
-def test_resume_fits_under_the_ceiling_and_goes_where_the_headroom_is() -> None:
+@pytest.mark.parametrize("home", [False, True])
+def test_resume_fits_under_the_ceiling_and_goes_where_the_headroom_is(home: bool) -> None:
     woken: list[str] = []
-    s = ProgramScheduler([10_000, 10_000], on_resume=woken.append)
+    cfg = ThunderAgentConfig(resume_home=home)
+    s = ProgramScheduler([10_000, 10_000], cfg, on_resume=woken.append)
     acting(s, "home", 1000)  # replica 0
     acting(s, "other", 4000)  # replica 1 (less load)
     acting(s, "filler", 3500)  # replica 0 (1100 against 4100)
@@ -127,10 +136,11 @@ def test_resume_fits_under_the_ceiling_and_goes_where_the_headroom_is() -> None:
     assert not s.admit("filler", 4500, 3.0)  # replica 0 now holds 4600, replica 1 4100
     s.tick(5.0)
     # ceiling 0.85: headroom 8500 - 4600 = 3900 on 0, 8500 - 4100 = 4400 on 1: the
-    # program resumes on replica 1, not its own
+    # program resumes on replica 1, not its own (thunderagent:home keeps it home, where
+    # it fits too)
     assert woken == ["home"]
-    assert s.programs["home"].replica == 1
-    assert (s.resumes, s.moved) == (1, 1)
+    assert s.programs["home"].replica == (0 if home else 1)
+    assert (s.resumes, s.moved) == (1, 0 if home else 1)
 
 
 def test_nothing_resumes_above_the_ceiling_until_room_frees() -> None:

@@ -16,7 +16,8 @@ of (or beside) agentrt, as a gateway in front of the simulated replicas (docs/si
 - ``_dynamo``: NVIDIA Dynamo's KV router, ``dynamo`` and ``dynamo:affinity`` (session
   affinity, TTL 300 s);
 - ``_thunderagent``: Dynamo's experimental ThunderAgent router, ``thunderagent``
-  (program-level pause and resume at tool boundaries in front of Dynamo's KV router);
+  (program-level pause and resume at tool boundaries in front of Dynamo's KV router) and
+  ``thunderagent:home`` (resuming a program only where it was paused: not Dynamo's);
 
 Use one by name: ``Cluster(8, gateway="vllm-router:cache_aware")``,
 ``agentrt bench --client "plain>vllm-router:cache_aware"``,
@@ -32,7 +33,7 @@ from ._base import GatewayRequest, Policy, ReplicaView
 from ._dynamo import Dynamo, DynamoAffinity
 from ._gateway import GatewayApp
 from ._llmd import LLMD, LLMDAffinity, LLMDFairness, LLMDFlow, LLMDIdeal
-from ._thunderagent import ThunderAgent
+from ._thunderagent import ThunderAgent, ThunderAgentHome
 from ._vllm_router import CacheAware, ConsistentHash, RoundRobin, StickyLeastLoaded
 from ._vllm_router_programs import ProgramScheduling
 
@@ -61,6 +62,7 @@ PEERS: Final[dict[str, Callable[[], Policy]]] = {
     "dynamo": Dynamo,
     "dynamo:affinity": DynamoAffinity,
     "thunderagent": ThunderAgent,
+    "thunderagent:home": ThunderAgentHome,
 }
 """The modelled peers by name: a factory of a fresh policy each."""
 

@@ -86,7 +86,7 @@ import anyio
 from ._base import GatewayRequest, Policy, ReplicaView
 from ._dynamo import Dynamo
 
-__all__ = ["Program", "ProgramScheduler", "ThunderAgent", "ThunderAgentConfig"]
+__all__ = ["Program", "ProgramScheduler", "ThunderAgent", "ThunderAgentConfig", "ThunderAgentHome"]
 
 SESSION_HEADER: Final = "x-dynamo-session-id"
 FINAL_HEADER: Final = "x-dynamo-session-final"
@@ -109,6 +109,10 @@ class ThunderAgentConfig:
     buffer_per_program: int = 100
     idle_ttl_s: float = 600.0
     """0 disables idle expiry."""
+    resume_home: bool = False
+    """Not in the source: resume a paused program only on the replica it was paused from
+    (a forced resume still goes anywhere), the follow-up the replication proposed
+    (``thunderagent:home``)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.pause_threshold <= 1.0 or not 0 <= self.pause_target:
@@ -419,7 +423,15 @@ class ProgramScheduler:
             if not caps or min_required > caps[0][1]:
                 break
             required = p.tokens + buf
-            k = next((k for k, (_, r) in enumerate(caps) if required <= r), None)
+            home = p.paused_from if cfg.resume_home else None
+            k = next(
+                (
+                    k
+                    for k, (i, r) in enumerate(caps)
+                    if required <= r and (home is None or i == home)
+                ),
+                None,
+            )
             if k is None:
                 continue
             replica, remaining = caps[k]
@@ -603,3 +615,15 @@ class ThunderAgent(Policy):
             "expired": s.expired if s else 0,
             "peak_paused": s.peak_paused if s else 0,
         }
+
+
+class ThunderAgentHome(ThunderAgent):
+    """:class:`ThunderAgent` that resumes a program only on the replica it was paused from
+    (``ThunderAgentConfig.resume_home``; a forced resume still goes anywhere): not
+    Dynamo's behaviour but the replication's proposed follow-up, to measure what moving
+    on resume costs."""
+
+    name = "thunderagent:home"
+
+    def __init__(self, *, seed: int = 0) -> None:
+        super().__init__(ThunderAgentConfig(resume_home=True), seed=seed)
