@@ -51,7 +51,10 @@ WORKLOADS: Final = {
 CLIENT_HELP: Final = (
     "a client to compare (repeatable; default: plain, agentrt:round-robin, "
     "agentrt:session). 'plain' is a bare openai client: every call sent at once, "
-    "round-robin over replicas. 'agentrt[:OPTIONS]': OPTIONS are names joined by '+' "
+    "round-robin over replicas; 'plain:session' the same, naming each call's session in "
+    "the headers agent harnesses send (x-session-id, x-dynamo-session-id, "
+    "x-claude-code-session-id), as session-aware routers need. 'agentrt[:OPTIONS]': "
+    "OPTIONS are names joined by '+' "
     "(a routing: round_robin, least_loaded, session_affinity, hash, or the aliases "
     "round-robin, session; a policy: fcfs, plas, atlas, mlfq, edf), then optionally "
     "'@LIMIT' (per-endpoint concurrency: an int >= 1, auto, none, or engine: a cap "
@@ -70,10 +73,12 @@ CLIENT_HELP: Final = (
     "scheduling= and retention=). "
     "Either, then "
     "'>PEER': the client sends to one URL, a modelled router in front of the replicas "
-    "(agentrt sim serve --gateway list names them; agentrt speaks its dialect). Examples: "
+    "(agentrt sim serve --gateway list names them: vllm-router's policies, llm-d, "
+    "llm-d:flow, llm-d:fairness, dynamo, dynamo:affinity, thunderagent, ...; agentrt "
+    "speaks its dialect). Examples: "
     "agentrt:session, agentrt:defaults, agentrt:plas+round_robin@auto, agentrt:mlfq@16, "
     "agentrt:session+mlfq@engine, agentrt:routing=hash,policy=plas, "
-    "agentrt:config=agentrt-tuned.toml, plain>vllm-router, "
+    "agentrt:config=agentrt-tuned.toml, plain>vllm-router, plain:session>thunderagent, "
     "agentrt:defaults>vllm-router:consistent_hash. Defaults: round_robin, fcfs, no limit"
 )
 

@@ -158,7 +158,9 @@ _TRUE: Final = ("1", "true", "yes", "on")
 _FALSE: Final = ("0", "false", "no", "off")
 
 CLIENT_SPEC_HELP: Final = (
-    "'plain' (a bare openai client: every call sent at once, round-robin over replicas) or "
+    "'plain' (a bare openai client: every call sent at once, round-robin over replicas), "
+    "'plain:session' (the same, naming each call's session in the headers agent harnesses "
+    "send and routers read: x-session-id, x-dynamo-session-id, x-claude-code-session-id) or "
     "'agentrt[:OPTIONS]'. OPTIONS: names joined by '+' (a routing: round_robin, "
     "least_loaded, session_affinity, hash, or the aliases round-robin, session; a policy: "
     "fcfs, plas, atlas, mlfq, edf), then optionally '@LIMIT' (per-endpoint concurrency: an "
@@ -190,7 +192,7 @@ CLIENT_SPEC_HELP: Final = (
     "Either, then '>PEER': the client sends to one URL, a modelled router in front of the "
     "embedded replicas (agentrt sim serve --gateway list names them; agentrt then speaks "
     "the peer's dialect unless dialect= says another), e.g. plain>vllm-router, "
-    "agentrt:defaults>vllm-router:consistent_hash. "
+    "plain:session>thunderagent, agentrt:defaults>vllm-router:consistent_hash. "
     "Examples: agentrt:session, agentrt:defaults, agentrt:plas+round_robin@auto, "
     "agentrt:mlfq@16, agentrt:session+mlfq@engine, agentrt:plas+round_robin,priority=on, "
     "agentrt:routing=hash,policy=plas,concurrency=8, agentrt:config=agentrt-tuned.toml. "
@@ -321,6 +323,11 @@ class ClientSpec:
     advertise it, so a runtime with ``send_priority="auto"`` (``agentrt:defaults``)
     sends them its calls' levels."""
 
+    session_headers: bool = False
+    """``plain:session``: the plain client names each call's session in
+    :data:`SESSION_HEADERS`, as agent harnesses do (Claude Code, Dynamo's Pi adapter),
+    so that a session-aware router (``dynamo:affinity``, ``thunderagent``) sees sessions."""
+
     gateway: str | None = None
     """``CLIENT>PEER``: the client sends to one URL, a modelled peer (a router such as
     ``vllm-router:cache_aware``, :mod:`agentrt.sim.peers`) in front of the embedded
@@ -335,10 +342,12 @@ class ClientSpec:
             return ClientSpec._behind(text)
         if text == "plain":
             return ClientSpec("plain", "plain")
+        if text == "plain:session":
+            return ClientSpec("plain:session", "plain", session_headers=True)
         head, sep, rest = text.partition(":")
         if head != "agentrt" or (sep and not rest):
             raise ValueError(
-                f"unknown client {text!r}: 'plain' or "
+                f"unknown client {text!r}: 'plain', 'plain:session' or "
                 "'agentrt[:ROUTING+POLICY][@LIMIT][,key=value...]' (agentrt bench --help "
                 "lists the options)"
             )
@@ -512,9 +521,11 @@ class PlainDriver:
         api: Api = "openai",
         journal: Path | None = None,
         start: int = 0,
+        session_headers: bool = False,
     ) -> None:
         self._urls = urls
         self._api = api
+        self._session_headers = session_headers
         self._journal = Journal(journal) if journal is not None else None
         self._http = httpx.AsyncClient(
             transport=transport
@@ -573,18 +584,21 @@ class PlainDriver:
                     job.tools.append(ToolResult(session_id, step.tool, start - job_t0, now - start))
             i = next(self._rr)
             start = anyio.current_time()
+            names = {h: session_id for h in SESSION_HEADERS} if self._session_headers else None
             if self._apps is not None:
                 body = _body(self._model, self._prompts, step, self._extra)
                 usage = self._journal is not None
-                call = await _inprocess_chat(*self._apps[i], body, step.stream, usage)
+                call = await _inprocess_chat(*self._apps[i], body, step.stream, usage, names)
             elif self._api == "http":
                 body = _body(self._model, self._prompts, step, self._extra)
                 usage = self._journal is not None
-                call = await _http_chat(self._http, self._urls[i], body, step.stream, usage)
+                call = await _http_chat(self._http, self._urls[i], body, step.stream, usage, names)
             else:
                 client = self._clients[i]
                 usage = self._journal is not None
-                call = await _call(client, self._model, self._prompts, step, self._extra, usage)
+                call = await _call(
+                    client, self._model, self._prompts, step, self._extra, usage, names
+                )
             call.start_s = start - job_t0
             call.session_id, call.session_name, call.turn = session_id, plan.name, turn
             call.endpoint, call.stream = self._urls[i], step.stream
@@ -705,10 +719,12 @@ async def _http_chat(
     body: dict[str, Any],
     stream: bool,
     usage: bool = False,
+    headers: dict[str, str] | None = None,
 ) -> CallResult:
     """One chat call as raw HTTP (no openai object parsing): the bench's fast path.
     ``usage``: read the token counts (a stream asks for its usage chunk), as a client
-    that keeps a journal does, so that every call of the journal has them."""
+    that keeps a journal does, so that every call of the journal has them. ``headers``:
+    extra request headers."""
     url = base_url + "/chat/completions"
     start = anyio.current_time()
     ttft = None
@@ -716,7 +732,7 @@ async def _http_chat(
     if stream:
         if usage:
             body = {**body, "stream_options": {"include_usage": True}}
-        async with http.stream("POST", url, json=body) as resp:
+        async with http.stream("POST", url, json=body, headers=headers) as resp:
             resp.raise_for_status()
             async for line in resp.aiter_lines():
                 if not line.startswith("data:"):
@@ -728,7 +744,7 @@ async def _http_chat(
                 if usage and '"usage"' in line:
                     tokens = _event_usage(line.encode()) or tokens
     else:
-        resp = await http.post(url, json=body)
+        resp = await http.post(url, json=body, headers=headers)
         resp.raise_for_status()
         if usage:
             tokens = resp.json().get("usage")
@@ -746,9 +762,18 @@ def _event_usage(line: bytes) -> dict[str, Any] | None:
 
 _INPROCESS_HEADERS: Final = [(b"content-type", b"application/json")]
 
+SESSION_HEADERS: Final = ("x-session-id", "x-dynamo-session-id", "x-claude-code-session-id")
+"""The headers a ``plain:session`` client names its session in: vLLM's and llm-d's,
+Dynamo's (its agent context), and the one Claude Code sends (llm-d's agent identity)."""
+
 
 async def _inprocess_chat(
-    app: ReplicaApp, base_path: str, body: dict[str, Any], stream: bool, usage: bool = False
+    app: ReplicaApp,
+    base_path: str,
+    body: dict[str, Any],
+    stream: bool,
+    usage: bool = False,
+    headers: dict[str, str] | None = None,
 ) -> CallResult:
     """:func:`_http_chat` without the HTTP client: the same request handed to the
     embedded replica's (or gateway's) app and its reply read as sent (the same bytes, the
@@ -760,7 +785,10 @@ async def _inprocess_chat(
     start = anyio.current_time()
     ttft = None
     tokens = None
-    reply = await app.respond("POST", path, _INPROCESS_HEADERS, data)
+    sent = _INPROCESS_HEADERS
+    if headers:
+        sent = sent + [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    reply = await app.respond("POST", path, sent, data)
     chunks = reply.stream
     if reply.status >= 400:
         if chunks is not None:
@@ -792,6 +820,7 @@ async def _call(
     step: Call,
     extra: dict[str, Any],
     usage: bool = False,
+    headers: dict[str, str] | None = None,
 ) -> CallResult:
     messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": prompts.render(step)}]
     start = anyio.current_time()
@@ -803,6 +832,7 @@ async def _call(
             max_tokens=step.output_tokens,
             stream=True,
             extra_body={**extra, "stream_options": {"include_usage": True}} if usage else extra,
+            extra_headers=headers,
         )
         tokens = None
         async for chunk in stream:
@@ -815,6 +845,7 @@ async def _call(
         messages=messages,
         max_tokens=step.output_tokens,
         extra_body=extra,
+        extra_headers=headers,
     )
     return _result(anyio.current_time() - start, None, False, reply.usage)
 
@@ -1092,5 +1123,15 @@ def make_driver(
     if api not in ("openai", "http"):
         raise ValueError(f"api must be 'openai' or 'http', got {api!r}")
     if spec.kind == "plain":
-        return PlainDriver(urls, transport, model, prompts, real_engine, api, journal, start)
+        return PlainDriver(
+            urls,
+            transport,
+            model,
+            prompts,
+            real_engine,
+            api,
+            journal,
+            start,
+            session_headers=spec.session_headers,
+        )
     return AgentrtDriver(spec, urls, transport, model, prompts, real_engine, api, journal)

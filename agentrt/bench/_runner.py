@@ -514,6 +514,8 @@ class ClientRun:
     view: dict[str, Any] | None = None
     """The client's view of the replicas' KV against the engines': see
     :attr:`ClientResult.kv_view`."""
+    peer: dict[str, Any] | None = None
+    """A modelled peer's own counters (``Policy.stats``: holds, pauses, resumes), or None."""
 
 
 PartResult = dict[str, float] | ClientRun
@@ -640,7 +642,8 @@ async def _client(
         kv = sampler.result()
         view = viewer.result() if viewer is not None else None
         replicas = _replica_figures(cluster, results)
-    return ClientRun(results, makespan, stats, kv, replicas, view)
+        peer = cluster.gateway.policy.stats() if cluster.gateway is not None else None
+    return ClientRun(results, makespan, stats, kv, replicas, view, peer)
 
 
 def replay_part(

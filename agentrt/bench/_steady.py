@@ -467,6 +467,7 @@ def run_steady(
                     "engine_prefill_tokens": sum(r["prefill_tokens"] for r in run.replicas),
                     "evictions": run.kv.get("evictions") if run.kv else None,
                     "kv_view": run.view,
+                    "peer": run.peer,
                 }
             )
             rows.append(figures)

@@ -10,9 +10,14 @@ of (or beside) agentrt, as a gateway in front of the simulated replicas (docs/si
   precise-prefix guide configures it, with the information a deployment has: metrics
   scraped every 50 ms, KV events applied late, 64-token index blocks), ``llm-d:ideal``
   (the same scoring on live metrics and an exact index), ``llm-d:affinity`` (plus the
-  session-affinity scorer) and ``llm-d:fairness`` (plus ``program-aware-fairness`` flow control);
+  session-affinity scorer), ``llm-d:flow`` (plus flow control as it comes by default: the
+  saturation detector's gate, one first-come first-served queue, a 60 s queue budget) and
+  ``llm-d:fairness`` (plus ``program-aware-fairness`` flow control);
 - ``_dynamo``: NVIDIA Dynamo's KV router, ``dynamo`` and ``dynamo:affinity`` (session
   affinity, TTL 300 s);
+- ``_thunderagent``: Dynamo's experimental ThunderAgent router, ``thunderagent``
+  (program-level pause and resume at tool boundaries in front of Dynamo's KV router) and
+  ``thunderagent:home`` (resuming a program only where it was paused: not Dynamo's);
 
 Use one by name: ``Cluster(8, gateway="vllm-router:cache_aware")``,
 ``agentrt bench --client "plain>vllm-router:cache_aware"``,
@@ -27,7 +32,8 @@ from typing import Final
 from ._base import GatewayRequest, Policy, ReplicaView
 from ._dynamo import Dynamo, DynamoAffinity
 from ._gateway import GatewayApp
-from ._llmd import LLMD, LLMDAffinity, LLMDFairness, LLMDIdeal
+from ._llmd import LLMD, LLMDAffinity, LLMDFairness, LLMDFlow, LLMDIdeal
+from ._thunderagent import ThunderAgent, ThunderAgentHome
 from ._vllm_router import CacheAware, ConsistentHash, RoundRobin, StickyLeastLoaded
 from ._vllm_router_programs import ProgramScheduling
 
@@ -51,9 +57,12 @@ PEERS: Final[dict[str, Callable[[], Policy]]] = {
     "llm-d": LLMD,
     "llm-d:ideal": LLMDIdeal,
     "llm-d:affinity": LLMDAffinity,
+    "llm-d:flow": LLMDFlow,
     "llm-d:fairness": LLMDFairness,
     "dynamo": Dynamo,
     "dynamo:affinity": DynamoAffinity,
+    "thunderagent": ThunderAgent,
+    "thunderagent:home": ThunderAgentHome,
 }
 """The modelled peers by name: a factory of a fresh policy each."""
 
@@ -80,6 +89,7 @@ _DIALECTS: Final = (
     ("vllm-router", "vllm-router"),
     ("llm-d", "llm-d"),
     ("dynamo", "dynamo"),
+    ("thunderagent", "dynamo"),
     ("sglang", "sglang"),
 )
 

@@ -142,6 +142,11 @@ class Policy:
     def done(self, req: GatewayRequest, index: int, now: float) -> None:
         """``req`` finished on replica ``index`` (its reply ended, failed or was dropped)."""
 
+    def stats(self) -> dict[str, Any] | None:
+        """The peer's own counters for a report (a scheduling peer's holds, pauses and
+        resumes), or None."""
+        return None
+
     def control(
         self, path: str, params: dict[str, str], body: dict[str, Any]
     ) -> tuple[int, dict[str, Any]] | None:

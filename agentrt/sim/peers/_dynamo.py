@@ -170,6 +170,12 @@ class Dynamo(Policy):
                 self.bindings[sid] = _Binding(index, now)
         if sid is not None:
             self.bindings[sid].active += 1
+        self.track(req, index)
+        return index
+
+    def track(self, req: GatewayRequest, index: int) -> None:
+        """Count ``req`` in worker ``index``'s load until :meth:`done` (what the router
+        does for every request it sends, a pinned one included)."""
         r = self.replicas[index]
         bs = r.engine.config.block_size
         isl = req.prompt.num_tokens
@@ -177,7 +183,6 @@ class Dynamo(Policy):
         blocks = -(-isl // bs)
         self._active[index][req.seq] = (max(0, isl - device * bs), blocks)
         self._active_blocks[index] += blocks
-        return index
 
     def done(self, req: GatewayRequest, index: int, now: float) -> None:
         entry = self._active[index].pop(req.seq, None)

@@ -93,10 +93,11 @@ from typing import Any, Final
 
 import anyio
 
+from .._app import _HTTPError
 from .._tokenize import Run
 from ._base import GatewayRequest, Policy, ReplicaView
 
-__all__ = ["LLMD", "LLMDAffinity", "LLMDFairness", "LLMDIdeal", "fairness_id"]
+__all__ = ["LLMD", "LLMDAffinity", "LLMDFairness", "LLMDFlow", "LLMDIdeal", "fairness_id"]
 
 METRICS_INTERVAL_S: Final = 0.05
 """The EPP's ``DefaultRefreshMetricsInterval`` (``pkg/epp/server/options.go``)."""
@@ -374,9 +375,20 @@ class LLMDFairness(LLMD):
         weight_head_wait: float = 0.2,
         half_life_s: float = 60.0,
         tick_s: float = 0.05,
+        request_ttl_s: float | None = None,
         **scoring: Any,
     ) -> None:
         super().__init__(**scoring)
+        if request_ttl_s is not None and not request_ttl_s > 0:
+            raise ValueError(f"request_ttl_s must be > 0 or None, not {request_ttl_s!r}")
+        self.request_ttl_s = request_ttl_s
+        """Flow control's queue-wait budget (``defaultRequestTTL``); None: none."""
+        self.shed = 0
+        """Requests shed because they waited ``request_ttl_s`` (answered 429)."""
+        self.held = 0
+        """Requests that waited in flow control's queues."""
+        self.hold_s: list[float] = []
+        """How long each request dispatched from the queues waited."""
         self.queue_depth_threshold = queue_depth_threshold
         self.kv_cache_util_threshold = kv_cache_util_threshold
         self.weight_service = weight_service
@@ -478,20 +490,29 @@ class LLMDFairness(LLMD):
             return
         w = _Waiter(program, anyio.current_time())
         self.queues.setdefault(program, deque()).append(w)
+        self.held += 1
         waiting = sum(len(q) for q in self.queues.values())
         self.peak_waiting = max(self.peak_waiting, waiting)
         self._pump()
+        ttl = self.request_ttl_s
+        deadline = math.inf if ttl is None else w.enqueued + ttl
         try:
             while w.state != _GO:
+                left = deadline - anyio.current_time()
+                if left <= 0:
+                    self._forget(w)
+                    self.shed += 1
+                    raise _HTTPError(429, f"request timed out in queue after {ttl:g} s")
                 if w.state == _TICK:
                     w.event = anyio.Event()
-                    with anyio.move_on_after(self.tick_s):
+                    with anyio.move_on_after(min(self.tick_s, left)):
                         await w.event.wait()
                     if w.state != _GO:
                         self._pump()
                     continue
-                await w.event.wait()
-                if w.state == _WAIT:  # pragma: no cover - only GO or TICK set it
+                with anyio.move_on_after(left):
+                    await w.event.wait()
+                if w.state == _WAIT:
                     w.event = anyio.Event()
         except BaseException:
             if w.state == _GO:
@@ -500,6 +521,17 @@ class LLMDFairness(LLMD):
                 self._forget(w)
             raise
         self._released -= 1
+        self.hold_s.append(anyio.current_time() - w.enqueued)
+
+    def stats(self) -> dict[str, Any]:
+        holds = sorted(self.hold_s)
+        return {
+            "held": self.held,
+            "shed": self.shed,
+            "hold_p50_s": holds[len(holds) // 2] if holds else 0.0,
+            "hold_max_s": holds[-1] if holds else 0.0,
+            "peak_waiting": self.peak_waiting,
+        }
 
     def done(self, req: GatewayRequest, index: int, now: float) -> None:
         super().done(req, index, now)
@@ -508,3 +540,24 @@ class LLMDFairness(LLMD):
         self._service[program] = (value + req.prompt.num_tokens, now)
         if self.queues:
             self._pump()
+
+
+class LLMDFlow(LLMDFairness):
+    """:class:`LLMD` behind flow control as it comes by default: the ``utilization-detector``
+    gate, one priority band whose flows are served ``global-strict`` (the oldest head
+    request of any flow first) and ordered ``fcfs`` within (together: one first-come,
+    first-served queue), and the 60 s queue-wait budget (``defaultRequestTTL``), past which
+    a request is shed with 429."""
+
+    name = "llm-d:flow"
+    source = LLMD.source + (
+        "; pkg/epp/framework/plugins/flowcontrol/{saturationdetector/utilization,"
+        "fairness/globalstrict,ordering/fcfs}, pkg/epp/flowcontrol/registry/config.go, "
+        "pkg/epp/flowcontrol/controller/config.go"
+    )
+
+    def __init__(self, *, request_ttl_s: float | None = 60.0, **options: Any) -> None:
+        super().__init__(request_ttl_s=request_ttl_s, **options)
+
+    def _pick_queue(self, now: float) -> str:
+        return min(self.queues, key=lambda p: self.queues[p][0].enqueued)
