@@ -299,7 +299,9 @@ class Upkeep:
 
     async def _get(self, ep: _EndpointState, url: str) -> tuple[int, str] | None:
         """GET ``url`` with the endpoint's credentials: its status and body, or None
-        when it did not answer within 3 s."""
+        when it did not answer within 3 s. A connection that could not be made counts
+        against the endpoint's health as a call's would: it is marked down at once, and
+        no call pays a failed attempt to find out."""
         mod = self._lib.mod
         timeout = {"connect": 2.0, "read": 2.0, "write": 2.0, "pool": 2.0}
         # With the endpoint's key or credentials, as its calls carry them.
@@ -315,7 +317,9 @@ class Upkeep:
                     body = await response.aread()
                 finally:
                     await response.aclose()
-            except (*self._lib.transport_errors, ValueError):  # type: ignore[misc]
+            except (*self._lib.transport_errors, ValueError) as exc:  # type: ignore[misc]
+                if isinstance(exc, self._lib.connect_errors):
+                    self._core.record_health(ep, False, connect=True)
                 return None
             return response.status_code, body.decode("utf-8", "replace")
         return None
