@@ -175,6 +175,8 @@ class Call:
             and response.status_code < 300
             and not response.headers.get("content-type", "").startswith("application/json")
         ):
+            if response.is_stream_consumed:
+                return await self._observe_read(response)
             response.stream = self.sender.observed(self, response)
             return response
         try:
@@ -189,6 +191,22 @@ class Call:
         else:
             self._check_reply(response, raw)
         return rebuild(self.sender.lib, response, raw)
+
+    async def _observe_read(self, response: httpx.Response) -> httpx.Response:
+        """A streamed reply whose body came already read (an ``httpx.MockTransport``
+        reply built from ``content=``: the caller reads ``response.content``, never the
+        stream): observed now, whole, as the caller's reading would have (usage, time to
+        first token, the call's end), and handed on with what the caller is to read."""
+        lib = self.sender.lib
+        response.stream = lib.Bytes(response.content)
+        observed = self.sender.observed(self, response)
+        try:
+            content = b"".join([chunk async for chunk in observed])
+        finally:
+            await observed.aclose()
+        if "content-length" in response.headers:  # less, where the usage chunk was removed
+            response.headers["content-length"] = str(len(content))
+        return rebuild(lib, response, content)
 
     def _ended_by(self, exc: BaseException) -> None:
         """The call ends with ``exc``: cancelled (trio's cancellation may come in a group,

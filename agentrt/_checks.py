@@ -17,16 +17,32 @@ MAX_NAME_BYTES: Final = 256
 
 
 def check_name(value: str | None, what: str) -> str | None:
-    """A name (or None): a str of at most ``MAX_NAME_BYTES``, without CR, LF or NUL."""
+    """A name (or None): UTF-8 text of at most ``MAX_NAME_BYTES``, without CR, LF or NUL.
+
+    A name holding a lone surrogate (what ``os.fsdecode`` makes of a file name that is
+    not UTF-8) is refused: the journal, Prometheus and OpenTelemetry all write names as
+    UTF-8, and would lose the job's line or every later export to it."""
     if value is None:
         return None
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str, got {type(value).__name__}")
-    if len(value.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+    _check_text(value, what)
+    if len(value.encode("utf-8")) > MAX_NAME_BYTES:
         raise ValueError(f"{what} is longer than {MAX_NAME_BYTES} bytes")
     if any(c in value for c in "\r\n\x00"):
         raise ValueError(f"{what} {value[:40]!r} contains CR, LF or NUL")
     return value
+
+
+def _check_text(value: str, what: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{what} {value[:40]!r} is not valid UTF-8 text (it holds a lone surrogate at "
+            f"index {exc.start}, as a name decoded from a non-UTF-8 file name does); "
+            "decode it with errors='replace' or give a plain str"
+        ) from None
 
 
 MAX_EXPECTED_S: Final = 86_400.0
@@ -57,6 +73,7 @@ def check_metadata(metadata: dict[str, Any] | None) -> dict[str, Any]:
     for key, value in metadata.items():
         if not isinstance(key, str):
             raise TypeError(f"job metadata keys must be str, got {key!r}")
+        _check_text(key, "job metadata key")
         try:
             to_json(value)
         except (TypeError, ValueError) as exc:  # PydanticSerializationError is a ValueError

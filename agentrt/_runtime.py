@@ -255,8 +255,11 @@ class Runtime:
         return list(self._reports)
 
     def endpoint_loads(self) -> list[EndpointLoad]:
-        """A snapshot of each endpoint's load as agentrt sees it."""
-        now = self._core.clock()
+        """A snapshot of each endpoint's load as agentrt sees it (from any thread, and
+        before the runtime is entered)."""
+        # Before it opens no session is placed anywhere: the working sets are empty
+        # whatever the time, and there is no event loop's clock to read yet.
+        now = self._core.clock() if self._opened else 0.0
         for e in self._core.endpoints:
             e.refresh_retention()
             if self._core.kv_aware:

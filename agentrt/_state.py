@@ -14,7 +14,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, cast
 
 import anyio
 import httpx
@@ -214,8 +214,9 @@ class Placement:
             if held is not None and self.last_reply_at is not None:
                 idle = now - self.last_reply_at
                 endpoints[held].refresh_retention()
+            loads = [e.load for e in endpoints]
             if core.kv_aware:
-                context, resident = self._kv_view(core, held, avoid, now)
+                context, resident = self._kv_view(core, loads, held, idle, avoid, now)
             key = RouteKey(
                 sid, held, held is None, prefix, tokens, idle, self.stable, context, resident
             )
@@ -224,7 +225,7 @@ class Placement:
                 index = target
             else:
                 target = None
-                index = core.router.choose([e.load for e in endpoints], key, avoid)
+                index = core.router.choose(loads, key, avoid)
             core.router.served(index, key)
             if core.kv_aware and not self.ended:
                 if home is not None and home != index:
@@ -264,13 +265,20 @@ class Placement:
         core.endpoints[index].load.sessions += 1
 
     def _kv_view(
-        self, core: _Core, home: int | None, avoid: Collection[int], now: float
+        self,
+        core: _Core,
+        loads: list[EndpointLoad],
+        home: int | None,
+        idle: float | None,
+        avoid: Collection[int],
+        now: float,
     ) -> tuple[int, int | None]:
         """The session's context at ``home`` and how much of it is likely still cached
         there (``RouteKey.context``, ``.resident``); the replicas' working sets refreshed
         where the router may look: all of them for a first turn or a session that may
-        leave (home overfull, avoided or down), else home's alone (the others' marked
-        not computed)."""
+        leave, for any reason (home overfull, or the router may not keep it there:
+        avoided, down, overloaded, its cache likely gone), else home's alone (the
+        others' marked not computed)."""
         endpoints = core.endpoints
         if home is None:
             for e in endpoints:
@@ -282,7 +290,8 @@ class Placement:
         self.distance = shadow.stack_distance(sid)
         here.refresh_kv(now)
         fill = kv_fill(here.load)
-        leaving = (fill is not None and fill > 1.0) or home in avoid or not here.load.healthy
+        router = cast(SessionAffinity, core.router)  # kv_aware: the session router
+        leaving = (fill is not None and fill > 1.0) or not router.keeps(loads, home, idle, avoid)
         for e in endpoints:
             if e is not here:
                 if leaving:

@@ -63,12 +63,15 @@ class Upkeep:
         signals, at a fraction of the CPU (a fleet's polls of a long replay)."""
         self._schedule: PollSchedule | None = None
         """When each endpoint's metrics are polled (while the block lasts, if polled)."""
-        self._refreshing: anyio.Event | None = None
-        """Set when the fresh polls a first turn asked for are done (while they run)."""
         self.feeds: list[KvFeed] = []
         """The endpoints' KV-event feeds read over ZMQ (while the block lasts)."""
         self._unsubscribe: list[Any] = []
         """Ends the in-process engines' event feeds (the simulator's transport)."""
+        self._polls: dict[int, anyio.Event] = {}
+        """The polls in progress, by endpoint: each set when it ends."""
+        self._poll_ended: anyio.Event | None = None
+        """Set when a poll ends (its endpoint's next poll is then scheduled): made
+        when :meth:`run` starts, in the event loop."""
 
     async def start(self) -> None:
         """The runtime's block begins: notices may be sent, the dialects' session-end
@@ -103,6 +106,7 @@ class Upkeep:
                     adaptive=self._poll_adaptive,
                     start=anyio.current_time(),
                     rng=random.Random(random_bytes(16)),
+                    slow_s=FIRST_TURN_WAIT_S,
                 )
                 if self._poll_adaptive:
                     core.fresh_view = self.fresh_view
@@ -155,6 +159,7 @@ class Upkeep:
         schedule = self._schedule
         admitted = 0  # calls admitted anywhere, at the previous poll
         probe_at = -math.inf
+        self._poll_ended = ended = anyio.Event()
         while True:
             down = not all(e.health.healthy for e in endpoints)
             if schedule is None and not down:
@@ -165,7 +170,10 @@ class Upkeep:
             if down and probe_at == -math.inf:
                 probe_at = now + probe_every
             wake = min(schedule.next_at() if schedule else math.inf, probe_at if down else math.inf)
-            await anyio.sleep(max(0.0, wake - now))
+            with anyio.move_on_after(max(0.0, wake - now)):
+                await ended.wait()  # a poll in progress is not due: its end is
+            if ended.is_set():
+                self._poll_ended = ended = anyio.Event()
             now = anyio.current_time()
             if down and now >= probe_at:
                 probe_at = -math.inf
@@ -187,15 +195,40 @@ class Upkeep:
             busy = total != admitted or any(e.load.in_flight for e in endpoints)
             admitted = total
             for i in due:
-                await self._poll(schedule, i, busy)
-            self._note_view()
+                self._polling(schedule, i, busy)
+
+    def _polling(
+        self, schedule: PollSchedule, i: int, busy: bool, first_turn: bool = False
+    ) -> anyio.Event:
+        """Endpoint ``i``'s poll in progress, else one started now in the runtime's task
+        group (it runs to its end whoever waits for it); the event is set when it ends."""
+        done = self._polls.get(i)
+        if done is None:
+            assert self._tasks is not None  # polls run only while the block lasts
+            done = self._polls[i] = anyio.Event()
+            schedule.started(i)
+            self._tasks.start_soon(self._poll, schedule, i, busy, first_turn, done)
+        return done
 
     async def _poll(
-        self, schedule: PollSchedule, i: int, busy: bool, first_turn: bool = False
+        self, schedule: PollSchedule, i: int, busy: bool, first_turn: bool, done: anyio.Event
+    ) -> None:
+        try:
+            await self._poll_once(schedule, i, busy, first_turn)
+        finally:
+            del self._polls[i]
+            done.set()
+            if self._poll_ended is not None:
+                self._poll_ended.set()
+        self._note_view()
+
+    async def _poll_once(
+        self, schedule: PollSchedule, i: int, busy: bool, first_turn: bool
     ) -> None:
         """Poll endpoint ``i``'s metrics once (``first_turn``: for a first turn about to
         be placed); its load and admission read them."""
         e = self._core.endpoints[i]
+        started = anyio.current_time()
         signals: EngineSignals | None = self._read_direct(e)
         direct = signals is not None
         text = None if direct else await self._fetch_metrics(e)
@@ -225,41 +258,32 @@ class Upkeep:
                 e.shadow.saw_others(calls > e.load.in_flight + 2, anyio.current_time())
         answered = direct or text is not None
         reading = signals.reading if answered and signals is not None else None
+        now = anyio.current_time()
         schedule.polled(
-            i,
-            anyio.current_time(),
-            reading,
-            busy,
-            answered=answered,
-            first_turn=first_turn,
+            i, now, reading, busy, answered=answered, first_turn=first_turn, took_s=now - started
         )
 
     async def fresh_view(self) -> None:
         """A first turn is about to be placed: the endpoints whose readings are stale
-        (``PollSchedule.stale``) are polled now, all together, and the first turns that
-        come meanwhile wait for the same polls; none waits more than
-        ``FIRST_TURN_WAIT_S``."""
+        (``PollSchedule.stale``) are polled now, all together (a poll in progress is
+        joined), and the first turn waits for their readings up to
+        ``FIRST_TURN_WAIT_S``, but not for an endpoint known slow to poll
+        (``PollSchedule.slow``); one whose poll outlasts the wait is slow from now on.
+        The polls run to their end in the runtime's task group either way."""
         schedule = self._schedule
-        if schedule is None:
-            return
-        pending = self._refreshing
-        if pending is not None:
-            with anyio.move_on_after(FIRST_TURN_WAIT_S):
-                await pending.wait()
+        if schedule is None or self._tasks is None:
             return
         stale = schedule.stale(anyio.current_time())
-        if not stale:
+        waits = [(i, self._polling(schedule, i, True, True)) for i in stale]
+        waits = [(i, done) for i, done in waits if not schedule.slow(i)]
+        if not waits:
             return
-        self._refreshing = done = anyio.Event()
-        try:
-            with anyio.move_on_after(FIRST_TURN_WAIT_S):
-                async with anyio.create_task_group() as tg:
-                    for i in stale:
-                        tg.start_soon(self._poll, schedule, i, True, True)
-            self._note_view()
-        finally:
-            self._refreshing = None
-            done.set()
+        with anyio.move_on_after(FIRST_TURN_WAIT_S):
+            for _, done in waits:
+                await done.wait()
+        for i, done in waits:
+            if not done.is_set():
+                schedule.waited_out(i)
 
     def _note_view(self) -> None:
         """Record whose load routing compares now, in the settings jobs report."""
@@ -316,7 +340,9 @@ class Upkeep:
 
     async def _get(self, ep: _EndpointState, url: str) -> tuple[int, str] | None:
         """GET ``url`` with the endpoint's credentials: its status and body, or None
-        when it did not answer within 3 s."""
+        when it did not answer within 3 s. A connection that could not be made counts
+        against the endpoint's health as a call's would: it is marked down at once, and
+        no call pays a failed attempt to find out."""
         mod = self._lib.mod
         timeout = {"connect": 2.0, "read": 2.0, "write": 2.0, "pool": 2.0}
         # With the endpoint's key or credentials, as its calls carry them.
@@ -332,7 +358,9 @@ class Upkeep:
                     body = await response.aread()
                 finally:
                     await response.aclose()
-            except (*self._lib.transport_errors, ValueError):  # type: ignore[misc]
+            except (*self._lib.transport_errors, ValueError) as exc:  # type: ignore[misc]
+                if isinstance(exc, self._lib.connect_errors):
+                    self._core.record_health(ep, False, connect=True)
                 return None
             return response.status_code, body.decode("utf-8", "replace")
         return None

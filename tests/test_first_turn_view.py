@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
 from agentrt import Retry, Runtime
@@ -117,3 +118,47 @@ async def test_a_first_turn_after_an_idle_spell_polls_again(engines: list[Engine
             busy.running, idle.running = 6, 0
             await anyio.sleep(1.1)  # older than the base interval: stale
             assert await _first_turn(rt) == idle.url
+
+
+GAUGES = b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.1\n"
+
+
+@pytest.mark.parametrize("metrics_s", [0.8, 1000.0], ids=["slow", "hung"])
+def test_first_turns_do_not_wait_again_and_again_for_a_slow_engine(metrics_s: float) -> None:
+    """One replica's ``/metrics`` answers in 0.8 s, or hangs. Each first turn used to
+    start a fresh poll of it, wait 0.5 s and throw the poll away; now the first wait
+    finds it slow, its poll runs to its end, and no later first turn waits for it. A
+    poll in progress is joined: never two of one endpoint at once. Virtual time."""
+    from agentrt.bench._clock import VirtualTimeLoop
+
+    in_progress, most = 0, 0
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        nonlocal in_progress, most
+        if request.method == "GET":
+            if request.url.host != "slow.test":
+                return httpx.Response(200, content=GAUGES)
+            in_progress += 1
+            most = max(most, in_progress)
+            try:
+                await anyio.sleep(metrics_s)
+            finally:
+                in_progress -= 1
+            return httpx.Response(200, content=GAUGES)
+        return httpx.Response(200, content=REPLY, headers={"content-type": "application/json"})
+
+    waits: list[float] = []
+
+    async def main() -> None:
+        urls = ["http://fast.test/v1", "http://slow.test/v1"]
+        async with Runtime(urls, transport=httpx.MockTransport(handle), retry=FAST) as rt:
+            for _ in range(12):
+                await anyio.sleep(1.5)  # every reading stale again
+                start = anyio.current_time()
+                await _first_turn(rt)
+                waits.append(anyio.current_time() - start)
+
+    anyio.run(main, backend_options={"loop_factory": VirtualTimeLoop})
+    assert waits[0] <= 0.5 + 1e-6
+    assert max(waits[1:]) < 0.01, waits  # not waited for again
+    assert most == 1

@@ -71,7 +71,10 @@ async def test_calls_through_a_live_server_log_each_stage_and_no_secret(
         (live,) = await tg.start(serve_async, 1, "127.0.0.1", 0, small_config())
         endpoints = [Endpoint(dead), Endpoint(live, api_key=ENDPOINT_KEY)]
         rr = RoundRobin(start=0)  # the dead one first
-        async with Runtime(endpoints, api_key=KEY, routing=rr, retry=FAST) as rt:
+        # No metrics polls: a refused poll would mark the dead one down before the call.
+        async with Runtime(
+            endpoints, api_key=KEY, routing=rr, retry=FAST, poll_metrics_s=None
+        ) as rt:
             async with rt.job("j") as job, job.session("s") as s:
                 await s.chat(model="m", messages=MSG, max_tokens=4)
                 await s.chat(model="m", messages=MSG, max_tokens=4)

@@ -211,6 +211,7 @@ async def test_no_output_shows_the_credentials(
             journal=journal,
             prometheus=registry,
             hooks=[events.append],
+            poll_metrics_s=None,  # a refused poll would mark the dead one down first
         ) as rt:
             outputs["repr"] = repr(rt) + repr(rt.endpoints) + repr(rt.endpoint_loads())
             # A call tried on the dead replica first, then failed over (a retry; not a

@@ -898,3 +898,25 @@ async def test_a_second_event_loop_is_refused_up_front(other: str) -> None:
             assert [r.name for r in rt.reports()] == []  # no implicit job either
             await s.chat(model="m", messages=MSG)  # the owning loop is unharmed
     assert own.report.status == "ok" and own.report.calls == 2
+
+
+@pytest.mark.anyio
+async def test_endpoint_loads_before_entering_and_from_a_thread() -> None:
+    """``rt.endpoint_loads()`` needs no running event loop: before the runtime is
+    entered, and from a thread of the caller's while it runs (under trio too: it used to
+    raise ``NoEventLoopError`` in both)."""
+    urls = ["http://a.test/v1", "http://b.test/v1"]
+    rt = Runtime(
+        [Endpoint(urls[0], kv_capacity=8_000), urls[1]],
+        transport=FakeEngine().transport(),
+        poll_metrics_s=None,
+    )
+    before = await anyio.to_thread.run_sync(rt.endpoint_loads)  # no loop in that thread
+    assert [(load.kv_capacity, load.kv_demand) for load in before] == [(8_000, 0.0), (None, 0.0)]
+    async with rt:
+        async with rt.job("j") as job, job.session() as s:
+            await s.chat(model="m", messages=MSG)
+            during = await anyio.to_thread.run_sync(rt.endpoint_loads)
+    assert sum(load.sessions for load in during) == 1
+    assert sum(load.kv_demand or 0.0 for load in during) == 15  # the session's context
+    assert [load.kv_demand for load in rt.endpoint_loads()] == [0.0, 0.0]  # it ended

@@ -113,6 +113,51 @@ async def test_ends_against_a_hanging_router_are_bounded_as_a_whole(
     assert sorted(ends) == sorted(f"/finish_session?session_id=s{i}" for i in range(n))
 
 
+def test_ends_to_several_endpoints_are_bounded_together() -> None:
+    """Three endpoints whose /finish_session hangs, each with ends pending at the exit:
+    the block is left within the ends' bound of its exit (5 s), not 5 s per endpoint
+    (15 s). 140 ends each: more than go out at once. Virtual time."""
+    import httpx
+
+    from agentrt.bench._clock import VirtualTimeLoop
+
+    engine = FakeEngine()
+    ends: dict[str, int] = {}
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/finish_session":
+            host = request.url.host
+            ends[host] = ends.get(host, 0) + 1
+            await anyio.sleep(1000)  # hangs
+        return await engine.handle(request)
+
+    took = 0.0
+
+    async def main() -> None:
+        nonlocal took
+        urls = [f"http://router{i}.test/v1" for i in range(3)]
+        async with Runtime(
+            urls,
+            transport=httpx.MockTransport(handle),
+            dialect="vllm-router-agentic",
+            retry=FAST,
+            routing="round_robin",
+        ) as rt:
+            async with rt.job("j") as job:
+                for i in range(420):
+                    async with job.session(session_id=f"s{i}") as s:
+                        await s.chat(model="m", messages=MSG)
+            closing = anyio.current_time()
+        took = anyio.current_time() - closing
+
+    anyio.run(main, backend_options={"loop_factory": VirtualTimeLoop})
+    # Each router got at least as many as go out at once (they hang): ends were pending
+    # at the exit for every one.
+    assert sorted(ends) == [f"router{i}.test" for i in range(3)]
+    assert min(ends.values()) >= MAX_CONCURRENT_ENDS
+    assert 4.0 <= took <= 5.0 + 0.01, took
+
+
 @pytest.mark.anyio
 async def test_ends_name_the_session_the_caller_put_on_the_wire() -> None:
     """The caller's own ``x-session-id`` (vllm-router-agentic) or body ``session_id``

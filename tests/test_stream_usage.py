@@ -92,9 +92,11 @@ def sse(
 
 @dataclass
 class Server:
-    """Streams :func:`sse` in pieces of ``piece`` bytes; records what it received."""
+    """Streams :func:`sse` in pieces of ``piece`` bytes (``whole``: a reply built from
+    ``content=``, which httpx reads before the caller sees it); records what it received."""
 
     piece: int = 7
+    whole: bool = False
     newline: str = "\n"
     spaced: bool = False
     vllm: bool = False
@@ -127,6 +129,8 @@ class Server:
                 },
             )
         data = sse(body, newline=self.newline, spaced=self.spaced, vllm=self.vllm)
+        if self.whole:
+            return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=data)
         parts = [data[i : i + self.piece] for i in range(0, len(data), self.piece)]
         return httpx.Response(
             200, headers={"content-type": "text/event-stream"}, stream=Pieces(parts)
@@ -227,6 +231,30 @@ async def test_the_caller_reads_the_bytes_the_server_sends_unasked(
     assert b'"usage"' in sent  # what the server sent had usage
     assert received == sse(body, newline=newline, vllm=vllm)  # the caller reads it unasked
     assert received != sent
+    counted(job.report)
+
+
+async def test_a_stream_whose_body_came_read_is_observed_whole() -> None:
+    """``httpx.MockTransport`` with ``content=``: the reply's body is read before agentrt
+    sees it, and its caller reads ``response.content``, never the stream. The call is
+    still ``ok`` with its usage and time to first token (it was ``cancelled``, with
+    neither), and the caller still reads the bytes the server sends unasked."""
+    server = Server(whole=True)
+    async with agentrt.Runtime([URL], transport=server.transport()) as rt:
+        client = rt.openai()
+        async with rt.job("j") as job, job.session("s"):
+            stream = await client.chat.completions.create(model="m", messages=MSG, stream=True)
+            text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+            async with rt.http_client().stream(
+                "POST",
+                URL + "/chat/completions",
+                json={"model": "m", "messages": MSG, "stream": True},
+            ) as response:
+                received = await response.aread()
+    assert text == "".join(WORDS)
+    assert received == sse({"messages": MSG, "stream": True})
+    assert int(response.headers["content-length"]) == len(received)
+    assert [(c.status, c.ttft_s is not None) for c in job.report.call_reports] == [("ok", True)] * 2
     counted(job.report)
 
 

@@ -71,6 +71,7 @@ async def session_ends(
     transport: object | None,
     authorization: str | None = None,
     endpoint: str | None = None,
+    exit_at: list[float] | None = None,
 ) -> AsyncIterator[Hook]:
     """A hook that sends ``request`` to every root of ``urls`` when a session that made a
     call closes (with ``Authorization: Bearer <api_key>`` when given, else
@@ -82,7 +83,10 @@ async def session_ends(
     :data:`MAX_CONCURRENT_ENDS` at once, each bounded by ``timeout_s``; ends still
     pending when the block exits are sent before it returns, all of them within
     ``timeout_s`` of the exit (what is not answered by then is dropped, as is a failed
-    request: the server then expires the session itself)."""
+    request: the server then expires the session itself). ``exit_at``: where several
+    such blocks are left one after another (the runtime's, one per endpoint), the time
+    their exit began (its one element, once set): the bound counts from then, so that
+    all of them are done within ``timeout_s`` of it, not ``timeout_s`` each."""
     import anyio
 
     from .._config import check_api_key
@@ -150,8 +154,9 @@ async def session_ends(
                 yield hook
             finally:
                 send.close()
-                # What is pending goes out now, all of it within timeout_s.
-                scope.deadline = anyio.current_time() + timeout_s
+                # What is pending goes out now, all of it within timeout_s (of the exit
+                # of them all, when they are left together).
+                scope.deadline = (exit_at[0] if exit_at else anyio.current_time()) + timeout_s
     finally:
         if own:
             with anyio.CancelScope(shield=True):
@@ -237,11 +242,15 @@ async def open_session_ends(
     """The runtime's session ends: for each ``(endpoint URL, its dialect's session ends,
     its Authorization header)``, a hook per end that sends it to that endpoint's root for
     the sessions whose calls went there. The stack closes them (sending what is pending,
-    within ``timeout_s`` of its close). ``transport`` is the runtime's own (lent, not
-    closed): the ends go out as its calls do, with its proxy and TLS settings."""
+    all within ``timeout_s`` of its close, however many endpoints). ``transport`` is the
+    runtime's own (lent, not closed): the ends go out as its calls do, with its proxy and
+    TLS settings."""
+    import anyio
+
     lent = transport
     stack = AsyncExitStack()
     hooks: list[Hook] = []
+    exit_at: list[float] = []
     try:
         for url, ends, authorization in endpoints:
             auth = authorization.decode("latin-1") if authorization is not None else None
@@ -256,10 +265,13 @@ async def open_session_ends(
                         transport=lent,
                         authorization=auth,
                         endpoint=url,
+                        exit_at=exit_at,
                     )
                 )
                 hooks.append(hook)
     except BaseException:
         await stack.aclose()
         raise
+    # Left first (last in): the time the exit began, from which every bound counts.
+    stack.callback(lambda: exit_at.append(anyio.current_time()))
     return stack, hooks

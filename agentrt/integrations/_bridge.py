@@ -39,10 +39,11 @@ Binding = contextvars.Token[Session | None]
 """What :func:`bind` returns; :func:`unbind` takes it back."""
 
 
-def bind(session: Session) -> Binding:
+def bind(session: Session | None) -> Binding:
     """Make the calls made next in this context (this task, and tasks it starts from now
     on) turns of ``session``, as inside ``session.chat`` or ``job.session``'s block.
-    It takes precedence over an enclosing ``job.session`` block."""
+    It takes precedence over an enclosing ``job.session`` block. None undoes an
+    enclosing binding until :func:`unbind`: the calls go where they would without it."""
     return _CALL_SESSION.set(session)
 
 

@@ -9,18 +9,22 @@ maps each run onto a job, each agent onto a session and each tool call onto a to
                   capabilities=[agentrt_pydantic_ai.capability(rt)])
     result = await agent.run("Why does test_parse fail?")
 
-- a run (``Agent.run``, ``run_stream``, ``iter``) outside any job is a job named after
-  the agent; it ends ``ok``, ``error`` when the run raises, or ``cancelled``;
-- each agent is a session named after it: its model requests are its turns;
+- a run (``Agent.run``, ``run_stream``, ``run_stream_events``, ``iter``) outside any
+  job is a job named after the agent; it ends ``ok``, ``error`` when the run raises,
+  or ``cancelled``;
+- each agent is a session named after it: its model requests are its turns (a tool's
+  own calls, not made through an agent, go to the job's default session);
 - each tool execution is a tool wait named after the tool, in its agent's session
   (``ok``, or ``error`` / ``cancelled`` when the tool raised or was cancelled);
 - an agent run from a tool (a tool that calls ``other.run(...)``) runs in the same job,
   in a session of its own for that tool call whose parent is the calling agent's session.
 
 The hooks are PydanticAI's capability wrappers (``wrap_run``, ``wrap_model_request``,
-``wrap_tool_execute``): each runs the framework's step inside it, in the same task, so
-the session is bound exactly around the call. Requires the extra: ``pip install
-"agentjct[pydantic-ai]"`` (tested with pydantic-ai-slim 2.68). See docs/integrations.md.
+``wrap_tool_execute``). ``wrap_run`` binds the agent's session for the run's body (which
+PydanticAI runs in the caller's task, carrying over what ``wrap_run`` set): a streamed
+run opens its model requests there, not in ``wrap_model_request``'s task. Requires the
+extra: ``pip install "agentjct[pydantic-ai]"`` (tested with pydantic-ai-slim 2.68). See
+docs/integrations.md.
 """
 
 from __future__ import annotations
@@ -70,20 +74,38 @@ class AgentrtCapability(AbstractCapability[Any]):  # type: ignore[misc]  # not i
         return None
 
     async def wrap_run(self, ctx: Any, *, handler: Any) -> Any:
-        """A run outside any job is a job (a run inside one, a sub-agent's, joins it)."""
+        """A run outside any job is a job (a run inside one, a sub-agent's, joins it).
+
+        The agent's session is bound here, before the handler: PydanticAI carries what
+        ``wrap_run`` sets into the task that runs the run's body, which is where a
+        streamed run (``run_stream``, ``run_stream_events``) opens its model requests
+        (``wrap_model_request`` runs in a task of its own there)."""
         rt = self._agents.rt
-        if not rt._opened or rt._closed or self._agents.in_job():
+        if not rt._opened or rt._closed:
             return await handler()
+        if self._agents.in_job():
+            return await self._bound(ctx, handler)
         opened = self._agents._start_job(_name(ctx))
         if opened is None:  # pragma: no cover - checked just above
             return await handler()
         try:
-            result = await handler()
+            result = await self._bound(ctx, handler)
         except BaseException as exc:
             self._agents._end_job(opened, exc)
             raise
         self._agents._end_job(opened)
         return result
+
+    async def _bound(self, ctx: Any, handler: Any) -> Any:
+        """``handler()`` with the calls made in the run bound to the agent's session."""
+        session = self._agents.session(_name(ctx))
+        if session is None:  # pragma: no cover - the job ended before the run began
+            return await handler()
+        binding = bind(session)
+        try:
+            return await handler()
+        finally:
+            unbind(binding)
 
     async def wrap_model_request(self, ctx: Any, *, request_context: Any, handler: Any) -> Any:
         """The model request is a turn of the agent's session."""
@@ -103,11 +125,16 @@ class AgentrtCapability(AbstractCapability[Any]):  # type: ignore[misc]  # not i
         opened = self._agents._start_tool(_name(ctx), str(call.tool_name))
         if opened is None:
             return await handler(args)
+        # The calls the tool makes itself are not the agent's turns (the run bound them):
+        # they go to the job's default session (a sub-agent's run binds its own).
+        binding = bind(None)
         try:
             result = await handler(args)
         except BaseException as exc:
+            unbind(binding)
             self._agents._end_tool(opened, exc)
             raise
+        unbind(binding)
         self._agents._end_tool(opened)
         return result
 

@@ -23,10 +23,14 @@ small without losing what routing needs:
 
 A first turn is not placed on a stale view: where the process's readings of some
 endpoints are older than the base interval (it backed off while idle, or has not polled
-yet), a session's first turn has those endpoints polled at once, all together and
-shared by the first turns that come meanwhile, and waits for the readings up to
-:data:`FIRST_TURN_WAIT_S` (:meth:`PollSchedule.stale` says which; endpoints that serve
-no metrics, or whose metrics do not answer, are not waited for).
+yet), a session's first turn has those endpoints polled at once, all together, and
+waits for the readings up to :data:`FIRST_TURN_WAIT_S` (:meth:`PollSchedule.stale` says
+which; endpoints that serve no metrics, or whose metrics do not answer, are not waited
+for). A poll in progress (the schedule's, or another first turn's) is joined, never
+started again, and runs to its end whoever stops waiting for it; an endpoint known slow
+(its last poll took longer than :data:`FIRST_TURN_WAIT_S`, or a first turn's wait for it
+ran out: :meth:`PollSchedule.slow`) is polled but not waited for, until a poll of it
+answers in time again.
 
 A fixed interval (``poll_metrics_s=1.0``) polls every endpoint at exactly that interval,
 all together, as it always did.
@@ -85,10 +89,19 @@ class PollSchedule:
         "_misses",
         "_next",
         "_rng",
+        "_slow",
+        "_slow_s",
     )
 
     def __init__(
-        self, n: int, interval: float, *, adaptive: bool, start: float, rng: random.Random
+        self,
+        n: int,
+        interval: float,
+        *,
+        adaptive: bool,
+        start: float,
+        rng: random.Random,
+        slow_s: float = FIRST_TURN_WAIT_S,
     ) -> None:
         if not (math.isfinite(interval) and interval > 0):
             raise ValueError(f"interval must be a finite number > 0, got {interval!r}")
@@ -100,6 +113,8 @@ class PollSchedule:
         self._fails = [0] * n
         self._at = [-math.inf] * n  # when each was last polled
         self._last: list[Reading | None] = [None] * n
+        self._slow = [False] * n
+        self._slow_s = slow_s
         # Adaptive: a random phase each, so that processes started together spread
         # their first polls.
         self._next = [start + (interval * rng.random() if adaptive else interval) for _ in range(n)]
@@ -127,6 +142,22 @@ class PollSchedule:
             and self._fails[i] < NO_METRICS_POLLS
         ]
 
+    def started(self, index: int) -> None:
+        """A poll of endpoint ``index`` is in progress: it is not due again until
+        :meth:`polled` says when."""
+        self._next[index] = math.inf
+
+    def slow(self, index: int) -> bool:
+        """Whether endpoint ``index`` is known slow to poll (its last poll took longer
+        than ``slow_s``, by default :data:`FIRST_TURN_WAIT_S`, or :meth:`waited_out`):
+        first turns do not wait for its reading."""
+        return self._slow[index]
+
+    def waited_out(self, index: int) -> None:
+        """A first turn stopped waiting for endpoint ``index``'s poll: it is slow until
+        a poll of it takes at most ``slow_s``."""
+        self._slow[index] = True
+
     def interval(self, index: int) -> float:
         """Endpoint ``index``'s current interval, seconds (before jitter)."""
         return self._interval[index]
@@ -140,14 +171,17 @@ class PollSchedule:
         *,
         answered: bool = True,
         first_turn: bool = False,
+        took_s: float = 0.0,
     ) -> None:
         """Endpoint ``index`` was polled at ``now``: it read ``reading`` (None: no engine
         metrics); ``busy``: the process had calls in flight or started some since the
         previous poll; ``answered=False``: the metrics did not answer (no reply, or a
         5xx), which says nothing of whether the endpoint serves metrics; ``first_turn``:
         polled for a first turn about to be placed (the process is busy from now on:
-        the interval starts again at the base, whatever the reading)."""
+        the interval starts again at the base, whatever the reading); ``took_s``: how
+        long the poll took (longer than ``slow_s``: :meth:`slow`)."""
         self._at[index] = now
+        self._slow[index] = took_s > self._slow_s
         if not self._adaptive:
             self._next[index] = now + self._base
             return

@@ -463,11 +463,29 @@ class SessionAffinity:
 
     def expired(self, load: EndpointLoad, key: RouteKey) -> bool:
         """Whether the session has been idle longer than its home likely keeps its cache."""
+        return self._expired(load, key.idle_s)
+
+    def _expired(self, load: EndpointLoad, idle: float | None) -> bool:
         retention = load.retention_s
-        idle = key.idle_s
         return (
             retention is not None and idle is not None and idle > self.retention_margin * retention
         )
+
+    def keeps(
+        self,
+        loads: Sequence[EndpointLoad],
+        home: int,
+        idle_s: float | None,
+        avoid: Collection[int],
+    ) -> bool:
+        """Whether :meth:`choose` keeps a session at ``home`` (idle ``idle_s``) by every
+        rule that reads no working set: home allowed, its cache not likely gone, home
+        not overloaded. Where it may not, the session may move, and a moving session
+        goes where there is room: the runtime then brings every replica's working set
+        up to date before choosing (its home's own fill is read by the memory rule)."""
+        if home not in _candidates(loads, avoid):
+            return False
+        return not self._expired(loads[home], idle_s) and not self.overloaded(loads, home)
 
     @property
     def prefix_entries(self) -> int:
@@ -511,7 +529,8 @@ class SessionAffinity:
         if home in pool and self.expired(loads[home], key):
             reason = "retention"
             offset = self._rng.randrange(len(loads))
-            index = _least_loaded(loads, pool, key.tokens, offset, prefer=home)
+            roomy = _roomiest(loads, pool, max(key.tokens, key.context))
+            index = _least_loaded(loads, roomy, key.tokens, offset, prefer=home)
         elif home in pool and (roomy := self.evicted(loads, key, pool)):
             reason = "memory"
             index = self._place(loads, key, roomy)

@@ -57,9 +57,15 @@ class Worker(threading.Thread):
             self.caught = exc
 
 
-def close_under(srt: agentrt.SyncRuntime, worker: Worker, until: Callable[[], bool]) -> Any:
-    """Enter ``srt``, start ``worker``, leave the block once ``until()``; returns what the
-    block raised. Fails (rather than hangs) when leaving takes longer than the bound."""
+def close_under(
+    srt: agentrt.SyncRuntime,
+    worker: Worker,
+    until: Callable[[], bool],
+    closed: Callable[[], None] | None = None,
+) -> Any:
+    """Enter ``srt``, start ``worker``, leave the block once ``until()`` (then call
+    ``closed``, if given); returns what the block raised. Fails (rather than hangs) when
+    leaving takes longer than the bound."""
     outcome: dict[str, Any] = {}
 
     def main() -> None:
@@ -75,6 +81,8 @@ def close_under(srt: agentrt.SyncRuntime, worker: Worker, until: Callable[[], bo
         except BaseException as exc:
             outcome["raised"] = exc
         outcome["closed_at"] = time.monotonic()
+        if closed is not None:
+            closed()
 
     closer = threading.Thread(target=main, daemon=True)
     closer.start()
@@ -150,10 +158,9 @@ def test_closing_under_a_tool_wait_ends_the_job(
 
     journal = tmp_path / "runs.jsonl"
     srt = runtime(server, backend, journal=journal)
-    closer = threading.Timer(0.2, release.set)  # the tool ends after the block is left
-    closer.start()
-    raised = close_under(srt, worker, until)
-    closer.cancel()
+    # The tool ends once the block is left (not after a time that a loaded machine's
+    # close may outlast).
+    raised = close_under(srt, worker, until, closed=release.set)
     report = cut(raised, worker)
     assert len(after) == 1
     assert [c.status for c in report.call_reports] == ["ok"]

@@ -216,3 +216,15 @@ def test_an_endpoint_without_metrics_is_asked_rarely() -> None:
     assert s.interval(0) == NO_METRICS_S
     s.polled(0, 100.0, (1, 0, None), busy=True)  # it came up
     assert s.interval(0) == 1.0
+
+
+def test_a_poll_in_progress_is_not_due_and_a_slow_one_is_known() -> None:
+    s = PollSchedule(2, 1.0, adaptive=True, start=0.0, rng=random.Random(3))
+    s.started(0)
+    assert s.due(5.0) == [1]  # 0's poll is in progress: not due again
+    s.polled(0, 5.0, (1, 0, 0.1), busy=True, took_s=0.7)
+    assert s.slow(0) and 0 not in s.due(5.7)
+    s.polled(0, 6.0, (2, 0, 0.1), busy=True, took_s=0.1)
+    assert not s.slow(0)
+    s.waited_out(0)  # a first turn gave up on it
+    assert s.slow(0) and not s.slow(1)

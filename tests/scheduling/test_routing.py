@@ -114,14 +114,37 @@ def test_shared_system_prompt_shares_early_fingerprints() -> None:
     assert before[:4] == after[:4] and before[4] != after[4]
 
 
-def test_fingerprints_are_cheap() -> None:
-    body = os.urandom(64 * 1024 + 1)
+def test_fingerprints_are_cheap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One pass over at most 64 KiB, whatever the body's size: the bytes hashed are
+    counted (no clock), and the time is this thread's CPU time, the best of five batches
+    (a machine busy with other work preempts the thread; it does not make it slower)."""
+    import zlib
+
+    from agentrt.scheduling import _routing
+
+    hashed = 0
+
+    class Counting:
+        @staticmethod
+        def crc32(data: memoryview, value: int = 0) -> int:
+            nonlocal hashed
+            hashed += len(data)
+            return zlib.crc32(data, value)
+
+    body = os.urandom(1024 * 1024)
+    with monkeypatch.context() as patch:
+        patch.setattr(_routing, "zlib", Counting)
+        assert len(prefix_fingerprints(body)) == len(PREFIX_CUTS)
+    assert hashed == PREFIX_CUTS[-1]  # every byte up to the last cut once, none beyond
+    body = body[: 64 * 1024 + 1]
     runs = 300
-    t0 = time.perf_counter()
-    for _ in range(runs):
-        prefix_fingerprints(body)
-    per_call = (time.perf_counter() - t0) / runs
-    assert per_call < 200e-6  # about 10 µs here; a loose bound against a slow regression
+    best = math.inf
+    for _ in range(5):
+        t0 = time.thread_time()
+        for _ in range(runs):
+            prefix_fingerprints(body)
+        best = min(best, (time.thread_time() - t0) / runs)
+    assert best < 200e-6  # about 10 µs here; a loose bound against a slow regression
 
 
 # ---------------------------------------------------------------- round robin / least loaded

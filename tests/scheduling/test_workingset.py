@@ -3,13 +3,17 @@ session router's memory rules (docs/routing.md, "Placement by working set")."""
 
 from __future__ import annotations
 
+import anyio
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agentrt import Endpoint, Runtime
+from agentrt._state import Placement
 from agentrt.scheduling._routing import EndpointLoad, RouteKey, SessionAffinity, kv_fill
 from agentrt.scheduling._signals import parse_cache_config
 from agentrt.scheduling._workingset import KvShadow
+from tests._fake import FakeEngine
 
 # ---------------------------------------------------------------- the shadow
 
@@ -193,3 +197,39 @@ def test_unknown_capacities_change_nothing() -> None:
     loads = [EndpointLoad(), EndpointLoad()]
     key = RouteKey("s", home=0, first_turn=False, tokens=3000, context=3000, resident=None)
     assert router.choose(loads, key, ()) == 0
+
+
+# ---------------------------------------------------------------- the runtime's view
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("reason", ["overload", "retention"])
+async def test_a_session_that_moves_for_any_reason_goes_where_there_is_room(
+    reason: str,
+) -> None:
+    """Fills A 0.04 (the session's home), B 1.47, C 0.05, B the least loaded of the
+    three: a session leaving A, overloaded or back after its cache likely expired
+    there, goes to C, not B. Only moves for memory used to see the other replicas'
+    fills (a move for overload went to B)."""
+    urls = [f"http://{name}.test/v1" for name in "abc"]
+    endpoints = [Endpoint(url, kv_capacity=10_000) for url in urls]
+    async with Runtime(endpoints, transport=FakeEngine().transport(), poll_metrics_s=None) as rt:
+        core = rt._core
+        a, b, c = core.endpoints
+        a.shadow.start("s", 400)
+        a.shadow.finish("s", 400, None)
+        b.shadow.start("big", 14_700)  # in flight: all of it counts
+        c.shadow.start("small", 500)
+        c.load.outstanding_tokens = 2_000  # C carries more than B
+        if reason == "overload":
+            a.load.outstanding_tokens = 100_000
+        else:
+            a.load.outstanding_tokens = 3_000  # and A more than C: load alone picks B
+            a.load.retention_s = 1.0
+        placement = Placement("s", stable=False)
+        placement.home = 0
+        placement.last_reply_at = anyio.current_time() - (10.0 if reason == "retention" else 0)
+        fills = [kv_fill(load) for load in rt.endpoint_loads()]
+        index, moved = placement.route(core, (), (), 400)
+    assert fills == pytest.approx([0.04, 1.47, 0.05])
+    assert (index, moved) == (2, reason)

@@ -64,6 +64,44 @@ def test_metadata_keys_must_be_str_and_sync_jobs_check_too() -> None:
                 pass
 
 
+BAD_NAME = os.fsdecode(b"run-\xff.json")  # a file name that is not UTF-8: a lone surrogate
+
+
+@pytest.mark.anyio
+async def test_names_that_are_not_utf8_are_refused_before_any_request(tmp_path: Path) -> None:
+    """A job, session or tool name holding a lone surrogate would lose the job's journal
+    line and break every later Prometheus export: each is refused where it is given."""
+    from prometheus_client import generate_latest
+
+    registry = CollectorRegistry()
+    fake = FakeEngine()
+    async with Runtime(
+        [URL], transport=fake.transport(), journal=tmp_path / "j", prometheus=registry
+    ) as rt:
+        with pytest.raises(ValueError, match=r"job name 'run-.*lone surrogate"):
+            async with rt.job(BAD_NAME) as job, job.session() as s:
+                await s.chat(model="m", messages=MSG)
+        with pytest.raises(ValueError, match=r"session name .*not valid UTF-8"):
+            async with rt.job("ok") as job, job.session(BAD_NAME) as s:
+                await s.chat(model="m", messages=MSG)
+        with pytest.raises(ValueError, match=r"tool name .*not valid UTF-8"):
+            async with rt.job("ok") as job, job.session("a") as s:
+                async with s.tool(BAD_NAME):
+                    pass
+        with pytest.raises(ValueError, match=r"job metadata key .*not valid UTF-8"):
+            async with rt.job("ok", metadata={BAD_NAME: 1}):
+                pass
+        async with rt.job("good") as job, job.session("a") as s:
+            await s.chat(model="m", messages=MSG)
+            async with s.tool("read"):
+                pass
+        stats = rt.journal_statistics()
+    assert len(fake.seen) == 1  # only the good job's call went out
+    assert (stats.written, stats.lost) == (3, 0)  # the jobs that opened: "ok", "ok", "good"
+    assert "good" in [r.name for r in read_journal(tmp_path / "j")]
+    assert b'job_name="good"' in generate_latest(registry)  # the registry still exports
+
+
 @needs_dev_full
 @pytest.mark.anyio
 async def test_a_full_disk_is_counted_logged_and_exported(

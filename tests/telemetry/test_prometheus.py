@@ -115,9 +115,19 @@ async def test_a_run_with_a_retry_a_tool_wait_and_a_failover() -> None:
 
 
 async def test_queue_time_and_failed_jobs_are_observed() -> None:
+    """Two calls through a gate of one: the second waits in the queue for at least the
+    0.05 s the first is held once the second is seen waiting (the state is held, not
+    raced: the first call's reply waits for it)."""
     registry = CollectorRegistry()
-    fake = FakeEngine(delay_s=0.05)
-    rt = Runtime("http://e.test/v1", transport=fake.transport(), concurrency=1, prometheus=registry)
+    fake = FakeEngine()
+    release = anyio.Event()
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        await release.wait()  # the first call holds the gate until released
+        return await fake.handle(request)
+
+    transport = httpx.MockTransport(handle)
+    rt = Runtime("http://e.test/v1", transport=transport, concurrency=1, prometheus=registry)
     async with rt:
 
         async def one(name: str) -> None:
@@ -127,6 +137,10 @@ async def test_queue_time_and_failed_jobs_are_observed() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(one, "a")
             tg.start_soon(one, "b")
+            while rt.admission_statistics()[0].waiting < 1:  # noqa: ASYNC110 (no event)
+                await anyio.sleep(0.001)
+            await anyio.sleep(0.05)
+            release.set()
         with pytest.raises(RuntimeError):
             async with rt.job("pair"):
                 raise RuntimeError("boom")
