@@ -249,14 +249,16 @@ class Gate:
         stats = self.stats
         stats.holds += 1
         stats.held_now += 1
-        tick = self.settings.tick_s
+        tick, bound = self.settings.tick_s, self.settings.max_hold_s
         try:
             self._dispatch(now)  # its leaving may make room for a resident one
             while w.index == _FULL:
                 if self._timer is None:
                     self._timer = w
                 if self._timer is w:
-                    with anyio.move_on_after(tick):
+                    # Until the next tick, or the oldest held session's bound if sooner.
+                    due = min(x.since for x in self._waiters) + bound - self._clock()
+                    with anyio.move_on_after(max(min(tick, due), 0.0)):
                         await w.event.wait()
                     if w.index == _FULL:
                         self._dispatch(self._clock())
