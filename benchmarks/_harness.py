@@ -134,16 +134,18 @@ def interleaved(
 
 
 def quantile(values: Iterable[float], q: float, *, floor: bool = False) -> float:
-    """The ``q`` quantile of ``values`` by nearest rank (``agentrt.bench``'s, as in the
-    bench's summaries: the ``ceil(q n)``-th smallest; NaN when empty); ``floor``: the
-    ``int(q n)``-th from 0 instead (the cost benchmarks' older convention, kept so that
-    their figures do not move)."""
-    from agentrt.bench._steady import _q  # on first use: a cost benchmark times its imports
+    """The ``q`` quantile of ``values`` (in any order) by nearest rank: the
+    ``ceil(q n)``-th smallest, NaN when empty; ``agentrt._stats.quantile``, the one that
+    ``agentrt report``, the bench, the steady-state study and the tuner read with.
+    ``floor``: the ``int(q n)``-th from 0 instead (the cost benchmarks' older convention,
+    kept so that their figures do not move)."""
+    # on first use: a cost benchmark times its imports
+    from agentrt._stats import quantile as nearest_rank
 
     s = sorted(values)
     if floor and s:
         return s[min(len(s) - 1, int(q * len(s)))]
-    return _q(s, q)
+    return nearest_rank(s, q)
 
 
 def intervals(
@@ -151,10 +153,10 @@ def intervals(
 ) -> dict[str, list[float]]:
     """Each quantile ``q`` of ``values`` as ``{"pQ": [point, lo, hi]}``: the point by
     :func:`quantile` and its 90% percentile-bootstrap interval over ``resamples``
-    resamples (the steady-state study's, ``agentrt.bench._steady``). A percentile of a
-    few dozen jobs moves with one job: report this beside it."""
+    resamples (``agentrt._stats.bootstrap_interval``, the steady-state study's). A
+    percentile of a few dozen jobs moves with one job: report this beside it."""
     if not values:
         raise ValueError("an interval needs at least one value")
-    from agentrt.bench._steady import _bootstrap
+    from agentrt._stats import bootstrap_interval
 
-    return _bootstrap(values, qs, resamples, random.Random(seed))
+    return bootstrap_interval(values, qs, resamples, random.Random(seed))

@@ -22,7 +22,7 @@ prompts begin with its own tag, so no client reuses another's cache).
 
 Reports per client: first turns and calls per replica, the share of prompt tokens served
 from the prefix cache, sessions whose turns went to more than one replica, the load view
-agentrt's runtimes reported, JCT mean/p50/p90 and their ratios to plain's.
+agentrt's runtimes reported, JCT mean/p50/p90 (nearest rank) and their ratios to plain's.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from _harness import add_run_args, write_result
+from _harness import add_run_args, quantile, write_result
 
 CLIENTS = ("plain", "defaults", "hash")
 WORDS = (
@@ -292,10 +292,6 @@ def run_client(
     return jobs, moves
 
 
-def _quantile(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
-
-
 def summarize(
     client: str, jobs: list[dict[str, Any]], moves: dict[str, int], replicas: int, wall_s: float
 ) -> dict[str, Any]:
@@ -321,8 +317,8 @@ def summarize(
         "load_views": sorted({str(job.get("load_view")) for job in jobs if "load_view" in job}),
         "jct": {
             "mean": statistics.fmean(jct),
-            "p50": statistics.median(jct),
-            "p90": _quantile(jct, 0.9),
+            "p50": quantile(jct, 0.5),
+            "p90": quantile(jct, 0.9),
         },
         "wall_s": wall_s,
     }

@@ -54,7 +54,7 @@ from typing import Any
 import anyio
 import httpx
 import openai
-from _harness import RESULTS, write_result
+from _harness import RESULTS, quantile, write_result
 
 import agentrt
 from agentrt.telemetry import Event, SessionMoved
@@ -324,11 +324,6 @@ def _index(urls: Sequence[str], url: str | None) -> int:
 # -- one run ------------------------------------------------------------------------------
 
 
-def _pct(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)] if ordered else math.nan
-
-
 def tokens(jobs: Sequence[JobRecord]) -> dict[str, int]:
     """Prompt, cached, uncached and re-prefilled tokens over the jobs' calls. A call's
     re-prefill is its uncached tokens beyond what the turn added to the session's
@@ -385,8 +380,8 @@ def summarize_run(client: str, result: dict[str, Any], before: Any, after: Any) 
         "calls": len(calls),
         "calls_per_replica": [sum(c.replica == i for c in calls) for i in range(len(before))],
         "jct_mean": statistics.fmean(jct),
-        "jct_p50": _pct(jct, 0.5),
-        "jct_p90": _pct(jct, 0.9),
+        "jct_p50": quantile(jct, 0.5),
+        "jct_p90": quantile(jct, 0.9),
         "makespan_s": result["makespan_s"],
         "call_latency_mean": statistics.fmean(c.latency_s for c in calls),
         "tokens": tokens(jobs),

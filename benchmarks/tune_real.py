@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from _harness import add_run_args, write_result
-from router import _pct, replay  # this folder: run as a script
+from _harness import add_run_args, quantile, write_result
+from router import replay  # this folder: run as a script
 
 from agentrt import Runtime
 from agentrt.bench import Arrivals, Call, ClientSpec, Fanout, JobPlan, SessionPlan, make_workload
@@ -185,8 +185,8 @@ def run_one(
         "failed": len(results) - len(ok),
         "errors": sorted({r.error or r.status for r in results if r.status != "ok"})[:3],
         "makespan_s": makespan,
-        "jct_p50": _pct(jct, 0.5),
-        "jct_p90": _pct(jct, 0.9),
+        "jct_p50": quantile(jct, 0.5),
+        "jct_p90": quantile(jct, 0.9),
         "jct_mean": statistics.fmean(jct) if jct else math.nan,
         "cached_share": delta("vllm:prefix_cache_hits_total") / queries if queries else math.nan,
         "engine_tokens_per_s": tokens / makespan if makespan else math.nan,

@@ -175,3 +175,20 @@ def test_the_known_circles_stay_open() -> None:
     # The OpenTelemetry hook names the version from _version.py, not from the package
     # that imports the hook (through _runtime and _options) back.
     assert "agentrt" not in graph["agentrt.telemetry._otel"]
+
+
+def test_the_statistics_module_is_a_leaf() -> None:
+    # The report, the bench, the steady-state study, the tuner and the benchmarks' harness
+    # read every percentile and bootstrap interval with agentrt/_stats.py; it imports no
+    # agentrt module, so each of them reaches it without climbing into another's package
+    # (tests/test_stats.py: no second percentile anywhere).
+    graph = _graph(ALL)
+    assert graph["agentrt._stats"] == set()
+    for user in (
+        "report._stats",
+        "report._command",
+        "bench._runner",
+        "bench._steady",
+        "tune._search",
+    ):
+        assert "agentrt._stats" in graph[f"agentrt.{user}"]

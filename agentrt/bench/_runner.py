@@ -32,6 +32,7 @@ import httpx
 from .._config import Endpoint, redact_userinfo
 from .._errors import EndpointError
 from .._httplib import what_to_do
+from .._stats import quantile
 from ..sim import PRESETS, Cluster, EngineConfig
 from ._clock import VirtualTimeLoop, every
 from ._drivers import AgentrtDriver, ClientSpec, Driver, JobResult, Prompts, make_driver
@@ -204,22 +205,15 @@ class BenchResult:
         path.write_text(self.to_json())
 
 
-def _pct(values: Sequence[float], q: float) -> float:
-    if not values:
-        return math.nan
-    s = sorted(values)
-    k = min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))
-    return s[k]
-
-
 def _dist(values: Sequence[float]) -> dict[str, float]:
     if not values:
         return {"mean": math.nan, "p50": math.nan, "p90": math.nan, "p99": math.nan}
+    s = sorted(values)
     return {
         "mean": statistics.fmean(values),
-        "p50": _pct(values, 0.5),
-        "p90": _pct(values, 0.9),
-        "p99": _pct(values, 0.99),
+        "p50": quantile(s, 0.5),
+        "p90": quantile(s, 0.9),
+        "p99": quantile(s, 0.99),
     }
 
 
@@ -332,8 +326,8 @@ def _summarize(
 ) -> ClientResult:
     ok = [r for r in results if r.status == "ok"]
     jcts = [r.jct_s for r in ok]
-    lat = [c.latency_s for r in ok for c in r.calls]
-    ttft = [c.ttft_s for r in ok for c in r.calls if c.ttft_s is not None]
+    lat = sorted(c.latency_s for r in ok for c in r.calls)
+    ttft = sorted(c.ttft_s for r in ok for c in r.calls if c.ttft_s is not None)
     stretch = None
     if alone:
         ratios = [r.jct_s / alone[r.name] for r in ok if alone.get(r.name)]
@@ -347,7 +341,7 @@ def _summarize(
             "jct_s": r.jct_s,
             "status": r.status,
             "calls": len(r.calls),
-            "call_latency_p50": _pct([c.latency_s for c in r.calls], 0.5),
+            "call_latency_p50": quantile(sorted(c.latency_s for c in r.calls), 0.5),
             "alone_jct_s": alone.get(r.name) if alone else None,
             "worker": r.worker,
             "error": r.error and redact_userinfo(r.error),  # no user:password@
@@ -361,8 +355,8 @@ def _summarize(
         makespan_s=makespan,
         jct=_dist(jcts),
         stretch=stretch,
-        call_latency={"p50": _pct(lat, 0.5), "p99": _pct(lat, 0.99)},
-        ttft={"p50": _pct(ttft, 0.5), "p99": _pct(ttft, 0.99)} if ttft else None,
+        call_latency={"p50": quantile(lat, 0.5), "p99": quantile(lat, 0.99)},
+        ttft={"p50": quantile(ttft, 0.5), "p99": quantile(ttft, 0.99)} if ttft else None,
         jobs_per_s=len(ok) / makespan if makespan > 0 else math.nan,
         tokens_per_s=engine.get("tokens_per_s"),
         prefix_cache_hit_rate=engine.get("hit_rate"),

@@ -54,6 +54,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from .._stats import bootstrap_interval
 from ._drivers import ClientSpec, JobResult
 from ._parallel import Workers, check_workers
 from ._plan import Call, Fanout, JobPlan, SessionPlan
@@ -220,38 +221,6 @@ def _arriving(plans: list[JobPlan], rate: float, seed: int) -> list[JobPlan]:
     return [dataclasses.replace(p, arrival_s=t) for p, t in zip(plans, times, strict=True)]
 
 
-# --------------------------------------------------------------------------- statistics
-
-
-def _q(sorted_values: Sequence[float], q: float) -> float:
-    """Nearest-rank quantile of sorted values (as the bench's summaries)."""
-    n = len(sorted_values)
-    if not n:
-        return math.nan
-    return sorted_values[min(n - 1, max(0, math.ceil(q * n) - 1))]
-
-
-def _bootstrap(
-    values: Sequence[float], qs: Sequence[float], resamples: int, rng: random.Random
-) -> dict[str, list[float]]:
-    """Each quantile of ``values``: ``[point, lo, hi]``, the 90% percentile-bootstrap
-    interval over resamples of the values."""
-    s = sorted(values)
-    if not s:
-        return {f"p{round(q * 100)}": [math.nan] * 3 for q in qs}
-    draws: list[list[float]] = [[] for _ in qs]
-    n = len(s)
-    for _ in range(resamples):
-        r = sorted(rng.choices(s, k=n))
-        for j, q in enumerate(qs):
-            draws[j].append(_q(r, q))
-    out = {}
-    for j, q in enumerate(qs):
-        d = sorted(draws[j])
-        out[f"p{round(q * 100)}"] = [_q(s, q), _q(d, 0.05), _q(d, 0.95)]
-    return out
-
-
 def _moves(job: JobResult) -> tuple[int, int]:
     """Calls that went elsewhere than their session's previous call, and calls after a
     session's first (endpoints as the client saw them)."""
@@ -314,21 +283,21 @@ def measure(
         "measured_jobs": len(measured),
         "window_s": [t0, t1],
         "throughput": ends / span if span > 0 else math.nan,
-        "jct": _bootstrap(jcts, (0.5, 0.9, 0.99), bootstrap, rng),
+        "jct": bootstrap_interval(jcts, (0.5, 0.9, 0.99), bootstrap, rng),
         "jct_mean": statistics.fmean(jcts),
         "measured": [r.name for r in measured],
     }
     if alone:
         sized = [(alone[r.name], r.jct_s / alone[r.name]) for r in measured if alone.get(r.name)]
         ratios = [x for _, x in sized]
-        out["stretch"] = _bootstrap(ratios, (0.5, 0.9), bootstrap, rng)
+        out["stretch"] = bootstrap_interval(ratios, (0.5, 0.9), bootstrap, rng)
         # By job size (its JCT alone): the shortest and the longest third of the measured
         # jobs, where short jobs beside long ones are hurt most.
         sized.sort(key=lambda x: x[0])
         third = len(sized) // 3
         if third >= 2:
             for key, part in (("stretch_short", sized[:third]), ("stretch_long", sized[-third:])):
-                out[key] = _bootstrap([x for _, x in part], (0.5, 0.9), bootstrap, rng)
+                out[key] = bootstrap_interval([x for _, x in part], (0.5, 0.9), bootstrap, rng)
     prompt = cached = 0
     known = True
     for r in measured:

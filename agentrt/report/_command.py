@@ -6,12 +6,12 @@ Several journals are pooled into one run unless ``compare`` is set, which reads 
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .._stats import rank
 from ..telemetry import JobReport
 from ..telemetry._journal import scan_journal
 from ._stats import NameSummary, compare, held_any, summarize
@@ -152,7 +152,7 @@ def _critical_table(run: Run, job: JobReport, top: int | None = None) -> TextTab
 
 def _slowest_and_median(run: Run) -> list[tuple[str, JobReport]]:
     jobs = sorted(run.reports, key=lambda r: r.jct_s)
-    median = jobs[min(len(jobs) - 1, max(0, math.ceil(0.5 * len(jobs)) - 1))]
+    median = jobs[rank(len(jobs), 0.5)]
     if median is jobs[-1]:  # one job
         return [("slowest", jobs[-1])]
     return [("slowest", jobs[-1]), ("median", median)]

@@ -21,6 +21,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from .._stats import quantile
 from ..telemetry import JobReport
 from ..telemetry._report import union_length
 from ._timeline import activities
@@ -31,18 +32,8 @@ __all__ = [
     "NameSummary",
     "breakdown",
     "compare",
-    "percentile",
     "summarize",
 ]
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (``q`` in 0..1), as the benchmarks report it; NaN if empty."""
-    if not values:
-        return math.nan
-    s = sorted(values)
-    k = min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))
-    return s[k]
 
 
 @dataclass(frozen=True)
@@ -137,9 +128,11 @@ class NameSummary:
 
 
 def _summary(name: str, reports: Sequence[JobReport]) -> NameSummary:
-    jcts = [r.jct_s for r in reports]
-    latencies = [c.latency_s for r in reports for c in r.call_reports if c.latency_s is not None]
-    ttfts = [c.ttft_s for r in reports for c in r.call_reports if c.ttft_s is not None]
+    jcts = sorted(r.jct_s for r in reports)
+    latencies = sorted(
+        c.latency_s for r in reports for c in r.call_reports if c.latency_s is not None
+    )
+    ttfts = sorted(c.ttft_s for r in reports for c in r.call_reports if c.ttft_s is not None)
     parts = [breakdown(r) for r in reports]
     total = sum(p.total_s for p in parts)
 
@@ -155,12 +148,12 @@ def _summary(name: str, reports: Sequence[JobReport]) -> NameSummary:
         jobs=len(reports),
         errors=sum(r.status != "ok" for r in reports),
         jct_mean=statistics.fmean(jcts) if jcts else math.nan,
-        jct_p50=percentile(jcts, 0.5),
-        jct_p90=percentile(jcts, 0.9),
-        jct_p99=percentile(jcts, 0.99),
+        jct_p50=quantile(jcts, 0.5),
+        jct_p90=quantile(jcts, 0.9),
+        jct_p99=quantile(jcts, 0.99),
         calls=sum(r.calls for r in reports),
-        call_p50=percentile(latencies, 0.5),
-        call_p99=percentile(latencies, 0.99),
+        call_p50=quantile(latencies, 0.5),
+        call_p99=quantile(latencies, 0.99),
         queue_share=share(sum(p.queue_s for p in parts)),
         llm_share=share(sum(p.llm_s for p in parts)),
         tool_share=share(sum(p.tool_s for p in parts)),
@@ -168,9 +161,9 @@ def _summary(name: str, reports: Sequence[JobReport]) -> NameSummary:
         cache_share=sum(r.cached_tokens for r in reports) / prompt if prompt else None,
         retries=sum(r.retries for r in reports),
         session_moves=sum(r.session_moves for r in reports),
-        ttft_p50=percentile(ttfts, 0.5),
-        ttft_p90=percentile(ttfts, 0.9),
-        ttft_p99=percentile(ttfts, 0.99),
+        ttft_p50=quantile(ttfts, 0.5),
+        ttft_p90=quantile(ttfts, 0.9),
+        ttft_p99=quantile(ttfts, 0.99),
         cache_write_share=written / prompt if written and prompt else None,
         reasoning_share=reasoning / completion if reasoning and completion else None,
         held_share=share(sum(p.held_s for p in parts)),

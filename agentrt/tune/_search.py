@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .._stats import quantile
 from ..bench._drivers import ENGINE_POLL_S
 from ..bench._fleet import FleetAssign
 from ..bench._parallel import Workers, check_workers, portable, run_replays
@@ -219,14 +220,6 @@ class Score:
     samples: list[float]
 
 
-def _pct(values: Sequence[float], q: float) -> float:
-    s = sorted(values)
-    if not s:
-        return math.nan
-    k = min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))
-    return s[k]
-
-
 @dataclass(slots=True)
 class Twin:
     """The jobs, the engine and the cluster the grid replays on."""
@@ -355,8 +348,9 @@ def score(
                 mine, base = o.jct.get((s, load)), recorded.jct.get((s, load))
                 if not mine or not base:
                     continue
-                r50 = _pct(list(mine.values()), 0.5) / _pct(list(base.values()), 0.5)
-                r90 = _pct(list(mine.values()), 0.9) / _pct(list(base.values()), 0.9)
+                ours, ref = sorted(mine.values()), sorted(base.values())
+                r50 = quantile(ours, 0.5) / quantile(ref, 0.5)
+                r90 = quantile(ours, 0.9) / quantile(ref, 0.9)
                 p50[load].append(r50)
                 p90[load].append(r90)
                 logs.append(0.5 * (math.log(r50) + math.log(r90)))
@@ -403,9 +397,9 @@ def _rate(o: Outcome, sample: int, alone: dict[str, float]) -> float:
         jct = o.jct.get((sample, load))
         if not jct:
             continue
-        ratios = [t / alone[n] for n, t in jct.items() if alone.get(n)]
+        ratios = sorted(t / alone[n] for n, t in jct.items() if alone.get(n))
         if ratios:
-            points.append((load, _pct(ratios, 0.9)))
+            points.append((load, quantile(ratios, 0.9)))
     if not points:
         return math.nan
     if points[0][1] > STRETCH_SLO:
