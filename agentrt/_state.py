@@ -334,6 +334,7 @@ class Placement:
                 and previous[0] == index
                 and state.cached_tokens is not None
                 and not state.moved
+                and not state.held_s  # held: its context was meant to age out
             ):
                 shadow.observe(distance, previous[1], state.cached_tokens, state.prompt_tokens)
             if core.gate is not None:

@@ -172,9 +172,10 @@ SUITES: Final = (
             Entry("cache_reuse", "one session's prefix-cache reuse, by routing"),
             Entry(
                 "real_kv",
-                "placement by KV working set on two vLLM CPU replicas whose KV evicts: "
-                "agentrt's defaults against plain round robin",
-                ("real_kv_small.json", "real_kv_tight.json"),
+                "placement and load control by KV working set on two vLLM CPU replicas "
+                "whose KV evicts: agentrt's defaults against plain round robin (and "
+                "without load control)",
+                ("real_kv_small.json", "real_kv_tight.json", "real_kv_oversub.json"),
             ),
             Entry(
                 "router",
