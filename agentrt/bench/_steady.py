@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from .._stats import bootstrap_interval
+from .._stats import bootstrap_interval, quantile
 from ._drivers import ClientSpec, JobResult
 from ._parallel import Workers, check_workers
 from ._plan import Call, Fanout, JobPlan, SessionPlan
@@ -307,6 +307,23 @@ def measure(
                 continue
             prompt += c.prompt_tokens
             cached += c.cached_tokens
+    # Each session's worst wait: the longest any of its turns waited for the model to
+    # answer (time to first token where streamed, else the call's latency), from the
+    # call entering the client: queues, holds and prefill included.
+    worst: dict[tuple[str, str], float] = {}
+    for r in measured:
+        for c in r.calls:
+            wait = c.ttft_s if c.ttft_s is not None else c.latency_s
+            where = (r.name, c.session_id)
+            if wait > worst.get(where, -1.0):
+                worst[where] = wait
+    waits = sorted(worst.values())
+    out["worst_wait"] = {
+        "sessions": len(waits),
+        "p50": quantile(waits, 0.5),
+        "p90": quantile(waits, 0.9),
+        "max": waits[-1] if waits else math.nan,
+    }
     out["prompt_tokens"] = prompt
     out["uncached_tokens"] = prompt - cached if prompt else None
     out["cache_hit_rate"] = cached / prompt if prompt else None
