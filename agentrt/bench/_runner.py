@@ -637,6 +637,15 @@ async def _client(
         view = viewer.result() if viewer is not None else None
         replicas = _replica_figures(cluster, results)
         peer = cluster.gateway.policy.stats() if cluster.gateway is not None else None
+        if peer is None and isinstance(lone, AgentrtDriver):
+            held = lone.runtime.load_statistics()  # agentrt's own load control
+            if held is not None:
+                peer = {
+                    "held": held.holds,
+                    "hold_max_s": held.longest_s,
+                    "held_s": held.held_s,
+                    "forced_resumes": held.forced,
+                }
     return ClientRun(results, makespan, stats, kv, replicas, view, peer)
 
 
