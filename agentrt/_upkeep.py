@@ -256,6 +256,9 @@ class Upkeep:
                 # share the replica (load control then fills only its learned share).
                 calls = signals.running + (signals.waiting or 0)
                 e.shadow.saw_others(calls > e.load.in_flight + 2, anyio.current_time())
+            capacity = e.shadow.capacity
+            if signals.kv_usage is not None and capacity is not None:
+                e.shadow.engine_used = signals.kv_usage * capacity
         answered = direct or text is not None
         reading = signals.reading if answered and signals is not None else None
         now = anyio.current_time()

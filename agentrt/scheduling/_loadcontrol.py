@@ -174,7 +174,9 @@ class Gate:
             if capacity is None:
                 out.append(None)
                 continue
-            demand = shadow.demand(now, exclude)
+            # Others': on a replica shared with other clients, what their running
+            # requests hold there as the engine reports it (0 where this process is alone).
+            demand = shadow.demand(now, exclude) + shadow.others_tokens()
             room = (capacity + host * shadow.host_tokens) * watermark - demand
             out.append((room, demand <= 0.0))
         return out

@@ -100,6 +100,7 @@ class KvShadow:
         "_seq",
         "_sessions",
         "capacity",
+        "engine_used",
         "evictions",
         "exact",
         "horizon_s",
@@ -120,6 +121,10 @@ class KvShadow:
             raise ValueError(f"horizon_s must be a finite number > 0, got {horizon_s!r}")
         self.capacity = capacity
         self.host_tokens = 0
+        self.engine_used: float | None = None
+        """Tokens of KV the engine's running requests hold, as its last poll said
+        (``vllm:kv_cache_usage_perc`` times the capacity; None unpolled): on a shared
+        replica, load control counts what of it is not this process's as taken."""
         self.shared_at: float | None = None
         """When the engine last showed calls of other clients (its polled running and
         waiting above this process's own), None if never (:meth:`saw_others`)."""
@@ -198,6 +203,18 @@ class KvShadow:
     def tokens(self) -> int:
         """Context tokens of the live sessions here, unweighted."""
         return sum(f.tokens for f in self._sessions.values())
+
+    def busy_tokens(self) -> int:
+        """Context tokens of this process's sessions with a call in flight here."""
+        return sum(f.tokens for f in self._sessions.values() if f.busy)
+
+    def others_tokens(self) -> float:
+        """On a shared replica (:meth:`saw_others`), the KV other clients' running
+        requests hold there as the engine last reported it; 0.0 elsewhere."""
+        used = self.engine_used
+        if self.shared_at is None or used is None:
+            return 0.0
+        return max(used - self.busy_tokens(), 0.0)
 
     def demand(self, now: float, exclude: str | None = None) -> float:
         """Tokens the live sessions here will want cached soon: each session's context

@@ -159,7 +159,7 @@ async def test_a_resident_session_resumes_before_an_older_evicted_one() -> None:
 
 
 async def test_a_session_held_past_half_the_bound_reserves_its_replica() -> None:
-    g, (kv,) = gate(1000, max_hold_s=0.2)
+    g, (kv,) = gate(1000, max_hold_s=1.0)
     running(kv, "x", 700)
     running(kv, "big", 800)
     order: list[str] = []
@@ -168,14 +168,12 @@ async def test_a_session_held_past_half_the_bound_reserves_its_replica() -> None
         await g.admit(sid, 0, tokens)
         order.append(sid)
 
-    with anyio.fail_after(3):
+    with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             tg.start_soon(resume, "big", 800)
-            await anyio.sleep(0.15)  # past half the bound
+            await anyio.sleep(0.6)  # past half the bound
             running(kv, "small", 250)
             tg.start_soon(resume, "small", 250)  # would fit beside x, but big waits longer
-            await anyio.sleep(0.02)
-            assert order == []
     assert order[0] == "big"  # forced at the bound, then small
     assert g.stats.forced >= 1
 
@@ -245,7 +243,7 @@ async def test_the_runtime_holds_a_session_whose_replica_is_full() -> None:
         reports = {r.name: r for r in rt.reports()}
         stats = rt.load_statistics()
     second = reports["a"].call_reports[1]
-    assert 0.1 <= second.held_s < 1.0
+    assert 0.1 <= second.held_s < 10.0  # b sleeps 0.2 s (a loaded machine: more)
     assert reports["a"].held_s == second.held_s
     assert reports["b"].held_s == 0.0
     assert "held" in str(reports["a"])
@@ -310,3 +308,17 @@ def test_a_shared_replica_is_gated_at_the_learned_share() -> None:
     assert kv.gate_capacity == kv.capacity_tokens  # seen lately: still shared
     kv.saw_others(False, now=200.0)
     assert kv.gate_capacity == 1000.0
+
+
+async def test_on_a_shared_replica_what_others_run_there_is_taken() -> None:
+    g, (kv,) = gate(1000)
+    running(kv, "a", 300)
+    assert (await g.admit("a", 0, 300))[::2] == (0, False)  # alone: 300 of 1,000
+    kv.engine_used = 900.0  # the engine's running requests hold 900, 300 of them a's
+    assert (await g.admit("a", 0, 300))[::2] == (0, False)  # not shared: all a's own
+    kv.saw_others(True, now=0.0)
+    assert kv.others_tokens() == 600.0  # a is busy (admitted): 900 - 300
+    kv.finish("a", 300, None)
+    with anyio.move_on_after(0.05):
+        await g.admit("a", 0, 300)  # others hold 900 now (a not running): no room
+    assert g.stats.holds == 1
