@@ -42,7 +42,7 @@ set it saw (``rt.endpoint_loads()``) and what load control did
     .venv/bin/python benchmarks/real_kv.py       # results/real_kv_small.json, ~2 min here
     .venv/bin/python benchmarks/real_kv.py --blocks 128 --out results/real_kv_tight.json
     .venv/bin/python benchmarks/real_kv.py --sessions 32 --turns 8 --task-words 500 \\
-        --step-words 400 --blocks 128 --loop 120 --warmup 40 --runs 1 \\
+        --step-words 400 --blocks 128 --loop 120 --warmup 40 --runs 2 \\
         --clients agentrt agentrt:load_control=off plain --out results/real_kv_oversub.json
 
 Small on purpose: the model is a 2-layer random-weight Llama on CPU, so a prefill of a
