@@ -175,7 +175,12 @@ SUITES: Final = (
                 "placement and load control by KV working set on two vLLM CPU replicas "
                 "whose KV evicts: agentrt's defaults against plain round robin (and "
                 "without load control)",
-                ("real_kv_small.json", "real_kv_tight.json", "real_kv_oversub.json"),
+                (
+                    "real_kv_small.json",
+                    "real_kv_tight.json",
+                    "real_kv_oversub.json",
+                    "real_kv_oversub_short.json",
+                ),
             ),
             Entry(
                 "router",

@@ -42,7 +42,7 @@ set it saw (``rt.endpoint_loads()``) and what load control did
     .venv/bin/python benchmarks/real_kv.py       # results/real_kv_small.json, ~2 min here
     .venv/bin/python benchmarks/real_kv.py --blocks 128 --out results/real_kv_tight.json
     .venv/bin/python benchmarks/real_kv.py --sessions 32 --turns 8 --task-words 500 \\
-        --step-words 400 --blocks 128 --loop 120 --warmup 40 --runs 1 \\
+        --step-words 400 --blocks 128 --loop 120 --warmup 40 --runs 2 \\
         --clients agentrt agentrt:load_control=off plain --out results/real_kv_oversub.json
 
 Small on purpose: the model is a 2-layer random-weight Llama on CPU, so a prefill of a
@@ -387,6 +387,7 @@ async def run_agentrt(
             moves[event.reason] += 1
 
     loads: list[list[dict[str, Any]]] = []
+    gates: list[list[list[Any]]] = []
     async with agentrt.Runtime(list(urls), hooks=[hook], **(options or {})) as rt:
 
         async def run_job(s: SessionPlan, tracker: Tracker) -> JobRecord:
@@ -413,9 +414,21 @@ async def run_agentrt(
         timeline: list[dict[str, Any]] = []
         t0 = anyio.current_time()
 
+        def gate_view() -> list[list[Any]]:
+            # The capacity load control fills on each replica, and whence: the engine's
+            # figure while this process is alone there, else the learned share
+            # (``KvShadow.gate_capacity``; no public accessor).
+            out: list[list[Any]] = []
+            for e in rt._core.endpoints:
+                shadow = e.shadow
+                alone = shadow.capacity is not None and shadow.shared_at is None
+                out.append([shadow.gate_capacity, shadow.source if not alone else "engine"])
+            return out
+
         async def watch() -> None:
             for n in itertools.count():
                 loads.append([_load(e) for e in rt.endpoint_loads()])
+                gates.append(gate_view())
                 if n % 10 == 0:  # every 5 s: what load control saw and did
                     gate = rt.load_statistics()
                     timeline.append(
@@ -423,6 +436,7 @@ async def run_agentrt(
                             "t": round(anyio.current_time() - t0, 1),
                             "kv_capacity": [round(x["kv_capacity"] or 0) for x in loads[-1]],
                             "kv_demand": [round(x["kv_demand"] or 0) for x in loads[-1]],
+                            "gate_capacity": [round(c or 0) for c, _ in gates[-1]],
                             "held_now": None if gate is None else gate.held_now,
                         }
                     )
@@ -437,6 +451,7 @@ async def run_agentrt(
             )
             outer.cancel_scope.cancel()
         final = [_load(e) for e in rt.endpoint_loads()]
+        gates.append(gate_view())
         load_stats = stats[-1] if stats else rt.load_statistics()
         # Which replica served each call, and how long load control held it, from the
         # jobs' reports (in the session's order; a job cancelled at the window's end may
@@ -462,9 +477,15 @@ async def run_agentrt(
             now = [load["kv_capacity"], load["kv_capacity_source"]]
             if now[0] is not None and (not seen[i] or seen[i][-1] != now):
                 seen[i].append(now)
+    gate_seen: list[list[list[Any]]] = [[] for _ in urls]
+    for snap__ in gates:
+        for i, now_ in enumerate(snap__):
+            if now_[0] is not None and (not gate_seen[i] or gate_seen[i][-1] != now_):
+                gate_seen[i].append(now_)
     return {
         **result,
         "kv_capacity_seen": seen,
+        "gate_capacity_seen": gate_seen,
         "moves": dict(moves),
         "moved_calls": moved_calls,
         "endpoint_loads": final,
@@ -560,6 +581,25 @@ def worst_waits(
     return out
 
 
+def peak_in_flight(calls: Iterable[CallRecord], replicas: int) -> list[int]:
+    """Per replica, the most calls in flight there at once (from the end of a call's hold,
+    if any, to its reply): 1 means its sessions ran one at a time."""
+    out = []
+    for i in range(replicas):
+        edges = sorted(
+            edge
+            for c in calls
+            if c.replica == i
+            for edge in ((c.start_s + c.held_s, 1), (c.end_s, -1))
+        )
+        live = peak = 0
+        for _, step in edges:  # at a tie the reply (-1) counts first
+            live += step
+            peak = max(peak, live)
+        out.append(peak)
+    return out
+
+
 def summarize_run(client: str, result: dict[str, Any], before: Any, after: Any) -> dict[str, Any]:
     lo, hi = (float(x) for x in result["window"])
     window = hi - lo
@@ -588,6 +628,7 @@ def summarize_run(client: str, result: dict[str, Any], before: Any, after: Any) 
         "jobs_per_s": len(jobs) / window if window > 0 else math.nan,
         "turns_per_s": len(counted) / window if window > 0 else math.nan,
         "calls_per_replica": [sum(c.replica == i for c in counted) for i in range(len(before))],
+        "peak_in_flight": peak_in_flight(counted, len(before)),
         "jct_mean": statistics.fmean(jct) if jct else math.nan,
         "jct_p50": quantile(sorted(jct), 0.5),
         "jct_p90": quantile(sorted(jct), 0.9),
@@ -613,6 +654,7 @@ def summarize_run(client: str, result: dict[str, Any], before: Any, after: Any) 
         "moves",
         "moved_calls",
         "kv_capacity_seen",
+        "gate_capacity_seen",
         "endpoint_loads",
         "peak_kv_demand",
         "load_control",
