@@ -59,6 +59,11 @@ SUITES: Final = (
                     "steady_claude_code_priority.json",
                     "steady_claude_code_kv_events.json",
                     "steady_claude_code_kv_events_pressure.json",
+                    "steady_claude_code_peers_oversub.json",
+                    "steady_claude_code_oversub.json",
+                    "steady_claude_code_oversub_waits.json",
+                    "steady_claude_code_oversub_host.json",
+                    "steady_claude_code_oversub_pressure.json",
                 ),
             ),
             Entry(
