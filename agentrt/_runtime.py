@@ -136,8 +136,8 @@ class Runtime:
       call waits at its tool boundary while its replica's KV is full of other live
       sessions' contexts, instead of every session thrashing the cache (an operating
       system's load control; docs/scheduling.md, "Load control"). It gates a replica
-      only once its KV capacity is known (the engine's figure, ``Endpoint(kv_capacity=)``,
-      or learned from evictions over several endpoints). ``False`` turns it off; an
+      only once its KV capacity is known (the engine's figure, read by the default
+      metrics polls, or ``Endpoint(kv_capacity=)``). ``False`` turns it off; an
       :class:`agentrt.LoadControl` sets its bound and watermark.
     * **learn_waits** - *(optional)* on by default: learns each tool's typical wait from
       the finished ones, to expect a wait whose caller gave no ``expected_s`` and to

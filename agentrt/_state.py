@@ -14,7 +14,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Final, Literal, cast
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import anyio
 import httpx
@@ -290,8 +290,14 @@ class Placement:
         self.distance = shadow.stack_distance(sid)
         here.refresh_kv(now)
         fill = kv_fill(here.load)
-        router = cast(SessionAffinity, core.router)  # kv_aware: the session router
-        leaving = (fill is not None and fill > 1.0) or not router.keeps(loads, home, idle, avoid)
+        router = core.router
+        leaving = (
+            (fill is not None and fill > 1.0)
+            # A router other than the session router's (kept under load control) may
+            # send any call anywhere.
+            or not isinstance(router, SessionAffinity)
+            or not router.keeps(loads, home, idle, avoid)
+        )
         for e in endpoints:
             if e is not here:
                 if leaving:

@@ -22,13 +22,15 @@ learned) and when it ends, and it sends every resume. :class:`Gate` uses them:
   reserves its replica (nobody else is admitted there before it: large sessions do not
   starve behind small ones), and one held ``max_hold_s`` goes on whatever the room (a
   forced admission). No session waits past the bound.
-* **Where**: a session resumes on its own replica, unless that replica is down.
+* **Where**: a session resumes on its own replica, unless that replica is down, or its
+  context is no longer resident there and another replica has room (nothing is lost).
 
-A replica whose capacity is not known (no engine figure, no setting, no eviction seen
-yet) is not gated. In a fleet each process gates its own sessions on its own view: the
-capacity a process learns from the evictions its replies reveal is its share of the
-replica (``KvShadow.observe``), so K processes that each admit up to their share do not
-overcommit the replica together; no coordinator is needed.
+A replica is gated against ``KvShadow.gate_capacity`` (plus part of its host tier):
+the engine's or configured figure; none (not gated) where neither is known. In a fleet
+each process gates its own sessions, with no coordinator: on a replica where the engine
+shows other clients' calls, it fills at most the capacity it learned from the evictions
+its replies reveal (its share), and counts what the others' running requests hold there
+as the engine reports it (``KvShadow.others_tokens``).
 
 Pure bookkeeping over narrow inputs (the replicas' working sets, their health, a clock):
 no HTTP, no runtime state (docs/scheduling.md, "Load control").

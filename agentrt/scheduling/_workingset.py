@@ -157,11 +157,16 @@ class KvShadow:
 
     @property
     def gate_capacity(self) -> float | None:
-        """The capacity load control fills: the engine's or configured figure where one
-        is known and this process is alone on the replica (it must not hold sessions
-        back below what the replica holds); else the learned one, which in a fleet is
-        this process's share (the module docstring)."""
-        if self.capacity is not None and self.shared_at is None:
+        """The capacity load control fills, None (no gate) where neither the engine nor
+        a setting gave one: the engine's or configured figure while this process is
+        alone on the replica (it must not hold sessions back below what the replica
+        holds); on a shared one, the learned figure where lower, which in a fleet is
+        this process's share (the module docstring). A capacity learned without a
+        figure to bound it runs low (it held the demand's light load back by a fifth in
+        the golden replays), so it gates nothing."""
+        if self.capacity is None:
+            return None  # learned alone, the figure runs low: no gate on a guess
+        if self.shared_at is None:
             return float(self.capacity)
         return self.capacity_tokens
 
