@@ -133,6 +133,9 @@ class _Waiter:
     event: anyio.Event = field(default_factory=anyio.Event)
     index: int = _FULL
     forced: bool = False
+    resident: bool = True
+    """Its context may still be resident at home (once found gone, it stays gone while
+    it is held: held, it touches nothing)."""
 
 
 class Gate:
@@ -315,19 +318,17 @@ class Gate:
             return
         bound = self.settings.max_hold_s
         rooms = self._rooms(now)
-        oldest = min(w.since for w in waiters)
-        if now - oldest < bound:
-            # Nothing is due and nothing fits anywhere: done (the common case when full).
-            smallest = min(w.tokens for w in waiters)
-            if all(r is not None and not r[1] and r[0] < smallest for r in rooms):
-                return
+        for w in waiters:
+            if w.resident:
+                w.resident = self._resident(w.session_id, w.home)
+        if now - min(w.since for w in waiters) < bound and not self._any_fits(waiters, rooms):
+            return  # nothing is due and nothing fits: the common case when full
         half = bound / 2
         reserved: set[int] = set()
-        resident = {id(w): self._resident(w.session_id, w.home) for w in waiters}
-        order = sorted(waiters, key=lambda w: (not resident[id(w)], w.since))
+        order = sorted(waiters, key=lambda w: (not w.resident, w.since))
         for w in order:
             waited = now - w.since
-            index = self._place(w.home, w.tokens, rooms, reserved, not resident[id(w)])
+            index = self._place(w.home, w.tokens, rooms, reserved, not w.resident)
             if index == _FULL and waited >= bound:
                 w.forced = True
                 home = w.home
@@ -351,6 +352,27 @@ class Gate:
             if room is not None:
                 rooms[index] = (room[0] - w.tokens, False)
             w.event.set()
+
+    def _any_fits(self, waiters: list[_Waiter], rooms: list[tuple[float, bool] | None]) -> bool:
+        """Whether some held session may fit somewhere now (a quick look, reservations
+        aside)."""
+        widest = -math.inf
+        for i, room in enumerate(rooms):
+            if room is None or room[1]:
+                return True
+            if self._healthy(i):
+                widest = max(widest, room[0])
+        for w in waiters:
+            home = w.home
+            if home is not None and self._healthy(home):
+                room = rooms[home]
+                if room is not None and room[0] >= w.tokens:
+                    return True
+                if w.resident:
+                    continue  # it waits for its home
+            if widest >= w.tokens:
+                return True
+        return False
 
     @property
     def held(self) -> int:
