@@ -37,7 +37,8 @@ def _session(name: str, turns: int, wait_s: float, per_turn: int = 64) -> Sessio
 def _replay(plans: list[JobPlan], **changes: object) -> ClientRun:
     fields: dict[str, object] = {
         "replicas": 2,
-        "clients": ("agentrt:defaults",),
+        # Load control off: these replays evict on purpose, to compare the views then.
+        "clients": ("agentrt:defaults,load_control=off",),
         "stretch": False,
         "kv_sample_s": 1.0,
         "api": "http",
@@ -158,7 +159,7 @@ def test_kv_events_make_the_view_exact() -> None:
         for name, t in (("a", 0.0), ("b", 0.0), ("c", 10.0), ("d", 10.0))
     ]
     guessed = _replay(plans, gpu_blocks=56).view
-    exact = _replay(plans, gpu_blocks=56, clients=("agentrt:defaults,kv_events=on",)).view
+    exact = _replay(plans, gpu_blocks=56, clients=("agentrt:defaults,kv_events=on,load_control=off",)).view
     assert guessed is not None and exact is not None
     assert exact["over"]["engine"] > 0.2  # the same evictions
     assert exact["resident"]["rel_error"] < 0.5 * guessed["resident"]["rel_error"]

@@ -77,6 +77,7 @@ async def test_a_journal_line_holds_what_a_replay_needs(tmp_path: Path) -> None:
         "token_budget": None,
         "send_priority": "auto",  # Runtime's default
         "learn_waits": True,
+        "load_control": True,  # Runtime's default
         "poll_metrics_s": "auto",  # Runtime's default: polled, two endpoints
         "endpoints": 2,
     }
