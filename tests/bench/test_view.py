@@ -159,7 +159,9 @@ def test_kv_events_make_the_view_exact() -> None:
         for name, t in (("a", 0.0), ("b", 0.0), ("c", 10.0), ("d", 10.0))
     ]
     guessed = _replay(plans, gpu_blocks=56).view
-    exact = _replay(plans, gpu_blocks=56, clients=("agentrt:defaults,kv_events=on,load_control=off",)).view
+    exact = _replay(
+        plans, gpu_blocks=56, clients=("agentrt:defaults,kv_events=on,load_control=off",)
+    ).view
     assert guessed is not None and exact is not None
     assert exact["over"]["engine"] > 0.2  # the same evictions
     assert exact["resident"]["rel_error"] < 0.5 * guessed["resident"]["rel_error"]
