@@ -10,17 +10,17 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from ._httplib import HttpLib, asking_usage, prepare
-from ._protocol import CallMetadata, trusted_model
-from ._wire import USAGE_PATHS, ask_usage, asks_usage, json_bytes, merged
+from .._httplib import HttpLib, asking_usage, prepare
+from .._protocol import CallMetadata, trusted_model
+from .._wire import USAGE_PATHS, ask_usage, asks_usage, json_bytes, merged
 
 if TYPE_CHECKING:
-    from ._context import Session
-    from ._state import _EndpointState
-    from ._turns import TurnStart
-    from .dialects._base import Encoding
-    from .scheduling._queue import Ticket
-    from .telemetry._report import _CallState
+    from .._context import Session
+    from .._state import _EndpointState
+    from .._turns import TurnStart
+    from ..dialects._base import Encoding
+    from ..scheduling._queue import Ticket
+    from ..telemetry._report import _CallState
 
 __all__ = ["Outgoing", "metadata"]
 
