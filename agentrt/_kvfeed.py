@@ -5,7 +5,7 @@ background upkeep (``_upkeep.py``) while its block lasts. It subscribes to the e
 ZMQ PUB socket (vLLM's ``--kv-events-config``; the address given, or those the server's
 ``GET /kv_event_sources`` lists), decodes each message's msgpack batch and applies it to
 the endpoint's :class:`~agentrt.scheduling._kvevents.KvLedger`, which the endpoint's
-working set (``KvShadow.exact``) reads from its first batch on. The socket is read
+working set (``WorkingSet.exact``) reads from its first batch on. The socket is read
 without blocking (``NOBLOCK``, a short sleep while nothing comes), so the event loop never
 waits on it, under asyncio and trio alike.
 
@@ -87,8 +87,8 @@ def source_addresses(body: str, base_url: str) -> list[str]:
 
 
 def _attach(ep: _EndpointState, ledger: KvLedger) -> None:
-    if ep.shadow.exact is not ledger:
-        ep.shadow.exact = ledger
+    if ep.working_set.exact is not ledger:
+        ep.working_set.exact = ledger
         log.info("endpoint %s: reading its KV-cache events", ep.endpoint.url)
 
 

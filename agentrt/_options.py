@@ -22,7 +22,7 @@ from .scheduling._loadcontrol import LoadControl
 from .scheduling._poll import AUTO_POLL_S
 from .scheduling._queue import Policy, make_policy
 from .scheduling._routing import EndpointLoad, Router, make_router
-from .scheduling._workingset import KvShadow
+from .scheduling._workingset import WorkingSet
 from .telemetry._events import Hook
 from .telemetry._journal import Journal
 from .telemetry._otel_use import otel_in_use
@@ -166,7 +166,7 @@ def _endpoints(
             Admission(new_policy(), make_limit(limit), token_budget),
             EndpointHealth(),
             DialectOptions(send_priority=prio is True),
-            shadow=KvShadow(ep.kv_capacity, source="setting"),
+            working_set=WorkingSet(ep.kv_capacity, source="setting"),
         )
         state.priority_auto = prio == "auto"
         out.append(state)

@@ -196,7 +196,7 @@ class Runtime:
         if load_control is not False:
             core.kv_aware = True
             core.gate = Gate(
-                [e.shadow for e in states],
+                [e.working_set for e in states],
                 lambda i: states[i].load.healthy,
                 LoadControl() if load_control is True else load_control,
                 lambda: core.clock(),

@@ -30,7 +30,7 @@ from .scheduling._health import EndpointHealth
 from .scheduling._loadcontrol import Gate
 from .scheduling._retention import RetentionEstimator
 from .scheduling._routing import EndpointLoad, RouteKey, Router, SessionAffinity, kv_fill
-from .scheduling._workingset import KvShadow
+from .scheduling._workingset import WorkingSet
 from .telemetry._events import Event, Hook
 from .telemetry._journal import RateLimitedLog
 from .telemetry._prefix import PrefixTracker
@@ -69,7 +69,7 @@ class _EndpointState:
 
     urls: dict[str, httpx.URL] = field(default_factory=dict)
     """Parsed URLs by path suffix (a handful: chat/completions, completions, models)."""
-    shadow: KvShadow = field(default_factory=KvShadow)
+    shadow: WorkingSet = field(default_factory=WorkingSet)
     """This client's sessions' KV working set there, and its capacity
     (scheduling/_workingset.py): placement by working set."""
     retention: RetentionEstimator = field(default_factory=RetentionEstimator)
@@ -119,7 +119,7 @@ class _EndpointState:
 
     def refresh_kv(self, now: float) -> None:
         """Its load's KV capacity and working set from the shadow, as of ``now``."""
-        shadow, load = self.shadow, self.load
+        shadow, load = self.working_set, self.load
         load.kv_capacity = shadow.capacity_tokens
         load.kv_capacity_source = shadow.source
         load.kv_demand = shadow.demand(now)
@@ -229,11 +229,11 @@ class Placement:
             core.router.served(index, key)
             if core.kv_aware and not self.ended:
                 if home is not None and home != index:
-                    endpoints[home].shadow.leave(sid)
+                    endpoints[home].working_set.leave(sid)
                     self.distance = None
-                endpoints[index].shadow.start(sid, max(tokens, context))
+                endpoints[index].working_set.start(sid, max(tokens, context))
         elif core.kv_aware and not self.ended:  # one replica, under load control
-            shadow = endpoints[0].shadow
+            shadow = endpoints[0].working_set
             if home is not None:
                 self.distance = shadow.stack_distance(sid)
             shadow.start(sid, max(tokens, shadow.context(sid)))
@@ -286,7 +286,7 @@ class Placement:
             return 0, None
         sid = self.session_id
         here = endpoints[home]
-        shadow = here.shadow
+        shadow = here.working_set
         self.distance = shadow.stack_distance(sid)
         here.refresh_kv(now)
         fill = kv_fill(here.load)
@@ -331,7 +331,7 @@ class Placement:
             else state.prompt_tokens + (state.completion_tokens or 0)
         )
         if core.kv_aware and not self.ended:
-            shadow = core.endpoints[index].shadow
+            shadow = core.endpoints[index].working_set
             shadow.finish(self.session_id, context, None if wake_in is None else now + wake_in)
             distance = self.distance
             if (
@@ -362,7 +362,7 @@ class Placement:
     def failed(self, core: _Core) -> None:
         """A call of the session ended without a reply: its context is idle again."""
         if core.kv_aware and self.home is not None and not self.ended:
-            core.endpoints[self.home].shadow.finish(self.session_id, None, None)
+            core.endpoints[self.home].working_set.finish(self.session_id, None, None)
             if core.gate is not None:
                 core.gate.changed()
 
@@ -375,7 +375,7 @@ class Placement:
         if self.home is not None:
             core.endpoints[self.home].load.sessions -= 1
             if core.kv_aware:
-                core.endpoints[self.home].shadow.leave(self.session_id)
+                core.endpoints[self.home].working_set.leave(self.session_id)
                 if core.gate is not None:
                     core.gate.changed()
 
@@ -485,10 +485,10 @@ class _Core:
             return
         capacities: list[int | None] = []
         for e in self.endpoints:
-            tokens = e.shadow.capacity_tokens
+            tokens = e.working_set.capacity_tokens
             capacities.append(None if tokens is None else round(tokens))
         settings["kv_capacity"] = capacities
-        settings["kv_capacity_source"] = [e.shadow.source for e in self.endpoints]
+        settings["kv_capacity_source"] = [e.working_set.source for e in self.endpoints]
 
     def redact(self, text: str, extra: tuple[str, ...] = ()) -> str:
         """``text`` (an error) without the runtime's secrets (:attr:`secrets`), the

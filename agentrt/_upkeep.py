@@ -240,12 +240,12 @@ class Upkeep:
             signals = EngineSignals()  # no answer: its load is unknown now
         else:
             signals = None  # a fixed interval keeps the last reading
-        if text is not None and e.shadow.capacity is None:
+        if text is not None and e.working_set.capacity is None:
             config = parse_cache_config(text)  # once: it does not change
             if config is not None:
-                e.shadow.set_capacity(config.gpu_blocks * config.block_size, "engine")
+                e.working_set.set_capacity(config.gpu_blocks * config.block_size, "engine")
                 if config.host_blocks:
-                    e.shadow.host_tokens = config.host_blocks * config.block_size
+                    e.working_set.host_tokens = config.host_blocks * config.block_size
         if signals is not None:
             e.load.running = signals.running
             e.load.waiting = signals.waiting
@@ -255,10 +255,10 @@ class Upkeep:
                 # More calls at the engine than this process has there: other clients
                 # share the replica (load control then fills only its learned share).
                 calls = signals.running + (signals.waiting or 0)
-                e.shadow.saw_others(calls > e.load.in_flight + 2, anyio.current_time())
-            capacity = e.shadow.capacity
+                e.working_set.saw_others(calls > e.load.in_flight + 2, anyio.current_time())
+            capacity = e.working_set.capacity
             if signals.kv_usage is not None and capacity is not None:
-                e.shadow.engine_used = signals.kv_usage * capacity
+                e.working_set.engine_used = signals.kv_usage * capacity
         answered = direct or text is not None
         reading = signals.reading if answered and signals is not None else None
         now = anyio.current_time()
@@ -315,12 +315,12 @@ class Upkeep:
             got = read(url)
             if got is not None:
                 running, waiting, kv_usage = got
-                if ep.shadow.capacity is None and self._read_capacity is not None:
+                if ep.working_set.capacity is None and self._read_capacity is not None:
                     tokens = self._read_capacity(url)  # the page's cache_config_info
                     if tokens:
-                        ep.shadow.set_capacity(tokens, "engine")
+                        ep.working_set.set_capacity(tokens, "engine")
                     if self._read_host is not None:
-                        ep.shadow.host_tokens = self._read_host(url) or 0
+                        ep.working_set.host_tokens = self._read_host(url) or 0
                 return EngineSignals(running=running, waiting=waiting, kv_usage=kv_usage)
         return None
 

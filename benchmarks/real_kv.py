@@ -417,10 +417,10 @@ async def run_agentrt(
         def gate_view() -> list[list[Any]]:
             # The capacity load control fills on each replica, and whence: the engine's
             # figure while this process is alone there, else the learned share
-            # (``KvShadow.gate_capacity``; no public accessor).
+            # (``WorkingSet.gate_capacity``; no public accessor).
             out: list[list[Any]] = []
             for e in rt._core.endpoints:
-                shadow = e.shadow
+                shadow = e.working_set
                 alone = shadow.capacity is not None and shadow.shared_at is None
                 out.append([shadow.gate_capacity, shadow.source if not alone else "engine"])
             return out

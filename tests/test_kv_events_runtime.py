@@ -67,7 +67,7 @@ async def test_events_over_zmq_reach_the_working_set(tmp_path: Path) -> None:
     ep = Endpoint("http://127.0.0.1:9/v1", kv_events=address)
     try:
         async with agentrt.Runtime([ep]) as rt:
-            shadow = rt._core.endpoints[0].shadow
+            shadow = rt._core.endpoints[0].working_set
             seq = 0
             with anyio.fail_after(20):
                 while shadow.exact is None:  # the subscription takes a moment to join
@@ -128,15 +128,15 @@ async def test_embedded_engine_events_are_read_in_process() -> None:
                     await client.chat.completions.create(
                         model="m", messages=[{"role": "user", "content": content}], max_tokens=4
                     )
-                served = [e for e in rt._core.endpoints if e.shadow.contexts()]
+                served = [e for e in rt._core.endpoints if e.working_set.contexts()]
                 (ep,) = served
-                ledger = ep.shadow.exact
+                ledger = ep.working_set.exact
                 assert isinstance(ledger, KvLedger)
                 engine = cluster.replicas[rt._core.endpoints.index(ep)].engine
                 bs = engine.config.block_size
                 assert ledger.cached_tokens() == engine.kv.gpu_tree * bs > 0
-                (sid,) = ep.shadow.contexts()  # the id the dialect sends
+                (sid,) = ep.working_set.contexts()  # the id the dialect sends
                 assert ledger.resident(sid) == (40 + 3 * 8) * bs
-                assert ep.shadow.resident(sid) == (40 + 3 * 8) * bs
+                assert ep.working_set.resident(sid) == (40 + 3 * 8) * bs
         # The feed ends with the runtime's block.
         assert all(not r.engine._kv_sinks for r in cluster.replicas)

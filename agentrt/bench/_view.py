@@ -2,7 +2,7 @@
 
 While an agentrt client replays on an embedded cluster, :class:`ViewSampler` samples, at
 the same virtual times and per replica, what the runtime's router believes
-(``scheduling/_workingset.py``'s ``KvShadow``: the live sessions it placed there, their
+(``scheduling/_workingset.py``'s ``WorkingSet``: the live sessions it placed there, their
 contexts, how much of them it thinks is still cached, the weighted working set and the
 capacity it assumes) and what the replica's engine holds (its KV blocks, and how much of
 those same sessions' contexts is cached on the accelerator). :meth:`ViewSampler.result`
@@ -10,7 +10,7 @@ sums the samples up (``ClientResult.kv_view``; docs/benchmarks/steady.md, "How c
 client's view is"):
 
 - ``resident``: the client's estimate of its live sessions' cached context
-  (``KvShadow.resident``, summed over the sessions) against the engine's real figure
+  (``WorkingSet.resident``, summed over the sessions) against the engine's real figure
   (each session's blocks on its last path still on the accelerator; the whole context
   of a session whose request is running): mean absolute error, the error relative to
   the real mean, correlation over all samples and replicas, and both means.
@@ -79,7 +79,7 @@ class ViewSampler:
         core = self._rt._core  # the router's own shadows
         now = core.clock()
         for i, (engine, e) in enumerate(zip(self._engines, core.endpoints, strict=True)):
-            shadow = e.shadow
+            shadow = e.working_set
             contexts = shadow.contexts()
             if not contexts:
                 continue

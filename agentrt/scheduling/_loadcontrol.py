@@ -12,7 +12,7 @@ learned) and when it ends, and it sends every resume. :class:`Gate` uses them:
 * **Admission at the tool boundary.** A session's next call (never a call in progress,
   nor a stream) goes on while its context fits in its replica's KV beside the *live*
   working set there: the sessions running or due to wake within the horizon
-  (``KvShadow.demand``; a session waking later weighs in proportion). Otherwise the
+  (``WorkingSet.demand``; a session waking later weighs in proportion). Otherwise the
   session is *held*: it counts in no demand (its KV ages out, or is released where the
   engine takes a directive) until there is room again.
 * **First turns** of new sessions are admitted only where there is room: on the replica
@@ -25,12 +25,12 @@ learned) and when it ends, and it sends every resume. :class:`Gate` uses them:
 * **Where**: a session resumes on its own replica, unless that replica is down, or its
   context is no longer resident there and another replica has room (nothing is lost).
 
-A replica is gated against ``KvShadow.gate_capacity`` (plus part of its host tier):
+A replica is gated against ``WorkingSet.gate_capacity`` (plus part of its host tier):
 the engine's or configured figure; none (not gated) where neither is known. In a fleet
 each process gates its own sessions, with no coordinator: on a replica where the engine
 shows other clients' calls, it fills at most the capacity it learned from the evictions
 its replies reveal (its share), and counts what the others' running requests hold there
-as the engine reports it (``KvShadow.others_tokens``).
+as the engine reports it (``WorkingSet.others_tokens``).
 
 Pure bookkeeping over narrow inputs (the replicas' working sets, their health, a clock):
 no HTTP, no runtime state (docs/scheduling.md, "Load control").
@@ -45,7 +45,7 @@ from typing import Final, NamedTuple
 
 import anyio
 
-from ._workingset import KvShadow
+from ._workingset import WorkingSet
 
 __all__ = ["ANY", "Gate", "Grant", "LoadControl", "LoadStatistics"]
 
@@ -141,7 +141,7 @@ class _Waiter:
 class Gate:
     """Load control over the replicas' working sets (see the module docstring).
 
-    ``shadows[i]`` is replica ``i``'s working set (:class:`KvShadow`), ``healthy(i)``
+    ``shadows[i]`` is replica ``i``'s working set (:class:`WorkingSet`), ``healthy(i)``
     whether it answers, ``clock`` the event loop's time.
 
     Held sessions look for room whenever something frees some (:meth:`changed`: a call
@@ -153,7 +153,7 @@ class Gate:
 
     def __init__(
         self,
-        shadows: Sequence[KvShadow],
+        shadows: Sequence[WorkingSet],
         healthy: Callable[[int], bool],
         settings: LoadControl,
         clock: Callable[[], float],

@@ -87,7 +87,7 @@ class EndpointLoad:
     """Tokens of KV cache placement assumes the replica holds for this client's
     sessions: the engine's figure (``vllm:cache_config_info``), a setting
     (``Endpoint(kv_capacity=)``), or learned from the evictions its replies revealed
-    (:class:`~agentrt.scheduling._workingset.KvShadow`); None while unknown."""
+    (:class:`~agentrt.scheduling._workingset.WorkingSet`); None while unknown."""
     kv_capacity_source: Literal["engine", "setting", "learned"] | None = None
     """Where ``kv_capacity`` came from (None while unknown)."""
     kv_demand: float | None = None
@@ -127,7 +127,7 @@ class RouteKey:
     completion; 0 before its first reply)."""
     resident: int | None = None
     """Of ``context``, the tokens likely still cached at ``home`` (the replica's LRU
-    modelled from what ran there since: :meth:`KvShadow.resident`); None where not
+    modelled from what ran there since: :meth:`WorkingSet.resident`); None where not
     known (the home's capacity unknown)."""
 
 

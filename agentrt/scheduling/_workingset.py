@@ -5,7 +5,7 @@ next send.
 An operating system places and swaps processes by their working sets, the memory's
 capacity and when a sleeper wakes. agentrt knows the same of its sessions: the context
 it sent (and the reply's size), the tool wait declared or learned after each reply, and
-when the session ended. :class:`KvShadow` keeps them per replica, and answers the two
+when the session ended. :class:`WorkingSet` keeps them per replica, and answers the two
 questions placement asks (``docs/routing.md``, "Placement by working set"):
 
 * **Will a waking session find its context at home?** A prefix cache evicts the least
@@ -13,27 +13,27 @@ questions placement asks (``docs/routing.md``, "Placement by working set"):
   losing part of its context keeps its prefix). A session's context is still cached if
   the tokens touched there since it last touched its own (its *stack distance*: the
   contexts of the sessions that ran after it) plus its own fit in the replica's capacity:
-  :meth:`KvShadow.resident` is that estimate, in tokens.
-* **How full is each replica?** :meth:`KvShadow.demand`: the contexts of its live
+  :meth:`WorkingSet.resident` is that estimate, in tokens.
+* **How full is each replica?** :meth:`WorkingSet.demand`: the contexts of its live
   sessions, each weighted by how soon it will send again (a session with a call in
   flight, or whose wait is unknown or ends within ``horizon_s``, weighs fully; one
   waking later weighs ``horizon_s / time to wake``; a session whose job ended weighs
-  nothing: it is gone from the shadow).
+  nothing: it is gone from the working set).
 
 The capacity comes from a setting where one is given (``Endpoint(kv_capacity=)``: a user
 who names it wins), else from the engine where it says (vLLM's
 ``vllm:cache_config_info``: ``num_gpu_blocks * block_size``; the embedded engine serves
 the same gauge), and is corrected by what replies report: a resumed turn whose cached tokens
 fall short of its previous context reveals an eviction, and how much the cache held
-above it (:meth:`KvShadow.observe`). In a fleet each process sees only its own sessions,
+above it (:meth:`WorkingSet.observe`). In a fleet each process sees only its own sessions,
 so the capacity it learns is its share: the estimate stays consistent with the view.
 
 Where the engine publishes its KV-cache events (vLLM's ``--kv-events-config``, the
-embedded engine's), :attr:`KvShadow.exact` holds the replica's ledger of them
-(``_kvevents.KvLedger``): :meth:`KvShadow.resident` is then the session's context still
+embedded engine's), :attr:`WorkingSet.exact` holds the replica's ledger of them
+(``_kvevents.KvLedger``): :meth:`WorkingSet.resident` is then the session's context still
 cached there, exactly, wherever the ledger could tell which blocks are the session's; the
 capacity is learned from the evictions the events show rather than guessed from replies;
-:meth:`KvShadow.cached_tokens` is the replica's cached tokens. Where the ledger cannot
+:meth:`WorkingSet.cached_tokens` is the replica's cached tokens. Where the ledger cannot
 tell (a session whose blocks it could not assign), the estimate above stands.
 
 Pure bookkeeping: no HTTP, no clock of its own (times are given).
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_HORIZON_S",
     "CapacitySource",
-    "KvShadow",
+    "WorkingSet",
 ]
 
 DEFAULT_HORIZON_S: Final = 30.0
@@ -87,7 +87,7 @@ class _Footprint:
     until its next call starts (``scheduling/_loadcontrol.py``)."""
 
 
-class KvShadow:
+class WorkingSet:
     """One replica's KV working set as placed by this client (see the module docstring).
 
     ``capacity`` is the engine-reported or configured capacity in tokens (None unknown);
@@ -198,7 +198,7 @@ class KvShadow:
 
     @property
     def sessions(self) -> int:
-        """Sessions in the shadow (live, placed here)."""
+        """Sessions in the working set (live, placed here)."""
         return len(self._sessions)
 
     def contexts(self) -> dict[str, int]:

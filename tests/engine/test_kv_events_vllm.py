@@ -33,7 +33,7 @@ async def test_ledger_tracks_the_engines_prefix_cache(vllm_engine: Replica) -> N
     pytest.importorskip("msgspec")
     ep = agentrt.Endpoint(vllm_engine.base_url, kv_events="auto")
     async with agentrt.Runtime([ep], dialect="vllm") as rt:
-        shadow = rt._core.endpoints[0].shadow
+        shadow = rt._core.endpoints[0].working_set
         (feed,) = rt._upkeep.feeds
         await _until(lambda: feed.subscribed)
         await anyio.sleep(1.0)  # ZMQ joins the subscription a moment later

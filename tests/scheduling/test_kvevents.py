@@ -1,5 +1,5 @@
 """The KV-event ledger (scheduling/_kvevents.py) on hand-made batches in vLLM's wire
-format, and KvShadow reading it."""
+format, and WorkingSet reading it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from agentrt.scheduling._kvevents import (
     decode_batch,
     events_from_wire,
 )
-from agentrt.scheduling._workingset import KvShadow
+from agentrt.scheduling._workingset import WorkingSet
 
 msgspec = pytest.importorskip("msgspec")
 
@@ -175,7 +175,7 @@ def test_untagged_events_are_assigned_where_they_can_be() -> None:
 
 
 def test_shadow_reads_the_ledger() -> None:
-    shadow = KvShadow(capacity=100 * BS, source="engine")
+    shadow = WorkingSet(capacity=100 * BS, source="engine")
     shadow.start("a", 10 * BS)
     shadow.finish("a", 10 * BS, None)
     shadow.start("b", 95 * BS)
@@ -193,7 +193,7 @@ def test_shadow_reads_the_ledger() -> None:
     assert shadow.resident("a") == 7 * BS
     assert shadow.cached_tokens() == 7 * BS
     # The capacity is what the cache held when it evicted, not guessed from replies.
-    shadow2 = KvShadow()
+    shadow2 = WorkingSet()
     shadow2.exact = KvLedger()
     shadow2.observe(distance=1000, previous=2000, cached=0)
     assert shadow2.capacity_tokens is None and shadow2.evictions == 0

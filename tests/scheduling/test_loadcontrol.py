@@ -9,7 +9,7 @@ import pytest
 
 from agentrt import LoadControl
 from agentrt.scheduling._loadcontrol import ANY, Gate
-from agentrt.scheduling._workingset import KvShadow
+from agentrt.scheduling._workingset import WorkingSet
 
 pytestmark = pytest.mark.anyio
 
@@ -19,14 +19,14 @@ FAR = 1e9
 
 def gate(
     *capacities: int | None, max_hold_s: float = 60.0, healthy: set[int] | None = None
-) -> tuple[Gate, list[KvShadow]]:
-    shadows = [KvShadow(c) for c in capacities]
+) -> tuple[Gate, list[WorkingSet]]:
+    shadows = [WorkingSet(c) for c in capacities]
     up = set(range(len(shadows))) if healthy is None else healthy
     settings = LoadControl(max_hold_s=max_hold_s, watermark=1.0, tick_s=0.01)
     return Gate(shadows, lambda i: i in up, settings, anyio.current_time), shadows
 
 
-def running(shadow: KvShadow, sid: str, tokens: int) -> None:
+def running(shadow: WorkingSet, sid: str, tokens: int) -> None:
     """``sid`` holds ``tokens`` on ``shadow`` and is about to send again."""
     shadow.start(sid, tokens)
     shadow.finish(sid, tokens, None)
@@ -293,7 +293,7 @@ def test_the_host_tier_is_read_from_the_engines_cache_config() -> None:
 
 
 def test_a_shared_replica_is_gated_at_the_learned_share() -> None:
-    kv = KvShadow(1000, source="engine")
+    kv = WorkingSet(1000, source="engine")
     assert kv.gate_capacity == 1000.0
     kv.start("a", 600)
     kv.finish("a", 600, None)

@@ -1,4 +1,4 @@
-"""Placement by working set: the per-replica KV shadow (scheduling/_workingset.py) and the
+"""Placement by working set: the per-replica KV working set (scheduling/_workingset.py) and the
 session router's memory rules (docs/routing.md, "Placement by working set")."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from agentrt import Endpoint, Runtime
 from agentrt._state import Placement
 from agentrt.scheduling._routing import EndpointLoad, RouteKey, SessionAffinity, kv_fill
 from agentrt.scheduling._signals import parse_cache_config
-from agentrt.scheduling._workingset import KvShadow
+from agentrt.scheduling._workingset import WorkingSet
 from tests._fake import FakeEngine
 
-# ---------------------------------------------------------------- the shadow
+# ---------------------------------------------------------------- the working set
 
 
 def test_stack_distance_counts_only_what_ran_after_the_session() -> None:
-    kv = KvShadow(1000)
+    kv = WorkingSet(1000)
     kv.start("a", 300)
     kv.finish("a", 300, None)
     kv.start("b", 200)
@@ -38,14 +38,14 @@ def test_stack_distance_counts_only_what_ran_after_the_session() -> None:
 
 
 def test_resident_is_unknown_without_a_capacity() -> None:
-    kv = KvShadow()
+    kv = WorkingSet()
     kv.start("a", 300)
     assert kv.resident("a") is None
     assert kv.capacity_tokens is None and kv.source is None
 
 
 def test_demand_weighs_sessions_by_when_they_wake() -> None:
-    kv = KvShadow(10_000, horizon_s=30.0)
+    kv = WorkingSet(10_000, horizon_s=30.0)
     kv.start("busy", 1000)  # in flight: full weight
     kv.start("soon", 2000)
     kv.finish("soon", 2000, wake_at=110.0)  # wakes in 10 s: full weight
@@ -60,7 +60,7 @@ def test_demand_weighs_sessions_by_when_they_wake() -> None:
 
 
 def test_an_eviction_teaches_the_capacity_and_hits_give_it_back() -> None:
-    kv = KvShadow()  # nothing known
+    kv = WorkingSet()  # nothing known
     kv.observe(distance=5000, previous=2000, cached=0)  # evicted: held at most 5000
     assert kv.capacity_tokens == 5000 and kv.source == "learned" and kv.evictions == 1
     kv.observe(distance=3000, previous=2000, cached=500)  # held at most 3500
@@ -71,7 +71,7 @@ def test_an_eviction_teaches_the_capacity_and_hits_give_it_back() -> None:
 
 
 def test_the_engine_figure_caps_the_learned_one() -> None:
-    kv = KvShadow()
+    kv = WorkingSet()
     kv.set_capacity(8000, "engine")
     assert kv.capacity_tokens == 8000 and kv.source == "engine"
     kv.observe(distance=4000, previous=2000, cached=0)  # a fleet's share: less is ours
@@ -83,7 +83,7 @@ def test_the_engine_figure_caps_the_learned_one() -> None:
 
 
 def test_rewritten_prompts_teach_nothing() -> None:
-    kv = KvShadow()
+    kv = WorkingSet()
     kv.set_capacity(400_000, "engine")
     # Nothing else ran there since: an LRU cache that just held the context kept it,
     # whatever the shortfall (a Claude Code trace's rewritten prompt)
@@ -97,16 +97,16 @@ def test_rewritten_prompts_teach_nothing() -> None:
 
 
 def test_tiny_contexts_teach_nothing() -> None:
-    kv = KvShadow()
+    kv = WorkingSet()
     kv.observe(distance=100, previous=100, cached=0)
     assert kv.capacity_tokens is None and kv.evictions == 0
 
 
 def test_bad_capacity_is_refused() -> None:
     with pytest.raises(ValueError, match="KV capacity"):
-        KvShadow(0)
+        WorkingSet(0)
     with pytest.raises(ValueError, match="horizon_s"):
-        KvShadow(10, horizon_s=float("nan"))
+        WorkingSet(10, horizon_s=float("nan"))
 
 
 @given(
@@ -119,7 +119,7 @@ def test_bad_capacity_is_refused() -> None:
 def test_resident_never_exceeds_context_or_capacity(
     steps: list[tuple[str, int, bool]], capacity: int
 ) -> None:
-    kv = KvShadow(capacity)
+    kv = WorkingSet(capacity)
     for sid, tokens, leave in steps:
         if leave:
             kv.leave(sid)
@@ -216,10 +216,10 @@ async def test_a_session_that_moves_for_any_reason_goes_where_there_is_room(
     async with Runtime(endpoints, transport=FakeEngine().transport(), poll_metrics_s=None) as rt:
         core = rt._core
         a, b, c = core.endpoints
-        a.shadow.start("s", 400)
-        a.shadow.finish("s", 400, None)
-        b.shadow.start("big", 14_700)  # in flight: all of it counts
-        c.shadow.start("small", 500)
+        a.working_set.start("s", 400)
+        a.working_set.finish("s", 400, None)
+        b.working_set.start("big", 14_700)  # in flight: all of it counts
+        c.working_set.start("small", 500)
         c.load.outstanding_tokens = 2_000  # C carries more than B
         if reason == "overload":
             a.load.outstanding_tokens = 100_000

@@ -236,7 +236,7 @@ async def test_served_replicas_publish_their_kv_events_over_zmq() -> None:
         assert listed[0]["endpoint"] == f"tcp://127.0.0.1:{events_port + 1}"
         endpoints = [agentrt.Endpoint(u, kv_events="auto") for u in urls]
         async with agentrt.Runtime(endpoints, dialect="vllm") as rt:
-            shadows = [e.shadow for e in rt._core.endpoints]
+            shadows = [e.working_set for e in rt._core.endpoints]
             await _until(lambda: all(f.subscribed for f in rt._upkeep.feeds))
             await anyio.sleep(1.0)  # ZMQ joins the subscriptions a moment later
             async with rt.job("served") as job, job.session() as sess:
