@@ -20,8 +20,8 @@ from ._checks import check_expected, check_metadata, check_name
 from ._errors import JobClosedError, SessionClosedError, only_cancelled, raise_own_error
 from ._ids import new_id
 from ._protocol import validate_id, validate_nonneg
-from ._state import Placement
 from ._turns import NextTurn, ToolWait, TurnStart
+from .scheduling._placement import Placement
 from .telemetry._events import (
     JobEnded,
     JobStarted,
@@ -378,7 +378,7 @@ class Session:
         if self._closed:
             return
         self._closed = True
-        self.placement.unpin(self.job._core)
+        self.placement.unpin(self.job._core.replicas)
 
     # -- used by the transport -----------------------------------------------------------
 

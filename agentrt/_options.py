@@ -19,10 +19,10 @@ from .scheduling._admission import Admission
 from .scheduling._health import EndpointHealth
 from .scheduling._limiter import make_limit
 from .scheduling._loadcontrol import LoadControl
+from .scheduling._placement import WorkingSet
 from .scheduling._poll import AUTO_POLL_S
 from .scheduling._queue import Policy, make_policy
 from .scheduling._routing import EndpointLoad, Router, make_router
-from .scheduling._workingset import WorkingSet
 from .telemetry._events import Hook
 from .telemetry._journal import Journal
 from .telemetry._otel_use import otel_in_use

@@ -194,13 +194,13 @@ class Runtime:
         states, poll = checked.states, checked.poll
         self._core = core = _Core(states, checked.router, retry, api_key)
         if load_control is not False:
-            core.kv_aware = True
-            core.gate = Gate(
+            core.gate = gate = Gate(
                 [e.working_set for e in states],
                 lambda i: states[i].load.healthy,
                 LoadControl() if load_control is True else load_control,
                 lambda: core.clock(),
             )
+            core.replicas.load_control(gate.changed)
         self._core.capture_content = bool(capture_content)
         if not learn_waits:
             self._core.waits = None
@@ -260,10 +260,7 @@ class Runtime:
         # Before it opens no session is placed anywhere: the working sets are empty
         # whatever the time, and there is no event loop's clock to read yet.
         now = self._core.clock() if self._opened else 0.0
-        for e in self._core.endpoints:
-            e.refresh_retention()
-            if self._core.kv_aware:
-                e.refresh_kv(now)
+        self._core.replicas.refresh(now)
         return [replace(e.load) for e in self._core.endpoints]
 
     def load_statistics(self) -> LoadStatistics | None:
@@ -304,7 +301,7 @@ class Runtime:
         self._opened = True
         self._http = self.http_client()
         self._core.client = self.openai()
-        self._core.clock = loop_clock()
+        self._core.clock = self._core.replicas.clock = loop_clock()
         self._core.loop_thread = get_ident()  # its loop's: other loops are refused
         self._core.opened_at = self._core.clock()
         await self._upkeep.start()

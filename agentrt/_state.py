@@ -12,7 +12,7 @@ it back).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -28,9 +28,8 @@ from .dialects import Dialect, DialectOptions
 from .scheduling._admission import Admission
 from .scheduling._health import EndpointHealth
 from .scheduling._loadcontrol import Gate
-from .scheduling._retention import RetentionEstimator
-from .scheduling._routing import EndpointLoad, RouteKey, Router, SessionAffinity, kv_fill
-from .scheduling._workingset import WorkingSet
+from .scheduling._placement import Replicas, RetentionEstimator, WorkingSet
+from .scheduling._routing import EndpointLoad, Router, SessionAffinity
 from .telemetry._events import Event, Hook
 from .telemetry._journal import RateLimitedLog
 from .telemetry._prefix import PrefixTracker
@@ -38,7 +37,6 @@ from .telemetry._report import JobReport
 
 if TYPE_CHECKING:
     from .scheduling._queue import Ticket
-    from .telemetry._report import _CallState
 
 __all__: list[str] = []
 
@@ -69,7 +67,7 @@ class _EndpointState:
 
     urls: dict[str, httpx.URL] = field(default_factory=dict)
     """Parsed URLs by path suffix (a handful: chat/completions, completions, models)."""
-    shadow: WorkingSet = field(default_factory=WorkingSet)
+    working_set: WorkingSet = field(default_factory=WorkingSet)
     """This client's sessions' KV working set there, and its capacity
     (scheduling/_workingset.py): placement by working set."""
     retention: RetentionEstimator = field(default_factory=RetentionEstimator)
@@ -111,19 +109,6 @@ class _EndpointState:
         self.options = replace(self.options, send_priority=False)
         return True
 
-    def refresh_retention(self) -> None:
-        """Its load's ``retention_s`` from the estimate, if replies moved it since."""
-        retention = self.retention
-        if retention.dirty:
-            self.load.retention_s = retention.estimate()
-
-    def refresh_kv(self, now: float) -> None:
-        """Its load's KV capacity and working set from the shadow, as of ``now``."""
-        shadow, load = self.working_set, self.load
-        load.kv_capacity = shadow.capacity_tokens
-        load.kv_capacity_source = shadow.source
-        load.kv_demand = shadow.demand(now)
-
     def url_for(self, suffix: str, original: httpx.URL) -> httpx.URL:
         """This endpoint's URL for a request path suffix, keeping the query."""
         if original.query:
@@ -136,248 +121,6 @@ class _EndpointState:
         if len(self.urls) < 64:
             self.urls[suffix] = url
         return url
-
-
-class Placement:
-    """Where one session's calls go, kept by the router side: the replica its KV lives on
-    (``home``, as the router last chose it), when its last reply came, and what that
-    replica could still hold of it for the next turn (feeds the replica's retention
-    estimate). A session holds one (``Session.placement``); its calls are routed through
-    it (:meth:`route`) and report their replies to it (:meth:`replied`)."""
-
-    __slots__ = (
-        "cacheable",
-        "distance",
-        "ended",
-        "home",
-        "last_reply_at",
-        "session_id",
-        "stable",
-        "target",
-        "unserved",
-    )
-
-    def __init__(self, session_id: str, stable: bool) -> None:
-        self.session_id = session_id
-        self.stable = stable
-        """The caller gave the session's id (the conversation may go on in another
-        process): its first turn here is placed by hashing it, as every process does."""
-        self.home: int | None = None
-        self.last_reply_at: float | None = None
-        self.cacheable: tuple[int, int] | None = None
-        """(endpoint, prompt + completion tokens) of the last successful call: what that
-        replica could still hold for the next turn."""
-        self.ended = False
-        """The session ended (:meth:`unpin`): it counts in no replica's load."""
-        self.unserved = False
-        """``home`` was chosen for a first turn that has not been answered yet: nothing
-        of the session is there (a retry of that turn is still a first turn)."""
-        self.target: int | None = None
-        """Where load control resumes the session, away from its home (its context was
-        no longer resident there, and another replica had room): the next route goes
-        there, a move for ``"load"``."""
-        self.distance: int | None = None
-        """Tokens other sessions touched at its home between its previous call and this
-        one (the stack distance when this call was routed there), for the capacity
-        estimate; None when the call did not resume at home."""
-
-    def route(
-        self,
-        core: _Core,
-        avoid: Collection[int],
-        prefix: tuple[int, ...],
-        tokens: int,
-    ) -> tuple[int, str | None]:
-        """The endpoint for the session's call, and why the session moved there from the
-        replica that served its previous turn (its KV cache there is lost), or None if
-        it did not move: ``"unavailable"`` (its replica failed or is down), the router's
-        own reason where it gives one (``SessionAffinity.move_reason``: ``"retention"``,
-        ``"overload"``), else ``"routing"``. A session counts in its replica's load
-        until it ends (a call still in flight may move an ended one: counted nowhere)."""
-        endpoints = core.endpoints
-        home = self.home
-        index = 0
-        sid = self.session_id
-        self.distance = None
-        target = None
-        if len(endpoints) > 1:
-            idle = None
-            context, resident = 0, None
-            now = anyio.current_time()
-            # A home chosen for a first turn not answered yet (its attempt failed there)
-            # holds nothing of the session: the call is still its first turn. A
-            # caller-given id's is placed again by its rendezvous order, as every process
-            # places it; any other is routed as from the replica it was placed on (kept
-            # there unless the router moves it: a failing replica collects its failures
-            # and is marked down), yet not counted as a move.
-            held = None if self.unserved and self.stable else home
-            if held is not None and self.last_reply_at is not None:
-                idle = now - self.last_reply_at
-                endpoints[held].refresh_retention()
-            loads = [e.load for e in endpoints]
-            if core.kv_aware:
-                context, resident = self._kv_view(core, loads, held, idle, avoid, now)
-            key = RouteKey(
-                sid, held, held is None, prefix, tokens, idle, self.stable, context, resident
-            )
-            target, self.target = self.target, None
-            if target is not None and target not in avoid and endpoints[target].load.healthy:
-                index = target
-            else:
-                target = None
-                index = core.router.choose(loads, key, avoid)
-            core.router.served(index, key)
-            if core.kv_aware and not self.ended:
-                if home is not None and home != index:
-                    endpoints[home].working_set.leave(sid)
-                    self.distance = None
-                endpoints[index].working_set.start(sid, max(tokens, context))
-        elif core.kv_aware and not self.ended:  # one replica, under load control
-            shadow = endpoints[0].working_set
-            if home is not None:
-                self.distance = shadow.stack_distance(sid)
-            shadow.start(sid, max(tokens, shadow.context(sid)))
-        if home == index:
-            return index, None
-        self.home = index
-        if not self.ended:
-            endpoints[index].load.sessions += 1
-            if home is not None:
-                endpoints[home].load.sessions -= 1
-        if home is None or self.unserved:
-            self.unserved = True
-            return index, None  # nothing of the session was anywhere: not a move
-        if home in avoid or not endpoints[home].load.healthy:
-            return index, "unavailable"
-        if target is not None:
-            return index, "load"
-        reason: str | None = getattr(core.router, "move_reason", None)
-        return index, reason or "routing"
-
-    def reserve(self, core: _Core, index: int) -> None:
-        """Load control admitted the session's first turn on replica ``index`` (where
-        there was room): it is placed there, as a home chosen for a first turn that has
-        not been answered yet (the router keeps it there unless it is down)."""
-        if self.home is not None or self.ended:
-            return
-        self.home = index
-        self.unserved = True
-        core.endpoints[index].load.sessions += 1
-
-    def _kv_view(
-        self,
-        core: _Core,
-        loads: list[EndpointLoad],
-        home: int | None,
-        idle: float | None,
-        avoid: Collection[int],
-        now: float,
-    ) -> tuple[int, int | None]:
-        """The session's context at ``home`` and how much of it is likely still cached
-        there (``RouteKey.context``, ``.resident``); the replicas' working sets refreshed
-        where the router may look: all of them for a first turn or a session that may
-        leave, for any reason (home overfull, or the router may not keep it there:
-        avoided, down, overloaded, its cache likely gone), else home's alone (the
-        others' marked not computed)."""
-        endpoints = core.endpoints
-        if home is None:
-            for e in endpoints:
-                e.refresh_kv(now)
-            return 0, None
-        sid = self.session_id
-        here = endpoints[home]
-        shadow = here.working_set
-        self.distance = shadow.stack_distance(sid)
-        here.refresh_kv(now)
-        fill = kv_fill(here.load)
-        router = core.router
-        leaving = (
-            (fill is not None and fill > 1.0)
-            # A router other than the session router's (kept under load control) may
-            # send any call anywhere.
-            or not isinstance(router, SessionAffinity)
-            or not router.keeps(loads, home, idle, avoid)
-        )
-        for e in endpoints:
-            if e is not here:
-                if leaving:
-                    e.refresh_kv(now)
-                else:  # it stays, or moves by load alone
-                    e.load.kv_demand = None
-        return shadow.context(sid), shadow.resident(sid)
-
-    def replied(
-        self,
-        core: _Core,
-        now: float,
-        state: _CallState,
-        idle_s: float | None,
-        wake_in: float | None,
-    ) -> None:
-        """A call succeeded at ``now``, after ``idle_s`` idle, and the session is
-        expected to send again ``wake_in`` seconds from now (None: unknown): if it
-        resumed the session on the replica that served its previous turn, record
-        whether that replica still had the prefix (only where replies feed the retention
-        estimates and the working sets)."""
-        self.last_reply_at = now
-        self.unserved = False
-        index = self.home
-        if index is None or not (core.learn_retention or core.kv_aware):
-            return
-        previous, self.cacheable = self.cacheable, None
-        context = (
-            None
-            if state.prompt_tokens is None
-            else state.prompt_tokens + (state.completion_tokens or 0)
-        )
-        if core.kv_aware and not self.ended:
-            shadow = core.endpoints[index].working_set
-            shadow.finish(self.session_id, context, None if wake_in is None else now + wake_in)
-            distance = self.distance
-            if (
-                distance is not None
-                and previous is not None
-                and previous[0] == index
-                and state.cached_tokens is not None
-                and not state.moved
-                and not state.held_s  # held: its context was meant to age out
-            ):
-                shadow.observe(distance, previous[1], state.cached_tokens, state.prompt_tokens)
-            if core.gate is not None:
-                core.gate.changed()
-        if context is None:
-            return
-        self.cacheable = (index, context)
-        if core.learn_retention and (
-            previous is not None
-            and previous[0] == index
-            and idle_s is not None
-            and state.cached_tokens is not None
-            and not state.moved
-        ):
-            hit = RetentionEstimator.hit(previous[1], state.cached_tokens)
-            if hit is not None:
-                core.endpoints[index].retention.observe(idle_s, hit)
-
-    def failed(self, core: _Core) -> None:
-        """A call of the session ended without a reply: its context is idle again."""
-        if core.kv_aware and self.home is not None and not self.ended:
-            core.endpoints[self.home].working_set.finish(self.session_id, None, None)
-            if core.gate is not None:
-                core.gate.changed()
-
-    def unpin(self, core: _Core) -> None:
-        """The session ended: it no longer counts in its replica's load, nor in its
-        working set. Idempotent."""
-        if self.ended:
-            return
-        self.ended = True
-        if self.home is not None:
-            core.endpoints[self.home].load.sessions -= 1
-            if core.kv_aware:
-                core.endpoints[self.home].working_set.leave(self.session_id)
-                if core.gate is not None:
-                    core.gate.changed()
 
 
 @dataclass(slots=True)
@@ -421,11 +164,14 @@ class _Core:
         self.send_priority = any(e.options.send_priority or e.priority_auto for e in endpoints)
         """Whether any endpoint takes engine-level priorities (then calls carry one)."""
         self.prefix_aware = isinstance(router, SessionAffinity) and len(endpoints) > 1
-        self.kv_aware = self.prefix_aware
-        """Whether sessions' working sets are kept per replica (placement by working
-        set: the session router, over several endpoints; or load control)."""
+        """Whether calls carry their prompts' prefix fingerprints (the session router,
+        over several endpoints)."""
+        self.replicas = Replicas(endpoints, router)
+        """The endpoints as placement sees them (``scheduling/_placement.py``): each
+        one's load, working set and retention estimate, the router, the clock."""
         self.gate: Gate | None = None
-        """Load control (``scheduling/_loadcontrol.py``), when on (set by Runtime)."""
+        """Load control (``scheduling/_loadcontrol.py``), when on (set by Runtime, with
+        ``replicas.load_control``)."""
         self.programs: dict[str, _Program] = {}
         self.active_jobs: dict[str, str] = {}
         """The ids of the jobs running now (and their names), in the order they started."""
@@ -466,9 +212,8 @@ class _Core:
         ``Upkeep.fresh_view``)."""
         self.clock: Callable[[], float] = anyio.current_time
         """The clock of calls (``anyio.current_time``'s), set to the runtime's event loop's
-        own when it opens (0.06 µs a read against 0.4 µs): a runtime lives in one loop."""
-        self.learn_retention = len(endpoints) > 1
-        """Whether replies feed the replicas' retention estimates (only routing uses them)."""
+        own when it opens (0.06 µs a read against 0.4 µs): a runtime lives in one loop.
+        Placement reads the same (``replicas.clock``, set with it)."""
         # Base paths by origin, longest first so that nested ones match the most specific.
         self._paths: dict[tuple[str, str, int | None], list[tuple[str, str]]] = {}
         for e in endpoints:
@@ -481,7 +226,7 @@ class _Core:
         """Put what placement assumes of each replica's KV capacity (tokens, and where
         the figure came from) in the settings jobs report (the journal's record)."""
         settings = self.settings
-        if not self.kv_aware or settings is None:
+        if not self.replicas.kv_aware or settings is None:
             return
         capacities: list[int | None] = []
         for e in self.endpoints:

@@ -195,11 +195,45 @@ def test_each_room_is_entered_by_its_door() -> None:
             assert not inside, f"{name} reaches inside {room} ({why}): {inside}"
 
 
+PLACEMENT = "agentrt.scheduling._placement"
+"""Placement (docs/routing.md): where a session's calls go, over the replicas' views."""
+
+PLACEMENT_PARTS = ("agentrt.scheduling._workingset", "agentrt.scheduling._retention")
+"""What placement keeps of each replica (its working set, its retention estimate): from
+outside ``scheduling/``, reached through placement's module (or the package's door for
+the public names), so that what placement reads of a replica can change in one place."""
+
+
+def test_placement_is_entered_by_its_door() -> None:
+    graph = _graph(ALL)
+    for name, targets in graph.items():
+        if name == "agentrt.scheduling" or name.startswith("agentrt.scheduling."):
+            continue
+        inside = sorted(targets & set(PLACEMENT_PARTS))
+        assert not inside, f"{name} reaches placement's parts past {PLACEMENT}: {inside}"
+    # The runtime's state, the session and the call path reach placement through it.
+    for user in ("_state", "_context", "_transport._call"):
+        assert PLACEMENT in graph[f"agentrt.{user}"], user
+
+
+def test_placement_knows_no_runtime() -> None:
+    # Placement sees the replicas' views and the router, never the runtime's state, its
+    # jobs and sessions, or the call path: not even for typing, nor inside a function.
+    graph = _graph(ALL)
+    outside = sorted(t for t in graph[PLACEMENT] if not t.startswith("agentrt.scheduling."))
+    assert outside == [], outside
+    for core in ("agentrt._state", "agentrt._context", "agentrt._transport"):
+        assert not {t for t in graph[PLACEMENT] if t == core or t.startswith(core + ".")}
+
+
 def test_a_door_check_would_fail() -> None:
     # The check reads the same graph: a module of the room is found from outside it.
     graph = _graph(ALL)
     assert "agentrt._transport" in graph["agentrt._runtime"]
     assert "agentrt._transport._entry" in graph["agentrt._transport"]
+    # Placement's parts are found where they are imported: inside scheduling/.
+    assert set(PLACEMENT_PARTS) <= graph[PLACEMENT]
+    assert "agentrt.scheduling._workingset" in graph["agentrt.scheduling._loadcontrol"]
 
 
 def test_the_statistics_module_is_a_leaf() -> None:

@@ -77,6 +77,7 @@ class Attempts:
         "max_out",
         "out",
         "prefix",
+        "replica",
         "sender",
         "sent_at",
         "session",
@@ -114,6 +115,8 @@ class Attempts:
         """The prompt's prefix fingerprints, for a router that places by prefix."""
         self.ep: _EndpointState | None = None
         """The endpoint of the attempt in flight, counted in its load until released."""
+        self.replica = -1
+        """The index of the endpoint the last attempt was routed to (-1: none yet)."""
         self.failed: set[int] = set()
         """Endpoints that could not be connected to: the retries go elsewhere."""
         self.sent_at = now
@@ -163,7 +166,8 @@ class Attempts:
         session = self.session
         placement = session.placement
         home = placement.home
-        index, reason = placement.route(core, self.failed, self.prefix, ticket.tokens)
+        index, reason = placement.route(core.replicas, self.failed, self.prefix, ticket.tokens)
+        self.replica = index
         ep = core.endpoints[index]
         if reason is not None:
             state.moved = True
@@ -394,7 +398,7 @@ class Attempts:
             self.sent_at = self.clock()
         if grant.replica >= 0:
             if home is None:
-                placement.reserve(self.core, grant.replica)
+                placement.reserve(self.core.replicas, grant.replica)
             elif grant.replica != home:
                 placement.target = grant.replica
 

@@ -20,6 +20,7 @@ from .._wire import (
     tool_names_into,
     usage_into,
 )
+from ..scheduling._placement import CallOutcome
 from ..scheduling._queue import Ticket
 from ..scheduling._routing import prefix_fingerprints
 from ..telemetry._reply import ReplyFacts
@@ -291,6 +292,22 @@ class TransportCall:
             self.reply.read(reply, "message")
         self.end("ok", None)
 
+    def _outcome(self, now: float) -> CallOutcome:
+        """What the call, answered at ``now``, tells placement."""
+        state, turn = self.state, self.turn
+        return CallOutcome(
+            replica=self.attempts.replica,
+            session_id=state.session_id,
+            prompt_tokens=state.prompt_tokens,
+            completion_tokens=state.completion_tokens,
+            cached_tokens=state.cached_tokens,
+            moved=state.moved,
+            held_s=state.held_s,
+            idle_s=turn.idle_s,
+            next_in_s=turn.idle_expected_s,
+            ended_at=now,
+        )
+
     def end(self, status: CallStatus, error: str | None) -> None:
         """The call is over (once): release its endpoint, account it, end an implicit job."""
         if self.ended:
@@ -315,14 +332,14 @@ class TransportCall:
             session.job._served(service, tokens)
             ticket.idle_expected_s = self.turn.idle_expected_s
             core.call_ended(ticket, service, tokens)
+            placement = session.placement
             if status == "ok":
-                session.placement.replied(  # cache retention, working set
-                    core, now, state, self.turn.idle_s, self.turn.idle_expected_s
-                )
+                if placement.replied(core.replicas, now):  # cache retention, working set
+                    placement.learn(core.replicas, self._outcome(now))
                 if self.tools:
                     session._tool_calls(self.tools)
             else:
-                session.placement.failed(core)
+                placement.failed(core.replicas)
             if core.hooks:
                 call_ended(
                     core, ticket, state, status, now, self.finish_reason, self.output, self.reply

@@ -9,6 +9,7 @@ from ._health import (
     HealthStatistics,
 )
 from ._limiter import AIMDLimit, EngineQueueLimit, FixedLimit, GradientLimit, Limit, make_limit
+from ._placement import CallOutcome
 from ._priority import DEFAULT_LEVELS_S, plas_priority
 from ._queue import ATLAS, EDF, FCFS, MLFQ, PLAS, Policy, Ticket, make_policy
 from ._retention import DEFAULT_RETENTION_SAMPLES, MIN_CACHEABLE_TOKENS, RetentionEstimator
@@ -49,6 +50,7 @@ __all__ = [
     "AIMDLimit",
     "Admission",
     "AdmissionStatistics",
+    "CallOutcome",
     "EndpointHealth",
     "EndpointLoad",
     "EngineQueueLimit",

@@ -1,5 +1,5 @@
-"""Placement by working set: the per-replica KV working set (scheduling/_workingset.py) and the
-session router's memory rules (docs/routing.md, "Placement by working set")."""
+"""Placement by working set: each replica's KV working set (scheduling/_workingset.py)
+and the session router's memory rules (docs/routing.md, "Placement by working set")."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentrt import Endpoint, Runtime
-from agentrt._state import Placement
+from agentrt.scheduling._placement import Placement
 from agentrt.scheduling._routing import EndpointLoad, RouteKey, SessionAffinity, kv_fill
 from agentrt.scheduling._signals import parse_cache_config
 from agentrt.scheduling._workingset import WorkingSet
@@ -230,6 +230,6 @@ async def test_a_session_that_moves_for_any_reason_goes_where_there_is_room(
         placement.home = 0
         placement.last_reply_at = anyio.current_time() - (10.0 if reason == "retention" else 0)
         fills = [kv_fill(load) for load in rt.endpoint_loads()]
-        index, moved = placement.route(core, (), (), 400)
+        index, moved = placement.route(core.replicas, (), (), 400)
     assert fills == pytest.approx([0.04, 1.47, 0.05])
     assert (index, moved) == (2, reason)
