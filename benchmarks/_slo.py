@@ -26,11 +26,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from _harness import quantile
-
 from agentrt.bench import Arrivals, BenchConfig, JobPlan, TraceOptions, make_workload
 from agentrt.bench._drivers import ClientSpec
 from agentrt.bench._runner import ALONE, ClientRun, PartResult, run_parts
+
+from ._harness import quantile
 
 SLO = 2.0
 """The p90 JCT stretch a configuration must stay at or below."""

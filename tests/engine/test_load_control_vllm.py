@@ -22,17 +22,17 @@ prompt and reply, summed).
 
 from __future__ import annotations
 
+import importlib
 import uuid
 from dataclasses import replace
 
 import pytest
 
 from agentrt.testing.vllm_cpu import Replica
-from tests._benchmarks import load_benchmark
 
 pytestmark = pytest.mark.engine
 
-real_kv = load_benchmark("real_kv")
+real_kv = importlib.import_module("benchmarks._real_kv")
 
 PAIR_KV_TOKENS = 2 * 64 * 128
 """Both replicas' KV (conftest.PAIR_BLOCKS blocks of vLLM CPU's 128 tokens each)."""

@@ -23,6 +23,7 @@ here (10 sessions): plain 29.5k uncached tokens, 4 evicted comebacks, engine hit
 
 from __future__ import annotations
 
+import importlib
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -30,11 +31,10 @@ from typing import Any
 import pytest
 
 from agentrt.testing.vllm_cpu import Replica
-from tests._benchmarks import load_benchmark
 
 pytestmark = pytest.mark.engine
 
-real_kv = load_benchmark("real_kv")
+real_kv = importlib.import_module("benchmarks._real_kv")
 
 PAIR_KV_TOKENS = 64 * 128  # conftest.PAIR_BLOCKS blocks of vLLM CPU's 128 tokens
 TOKENS_PER_WORD = 1.7

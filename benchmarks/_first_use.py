@@ -18,7 +18,7 @@ import subprocess
 import sys
 from typing import Any
 
-from _harness import add_run_args, write_result
+from ._harness import add_run_args, write_result
 
 _FIRST_USE = """
 import json, time
@@ -65,11 +65,12 @@ def measure(runs: int) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--runs", type=int, default=7)
     add_run_args(ap, out="first_use.json")
-    args = ap.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
     result = measure(args.runs)
     m = result["median_s"]
     print(f"{'':<28}{'wall s':>8}{'CPU s':>8}")
@@ -82,7 +83,3 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     write_result(args.out, result, __doc__)
     print(f"results: {args.out}")
     return result
-
-
-if __name__ == "__main__":
-    main()
