@@ -83,7 +83,7 @@ class NoticeStatistics:
     the notice (one endpoint, no metrics polling); ``session.tool`` always can."""
 
 
-Sender = Callable[[], Coroutine[Any, Any, None]]
+SendNotice = Callable[[], Coroutine[Any, Any, None]]
 """Posts one notice when awaited (never raises)."""
 
 
@@ -132,7 +132,7 @@ class Notices:
             self.skipped,
         )
 
-    def spawn(self, send: Sender) -> None:
+    def spawn(self, send: SendNotice) -> None:
         """Run ``send`` on the runtime's task group, if it has one (else count it as
         skipped): for tool waits without a block of their own."""
         if self.tasks is None:
@@ -150,7 +150,7 @@ class Notices:
         tool: str,
         expected_s: float | None,
         source: Literal["declared", "learned"] | None,
-    ) -> Sender | None:
+    ) -> SendNotice | None:
         """The notice to post to ``ep`` (None once the runtime is closed). The caller runs
         it in a task that ends no later than the tool wait."""
         if not self.open:

@@ -22,7 +22,7 @@ import openai
 
 from ._config import Endpoint, Retry
 from ._log import health_log, hooks_log, scrub, secret_forms
-from ._notice import Notices, Sender, accepts_notice
+from ._notice import Notices, SendNotice, accepts_notice
 from ._waits import WaitEstimator
 from .dialects import Dialect, DialectOptions
 from .scheduling._admission import Admission
@@ -518,7 +518,7 @@ class _Core:
         tool: str,
         expected_s: float | None,
         source: Literal["declared", "learned"] | None,
-    ) -> Sender | None:
+    ) -> SendNotice | None:
         """A session of ``job_id`` whose KV is on ``endpoint_index`` (None: no call yet)
         started a tool wait: tell every policy; return the tool-start notice to post to
         that replica, if it takes notices (the caller runs it while the wait lasts)."""

@@ -12,7 +12,7 @@ from .telemetry._events import ToolEnded, ToolStarted
 from .telemetry._report import ToolReport
 
 if TYPE_CHECKING:
-    from ._notice import Sender
+    from ._notice import SendNotice
     from ._protocol import IdleSource
     from ._waits import WaitEstimator
     from .telemetry._report import CallStatus
@@ -98,7 +98,7 @@ class ToolWait:
     start: float
     expected_s: float | None
     source: Literal["declared", "learned"] | None
-    notice: Sender | None = None
+    notice: SendNotice | None = None
     """The tool-start notice to post while the wait lasts (its endpoint takes them)."""
     ended: bool = False
 

@@ -27,13 +27,13 @@ STAGES = (
     "agentrt._jobs",
     "agentrt._httplib",
     "agentrt._wire",
-    "agentrt._retry",
-    "agentrt._outgoing",
-    "agentrt._stream",
-    "agentrt._call_events",
-    "agentrt._attempts",
-    "agentrt._call",
-    "agentrt._transport",
+    "agentrt._transport._retry",
+    "agentrt._transport._outgoing",
+    "agentrt._transport._stream",
+    "agentrt._transport._events",
+    "agentrt._transport._attempts",
+    "agentrt._transport._call",
+    "agentrt._transport._entry",
     "agentrt._options",
     "agentrt._upkeep",
     "agentrt._clients",
@@ -139,7 +139,7 @@ def test_the_graph_is_read() -> None:
     graph = _graph({"module"})
     assert "agentrt._state" in graph["agentrt._runtime"]
     assert "agentrt.telemetry._otel" in _graph({"function"})["agentrt._options"]
-    assert "agentrt._state" in _graph({"typing"})["agentrt._attempts"]
+    assert "agentrt._state" in _graph({"typing"})["agentrt._transport._attempts"]
     # The subpackages and the package's own ``__init__`` are read too.
     graph = _graph(ALL)
     assert "agentrt.sim.peers" in graph["agentrt.sim._cluster"]
@@ -175,6 +175,31 @@ def test_the_known_circles_stay_open() -> None:
     # The OpenTelemetry hook names the version from _version.py, not from the package
     # that imports the hook (through _runtime and _options) back.
     assert "agentrt" not in graph["agentrt.telemetry._otel"]
+
+
+ROOMS = {
+    "agentrt._transport": "the call path (docs/architecture.md): the runtime and the "
+    "synchronous clients build an AgentTransport; nothing else reaches inside",
+}
+"""Packages entered only through their ``__init__`` (their door) from outside: what
+their modules hold can move between them without a change elsewhere."""
+
+
+def test_each_room_is_entered_by_its_door() -> None:
+    graph = _graph(ALL)
+    for room, why in ROOMS.items():
+        for name, targets in graph.items():
+            if name == room or name.startswith(room + "."):
+                continue
+            inside = sorted(t for t in targets if t.startswith(room + "."))
+            assert not inside, f"{name} reaches inside {room} ({why}): {inside}"
+
+
+def test_a_door_check_would_fail() -> None:
+    # The check reads the same graph: a module of the room is found from outside it.
+    graph = _graph(ALL)
+    assert "agentrt._transport" in graph["agentrt._runtime"]
+    assert "agentrt._transport._entry" in graph["agentrt._transport"]
 
 
 def test_the_statistics_module_is_a_leaf() -> None:

@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from .._context import Job, call_session
+from .._errors import CLOSED_MESSAGE, WRONG_LOOP_MESSAGE, ClientClosedError, WrongLoopError
+from .._httplib import HttpLib
 from ._attempts import Sender
-from ._call import Call
-from ._context import Job, call_session
-from ._errors import CLOSED_MESSAGE, WRONG_LOOP_MESSAGE, ClientClosedError, WrongLoopError
-from ._httplib import HttpLib
+from ._call import TransportCall
 
 if TYPE_CHECKING:
-    from ._state import _Core
+    from .._state import _Core
 
 __all__ = ["AgentTransport", "SharedTransport"]
 
@@ -70,7 +70,7 @@ class AgentTransport:
             session = implicit._new_session(None, None, None)
         try:
             session._check_usable()
-            call = Call(self._sender, request, route[0], route[1], session, implicit)
+            call = TransportCall(self._sender, request, route[0], route[1], session, implicit)
             deadline = call.ticket.deadline_at
             if deadline is None:
                 return await call.run()

@@ -283,8 +283,8 @@ async def test_the_body_is_parsed_once_and_serialized_once_per_attempt(
     else once per call where agentrt asks for the stream's usage, else never."""
     import httpx
 
-    import agentrt._call
-    import agentrt._outgoing
+    import agentrt._transport._call
+    import agentrt._transport._outgoing
 
     counts = {"parsed": 0, "serialized": 0}
 
@@ -296,10 +296,14 @@ async def test_the_body_is_parsed_once_and_serialized_once_per_attempt(
         return wrapper
 
     monkeypatch.setattr(
-        agentrt._call, "request_body", counted("parsed", agentrt._call.request_body)
+        agentrt._transport._call,
+        "request_body",
+        counted("parsed", agentrt._transport._call.request_body),
     )
     monkeypatch.setattr(
-        agentrt._outgoing, "json_bytes", counted("serialized", agentrt._outgoing.json_bytes)
+        agentrt._transport._outgoing,
+        "json_bytes",
+        counted("serialized", agentrt._transport._outgoing.json_bytes),
     )
     sent = await _calls(httpx, [A], body, dialect=dialect, fail=fail)
     assert len(sent) == fail + 1

@@ -1,7 +1,7 @@
 """A call's attempts: route -> admit -> send once -> check the reply, retried per
 :class:`Retry` (one plain loop, :meth:`Attempts.run`). :class:`Sender` is what every call
 of a transport sends through. The call itself (its setup, its outcome, its end) is
-``_call.Call``, which holds its :class:`Attempts`."""
+``_call.TransportCall``, which holds its :class:`Attempts`."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 import anyio
 import httpx
 
-from ._call_events import attempt_failed, log_attempt, moved, priority_refused, sending
-from ._httplib import ConnTrace, HttpLib
-from ._log import transport_log
-from ._notice import accept_header
+from .._httplib import ConnTrace, HttpLib
+from .._log import transport_log
+from .._notice import accept_header
+from ._events import attempt_failed, log_attempt, moved, priority_refused, sending
 from ._outgoing import Outgoing, metadata
 from ._retry import (
     RETRY_STATUS,
@@ -29,11 +29,11 @@ from ._retry import (
 from ._stream import ObservedStream
 
 if TYPE_CHECKING:
-    from ._context import Session
-    from ._state import _Core, _EndpointState
-    from ._turns import TurnStart
-    from .scheduling._queue import Ticket
-    from .telemetry._report import _CallState
+    from .._context import Session
+    from .._state import _Core, _EndpointState
+    from .._turns import TurnStart
+    from ..scheduling._queue import Ticket
+    from ..telemetry._report import _CallState
 
 __all__ = ["Attempts", "Sender"]
 

@@ -10,7 +10,7 @@ from agentrt import Retry, Runtime
 from agentrt.dialects import DialectOptions, get_dialect, llmd_dialect, vllm_dialect
 from agentrt.dialects._retention import retention_window, wake_priority
 from tests._fake import MSG, FakeEngine
-from tests.test_dialects import FULL, extra_headers, make_meta
+from tests.dialects.test_dialects import FULL, extra_headers, make_meta
 
 NO_PRIO = DialectOptions()
 FAST = Retry(attempts=1, wait_initial=0.0, wait_jitter=0.0)

@@ -44,7 +44,7 @@ def fields(name: str) -> tuple[dict[str, str], dict[str, str]]:
     """The headers and top-level body fields ``name`` sets on a call like the test's
     second (its session's second turn, an expected idle, a priority), each with a value
     of the caller's own; not ``x-agentrt``, agentrt's own, which describes the call and
-    replaces a caller's (tests/test_hot_path.py)."""
+    replaces a caller's (tests/transport/test_hot_path.py)."""
     enc = get_dialect(name).encode(SAMPLE, DialectOptions(send_priority=True))
     headers = {k: f"caller-{k}" for k in enc.headers if k != "x-agentrt"}
     headers["traceparent"] = "00-caller-01"  # a hook's (OpenTelemetry's) header

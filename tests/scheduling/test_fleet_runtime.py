@@ -305,7 +305,7 @@ def test_a_capacity_given_wins_over_the_engines(tmp_path: Path) -> None:
     assert runtime["kv_capacity"] == [50_000, engine]
     assert runtime["kv_capacity_source"] == ["setting", "engine"]
     # and the docs say so: the setting first, the engine's figure else
-    routing = (Path(__file__).parents[1] / "docs" / "routing.md").read_text(encoding="utf-8")
+    routing = (Path(__file__).parents[2] / "docs" / "routing.md").read_text(encoding="utf-8")
     # (the placement table's row: the KV-events table below has one of its own)
     row = next(line for line in routing.splitlines() if line.startswith("| the capacity ("))
     assert row.index("Endpoint(kv_capacity=") < row.index("vllm:cache_config_info"), row

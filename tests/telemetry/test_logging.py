@@ -15,8 +15,8 @@ import httpx
 import openai
 import pytest
 
-import agentrt._attempts
 import agentrt._log
+import agentrt._transport._attempts
 from agentrt import Endpoint, EndpointError, Retry, Runtime
 from agentrt.scheduling import RoundRobin
 from tests._fake import MSG, FakeEngine
@@ -142,7 +142,9 @@ async def test_attempts_are_not_even_formatted_when_debug_is_off(
     """The hot path pays one ``isEnabledFor`` per attempt when DEBUG is off."""
     made: list[str] = []
     monkeypatch.setattr(
-        agentrt._attempts.Attempts, "_log_attempt", lambda self, ep, outcome: made.append(outcome)
+        agentrt._transport._attempts.Attempts,
+        "_log_attempt",
+        lambda self, ep, outcome: made.append(outcome),
     )
     engine = FakeEngine()
     for level in (logging.INFO, logging.DEBUG):

@@ -27,7 +27,7 @@ from agentrt.dialects import (
     vllm_router_session_ends,
 )
 from tests._fake import MSG, FakeEngine
-from tests.test_dialects import FULL, make_meta
+from tests.dialects.test_dialects import FULL, make_meta
 
 PRIO = DialectOptions(send_priority=True)
 NO_PRIO = DialectOptions()

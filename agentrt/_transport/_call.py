@@ -7,16 +7,12 @@ from __future__ import annotations
 import anyio
 import httpx
 
-from ._attempts import Attempts, Sender
-from ._call_events import call_ended, call_started
-from ._context import Job, Session
-from ._errors import DeadlineExceeded, EndpointError, only_cancelled
-from ._httplib import rebuild, what_to_do
-from ._ids import new_id
-from ._log import credential_forms, scrub_bytes, transport_log
-from ._outgoing import Outgoing
-from ._retry import RetryableError, RetryableStatus
-from ._wire import (
+from .._context import Job, Session
+from .._errors import DeadlineExceeded, EndpointError, only_cancelled
+from .._httplib import rebuild, what_to_do
+from .._ids import new_id
+from .._log import credential_forms, scrub_bytes, transport_log
+from .._wire import (
     reply_object,
     request_body,
     request_facts,
@@ -24,15 +20,19 @@ from ._wire import (
     tool_names_into,
     usage_into,
 )
-from .scheduling._queue import Ticket
-from .scheduling._routing import prefix_fingerprints
-from .telemetry._reply import ReplyFacts
-from .telemetry._report import CallStatus
+from ..scheduling._queue import Ticket
+from ..scheduling._routing import prefix_fingerprints
+from ..telemetry._reply import ReplyFacts
+from ..telemetry._report import CallStatus
+from ._attempts import Attempts, Sender
+from ._events import call_ended, call_started
+from ._outgoing import Outgoing
+from ._retry import RetryableError, RetryableStatus
 
-__all__ = ["Call"]
+__all__ = ["TransportCall"]
 
 
-class Call:
+class TransportCall:
     """One call through the transport: its metadata, its attempts, its accounting."""
 
     __slots__ = (

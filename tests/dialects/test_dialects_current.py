@@ -22,7 +22,7 @@ from agentrt.dialects import (
 )
 from agentrt.dialects._sglang import SMG_PRIORITY_CLASSES, smg_priority_class
 from tests._fake import MSG, FakeEngine
-from tests.test_dialects import FULL, extra_headers, make_meta
+from tests.dialects.test_dialects import FULL, extra_headers, make_meta
 
 PRIO = DialectOptions(send_priority=True)
 NO_PRIO = DialectOptions()

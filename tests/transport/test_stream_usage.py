@@ -19,7 +19,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 import agentrt
-from agentrt._stream import UsageFilter
+from agentrt._transport._stream import UsageFilter
 
 pytestmark = pytest.mark.anyio
 

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-import agentrt._outgoing
+import agentrt._transport._outgoing
 from agentrt import Endpoint, Runtime
 from agentrt._httplib import encoded, http_lib, loop_clock, prepare
 from agentrt._protocol import CallMetadata, parse_agentrt_header, trusted_model
@@ -159,7 +159,7 @@ async def test_trusted_metadata_is_what_validation_would_build(
         built.append(trusted_model(cls, fields))
         return built[-1]
 
-    monkeypatch.setattr(agentrt._outgoing, "trusted_model", record)
+    monkeypatch.setattr(agentrt._transport._outgoing, "trusted_model", record)
     fake = FakeEngine()
     eps = [Endpoint(URL, send_priority=True)]
     async with Runtime(eps, transport=fake.transport(), policy="mlfq") as rt:

@@ -12,22 +12,22 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import anyio
 
-from ._errors import DeadlineExceeded, EndpointError, only_cancelled
-from ._httplib import encoded
-from ._log import transport_log
-from ._wire import FINISH, text_of, tool_names_into, usage_into
-from .telemetry._events import FirstToken
+from .._errors import DeadlineExceeded, EndpointError, only_cancelled
+from .._httplib import encoded
+from .._log import transport_log
+from .._wire import FINISH, text_of, tool_names_into, usage_into
+from ..telemetry._events import FirstToken
 
 if TYPE_CHECKING:
     import httpx
 
-    from ._context import Session
-    from ._httplib import HttpLib
+    from .._context import Session
+    from .._httplib import HttpLib
+    from .._state import _Core
+    from ..scheduling._queue import Ticket
+    from ..telemetry._reply import ReplyFacts
+    from ..telemetry._report import CallStatus, _CallState
     from ._outgoing import Outgoing
-    from ._state import _Core
-    from .scheduling._queue import Ticket
-    from .telemetry._reply import ReplyFacts
-    from .telemetry._report import CallStatus, _CallState
 
 __all__ = ["ObservedStream", "StreamCall", "UsageFilter"]
 
@@ -44,7 +44,7 @@ _JSON = json.JSONDecoder()
 
 
 class StreamCall(Protocol):
-    """What a stream reads and ends of its call (``_call.Call``)."""
+    """What a stream reads and ends of its call (``_call.TransportCall``)."""
 
     core: _Core
     state: _CallState
@@ -267,7 +267,7 @@ class ObservedStream:
 
 class UsageFilter:
     """The stream a caller reads when agentrt asked for the usage chunk on its behalf
-    (``Call._ask_usage``): the reply's whole SSE events as the server sends them
+    (``TransportCall._ask_usage``): the reply's whole SSE events as the server sends them
     unasked. Asking adds a usage-only chunk (``"choices": []``), ``"usage": null`` to the
     other chunks (OpenAI), may put the usage in the finish chunk instead (some servers),
     and may move the ``system_fingerprint`` from the last content chunk onto the usage

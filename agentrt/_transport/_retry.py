@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Final
 
 import httpx
 
-from ._errors import AttemptError
+from .._errors import AttemptError
 
 if TYPE_CHECKING:
-    from ._config import Retry
+    from .._config import Retry
 
 __all__ = [
     "RETRY_STATUS",

@@ -7,10 +7,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ._log import routing_log, transport_log
-from ._wire import content_of
-from .dialects._generic import check_header_name, check_header_value
-from .telemetry._events import (
+from .._log import routing_log, transport_log
+from .._wire import content_of
+from ..dialects._generic import check_header_name, check_header_value
+from ..telemetry._events import (
     AttemptFailed,
     CallEnded,
     CallQueued,
@@ -18,13 +18,13 @@ from .telemetry._events import (
     CallStarted,
     SessionMoved,
 )
-from .telemetry._reply import ReplyFacts, temperature_of
+from ..telemetry._reply import ReplyFacts, temperature_of
 
 if TYPE_CHECKING:
-    from ._context import Session
-    from ._state import _Core
-    from .scheduling._queue import Ticket
-    from .telemetry._report import CallStatus, _CallState
+    from .._context import Session
+    from .._state import _Core
+    from ..scheduling._queue import Ticket
+    from ..telemetry._report import CallStatus, _CallState
 
 __all__ = [
     "attempt_failed",

@@ -17,10 +17,10 @@ import openai
 import pytest
 
 from agentrt import EndpointError, Retry, Runtime
-from agentrt._retry import retry_after
+from agentrt._transport._retry import retry_after
 from tests._fake import MSG, FakeEngine
 from tests.faults._faultserver import Fault, fault_server
-from tests.test_stream_usage import USAGE, WORDS, Pieces, sse
+from tests.transport.test_stream_usage import USAGE, WORDS, Pieces, sse
 
 pytestmark = pytest.mark.anyio
 

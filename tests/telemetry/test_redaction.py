@@ -363,7 +363,7 @@ def test_cli_errors_show_no_credentials(capsys: pytest.CaptureFixture[str]) -> N
 
 
 async def test_tool_start_notices_carry_the_credentials_and_show_none() -> None:
-    from tests.test_notice import Server, settle
+    from tests.runtime.test_notice import Server, settle
 
     server = Server()
     url = with_userinfo("http://engine.test/v1")

@@ -28,7 +28,7 @@ from agentrt.dialects import (
     vllm_agent_hint_dialect,
 )
 from tests._fake import MSG, FakeEngine
-from tests.test_dialects import FULL, extra_headers, make_meta
+from tests.dialects.test_dialects import FULL, extra_headers, make_meta
 
 NO_PRIO = DialectOptions()
 FAST = Retry(attempts=1, wait_initial=0.0, wait_jitter=0.0)

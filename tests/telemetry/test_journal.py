@@ -89,7 +89,7 @@ anyio.run(main)
 
 def test_a_process_killed_mid_job_leaves_a_readable_journal(tmp_path: Path) -> None:
     path = tmp_path / "runs.jsonl"
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     proc = subprocess.Popen([sys.executable, "-c", CRASHER, str(path)], cwd=root)
     try:
         deadline = time.monotonic() + 60

@@ -10,17 +10,17 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from ._httplib import HttpLib, asking_usage, prepare
-from ._protocol import CallMetadata, trusted_model
-from ._wire import USAGE_PATHS, ask_usage, asks_usage, json_bytes, merged
+from .._httplib import HttpLib, asking_usage, prepare
+from .._protocol import CallMetadata, trusted_model
+from .._wire import USAGE_PATHS, ask_usage, asks_usage, json_bytes, merged
 
 if TYPE_CHECKING:
-    from ._context import Session
-    from ._state import _EndpointState
-    from ._turns import TurnStart
-    from .dialects._base import Encoding
-    from .scheduling._queue import Ticket
-    from .telemetry._report import _CallState
+    from .._context import Session
+    from .._state import _EndpointState
+    from .._turns import TurnStart
+    from ..dialects._base import Encoding
+    from ..scheduling._queue import Ticket
+    from ..telemetry._report import _CallState
 
 __all__ = ["Outgoing", "metadata"]
 
@@ -41,7 +41,7 @@ def metadata(
     number, idle_s, declared, expected, source, final, _ = turn
     deadline = ticket.deadline_at
     # Not validated again: the ids were checked when the job and session were made,
-    # the numbers are agentrt's own (tests/test_hot_path.py compares the two ways).
+    # the numbers are agentrt's own (tests/transport/test_hot_path.py compares the two ways).
     return trusted_model(
         CallMetadata,
         {
