@@ -24,9 +24,9 @@ and ``coding`` (the fitted generator at the demo's scale). KV settings: ``ample`
 ``h100-8b`` preset's 26,624 blocks of 16 tokens per replica) and ``pressure``
 (--pressure-blocks). 8 replicas; 2 seeds by default.
 
-    .venv/bin/python benchmarks/alternatives.py                 # results/alternatives_kv_ample.json
-    .venv/bin/python benchmarks/alternatives.py --quick         # a small run
-    .venv/bin/python benchmarks/alternatives.py --append --peer llm-d   # add configurations
+    python -m benchmarks alternatives slo                 # results/alternatives_kv_ample.json
+    python -m benchmarks alternatives slo --quick         # a small run
+    python -m benchmarks alternatives slo --append --peer llm-d   # add configurations
 """
 
 from __future__ import annotations
@@ -41,8 +41,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from agentrt.bench import BenchConfig, TraceOptions
-from agentrt.bench._drivers import ClientSpec
+from agentrt.bench import BenchConfig, ClientSpec, TraceOptions
 from agentrt.bench._runner import ClientRun, PartResult, _resumed_hit_rate, run_parts
 from agentrt.sim.peers import PEERS
 

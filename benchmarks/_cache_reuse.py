@@ -9,7 +9,7 @@ prompt tokens the engine served from its prefix cache is measured side by side o
 - two replicas with agentrt's session routing.
 
     bash scripts/engine_setup.sh
-    .venv/bin/python benchmarks/cache_reuse.py --repeats 3 --out results/cache_reuse.json
+    python -m benchmarks engine cache --repeats 3 --out results/cache_reuse.json
 
 Every run uses fresh, unique prompts, so no run reuses another's cache.
 """

@@ -26,8 +26,8 @@ echo server (``benchmarks/_echo_server.py --impl raw``) runs outside valgrind. C
   and retried at once (``Retry(wait_initial=0, wait_jitter=0)``) on the same connection:
   two attempts per call (the echo server's ``/alternate/`` path).
 
-    .venv/bin/python benchmarks/call_instructions.py     # ~6 min; results/call_instructions.json
-    .venv/bin/python benchmarks/call_instructions.py --clients openai agentrt.openai
+    python -m benchmarks cost instructions     # ~6 min; results/call_instructions.json
+    python -m benchmarks cost instructions --clients openai agentrt.openai
 
 ``--endpoints 1 4 8`` runs each agentrt client over that many endpoints (distinct URLs
 on the one echo server, ``/e0/v1`` ...; the runtime's defaults: session routing, the
@@ -36,7 +36,7 @@ agentrt clients a second time with ``PYTHONPATH=DIR`` (an older tree of agentrt:
 ``git worktree`` of the commit to compare with), their figures under ``"before"``:
 
     git worktree add /tmp/before <commit>
-    .venv/bin/python benchmarks/call_instructions.py --clients openai agentrt.openai \
+    python -m benchmarks cost instructions --clients openai agentrt.openai \
         --endpoints 1 4 8 --before /tmp/before --out results/call_instructions_endpoints.json
 
 Needs ``valgrind`` (Debian: ``apt-get install valgrind``).

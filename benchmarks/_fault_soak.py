@@ -22,7 +22,7 @@ healthy replicas the goal is zero down and zero moves off an unavailable replica
 (``"unavailable"``); ``"retention"`` moves are the router's choice for a session idle
 past its replica's likely cache retention (docs/routing.md, rule 0), not faults.
 
-    .venv/bin/python benchmarks/fault_soak.py            # results/fault_soak.json
+    python -m benchmarks faults            # results/fault_soak.json
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
 3. Prints per-call latency p50 and the prefix-cache hit rate side by side.
 
     bash scripts/engine_setup.sh
-    .venv/bin/python benchmarks/fidelity.py --out results/fidelity.json
+    python -m benchmarks twin fidelity --out results/fidelity.json
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ server (``httpx.MockTransport``), on asyncio:
 Reported per variant: the median over rounds of the calls' median and maximum latency
 (each call's wall time as its caller saw it) and of the burst's wall time.
 
-    .venv/bin/python benchmarks/first_burst.py            # ~1 min; results/first_burst.json
+    python -m benchmarks load burst            # ~1 min; results/first_burst.json
 """
 
 from __future__ import annotations

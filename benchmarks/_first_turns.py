@@ -7,7 +7,7 @@ between turns), started ``--stagger-s`` apart against ``agentrt sim serve --repl
 replica's calls over the mean; a session whose turns went to more than one replica is
 counted too.
 
-    python benchmarks/first_turns.py --runs 10          # results/first_turns.json
+    python -m benchmarks fleet first-turns --runs 10          # results/first_turns.json
 
 The figures before the fix: max/mean 1.25, 1.25, 1.50 and 1.75 over four runs.
 """

@@ -5,8 +5,8 @@ Each figure is the median of ``--runs`` fresh interpreters (wall and CPU seconds
 HTTP stack); and, for comparison, ``import openai`` alone in its own interpreter (the part
 no openai user avoids). Writes ``--out`` (JSON) and prints a table.
 
-    .venv/bin/python benchmarks/first_use.py                 # 7 runs each
-    .venv/bin/python benchmarks/first_use.py --runs 15 --out results/first_use.json
+    python -m benchmarks load startup                 # 7 runs each
+    python -m benchmarks load startup --runs 15 --out results/first_use.json
 """
 
 from __future__ import annotations

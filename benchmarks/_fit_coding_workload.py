@@ -18,8 +18,8 @@ Each distribution is kept as its quantiles at ``QS``; the generator draws from t
 inverse transform (log-linear between the points, clamped to the 1st and 99th
 percentiles).
 
-    .venv/bin/python benchmarks/fit_coding_workload.py            # prints the fit
-    .venv/bin/python benchmarks/fit_coding_workload.py --check    # the shipped FIT agrees
+    python -m benchmarks twin fit            # prints the fit
+    python -m benchmarks twin fit --check    # the shipped FIT agrees
 """
 
 from __future__ import annotations

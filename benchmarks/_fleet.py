@@ -5,8 +5,8 @@ Each configuration replays the same jobs with every client as a fleet of K membe
 arrival; plain members round-robin from a random replica each). Prints one table per
 workload and writes every figure to a JSON file.
 
-    python benchmarks/fleet.py                                  # the full grid
-    python benchmarks/fleet.py --workloads coding --fleets 1 16 --out /tmp/f.json
+    python -m benchmarks fleet twin                                  # the full grid
+    python -m benchmarks fleet twin --workloads coding --fleets 1 16 --out /tmp/f.json
 
 Workloads: ``coding`` at the demo's setting (32 jobs, 0.2 jobs/s, 8 replicas,
 16,384 blocks each), ``coding-0.4`` (the same at 0.4 jobs/s) and ``claude-code`` (150

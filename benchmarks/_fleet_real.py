@@ -17,8 +17,8 @@ client, so that every client starts with cold caches); ``vllm``: two vLLM CPU re
 (agentrt.testing.vllm_cpu, 64 blocks of 128 tokens each, one core each; every client's
 prompts begin with its own tag, so no client reuses another's cache).
 
-    python benchmarks/fleet_real.py --fleet 8 16                 # results/fleet_real_sim.json
-    python benchmarks/fleet_real.py --engine vllm --jobs 2       # results/fleet_real_vllm.json
+    python -m benchmarks fleet processes --fleet 8 16                 # results/fleet_real_sim.json
+    python -m benchmarks fleet processes --engine vllm --jobs 2       # results/fleet_real_vllm.json
 
 Reports per client: first turns and calls per replica, the share of prompt tokens served
 from the prefix cache, sessions whose turns went to more than one replica, the load view

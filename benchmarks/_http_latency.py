@@ -20,8 +20,8 @@ reply ready, the modelled engine time included) and the median of each call's la
 minus its ``app`` (``outside``: HTTP both ways, uvicorn, the client's own work, and
 waiting for a CPU); CPU time per call of the client process and of the server process.
 
-    .venv/bin/python benchmarks/http_latency.py            # ~2 min; results/http_latency.json
-    .venv/bin/python benchmarks/http_latency.py --pin      # server on CPU 1, client on CPU 0
+    python -m benchmarks cost http            # ~2 min; results/http_latency.json
+    python -m benchmarks cost http --pin      # server on CPU 1, client on CPU 0
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ the admission gates are live). Measured with tracemalloc: the Python heap held b
 sessions, jobs, routing and scheduling state, and the per-call accounting of that first
 call.
 
-    .venv/bin/python benchmarks/idle_sessions.py                  # 10,000 sessions
-    .venv/bin/python benchmarks/idle_sessions.py --sessions 2000
+    python -m benchmarks load idle                  # 10,000 sessions
+    python -m benchmarks load idle --sessions 2000
 """
 
 from __future__ import annotations

@@ -31,9 +31,9 @@ between learned and oracle declarations.
 Every configuration is an independent replay: they run side by side on ``--workers``
 processes (default: one per core; 1: one by one; ray: on Ray), with the same results.
 
-    .venv/bin/python benchmarks/kv_policy.py              # ~4 min; results/kv_policy.json
-    .venv/bin/python benchmarks/kv_policy.py --workloads react-longtail --loads base
-    .venv/bin/python benchmarks/kv_policy.py --workloads react-longtail --loads heavy \
+    python -m benchmarks kv              # ~4 min; results/kv_policy.json
+    python -m benchmarks kv --workloads react-longtail --loads base
+    python -m benchmarks kv --workloads react-longtail --loads heavy \
         --policies pin --final-drop
 """
 

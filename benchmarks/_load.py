@@ -25,8 +25,8 @@ from reports).
 ``--sample-s`` seconds, and checks that they stay flat: after a warm-up (the first
 ``--warmup-fraction`` of the run), no sample above 1.1x the first post-warm-up sample.
 
-    .venv/bin/python benchmarks/load.py                       # results/load.json
-    .venv/bin/python benchmarks/load.py --soak 30             # results/load_soak.json
+    python -m benchmarks load load                       # results/load.json
+    python -m benchmarks load load --soak 30             # results/load_soak.json
 """
 
 from __future__ import annotations

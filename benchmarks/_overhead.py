@@ -38,9 +38,9 @@ Concurrency N (``--concurrency``, default 64): after a concurrent warm-up,
 rounds alternating the clients. Reported: throughput (calls/s, median over rounds) and CPU
 per call, and their ratios.
 
-    .venv/bin/python benchmarks/overhead.py                  # writes results/overhead.json
-    .venv/bin/python benchmarks/overhead.py --server raw     # bare asyncio echo server
-    .venv/bin/python benchmarks/overhead.py --prompt-kb 64   # a 64 KiB history per call
+    python -m benchmarks cost overhead                  # writes results/overhead.json
+    python -m benchmarks cost overhead --server raw     # bare asyncio echo server
+    python -m benchmarks cost overhead --prompt-kb 64   # a 64 KiB history per call
 
 By default the client is pinned to one CPU and the server to another (when there are at
 least two), so that they do not fight over one core. A failed call is counted and skipped

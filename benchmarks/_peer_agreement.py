@@ -24,7 +24,7 @@ hit share of each side (the replicas' ``vllm:prefix_cache_*`` counters) and its 
 points, the mean session JCT (sum of its calls' latencies) of each side and their ratio,
 and every disagreement (request, real replica, modelled replica).
 
-    .venv/bin/python benchmarks/peer_agreement.py          # results/peer_agreement.json
+    python -m benchmarks routing peers          # results/peer_agreement.json
 """
 
 from __future__ import annotations

@@ -39,9 +39,9 @@ set it saw (``rt.endpoint_loads()``) and what load control did
 (run order matters on a shared 2-core machine).
 
     bash scripts/engine_setup.sh
-    .venv/bin/python benchmarks/real_kv.py       # results/real_kv_small.json, ~2 min here
-    .venv/bin/python benchmarks/real_kv.py --blocks 128 --out results/real_kv_tight.json
-    .venv/bin/python benchmarks/real_kv.py --sessions 32 --turns 8 --task-words 500 \\
+    python -m benchmarks engine kv       # results/real_kv_small.json, ~2 min here
+    python -m benchmarks engine kv --blocks 128 --out results/real_kv_tight.json
+    python -m benchmarks engine kv --sessions 32 --turns 8 --task-words 500 \\
         --step-words 400 --blocks 128 --loop 120 --warmup 40 --runs 2 \\
         --clients agentrt agentrt:load_control=off plain --out results/real_kv_oversub.json
 

@@ -17,7 +17,7 @@ Each client runs ``--runs`` times, in alternating order (ABC, CBA, ...). Reporte
 completion time (JCT, arrival to last reply) of the short jobs, the long jobs and all.
 
     bash scripts/engine_setup.sh
-    .venv/bin/python benchmarks/real_ordering.py     # ~4 min here; results/real_ordering.json
+    python -m benchmarks engine ordering     # ~4 min here; results/real_ordering.json
 
 Scaled down to fit a 2-core machine: 24 jobs (17 short, 7 long), 3 turns each, 8 output
 tokens per short turn, 160 per long turn, arrivals at 2 jobs/s.

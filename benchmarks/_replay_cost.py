@@ -23,8 +23,8 @@ Slices: ``guard``, 8 ``coding`` jobs (no traces needed: the slice the test suite
 ``claude-code``, the first 40 Claude Code traces as in docs/benchmarks.md's scale replay
 (where the traces are next to the checkout).
 
-    .venv/bin/python benchmarks/replay_cost.py            # results/replay_cost.json
-    .venv/bin/python benchmarks/replay_cost.py --no-instructions --repeat 1
+    python -m benchmarks twin replay-cost            # results/replay_cost.json
+    python -m benchmarks twin replay-cost --no-instructions --repeat 1
 """
 
 from __future__ import annotations

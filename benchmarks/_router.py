@@ -31,8 +31,8 @@ Two engines (--engine; defaults in DEFAULTS):
   the tiny model's fitted costs, in wall-clock time, restarted for each run) behind the
   same router: a cluster larger than this machine can run vLLM at.
 
-    .venv/bin/python benchmarks/router.py --engine vllm   # results/router_vllm.json
-    .venv/bin/python benchmarks/router.py --engine sim    # results/router_sim.json
+    python -m benchmarks routing router --engine vllm   # results/router_vllm.json
+    python -m benchmarks routing router --engine sim    # results/router_sim.json
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ staying at 10,000. Then the cost of ``Admission.admit`` + ``release`` when the c
 admitted at once (no limit; a limit with room), and the memory a policy holds for 10,000
 idle jobs it has seen (after ``classify`` and ``on_call_end``), measured with tracemalloc.
 
-    .venv/bin/python benchmarks/scheduler_micro.py --out results/scheduler_micro.json
+    python -m benchmarks cost scheduler --out results/scheduler_micro.json
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ async def run(
     keep: int = 0,
     options: dict[str, Any] | None = None,
 ) -> float:
-    """CPU microseconds per call; ``options``: more Runtime arguments (telemetry_cost.py)."""
+    """CPU microseconds per call; ``options``: more Runtime arguments (``--telemetry``)."""
     async with agentrt.Runtime(
         [URL], transport=Stub(), dialect=dialect, keep_reports=keep, **(options or {})
     ) as rt:

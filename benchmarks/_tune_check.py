@@ -23,9 +23,9 @@ On workloads tune was not developed on, each on an embedded cluster in virtual t
 
 Prints a table and writes ``results/tune_check.json``::
 
-    .venv/bin/python benchmarks/tune_check.py
-    .venv/bin/python benchmarks/tune_check.py --workloads mixed --out /tmp/tc.json
-    .venv/bin/python benchmarks/tune_check.py --workloads mixed-cap4 --merge
+    python -m benchmarks tune twin
+    python -m benchmarks tune twin --workloads mixed --out /tmp/tc.json
+    python -m benchmarks tune twin --workloads mixed-cap4 --merge
 """
 
 from __future__ import annotations
@@ -41,10 +41,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from agentrt.bench import BenchConfig, run_study
-from agentrt.bench._drivers import ClientSpec
-from agentrt.bench._runner import BenchResult, journal_paths
-from agentrt.bench._workloads import TraceOptions, default_trace_dir
+from agentrt.bench import BenchConfig, BenchResult, ClientSpec, TraceOptions, run_study
+from agentrt.bench._runner import journal_paths
+from agentrt.bench._workloads import default_trace_dir
 from agentrt.tune._command import TuneOptions, TuneResult, chosen, tune
 from agentrt.tune._search import CONCURRENCY, LOADS, POLICIES, ROUTINGS, Setting
 from agentrt.tune._workload import runtime_defaults

@@ -18,7 +18,7 @@ Prints per run JCT p50/p90/mean (s) and the load average, then the medians, the
 measured ratios tuned/defaults beside tune's predicted ones (1x load), and writes
 results/tune_real.json.
 
-    .venv/bin/python benchmarks/tune_real.py            # about 15-25 min on 2 cores
+    python -m benchmarks tune vllm            # about 15-25 min on 2 cores
 
 The machine's other load makes wall-clock JCTs noisy: read the per-run spread.
 """
@@ -41,8 +41,17 @@ from typing import Any
 import anyio
 
 from agentrt import Runtime
-from agentrt.bench import Arrivals, Call, ClientSpec, Fanout, JobPlan, SessionPlan, make_workload
-from agentrt.bench._drivers import Prompts, make_driver
+from agentrt.bench import (
+    Arrivals,
+    Call,
+    ClientSpec,
+    Fanout,
+    JobPlan,
+    Prompts,
+    SessionPlan,
+    make_workload,
+)
+from agentrt.bench._drivers import make_driver
 from agentrt.testing.vllm_cpu import SETUP_MESSAGE, Replica, ReplicaSpec, find_engine, launch
 from agentrt.tune._command import TuneOptions, TuneResult, chosen, tune
 from agentrt.tune._workload import runtime_defaults

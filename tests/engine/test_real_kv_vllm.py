@@ -2,7 +2,7 @@
 
 The engine tests' pair (64 blocks of 128 tokens, 8,192 tokens of KV each) serves
 concurrent agent sessions whose contexts grow to ~1,500 tokens. The same workload
-(benchmarks/real_kv.py's, scaled down) goes through a plain round-robin client and
+(python -m benchmarks engine kv's, scaled down) goes through a plain round-robin client and
 through ``agentrt.Runtime`` with its defaults. Checked: agentrt read each replica's
 capacity from the engine's ``vllm:cache_config_info``; the plain client's sessions came
 back to evicted contexts and the engines served fewer of its prompt tokens from their

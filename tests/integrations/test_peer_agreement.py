@@ -1,6 +1,6 @@
 """The modelled vllm-router policies against the real vllm-router 0.1.17, end to end.
 
-benchmarks/peer_agreement.py's workload (plain chat requests, three sessions of growing
+python -m benchmarks routing peers's workload (plain chat requests, three sessions of growing
 histories with ``x-session-id``, a session keyed only by the body's ``user`` field), one
 request at a time through the real router in front of ``agentrt sim serve`` replicas and
 through the modelled gateway bound to the same worker URLs in the router's own worker

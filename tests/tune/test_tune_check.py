@@ -1,4 +1,4 @@
-"""benchmarks/tune_check.py's loop, tiny: record a journal with Runtime's defaults, tune
+"""python -m benchmarks tune twin's loop, tiny: record a journal with Runtime's defaults, tune
 it, apply the file it wrote through ``agentrt:config=FILE`` and measure it beside tune's
 finalists on fresh jobs. Asserts that each step did its part, not the goals."""
 
