@@ -1,5 +1,5 @@
 """Throughput at SLO: the highest Poisson arrival rate at which a configuration's p90 JCT
-stretch stays at or below 2 (``alternatives.py``'s search).
+stretch stays at or below 2 (``alternatives slo``'s search).
 
 Stretch is a job's JCT over its JCT alone on an idle cluster of the same engine (the
 ``alone`` replay of ``agentrt bench``). For each workload and seed the jobs are made once
@@ -26,11 +26,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from _harness import quantile
-
-from agentrt.bench import Arrivals, BenchConfig, JobPlan, TraceOptions, make_workload
-from agentrt.bench._drivers import ClientSpec
+from agentrt.bench import (
+    Arrivals,
+    BenchConfig,
+    ClientSpec,
+    JobPlan,
+    TraceOptions,
+    make_workload,
+)
 from agentrt.bench._runner import ALONE, ClientRun, PartResult, run_parts
+
+from ._harness import quantile
 
 SLO = 2.0
 """The p90 JCT stretch a configuration must stay at or below."""

@@ -88,8 +88,8 @@ Kv = Literal["ample", "pressure"]
 
 @dataclass(slots=True)
 class SteadyConfig:
-    """One steady-state study (see the module docstring and ``benchmarks/steady_state.py
-    --help``)."""
+    """One steady-state study (see the module docstring and ``python -m benchmarks
+    alternatives steady --help``)."""
 
     workload: str = "claude-code"
     jobs: int = 500

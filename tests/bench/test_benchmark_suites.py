@@ -1,10 +1,14 @@
-"""benchmarks/ as a few suites (benchmarks/_suites.py): every script is an entry of one
-suite, every suite has a page, and every file of results/ is named by what it measures and
-listed in results/README.md."""
+"""benchmarks/ as a package of a few suites (benchmarks/_suites.py), each one entry
+point with one parser: every module of the folder is a suite's part or what the parts
+share, nothing puts the folder on ``sys.path`` or imports a private agentrt module, every
+suite has a page, and every file of results/ is named by what it measures and listed in
+results/README.md."""
 
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib
 import json
 import math
 import os
@@ -13,24 +17,54 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests._benchmarks import BENCHMARKS, load_benchmark
+import pytest
 
-ROOT = BENCHMARKS.parent
+ROOT = Path(__file__).resolve().parents[2]
+BENCHMARKS = ROOT / "benchmarks"
 RESULTS = ROOT / "results"
-SLOTS = {"steady_state"}
-"""Entries announced before their script lands."""
+SHARED = {"__init__", "__main__", "_harness", "_suites", "_slo", "_echo_server"}
+"""The modules that are no part: the package, its entry, what the parts share."""
 
 
 def _suites() -> tuple[object, ...]:
-    return tuple(load_benchmark("_suites").SUITES)
+    return tuple(importlib.import_module("benchmarks._suites").SUITES)
 
 
-def test_every_script_is_an_entry_of_one_suite_and_every_entry_is_a_script() -> None:
-    entries = [e.name for s in _suites() for e in s.entries]  # type: ignore[attr-defined]
-    assert len(entries) == len(set(entries))
-    scripts = {p.stem for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_")}
-    assert scripts - set(entries) == set()
-    assert set(entries) - scripts <= SLOTS
+def test_at_most_twelve_entry_points_and_every_module_is_a_part_of_one() -> None:
+    suites = _suites()
+    assert len(suites) <= 12
+    parts = [p.module for s in suites for p in s.parts]  # type: ignore[attr-defined]
+    assert len(parts) == len(set(parts))
+    modules = {p.stem for p in BENCHMARKS.glob("*.py")}
+    assert modules - SHARED == set(parts)
+    # a part is a private module: the suites are the only entry points
+    assert all(m.startswith("_") for m in modules - {"__init__", "__main__"})
+    for suite in suites:
+        for part in suite.parts:  # type: ignore[attr-defined]
+            module = part.load()
+            assert callable(module.add_args) and callable(module.main), part.module
+
+
+def _imports(path: Path) -> list[str]:
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+    return names
+
+
+@pytest.mark.parametrize("path", sorted(BENCHMARKS.glob("*.py")), ids=lambda p: p.name)
+def test_one_package_one_parser_no_path_trick(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    assert "sys.path" not in text
+    # siblings are imported relatively: ``from ._harness import ...``
+    siblings = {p.stem for p in BENCHMARKS.glob("*.py")}
+    assert not [m for m in _imports(path) if m.split(".")[0] in siblings]
+    # one parser per suite, built in _suites.py (the echo server is a process of its own)
+    if path.stem not in ("_suites", "_echo_server"):
+        assert "ArgumentParser(" not in text
 
 
 def test_every_suite_has_its_page_and_the_index_links_it() -> None:
@@ -43,7 +77,7 @@ def test_every_suite_has_its_page_and_the_index_links_it() -> None:
 
 def test_results_are_named_by_what_they_measure_and_indexed() -> None:
     listed = (RESULTS / "README.md").read_text()
-    claimed = {n for s in _suites() for e in s.entries for n in e.results}  # type: ignore[attr-defined]
+    claimed = {n for s in _suites() for e in s.parts for n in e.results}  # type: ignore[attr-defined]
     for path in RESULTS.iterdir():
         if path.name == "README.md":
             continue
@@ -67,7 +101,7 @@ def test_the_command_lists_the_suites() -> None:
 
 
 def test_a_run_records_what_command_commit_and_date(tmp_path: Path) -> None:
-    harness = load_benchmark("_harness")
+    harness = importlib.import_module("benchmarks._harness")
     out = tmp_path / "r.json"
     harness.write_result(out, {"x": 1}, "What it measures.\n\nMore.")
     doc = json.loads(out.read_text())
@@ -79,7 +113,7 @@ def test_a_run_records_what_command_commit_and_date(tmp_path: Path) -> None:
 
 
 def test_the_run_options_and_quantiles_are_spelled_once() -> None:
-    harness = load_benchmark("_harness")
+    harness = importlib.import_module("benchmarks._harness")
     parser = argparse.ArgumentParser()
     harness.add_run_args(parser, out="x.json", seeds=2, rounds=3)
     args = parser.parse_args([])
@@ -89,12 +123,14 @@ def test_the_run_options_and_quantiles_are_spelled_once() -> None:
     none = argparse.ArgumentParser()
     harness.add_run_args(none, out="", seed=7)
     assert none.parse_args([]).out is None and none.parse_args([]).seed == 7
-    # Nearest rank (the bench's summaries), and the cost benchmarks' int(q n) convention.
+    # One percentile, nearest rank (the package's, agentrt.bench.quantile), in any order.
     values = [5.0, 1.0, 4.0, 2.0, 3.0, 6.0, 7.0, 8.0, 9.0, 10.0]
     assert harness.quantile(values, 0.5) == 5.0
-    assert harness.quantile(values, 0.5, floor=True) == 6.0
-    assert harness.quantile(values, 0.99, floor=True) == 10.0
+    assert harness.quantile(values, 0.9) == 9.0
+    assert harness.quantile(values, 0.99) == 10.0
     assert math.isnan(harness.quantile([], 0.5))
+    with pytest.raises(TypeError):
+        harness.quantile(values, 0.5, floor=True)  # the second convention is gone
     # Repetitions interleaved: ABBA, or a fresh shuffle of every variant each round.
     assert list(harness.interleaved(3, "AB", abba=True)) == [
         (0, "A"),
@@ -106,3 +142,36 @@ def test_the_run_options_and_quantiles_are_spelled_once() -> None:
     ]
     shuffled = list(harness.interleaved(4, "ABC"))
     assert [sorted(v for r, v in shuffled if r == k) for k in range(4)] == [list("ABC")] * 4
+
+
+def test_every_part_runs_through_its_suite_and_its_help_fits_80_columns() -> None:
+    # One process for all of them: each suite's one parser, each part's options on it.
+    code = (
+        "import contextlib, io, sys\n"
+        "from benchmarks._suites import SUITES\n"
+        "for s in SUITES:\n"
+        "    for argv in ([], *([p.name] for p in s.parts)):\n"
+        "        out = io.StringIO()\n"
+        "        with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n"
+        "            s.run([*argv, '--help'])\n"
+        "        text = out.getvalue()\n"
+        "        assert text.startswith('usage: python -m benchmarks ' + s.name), text\n"
+        "        wide = [line for line in text.splitlines() if len(line) > 80]\n"
+        "        assert not wide, (s.name, argv, wide)\n"
+    )
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, env=env, timeout=300)
+
+
+def test_a_run_records_its_command_as_the_suite_and_part() -> None:
+    harness = importlib.import_module("benchmarks._harness")
+    argv, entry = sys.argv, list(harness.ENTRY)
+    try:
+        sys.argv = ["benchmarks/__main__.py", "cost", "--rounds", "2"]  # the default part
+        harness.ENTRY[:] = ["cost", "overhead"]
+        assert harness.run_record("x")["command"] == "python -m benchmarks cost overhead --rounds 2"
+        sys.argv = ["benchmarks/__main__.py", "cost", "overhead", "--rounds", "2"]
+        assert harness.run_record("x")["command"] == "python -m benchmarks cost overhead --rounds 2"
+        assert harness.again("--one")[1:] == ["-m", "benchmarks", "cost", "overhead", "--one"]
+    finally:
+        sys.argv, harness.ENTRY[:] = argv, entry

@@ -5,6 +5,7 @@ jobs)."""
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 from pathlib import Path
 from types import ModuleType
@@ -12,14 +13,12 @@ from typing import Any
 
 import pytest
 
-from tests._benchmarks import load_benchmark
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @functools.cache
 def _bench() -> ModuleType:
-    return load_benchmark("_slo")
+    return importlib.import_module("benchmarks._slo")
 
 
 def _search(bench: ModuleType, stretch: Any, **kw: Any) -> Any:

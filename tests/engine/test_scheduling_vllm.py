@@ -223,7 +223,7 @@ async def test_priorities_are_sent_and_accepted_by_a_priority_server(
     That the server then runs a high-priority call before a queued low-priority flood is
     pinned down with server-side queue times in test_vllm_raw.py
     (``test_priority_scheduling_runs_lower_value_first``), and measured end to end by
-    benchmarks/real_ordering.py. A client-side latency comparison here was not robust: on 2
+    python -m benchmarks engine ordering. A client-side latency comparison here was not robust: on 2
     cores the API server takes no new request (not even ``/metrics``) while the engine
     decodes a long call, so when a flood stands queued behind a blocker is not observable
     in time, and with another CPU-heavy process beside it the queue often never formed.

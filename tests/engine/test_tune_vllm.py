@@ -3,7 +3,7 @@ defaults, ``agentrt tune`` on it (the cpu-tiny engine fitted to the journal), an
 settings file it writes applied with ``Runtime(config=...)`` to fresh jobs.
 
 Small on purpose (a few three-turn jobs with short tool waits): it checks that the loop
-runs end to end on the real engine, not which settings win; benchmarks/tune_real.py
+runs end to end on the real engine, not which settings win; python -m benchmarks tune vllm
 measures that.
 """
 

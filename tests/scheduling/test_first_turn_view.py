@@ -2,7 +2,7 @@
 readings older than the base interval (none yet, or a schedule that backed off while
 idle) are polled at once and the first turn waits for them. Real HTTP servers on
 loopback serving vLLM's gauges and chat completions; asyncio and trio. The fleet-wide
-figure (16 processes started 0.25 s apart) is benchmarks/first_turns.py's."""
+figure (16 processes started 0.25 s apart) is python -m benchmarks fleet first-turns's."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ round robin's order, consistent_hash's ring and keys, cache_aware's threshold, i
 switch and tree eviction, sticky_least_loaded's sessions and tie-breaks, and fbi_hash.
 
 The placements marked "measured" are what the real vllm-router 0.1.17 did in front of
-``agentrt sim serve`` replicas at those worker URLs (benchmarks/peer_agreement.py,
+``agentrt sim serve`` replicas at those worker URLs (python -m benchmarks routing peers,
 results/peer_agreement.json): the ring and rendezvous hashes depend on the URL strings,
 so the model must reproduce them exactly."""
 

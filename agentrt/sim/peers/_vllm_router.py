@@ -20,7 +20,7 @@
   search, else the text itself (``request:TEXT``, or its hash past 100 bytes). In 0.1.17
   a chat request's routing text is empty: a chat body's ``user`` field is not read, and
   every chat request without a session header has the key ``request:`` and goes to one
-  worker (measured, benchmarks/peer_agreement.py);
+  worker (measured, python -m benchmarks routing peers);
 - ``sticky_least_loaded`` (``sticky_least_loaded.rs``): a new session (id as above,
   headers then the routing text) goes to the worker with the fewest active sessions,
   ties broken by rendezvous hashing of ``"{session}:{url}"`` (highest wins, the first in
@@ -80,7 +80,7 @@ def routing_text(req: GatewayRequest) -> str:
     """The request text 0.1.17's hash-keyed policies see: empty for a chat request (its
     ``consistent_hash`` and ``sticky_least_loaded`` get no text for
     ``/v1/chat/completions``: a plain chat turn hashes as ``"request:"``, measured with
-    benchmarks/peer_agreement.py), the prompt for a text completion."""
+    python -m benchmarks routing peers), the prompt for a text completion."""
     if "messages" in req.body:
         return ""
     prompt = req.body.get("prompt")

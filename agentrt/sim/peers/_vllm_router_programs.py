@@ -1,6 +1,6 @@
 """vllm-router's program scheduling (``--enable-program-scheduling``, vllm-project/router
 0.1.17) in front of an inner request-level policy (``--policy``, consistent_hash by
-default, as benchmarks/router.py runs it).
+default, as python -m benchmarks routing router runs it).
 
 Sources: ``docs/program_scheduling.md`` (its configuration table: the defaults below),
 ``src/program_scheduling/identity.rs`` (who is a program), ``runtime.rs`` and

@@ -7,23 +7,23 @@ the admission gates are live). Measured with tracemalloc: the Python heap held b
 sessions, jobs, routing and scheduling state, and the per-call accounting of that first
 call.
 
-    .venv/bin/python benchmarks/idle_sessions.py                  # 10,000 sessions
-    .venv/bin/python benchmarks/idle_sessions.py --sessions 2000
+    python -m benchmarks load idle                  # 10,000 sessions
+    python -m benchmarks load idle --sessions 2000
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tracemalloc
 from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
 import httpx2
-from _harness import add_run_args, write_result
 
 import agentrt
+
+from ._harness import add_run_args, write_result
 
 REPLY = {
     "id": "x",
@@ -69,11 +69,12 @@ async def measure(sessions: int) -> dict[str, Any]:
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sessions", type=int, default=10_000)
     add_run_args(parser, out="idle_sessions.json")
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
     result = anyio.run(measure, args.sessions)
     print(
         f"{result['sessions']} idle sessions hold {result['held_mb']:.1f} MB "
@@ -82,7 +83,3 @@ def main() -> int:
     )
     write_result(args.out, result, __doc__, indent=2)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

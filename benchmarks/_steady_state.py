@@ -4,11 +4,11 @@ KV and KV pressure. The logic is agentrt/bench/_steady.py; docs/benchmarks/stead
 measures and how far to trust it.
 
     # the full study (Claude Code traces that fit 200k tokens, 500 jobs, 7 clients)
-    python benchmarks/steady_state.py --workers 16 --out results/steady_claude_code.json
+    python -m benchmarks alternatives steady --workers 16 --out results/steady_claude_code.json
     # the same for the coding workload
-    python benchmarks/steady_state.py --workload coding --workers 16
+    python -m benchmarks alternatives steady --workload coding --workers 16
     # a smoke test (coding, 48 jobs, 2 replicas, 2 clients; about a minute on 2 cores)
-    python benchmarks/steady_state.py --quick --workers 2
+    python -m benchmarks alternatives steady --quick --workers 2
 """
 
 from __future__ import annotations
@@ -20,18 +20,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrt.bench._parallel import parse_workers
+from agentrt.bench import TraceOptions
 from agentrt.bench._steady import QUICK, SteadyConfig, format_table, plot, run_steady, save
-from agentrt.bench._workloads import TraceOptions
+
+from ._harness import add_run_args
 
 
-def parse(argv: list[str] | None) -> tuple[SteadyConfig, argparse.Namespace]:
+def add_args(ap: argparse.ArgumentParser) -> None:
     d = SteadyConfig()
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a small study (CI, smoke test)")
     ap.add_argument("--workload", default=None, help="claude-code (default) or coding, ...")
     ap.add_argument("--jobs", type=int, default=None, help=f"jobs per replay ({d.jobs})")
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--clients", nargs="+", default=None, help="client specs (agentrt bench)")
     ap.add_argument("--users", nargs="+", type=int, default=None, help="closed-loop N values")
     ap.add_argument(
@@ -53,10 +52,13 @@ def parse(argv: list[str] | None) -> tuple[SteadyConfig, argparse.Namespace]:
     ap.add_argument("--bootstrap", type=int, default=None)
     ap.add_argument("--no-stretch", action="store_true")
     ap.add_argument("--api", choices=("http", "openai"), default=d.api)
-    ap.add_argument("--workers", type=parse_workers, default="auto")
-    ap.add_argument("--out", type=Path, default=None, help="JSON (results/steady_*.json)")
     ap.add_argument("--plot", type=Path, default=None, help="PNG (next to --out)")
-    args = ap.parse_args(argv)
+    add_run_args(ap, out="", seed=0, workers="auto")
+
+
+def config(args: argparse.Namespace) -> SteadyConfig:
+    """The study's configuration from the options."""
+    d = SteadyConfig()
     fields: dict[str, Any] = dict(QUICK) if args.quick else {}
     for name in ("workload", "jobs", "clients", "users", "loads", "kv", "replicas", "bootstrap"):
         value = getattr(args, name)
@@ -81,11 +83,11 @@ def parse(argv: list[str] | None) -> tuple[SteadyConfig, argparse.Namespace]:
         api=args.api,
         **fields,
     )
-    return cfg, args
+    return cfg
 
 
-def main(argv: list[str] | None = None) -> int:
-    cfg, args = parse(argv)
+def main(args: argparse.Namespace) -> int:
+    cfg = config(args)
     try:
         cfg.check()
     except ValueError as exc:
@@ -104,7 +106,3 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("plot: matplotlib is not installed (pip install 'agentjct[report]')")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

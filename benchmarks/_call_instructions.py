@@ -26,8 +26,8 @@ echo server (``benchmarks/_echo_server.py --impl raw``) runs outside valgrind. C
   and retried at once (``Retry(wait_initial=0, wait_jitter=0)``) on the same connection:
   two attempts per call (the echo server's ``/alternate/`` path).
 
-    .venv/bin/python benchmarks/call_instructions.py     # ~6 min; results/call_instructions.json
-    .venv/bin/python benchmarks/call_instructions.py --clients openai agentrt.openai
+    python -m benchmarks cost instructions     # ~6 min; results/call_instructions.json
+    python -m benchmarks cost instructions --clients openai agentrt.openai
 
 ``--endpoints 1 4 8`` runs each agentrt client over that many endpoints (distinct URLs
 on the one echo server, ``/e0/v1`` ...; the runtime's defaults: session routing, the
@@ -36,7 +36,7 @@ agentrt clients a second time with ``PYTHONPATH=DIR`` (an older tree of agentrt:
 ``git worktree`` of the commit to compare with), their figures under ``"before"``:
 
     git worktree add /tmp/before <commit>
-    .venv/bin/python benchmarks/call_instructions.py --clients openai agentrt.openai \
+    python -m benchmarks cost instructions --clients openai agentrt.openai \
         --endpoints 1 4 8 --before /tmp/before --out results/call_instructions_endpoints.json
 
 Needs ``valgrind`` (Debian: ``apt-get install valgrind``).
@@ -49,15 +49,15 @@ import os
 import re
 import shutil
 import subprocess
-import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from _harness import write_result
+from ._harness import ROOT, add_run_args, again, run_record, write_result
+from ._overhead import HEADER_CLIENTS, REQUEST, echo_server
 
-HERE = Path(__file__).resolve().parent
 CLIENTS = (
     "openai",
     "openai+hdr-v2",
@@ -78,9 +78,6 @@ def child(client: str, calls: int, url: str) -> None:
     endpoints = int(count or 1)
     import anyio
     import openai
-
-    sys.path.insert(0, str(HERE))
-    from overhead import HEADER_CLIENTS, REQUEST
 
     import agentrt
     from agentrt.dialects import Dialect, Encoding
@@ -130,58 +127,53 @@ def child(client: str, calls: int, url: str) -> None:
 
 def instructions(client: str, calls: int, url: str, tree: Path | None = None) -> int:
     """Instructions the whole process ran (callgrind's 'Collected'); ``tree``: agentrt
-    imported from there."""
-    env = dict(os.environ, PYTHONHASHSEED="0")
-    if tree is not None:
-        env["PYTHONPATH"] = str(tree)
-    out = subprocess.run(
-        [
-            "valgrind",
-            "--tool=callgrind",
-            "--callgrind-out-file=/dev/null",
-            sys.executable,
-            __file__,
-            "--child",
-            client,
-            str(calls),
-            url,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
+    imported from there (the process runs in a folder that holds only a link to that
+    agentrt, which ``python -m`` finds first; the benchmarks come from this checkout)."""
+    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONPATH=str(ROOT))
+    command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
+    command += again("--child", client, str(calls), url)
+    with tempfile.TemporaryDirectory() as folder:
+        cwd = ROOT
+        if tree is not None:
+            cwd = Path(folder)
+            (cwd / "agentrt").symlink_to(tree / "agentrt")
+        out = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, check=False)
     found = re.search(r"Collected : (\d+)", out.stderr)
     if out.returncode != 0 or found is None:
         raise RuntimeError(f"{client}: valgrind failed:\n{out.stderr[-2000:]}")
     return int(found.group(1))
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calls", type=int, default=200, help="the calls that are counted")
-    p.add_argument("--clients", nargs="+", choices=CLIENTS, default=list(CLIENTS))
+    p.add_argument(
+        "--clients",
+        nargs="+",
+        choices=CLIENTS,
+        default=list(CLIENTS),
+        metavar="CLIENT",
+        help=f"of {', '.join(CLIENTS)} (default: all)",
+    )
     p.add_argument(
         "--endpoints", nargs="+", type=int, default=[1], help="agentrt clients over K endpoints"
     )
     p.add_argument("--before", type=Path, default=None, help="agentrt's tree to compare with")
-    p.add_argument("--out", type=Path, default=Path("results/call_instructions.json"))
+    add_run_args(p, out="call_instructions.json")
     p.add_argument("--child", nargs=3, metavar=("CLIENT", "CALLS", "URL"), help=argparse.SUPPRESS)
-    args = p.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     if args.child:
         child(args.child[0], int(args.child[1]), args.child[2])
         return
     if shutil.which("valgrind") is None:
-        p.error("valgrind is not installed (Debian: apt-get install valgrind)")
+        raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
     if args.calls < 1:
-        p.error("--calls must be >= 1")
-    sys.path.insert(0, str(HERE))
-    from overhead import echo_server
-
+        raise SystemExit("--calls must be >= 1")
     if any(k < 1 for k in args.endpoints):
-        p.error("--endpoints must be >= 1")
+        raise SystemExit("--endpoints must be >= 1")
     if args.before is not None and not (args.before / "agentrt" / "__init__.py").is_file():
-        p.error(f"--before {args.before}: no agentrt package there")
+        raise SystemExit(f"--before {args.before}: no agentrt package there")
     chosen: list[str] = args.clients if "openai" in args.clients else ["openai", *args.clients]
     names = [
         n if n.startswith("openai") or k == 1 else f"{n}@{k}"
@@ -218,7 +210,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "meta": {
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "command": " ".join(["benchmarks/call_instructions.py", *sys.argv[1:]]),
+            "command": run_record("")["command"],
             "calls": args.calls,
         },
         "instructions_per_call": per_call,
@@ -233,7 +225,3 @@ def main() -> None:
             print(f"  {n:16s} {before[n]:12,.0f} -> {per_call[n]:12,.0f}  {v:+10,.0f}")
     write_result(args.out, result, __doc__, indent=2)
     print(f"\nwrote {args.out}")
-
-
-if __name__ == "__main__":
-    main()

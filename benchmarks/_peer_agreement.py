@@ -24,7 +24,7 @@ hit share of each side (the replicas' ``vllm:prefix_cache_*`` counters) and its 
 points, the mean session JCT (sum of its calls' latencies) of each side and their ratio,
 and every disagreement (request, real replica, modelled replica).
 
-    .venv/bin/python benchmarks/peer_agreement.py          # results/peer_agreement.json
+    python -m benchmarks routing peers          # results/peer_agreement.json
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ from typing import Any
 
 import anyio
 import httpx
-from _harness import add_run_args, write_result
 
 from agentrt.sim import Cluster
 from agentrt.sim.peers import ReplicaView
@@ -61,6 +60,8 @@ from agentrt.testing.vllm_cpu import (
     parse_prometheus,
     start_router,
 )
+
+from ._harness import add_run_args, write_result
 
 VLLM_POLICIES = ("round_robin", "consistent_hash", "cache_aware", "sticky_least_loaded")
 SGLANG_POLICIES = ("round_robin", "cache_aware")
@@ -548,8 +549,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--preset", default="cpu-tiny", choices=("cpu-tiny", "h100-8b"))
     parser.add_argument("--sessions", type=int, default=3)
@@ -561,7 +561,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--no-sglang", action="store_true")
     parser.add_argument("--router-log-level", default="warning")
     add_run_args(parser, out="peer_agreement.json")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> None:
     args.model = "tiny-llama" if args.preset == "cpu-tiny" else "sim-llama-3.1-8b"
     router_bin = find_router()
     if router_bin is None:
@@ -656,7 +658,3 @@ def main(argv: Sequence[str] | None = None) -> None:
     write_result(args.out, result, __doc__)
     print(table(rows))
     print(f"wrote {args.out} ({wall:.0f} s)")
-
-
-if __name__ == "__main__":
-    main()

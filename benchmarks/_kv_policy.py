@@ -31,21 +31,18 @@ between learned and oracle declarations.
 Every configuration is an independent replay: they run side by side on ``--workers``
 processes (default: one per core; 1: one by one; ray: on Ray), with the same results.
 
-    .venv/bin/python benchmarks/kv_policy.py              # ~4 min; results/kv_policy.json
-    .venv/bin/python benchmarks/kv_policy.py --workloads react-longtail --loads base
-    .venv/bin/python benchmarks/kv_policy.py --workloads react-longtail --loads heavy \
+    python -m benchmarks kv              # ~4 min; results/kv_policy.json
+    python -m benchmarks kv --workloads react-longtail --loads base
+    python -m benchmarks kv --workloads react-longtail --loads heavy \
         --policies pin --final-drop
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
-
-from _harness import add_run_args, write_result
 
 from agentrt.bench import (
     Arrivals,
@@ -58,8 +55,9 @@ from agentrt.bench import (
     make_workload,
     run_study,
 )
-from agentrt.bench._parallel import parse_workers
 from agentrt.sim import EngineConfig
+
+from ._harness import add_run_args, write_result
 
 # Arrival rates (jobs/s) per workload: "base" keeps the lru baseline memory-bound without
 # collapsing, "heavy" is the load where pinning loses (see docs/benchmarks.md).
@@ -231,8 +229,7 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
         )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workloads", nargs="*", default=list(RATES), choices=list(RATES))
     parser.add_argument("--loads", nargs="*", default=["base", "heavy"])
     parser.add_argument("--rate", type=float, default=None, help="one rate instead of --loads")
@@ -244,21 +241,22 @@ def main() -> int:
         "--host-blocks", type=int, default=HOST_BLOCKS, help="per replica (0: no host tier)"
     )
     parser.add_argument(
-        "--policies", nargs="*", default=list(POLICIES), choices=list(POLICIES), help="subset"
+        "--policies",
+        nargs="*",
+        default=list(POLICIES),
+        choices=list(POLICIES),
+        metavar="POLICY",
+        help=f"a subset of {', '.join(POLICIES)}",
     )
     parser.add_argument(
         "--final-drop",
         action="store_true",
         help="also run final_policy=drop (lru and each policy, declare=oracle)",
     )
-    add_run_args(parser, out="kv_policy.json", seed=0)
-    parser.add_argument(
-        "--workers",
-        type=parse_workers,
-        default="auto",
-        help="processes for the replays: auto (one per core), N (1: one by one) or ray",
-    )
-    args = parser.parse_args()
+    add_run_args(parser, out="kv_policy.json", seed=0, workers="auto")
+
+
+def main(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     failures: list[dict[str, str]] = []
     started = time.perf_counter()
@@ -325,7 +323,3 @@ def main() -> int:
     write_result(args.out, {"setup": setup, "rows": rows, "failures": failures}, __doc__)
     print(f"wrote {args.out} in {time.perf_counter() - started:.0f} s")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

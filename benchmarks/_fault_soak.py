@@ -22,7 +22,7 @@ healthy replicas the goal is zero down and zero moves off an unavailable replica
 (``"unavailable"``); ``"retention"`` moves are the router's choice for a session idle
 past its replica's likely cache retention (docs/routing.md, rule 0), not faults.
 
-    .venv/bin/python benchmarks/fault_soak.py            # results/fault_soak.json
+    python -m benchmarks faults            # results/fault_soak.json
 """
 
 from __future__ import annotations
@@ -44,10 +44,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from _harness import add_run_args, write_result
 
 import agentrt
 from agentrt.telemetry import AttemptFailed, Event, SessionMoved
+
+from ._harness import add_run_args, write_result
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -228,8 +229,7 @@ async def run_backend(urls: list[str], args: argparse.Namespace) -> dict[str, An
     }
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=500)
     p.add_argument("--concurrency", type=int, default=500, help="jobs in flight")
     p.add_argument("--children", type=int, default=2, help="sub-agent sessions per job")
@@ -237,7 +237,9 @@ def main() -> int:
     p.add_argument("--tool-max-s", type=float, default=8.0, help="longest tool wait")
     p.add_argument("--backends", default="trio,asyncio")
     add_run_args(p, out="fault_soak.json")
-    args = p.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {}
     with sim_servers(2) as urls:
         for backend in args.backends.split(","):
@@ -261,7 +263,3 @@ def main() -> int:
     write_result(args.out, out, __doc__, indent=2)
     print(f"wrote {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -23,9 +23,9 @@ On workloads tune was not developed on, each on an embedded cluster in virtual t
 
 Prints a table and writes ``results/tune_check.json``::
 
-    .venv/bin/python benchmarks/tune_check.py
-    .venv/bin/python benchmarks/tune_check.py --workloads mixed --out /tmp/tc.json
-    .venv/bin/python benchmarks/tune_check.py --workloads mixed-cap4 --merge
+    python -m benchmarks tune twin
+    python -m benchmarks tune twin --workloads mixed --out /tmp/tc.json
+    python -m benchmarks tune twin --workloads mixed-cap4 --merge
 """
 
 from __future__ import annotations
@@ -35,23 +35,20 @@ import itertools
 import json
 import math
 import resource
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from _harness import add_run_args, write_result
-
-from agentrt.bench import BenchConfig, run_study
-from agentrt.bench._drivers import ClientSpec
-from agentrt.bench._runner import BenchResult, journal_paths
-from agentrt.bench._workloads import TraceOptions, default_trace_dir
+from agentrt.bench import BenchConfig, BenchResult, ClientSpec, TraceOptions, run_study
+from agentrt.bench._runner import journal_paths
+from agentrt.bench._workloads import default_trace_dir
 from agentrt.tune._command import TuneOptions, TuneResult, chosen, tune
 from agentrt.tune._search import CONCURRENCY, LOADS, POLICIES, ROUTINGS, Setting
 from agentrt.tune._workload import runtime_defaults
+
+from ._harness import add_run_args, run_record, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL_GAP = 0.05
@@ -455,8 +452,7 @@ def grid_table(c: Check) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated")
     add_run_args(ap, out="tune_check.json")
     ap.add_argument("--workers", default="auto")
@@ -467,7 +463,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="keep the other workloads already in --out (this run's replace their namesakes)",
     )
-    args = ap.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     if args.show is not None:
         saved = json.loads(args.show.read_text())["workloads"]
         checks = [Check.of(v) for v in saved.values()]
@@ -478,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     for n in names:
         if n not in WORKLOADS:
-            ap.error(f"unknown workload {n!r}; choose from {', '.join(WORKLOADS)}")
+            raise SystemExit(f"unknown workload {n!r}; choose from {', '.join(WORKLOADS)}")
     workers: Any = args.workers if args.workers in ("auto", "ray") else int(args.workers)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tune-check-") as tmp:
@@ -492,12 +490,10 @@ def main(argv: list[str] | None = None) -> int:
         print()
     print("\n".join(table(checks)))
     print(f"\n{wall:.0f} s wall, {cpu:.0f} s CPU (all processes)")
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    record = run_record("")
     out = {
-        "command": "python benchmarks/tune_check.py " + " ".join(argv or sys.argv[1:]),
-        "commit": commit,
+        "command": record["command"],
+        "commit": record.get("commit", ""),
         "wall_s": wall,
         "cpu_s": cpu,
         "config_clients": config_supported(),
@@ -518,13 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge and args.out.exists():
         merged = json.loads(args.out.read_text())
         for entry in out["workloads"].values():
-            entry.update(command=out["command"], commit=commit, wall_s=wall, cpu_s=cpu)
+            entry.update(command=out["command"], commit=out["commit"], wall_s=wall, cpu_s=cpu)
         merged["workloads"].update(out["workloads"])
         out = merged
     write_result(args.out, out, __doc__)
     print(f"wrote {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -16,7 +16,7 @@ server (``httpx.MockTransport``), on asyncio:
 Reported per variant: the median over rounds of the calls' median and maximum latency
 (each call's wall time as its caller saw it) and of the burst's wall time.
 
-    .venv/bin/python benchmarks/first_burst.py            # ~1 min; results/first_burst.json
+    python -m benchmarks load burst            # ~1 min; results/first_burst.json
 """
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 import time
 from typing import Any
 
 import anyio
 import httpx
 import openai
-from _harness import add_run_args, interleaved, write_result
 
 import agentrt
 import agentrt._runtime
+
+from ._harness import ROOT, add_run_args, again, interleaved, quantile, write_result
 
 VARIANTS = ("openai", "agentrt", "agentrt-unshared")
 BODY: dict[str, Any] = {
@@ -93,25 +93,26 @@ async def _burst(variant: str, n: int) -> dict[str, float]:
                     tg.start_soon(one)
     wall = time.perf_counter() - t0
     return {
-        "p50_ms": statistics.median(latencies) * 1e3,
+        "p50_ms": quantile(latencies, 0.5) * 1e3,
         "max_ms": max(latencies) * 1e3,
         "wall_s": wall,
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calls", type=int, default=1000, help="calls in the burst")
     add_run_args(parser, out="first_burst.json", rounds=3)
     parser.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     if args.one:  # a child: one burst in this fresh process
         print(json.dumps(anyio.run(_burst, args.one, args.calls)))
         return
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     for _, variant in interleaved(args.rounds, VARIANTS, abba=True):
-        cmd = [sys.executable, __file__, "--one", variant, "--calls", str(args.calls)]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        cmd = again("--one", variant, "--calls", str(args.calls))
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
         runs[variant].append(json.loads(out.strip().splitlines()[-1]))
     summary = {
         v: {k: statistics.median(x[k] for x in rs) for k in ("p50_ms", "max_ms", "wall_s")}
@@ -125,7 +126,3 @@ def main() -> None:
     meta = {"calls": args.calls, "rounds": args.rounds, "openai": openai.__version__}
     write_result(args.out, {"config": meta, "summary": summary, "runs": runs}, __doc__, indent=2)
     print(f"results: {args.out}")
-
-
-if __name__ == "__main__":
-    main()

@@ -5,8 +5,8 @@ Each figure is the median of ``--runs`` fresh interpreters (wall and CPU seconds
 HTTP stack); and, for comparison, ``import openai`` alone in its own interpreter (the part
 no openai user avoids). Writes ``--out`` (JSON) and prints a table.
 
-    .venv/bin/python benchmarks/first_use.py                 # 7 runs each
-    .venv/bin/python benchmarks/first_use.py --runs 15 --out results/first_use.json
+    python -m benchmarks load startup                 # 7 runs each
+    python -m benchmarks load startup --runs 15 --out results/first_use.json
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from typing import Any
 
-from _harness import add_run_args, write_result
+from ._harness import add_run_args, write_result
 
 _FIRST_USE = """
 import json, time
@@ -65,11 +65,12 @@ def measure(runs: int) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--runs", type=int, default=7)
     add_run_args(ap, out="first_use.json")
-    args = ap.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
     result = measure(args.runs)
     m = result["median_s"]
     print(f"{'':<28}{'wall s':>8}{'CPU s':>8}")
@@ -82,7 +83,3 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     write_result(args.out, result, __doc__)
     print(f"results: {args.out}")
     return result
-
-
-if __name__ == "__main__":
-    main()

@@ -39,9 +39,9 @@ set it saw (``rt.endpoint_loads()``) and what load control did
 (run order matters on a shared 2-core machine).
 
     bash scripts/engine_setup.sh
-    .venv/bin/python benchmarks/real_kv.py       # results/real_kv_small.json, ~2 min here
-    .venv/bin/python benchmarks/real_kv.py --blocks 128 --out results/real_kv_tight.json
-    .venv/bin/python benchmarks/real_kv.py --sessions 32 --turns 8 --task-words 500 \\
+    python -m benchmarks engine kv       # results/real_kv_small.json, ~2 min here
+    python -m benchmarks engine kv --blocks 128 --out results/real_kv_tight.json
+    python -m benchmarks engine kv --sessions 32 --turns 8 --task-words 500 \\
         --step-words 400 --blocks 128 --loop 120 --warmup 40 --runs 2 \\
         --clients agentrt agentrt:load_control=off plain --out results/real_kv_oversub.json
 
@@ -63,18 +63,18 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.to_thread
 import httpx
 import openai
-from _harness import RESULTS, quantile, write_result
 
 import agentrt
 from agentrt.telemetry import Event, SessionMoved
 from agentrt.testing.vllm_cpu import SETUP_MESSAGE, Replica, ReplicaSpec, find_engine, launch
+
+from ._harness import add_run_args, quantile, write_result
 
 WORDS = (
     "agent tool call session prefix cache token engine queue batch priority schedule latency "
@@ -768,8 +768,7 @@ def ratios(runs: Sequence[dict[str, Any]], clients: Sequence[str]) -> list[dict[
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(parser: argparse.ArgumentParser) -> None:
     d = Shape()
     parser.add_argument("--sessions", type=int, default=d.sessions, help="agents")
     parser.add_argument("--turns", type=int, default=d.turns)
@@ -801,17 +800,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--max-model-len", type=int, default=8192)
     parser.add_argument("--runs", type=int, default=2, help="runs per client (alternating)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "real_kv_small.json")
-    args = parser.parse_args(argv)
+    add_run_args(parser, out="real_kv_small.json")
+
+
+def main(args: argparse.Namespace) -> int:
+    d = Shape()
     for client in args.clients:
         try:
             runtime_options(client)
         except ValueError as exc:
-            parser.error(str(exc))
+            raise SystemExit(str(exc)) from None
     if args.loop < 0 or args.warmup < 0:
-        parser.error("--loop and --warmup must be >= 0")
+        raise SystemExit("--loop and --warmup must be >= 0")
     if args.sessions < 1 or args.turns < 1:
-        parser.error("--sessions and --turns must be >= 1")
+        raise SystemExit("--sessions and --turns must be >= 1")
     shape = replace(
         d,
         sessions=args.sessions,
@@ -878,7 +880,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_result(args.out, doc, __doc__)
     print(f"({wall:.0f} s)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -31,8 +31,8 @@ Two engines (--engine; defaults in DEFAULTS):
   the tiny model's fitted costs, in wall-clock time, restarted for each run) behind the
   same router: a cluster larger than this machine can run vLLM at.
 
-    .venv/bin/python benchmarks/router.py --engine vllm   # results/router_vllm.json
-    .venv/bin/python benchmarks/router.py --engine sim    # results/router_sim.json
+    python -m benchmarks routing router --engine vllm   # results/router_vllm.json
+    python -m benchmarks routing router --engine sim    # results/router_sim.json
 """
 
 from __future__ import annotations
@@ -58,7 +58,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from _harness import add_run_args, quantile, write_result
 
 from agentrt.bench import (
     Arrivals,
@@ -84,6 +83,8 @@ from agentrt.testing.vllm_cpu import (
     parse_prometheus,
     start_router,
 )
+
+from ._harness import add_run_args, quantile, write_result
 
 BASELINE = "plain > router cache_aware"
 DEFAULTS: dict[str, dict[str, float]] = {
@@ -464,8 +465,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=("vllm", "sim"), default="vllm")
     parser.add_argument("--jobs", type=int, default=None, help="default: see DEFAULTS")
     parser.add_argument("--calls", type=int, default=8, help="steps kept per session")
@@ -479,7 +479,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--only", default=None, help="comma-separated client numbers (1-6)")
     add_run_args(parser, out="", seed=0)
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> None:
     for key, value in DEFAULTS[args.engine].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -529,7 +531,3 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(table(rows))
         print(json.dumps(checked, indent=1))
     print(f"wrote {out} ({wall:.0f} s)")
-
-
-if __name__ == "__main__":
-    main()

@@ -5,8 +5,8 @@ Each configuration replays the same jobs with every client as a fleet of K membe
 arrival; plain members round-robin from a random replica each). Prints one table per
 workload and writes every figure to a JSON file.
 
-    python benchmarks/fleet.py                                  # the full grid
-    python benchmarks/fleet.py --workloads coding --fleets 1 16 --out /tmp/f.json
+    python -m benchmarks fleet twin                                  # the full grid
+    python -m benchmarks fleet twin --workloads coding --fleets 1 16 --out /tmp/f.json
 
 Workloads: ``coding`` at the demo's setting (32 jobs, 0.2 jobs/s, 8 replicas,
 16,384 blocks each), ``coding-0.4`` (the same at 0.4 jobs/s) and ``claude-code`` (150
@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from dataclasses import asdict
 from typing import Any
 
-from _harness import add_run_args, write_result
-
 from agentrt.bench import BenchConfig, run_study
+
+from ._harness import add_run_args, write_result
 
 CLIENTS = ("plain", "agentrt:defaults", "agentrt:session", "agentrt:hash")
 """The plain fleet, Runtime's defaults, session routing without polls (the fallback
@@ -60,14 +59,21 @@ def _row(client: dict[str, Any], plain: dict[str, Any] | None) -> dict[str, Any]
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+def add_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--workloads",
+        nargs="+",
+        default=list(WORKLOADS),
+        choices=list(WORKLOADS),
+        metavar="NAME",
+        help=f"of {', '.join(WORKLOADS)} (default: all)",
+    )
     ap.add_argument("--fleets", nargs="+", type=int, default=[1, 4, 16, 64])
     ap.add_argument("--clients", nargs="+", default=list(CLIENTS))
-    ap.add_argument("--workers", type=int, default=2)
-    add_run_args(ap, out="fleet.json", seed=0)
-    args = ap.parse_args(argv)
+    add_run_args(ap, out="fleet.json", seed=0, workers="2")
+
+
+def main(args: argparse.Namespace) -> int:
     configs: list[tuple[str, int, BenchConfig]] = []
     for name in args.workloads:
         for k in args.fleets:
@@ -111,7 +117,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwall {wall:.0f} s; results: {args.out}")
     write_result(args.out, out, __doc__)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -38,9 +38,9 @@ Concurrency N (``--concurrency``, default 64): after a concurrent warm-up,
 rounds alternating the clients. Reported: throughput (calls/s, median over rounds) and CPU
 per call, and their ratios.
 
-    .venv/bin/python benchmarks/overhead.py                  # writes results/overhead.json
-    .venv/bin/python benchmarks/overhead.py --server raw     # bare asyncio echo server
-    .venv/bin/python benchmarks/overhead.py --prompt-kb 64   # a 64 KiB history per call
+    python -m benchmarks cost overhead                  # writes results/overhead.json
+    python -m benchmarks cost overhead --server raw     # bare asyncio echo server
+    python -m benchmarks cost overhead --prompt-kb 64   # a 64 KiB history per call
 
 By default the client is pinned to one CPU and the server to another (when there are at
 least two), so that they do not fight over one core. A failed call is counted and skipped
@@ -72,9 +72,10 @@ from typing import Any, cast
 import anyio
 import httpx
 import openai
-from _harness import add_run_args, commit, interleaved, quantile, write_result
 
 import agentrt
+
+from ._harness import add_run_args, commit, interleaved, quantile, run_record, write_result
 
 HERE = Path(__file__).resolve().parent
 REQUEST: dict[str, Any] = {
@@ -364,8 +365,8 @@ def summarize_sequential(tallies: dict[str, Tally], refs: Sequence[str]) -> dict
         variants[name] = {
             "calls": t.calls,
             "median_us": _us(statistics.median(t.latencies)),
-            "p90_us": _us(quantile(t.latencies, 0.90, floor=True)),
-            "p99_us": _us(quantile(t.latencies, 0.99, floor=True)),
+            "p90_us": _us(quantile(t.latencies, 0.90)),
+            "p99_us": _us(quantile(t.latencies, 0.99)),
             "mean_block_us": _us(t.wall_ns / t.calls),
             "cpu_us_per_call": _us(t.cpu_ns / t.calls),
         }
@@ -625,11 +626,7 @@ async def bench(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
     return result
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description="agentrt's per-call overhead vs a plain openai.AsyncOpenAI (loopback).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calls", type=int, default=2000, help="sequential calls per client")
     p.add_argument("--block", type=int, default=100, help="sequential calls per block")
     p.add_argument("--concurrency", type=int, default=64, help="concurrent tasks per client")
@@ -644,7 +641,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         nargs="+",
         choices=(*ALL_CLIENTS, *HEADER_CLIENTS),
         default=list(ALL_CLIENTS),
-        help="clients to compare (openai, the baseline, is always included)",
+        metavar="CLIENT",
+        help="clients to compare (openai, the baseline, is always included), of "
+        f"{', '.join((*ALL_CLIENTS, *HEADER_CLIENTS))}",
     )
     p.add_argument("--server", choices=("uvicorn", "raw"), default="uvicorn")
     p.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
@@ -662,15 +661,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_run_args(p, out="overhead.json", rounds=3, rounds_help="rounds at --concurrency")
     p.add_argument("--profile", type=Path, default=None, help="write cProfiles to this dir")
     p.add_argument("--profile-calls", type=int, default=2000)
-    args = p.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> None:
     for name in ("calls", "block", "concurrency", "concurrent_calls", "rounds", "calls_per_job"):
         if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
-    return args
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(argv)
+            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     pin = args.pin and len(cpus) >= 2
     server_cpu = cpus[1] if pin else None
@@ -685,7 +681,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     result = {
         "meta": {
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "command": " ".join(["benchmarks/overhead.py", *(argv or sys.argv[1:])]),
+            "command": run_record("")["command"],
             "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "pinned": pin,
             "loadavg_before": load_before,
@@ -701,7 +697,3 @@ def main(argv: Sequence[str] | None = None) -> None:
     print_tables(result, args.concurrency)
     write_result(args.out, result, __doc__, indent=2)
     print(f"\nwrote {args.out}")
-
-
-if __name__ == "__main__":
-    main()

@@ -8,26 +8,26 @@
 3. Prints per-call latency p50 and the prefix-cache hit rate side by side.
 
     bash scripts/engine_setup.sh
-    .venv/bin/python benchmarks/fidelity.py --out results/fidelity.json
+    python -m benchmarks twin fidelity --out results/fidelity.json
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from dataclasses import asdict
 from typing import Any
 
 import anyio
 import httpx
-from _harness import add_run_args, write_result
 
 import agentrt
 from agentrt.bench import Call, JobPlan, Prompts, SessionPlan, VirtualTimeLoop
 from agentrt.bench._drivers import _WORDS
 from agentrt.sim import PRESETS, Cluster, calibrate, probe_engine
 from agentrt.testing.vllm_cpu import SETUP_MESSAGE, ReplicaSpec, find_engine, launch
+
+from ._harness import add_run_args, quantile, write_result
 
 
 def workload(jobs: int, turns: int) -> list[JobPlan]:
@@ -78,10 +78,10 @@ def summary(reports: list[agentrt.JobReport]) -> dict[str, float]:
     cached = sum(c.cached_tokens or 0 for c in calls)
     return {
         "calls": len(calls),
-        "latency_p50_s": statistics.median(c.latency_s or 0.0 for c in calls),
+        "latency_p50_s": quantile((c.latency_s or 0.0 for c in calls), 0.5),
         "prompt_tokens": prompt,
         "cache_hit_rate": cached / prompt if prompt else 0.0,
-        "jct_p50_s": statistics.median(r.jct_s for r in reports),
+        "jct_p50_s": quantile((r.jct_s for r in reports), 0.5),
     }
 
 
@@ -125,12 +125,13 @@ async def sim_side(cost: dict[str, float], overhead: float, plans: list[JobPlan]
     return summary(reports)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=8)
     parser.add_argument("--turns", type=int, default=6)
     add_run_args(parser, out="fidelity.json")
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
     engine = find_engine()
     if engine is None:
         print(SETUP_MESSAGE, file=sys.stderr)
@@ -156,7 +157,3 @@ def main() -> int:
     write_result(args.out, {"real_side": real, "sim": sim}, __doc__)
     print(f"wrote {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -24,9 +24,9 @@ and ``coding`` (the fitted generator at the demo's scale). KV settings: ``ample`
 ``h100-8b`` preset's 26,624 blocks of 16 tokens per replica) and ``pressure``
 (--pressure-blocks). 8 replicas; 2 seeds by default.
 
-    .venv/bin/python benchmarks/alternatives.py                 # results/alternatives_kv_ample.json
-    .venv/bin/python benchmarks/alternatives.py --quick         # a small run
-    .venv/bin/python benchmarks/alternatives.py --append --peer llm-d   # add configurations
+    python -m benchmarks alternatives slo                 # results/alternatives_kv_ample.json
+    python -m benchmarks alternatives slo --quick         # a small run
+    python -m benchmarks alternatives slo --append --peer llm-d   # add configurations
 """
 
 from __future__ import annotations
@@ -41,14 +41,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from _harness import add_run_args, quantile, write_result
-from _slo import Setup, at_rate, measure
-
-from agentrt.bench import BenchConfig, TraceOptions
-from agentrt.bench._drivers import ClientSpec
-from agentrt.bench._parallel import parse_workers
+from agentrt.bench import BenchConfig, ClientSpec, TraceOptions
 from agentrt.bench._runner import ClientRun, PartResult, _resumed_hit_rate, run_parts
 from agentrt.sim.peers import PEERS
+
+from ._harness import add_run_args, quantile, run_record, write_result
+from ._slo import Setup, at_rate, measure
 
 WORKLOADS: dict[str, dict[str, Any]] = {
     "claude-code": {"jobs": 100, "start": 0.02},
@@ -269,8 +267,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quick", action="store_true", help="a small run")
     ap.add_argument("--peer", action="append", help="a modelled peer (repeatable)")
     ap.add_argument("--tuned", help="a settings file from agentrt tune for agentrt direct")
@@ -308,7 +305,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--max-tries", type=int, default=5)
     ap.add_argument("--max-wait", type=float, default=30.0)
     ap.add_argument("--fleet", type=int, default=1)
-    ap.add_argument("--workers", type=parse_workers, default="auto")
     ap.add_argument(
         "--max-context",
         type=int,
@@ -317,11 +313,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "below a replica's KV, or its longest calls are refused)",
     )
     ap.add_argument("--append", action="store_true", help="add to --out's configurations")
-    add_run_args(ap, out="alternatives_kv_ample.json", seeds=2)
+    add_run_args(ap, out="alternatives_kv_ample.json", seeds=2, workers="auto")
     ap.add_argument(
         "--show", action="store_true", help="print --out's tables (text and Markdown), run nothing"
     )
-    args = ap.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
     if args.show:
         shown = json.loads(args.out.read_text())
         for kv, entry in shown["kv"].items():
@@ -372,9 +370,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         },
         "kv": {},
     }
-    out["command"] = "benchmarks/alternatives.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
+    out["command"] = run_record("")["command"]
 
     if args.cc_rates:
         out["setup"]["cc_rates"] = list(args.cc_rates)
@@ -444,7 +440,3 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"== KV {kv} ==")
         print(table(entry["summary"]), flush=True)
     return out
-
-
-if __name__ == "__main__":
-    main()

@@ -9,7 +9,7 @@ prompt tokens the engine served from its prefix cache is measured side by side o
 - two replicas with agentrt's session routing.
 
     bash scripts/engine_setup.sh
-    .venv/bin/python benchmarks/cache_reuse.py --repeats 3 --out results/cache_reuse.json
+    python -m benchmarks engine cache --repeats 3 --out results/cache_reuse.json
 
 Every run uses fresh, unique prompts, so no run reuses another's cache.
 """
@@ -24,10 +24,11 @@ import uuid
 from typing import Any
 
 import anyio
-from _harness import add_run_args, write_result
 
 import agentrt
 from agentrt.testing.vllm_cpu import SETUP_MESSAGE, ReplicaSpec, find_engine, launch
+
+from ._harness import add_run_args, write_result
 
 WORDS = (
     "agent tool call session prefix cache token engine queue batch priority schedule latency "
@@ -89,12 +90,13 @@ async def run(urls: list[str], model: str, turns: int, repeats: int) -> dict[str
     return summary
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
     add_run_args(parser, out="cache_reuse.json")
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
     engine = find_engine()
     if engine is None:
         print(SETUP_MESSAGE, file=sys.stderr)
@@ -111,7 +113,3 @@ def main() -> int:
     write_result(args.out, {"turns": args.turns, "setups": summary}, __doc__, indent=2)
     print(f"wrote {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

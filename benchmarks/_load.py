@@ -25,8 +25,8 @@ from reports).
 ``--sample-s`` seconds, and checks that they stay flat: after a warm-up (the first
 ``--warmup-fraction`` of the run), no sample above 1.1x the first post-warm-up sample.
 
-    .venv/bin/python benchmarks/load.py                       # results/load.json
-    .venv/bin/python benchmarks/load.py --soak 30             # results/load_soak.json
+    python -m benchmarks load load                       # results/load.json
+    python -m benchmarks load load --soak 30             # results/load_soak.json
 """
 
 from __future__ import annotations
@@ -47,9 +47,10 @@ from typing import Any
 
 import anyio
 import openai
-from _harness import add_run_args, quantile, write_result
 
 import agentrt
+
+from ._harness import add_run_args, quantile, run_record, write_result
 
 HERE = Path(__file__).resolve().parent
 MODEL = "bench"
@@ -247,8 +248,8 @@ async def measure(client: Client, jobs: int, concurrency: int) -> dict[str, Any]
         "unexpected": tally.unexpected,
         "wall_s": wall,
         "calls_per_s": calls / wall,
-        "p50_ms": 1e3 * quantile(tally.latencies, 0.5, floor=True),
-        "p99_ms": 1e3 * quantile(tally.latencies, 0.99, floor=True),
+        "p50_ms": 1e3 * quantile(tally.latencies, 0.5),
+        "p99_ms": 1e3 * quantile(tally.latencies, 0.99),
         "cpu_us_per_call": 1e6 * cpu / calls,
         "rss_mb": rss_mb(),
     }
@@ -361,8 +362,7 @@ async def soak(args: argparse.Namespace, url: str) -> dict[str, Any]:
     }
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=int, nargs="+", default=[100, 500, 2000])
     p.add_argument("--jobs-per-slot", type=int, default=1)
     p.add_argument("--min-jobs", type=int, default=300)
@@ -382,15 +382,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sample-s", type=float, default=15.0)
     p.add_argument("--warmup-fraction", type=float, default=0.2)
     add_run_args(p, out="", rounds=2)
-    return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def main(args: argparse.Namespace) -> None:
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     meta = {
-        "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
+        "command": run_record("")["command"],
         "python": platform.python_version(),
         "openai": openai.__version__,
         "cpus": os.cpu_count(),
@@ -420,7 +418,3 @@ def main(argv: list[str] | None = None) -> None:
         out = args.out or Path("results/load.json")
     write_result(out, result, __doc__)
     print(f"wrote {out}")
-
-
-if __name__ == "__main__":
-    main()

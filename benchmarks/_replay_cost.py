@@ -23,8 +23,8 @@ Slices: ``guard``, 8 ``coding`` jobs (no traces needed: the slice the test suite
 ``claude-code``, the first 40 Claude Code traces as in docs/benchmarks.md's scale replay
 (where the traces are next to the checkout).
 
-    .venv/bin/python benchmarks/replay_cost.py            # results/replay_cost.json
-    .venv/bin/python benchmarks/replay_cost.py --no-instructions --repeat 1
+    python -m benchmarks twin replay-cost            # results/replay_cost.json
+    python -m benchmarks twin replay-cost --no-instructions --repeat 1
 """
 
 from __future__ import annotations
@@ -38,18 +38,14 @@ import re
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
-
-from _harness import add_run_args, write_result
 
 from agentrt.bench import BenchConfig, TraceOptions, run_bench
 from agentrt.bench._workloads import default_trace_dir
 
-HERE = Path(__file__).resolve().parent
+from ._harness import ROOT, add_run_args, again, commit, write_result
 
 
 def slices() -> dict[str, BenchConfig]:
@@ -144,16 +140,9 @@ def instructions(name: str, calls: int) -> float:
     """Instructions per call of slice ``name`` under callgrind (replay minus no replay)."""
     counts = []
     for replay in (True, False):
-        cmd = [
-            "valgrind",
-            "--tool=callgrind",
-            "--callgrind-out-file=/dev/null",
-            sys.executable,
-            __file__,
-            "--child",
-            name,
-        ] + ([] if replay else ["--no-replay"])
-        out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
+        cmd += again("--child", name, *([] if replay else ["--no-replay"]))
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
         found = re.search(r"Collected : (\d+)", out.stderr)
         if out.returncode != 0 or found is None:
             raise RuntimeError(f"valgrind failed:\n{out.stderr[-2000:]}")
@@ -162,28 +151,19 @@ def instructions(name: str, calls: int) -> float:
 
 
 def _commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=HERE,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip() or None
+    return commit().get("commit") or None
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     add_run_args(ap, out="replay_cost.json")
     ap.add_argument("--repeat", type=int, default=3, help="runs per slice (median)")
     ap.add_argument("--only", nargs="*", help="slices to run (default: all)")
     ap.add_argument("--no-instructions", action="store_true", help="skip valgrind")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--no-replay", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     if args.child:
         _child(args.child, not args.no_replay)
         return
@@ -214,7 +194,3 @@ def main() -> None:
     }
     write_result(args.out, record, __doc__)
     print(f"results: {args.out}")
-
-
-if __name__ == "__main__":
-    main()

@@ -17,8 +17,8 @@ client, so that every client starts with cold caches); ``vllm``: two vLLM CPU re
 (agentrt.testing.vllm_cpu, 64 blocks of 128 tokens each, one core each; every client's
 prompts begin with its own tag, so no client reuses another's cache).
 
-    python benchmarks/fleet_real.py --fleet 8 16                 # results/fleet_real_sim.json
-    python benchmarks/fleet_real.py --engine vllm --jobs 2       # results/fleet_real_vllm.json
+    python -m benchmarks fleet processes --fleet 8 16                 # results/fleet_real_sim.json
+    python -m benchmarks fleet processes --engine vllm --jobs 2       # results/fleet_real_vllm.json
 
 Reports per client: first turns and calls per replica, the share of prompt tokens served
 from the prefix cache, sessions whose turns went to more than one replica, the load view
@@ -43,7 +43,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from _harness import add_run_args, quantile, write_result
+from ._harness import ROOT, add_run_args, again, quantile, write_result
 
 CLIENTS = ("plain", "defaults", "hash")
 WORDS = (
@@ -270,8 +270,8 @@ def run_client(
             path = folder / f"spec-{k}.json"
             path.write_text(json.dumps(spec))
             log = (folder / f"worker-{k}.log").open("wb")
-            command = [sys.executable, __file__, "--worker", str(path)]
-            procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
+            command = again("--worker", str(path))
+            procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
             log.close()
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not all((folder / f"ready-{k}").exists() for k in range(fleet)):
@@ -361,17 +361,25 @@ def _vllm(replicas: int) -> Iterator[tuple[list[str], str]]:
         yield [r.base_url for r in running], running[0].model
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--engine", choices=tuple(SETTINGS), default="sim")
     parser.add_argument("--fleet", type=int, nargs="+", default=[8], help="processes (K)")
     parser.add_argument("--jobs", type=int, default=6, help="jobs per process")
     parser.add_argument("--concurrency", type=int, default=2, help="jobs at once per process")
     parser.add_argument("--turns", type=int, default=6)
-    parser.add_argument("--clients", nargs="+", choices=CLIENTS, default=list(CLIENTS))
+    parser.add_argument(
+        "--clients",
+        nargs="+",
+        choices=CLIENTS,
+        default=list(CLIENTS),
+        metavar="CLIENT",
+        help=f"of {', '.join(CLIENTS)} (default: all)",
+    )
     add_run_args(parser, out="", seed=0)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
     if args.worker is not None:
         import anyio
 
@@ -408,7 +416,3 @@ def main() -> int:
     write_result(out, results, __doc__, indent=2)
     print(f"wrote {out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

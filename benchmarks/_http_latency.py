@@ -20,8 +20,8 @@ reply ready, the modelled engine time included) and the median of each call's la
 minus its ``app`` (``outside``: HTTP both ways, uvicorn, the client's own work, and
 waiting for a CPU); CPU time per call of the client process and of the server process.
 
-    .venv/bin/python benchmarks/http_latency.py            # ~2 min; results/http_latency.json
-    .venv/bin/python benchmarks/http_latency.py --pin      # server on CPU 1, client on CPU 0
+    python -m benchmarks cost http            # ~2 min; results/http_latency.json
+    python -m benchmarks cost http --pin      # server on CPU 1, client on CPU 0
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import argparse
 import contextlib
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -41,9 +40,10 @@ from typing import Any
 import anyio
 import httpx
 import openai
-from _harness import add_run_args, interleaved, write_result
 
 import agentrt
+
+from ._harness import add_run_args, interleaved, quantile, write_result
 
 SESSIONS = 8
 TURNS = 12
@@ -193,31 +193,32 @@ async def measure(args: argparse.Namespace, server: subprocess.Popen[bytes], ori
             records[n] += await clients[n](f"r{r}c{ids[n]}")
             cpu[n] += time.process_time() - c0
             server_cpu[n] += cpu_seconds(server.pid) - s0
-    base = statistics.median(lat for lat, _ in records["plain-rr"])
+    base = quantile((lat for lat, _ in records["plain-rr"]), 0.5)
     rows = {}
     for n in clients:
         lats = [lat for lat, _ in records[n]]
         apps = [app for _, app in records[n] if app is not None]
         outside = [lat - app for lat, app in records[n] if app is not None]
-        p50 = statistics.median(lats)
+        p50 = quantile(lats, 0.5)
         rows[n] = {
             "calls": len(lats),
             "p50_ms": p50 * 1e3,
             "ratio": p50 / base,
-            "app_p50_ms": statistics.median(apps) * 1e3,
-            "outside_p50_ms": statistics.median(outside) * 1e3,
+            "app_p50_ms": quantile(apps, 0.5) * 1e3,
+            "outside_p50_ms": quantile(outside, 0.5) * 1e3,
             "client_cpu_ms_per_call": cpu[n] / len(lats) * 1e3,
             "server_cpu_ms_per_call": server_cpu[n] / len(lats) * 1e3,
         }
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, default=2, help="default: %(default)s")
     parser.add_argument("--pin", action="store_true", help="server on CPU 1, client on CPU 0")
     add_run_args(parser, out="http_latency.json", rounds=4)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     if args.pin:
         os.sched_setaffinity(0, {0})
     port = free_port()
@@ -244,7 +245,3 @@ def main() -> None:
     doc = {"pin": args.pin, "rounds": args.rounds, "loadavg": load, "clients": rows}
     write_result(args.out, doc, __doc__, indent=2)
     print(f"load average {load[0]:.2f}; results: {args.out}")
-
-
-if __name__ == "__main__":
-    main()

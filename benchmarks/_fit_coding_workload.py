@@ -18,8 +18,8 @@ Each distribution is kept as its quantiles at ``QS``; the generator draws from t
 inverse transform (log-linear between the points, clamped to the 1st and 99th
 percentiles).
 
-    .venv/bin/python benchmarks/fit_coding_workload.py            # prints the fit
-    .venv/bin/python benchmarks/fit_coding_workload.py --check    # the shipped FIT agrees
+    python -m benchmarks twin fit            # prints the fit
+    python -m benchmarks twin fit --check    # the shipped FIT agrees
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from _harness import quantile
-
 from agentrt.bench._coding import FIT, QS, CodingFit, Quantiles
 from agentrt.bench._workloads import default_trace_dir
+
+from ._harness import quantile
 
 
 def quantiles(values: Sequence[float]) -> Quantiles:
@@ -150,13 +150,14 @@ def fit(directory: Path) -> CodingFit:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--traces", type=Path, default=None, help="the traces folder")
     parser.add_argument(
         "--check", action="store_true", help="exit 1 unless the shipped FIT equals this fit"
     )
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     fitted = fit(args.traces or default_trace_dir())
     print(f"# {fitted.sessions} sessions; quantiles at {QS}")
     print(fitted.literal())
@@ -166,7 +167,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         print("the shipped FIT matches", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

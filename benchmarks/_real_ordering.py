@@ -17,7 +17,7 @@ Each client runs ``--runs`` times, in alternating order (ABC, CBA, ...). Reporte
 completion time (JCT, arrival to last reply) of the short jobs, the long jobs and all.
 
     bash scripts/engine_setup.sh
-    .venv/bin/python benchmarks/real_ordering.py     # ~4 min here; results/real_ordering.json
+    python -m benchmarks engine ordering     # ~4 min here; results/real_ordering.json
 
 Scaled down to fit a 2-core machine: 24 jobs (17 short, 7 long), 3 turns each, 8 output
 tokens per short turn, 160 per long turn, arrivals at 2 jobs/s.
@@ -38,10 +38,11 @@ from typing import Any, Literal
 
 import anyio
 import openai
-from _harness import write_result
 
 import agentrt
 from agentrt.testing.vllm_cpu import SETUP_MESSAGE, ReplicaSpec, find_engine, launch
+
+from ._harness import add_run_args, write_result
 
 WORDS = (
     "agent tool call session prefix cache token engine queue batch priority schedule latency "
@@ -191,8 +192,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return table
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=24)
     parser.add_argument("--short", type=int, default=17, help="how many of the jobs are short")
     parser.add_argument("--turns", type=int, default=3)
@@ -202,10 +202,11 @@ def main() -> int:
     parser.add_argument("--tool-s", type=float, default=0.1)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--max-num-seqs", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--url", help="an already running priority server (base URL)")
-    parser.add_argument("--out", type=Path, default=Path("results/real_ordering.json"))
-    args = parser.parse_args()
+    add_run_args(parser, out="real_ordering.json", seed=7)
+
+
+def main(args: argparse.Namespace) -> int:
     started = time.monotonic()
     if args.url:
         results = anyio.run(run_all, args.url, "tiny-llama", args)
@@ -244,7 +245,3 @@ def main() -> int:
     )
     print(f"wrote {args.out} ({time.monotonic() - started:.0f} s)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

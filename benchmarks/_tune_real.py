@@ -18,7 +18,7 @@ Prints per run JCT p50/p90/mean (s) and the load average, then the medians, the
 measured ratios tuned/defaults beside tune's predicted ones (1x load), and writes
 results/tune_real.json.
 
-    .venv/bin/python benchmarks/tune_real.py            # about 15-25 min on 2 cores
+    python -m benchmarks tune vllm            # about 15-25 min on 2 cores
 
 The machine's other load makes wall-clock JCTs noisy: read the per-run spread.
 """
@@ -39,15 +39,25 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from _harness import add_run_args, quantile, write_result
-from router import replay  # this folder: run as a script
 
 from agentrt import Runtime
-from agentrt.bench import Arrivals, Call, ClientSpec, Fanout, JobPlan, SessionPlan, make_workload
-from agentrt.bench._drivers import Prompts, make_driver
+from agentrt.bench import (
+    Arrivals,
+    Call,
+    ClientSpec,
+    Fanout,
+    JobPlan,
+    Prompts,
+    SessionPlan,
+    make_workload,
+)
+from agentrt.bench._drivers import make_driver
 from agentrt.testing.vllm_cpu import SETUP_MESSAGE, Replica, ReplicaSpec, find_engine, launch
 from agentrt.tune._command import TuneOptions, TuneResult, chosen, tune
 from agentrt.tune._workload import runtime_defaults
+
+from ._harness import add_run_args, quantile, write_result
+from ._router import replay
 
 TEXT_TOKENS_PER_TOKEN = 0.7
 """Real tokens per nominal token of ``Prompts("text")`` on the tiny model's tokenizer
@@ -240,8 +250,7 @@ HEADER = (
 )
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="mixed")
     parser.add_argument("--jobs", type=int, default=30)
     parser.add_argument("--rate", type=float, default=0.3, help="jobs/s")
@@ -254,7 +263,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--workers", default="2", help="agentrt tune --workers")
     parser.add_argument("--max-model-len", type=int, default=4096)
     add_run_args(parser, out="tune_real.json")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> None:
     if find_engine() is None:
         raise SystemExit(SETUP_MESSAGE)
     work = args.out.parent / (args.out.stem + "-files")
@@ -383,7 +394,3 @@ def report(summary: dict[str, Any], fits: dict[str, dict[str, Any]]) -> str:
     lines.append(f"{'predicted':10} {x(p['jct_p50'])} {x(p['jct_p90'])}")
     lines.append(f"load average during the runs: {summary['load_avg'][0]}-{summary['load_avg'][1]}")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    main()

@@ -7,7 +7,7 @@ between turns), started ``--stagger-s`` apart against ``agentrt sim serve --repl
 replica's calls over the mean; a session whose turns went to more than one replica is
 counted too.
 
-    python benchmarks/first_turns.py --runs 10          # results/first_turns.json
+    python -m benchmarks fleet first-turns --runs 10          # results/first_turns.json
 
 The figures before the fix: max/mean 1.25, 1.25, 1.50 and 1.75 over four runs.
 """
@@ -23,12 +23,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 from typing import Any
 
-from _harness import add_run_args, write_result
-
-ROOT = Path(__file__).resolve().parent.parent
+from ._harness import ROOT, add_run_args, again, write_result
 
 
 def _worker(urls: list[str], model: str, turns: int, tool_s: float, tag: str) -> None:
@@ -77,13 +74,9 @@ def one_run(urls: list[str], model: str, args: argparse.Namespace, run: int) -> 
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     procs = []
     for k in range(args.fleet):
-        command = [
-            sys.executable,
-            __file__,
-            "--worker",
-            json.dumps([urls, model, args.turns, args.tool_s, f"run{run}-worker{k}"]),
-        ]
-        procs.append(subprocess.Popen(command, stdout=subprocess.PIPE, env=env))
+        work = [urls, model, args.turns, args.tool_s, f"run{run}-worker{k}"]
+        command = again("--worker", json.dumps(work))
+        procs.append(subprocess.Popen(command, stdout=subprocess.PIPE, env=env, cwd=ROOT))
         time.sleep(args.stagger_s)
     per: dict[str, int] = {u: 0 for u in urls}
     split = 0
@@ -100,8 +93,7 @@ def one_run(urls: list[str], model: str, args: argparse.Namespace, run: int) -> 
     return {"calls": counts, "max_over_mean": round(ratio, 3), "split_sessions": split}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--fleet", type=int, default=16)
@@ -110,7 +102,9 @@ def main() -> None:
     parser.add_argument("--stagger-s", type=float, default=0.25)
     parser.add_argument("--tool-s", type=float, default=0.2)
     add_run_args(parser, out="first_turns.json")
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     if args.worker is not None:
         _worker(*json.loads(args.worker))
         return
@@ -158,7 +152,3 @@ def main() -> None:
     }
     print(json.dumps(summary["max_over_mean"]))
     write_result(args.out, summary, __doc__, indent=2)
-
-
-if __name__ == "__main__":
-    main()

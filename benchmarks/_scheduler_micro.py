@@ -6,7 +6,7 @@ staying at 10,000. Then the cost of ``Admission.admit`` + ``release`` when the c
 admitted at once (no limit; a limit with room), and the memory a policy holds for 10,000
 idle jobs it has seen (after ``classify`` and ``on_call_end``), measured with tracemalloc.
 
-    .venv/bin/python benchmarks/scheduler_micro.py --out results/scheduler_micro.json
+    python -m benchmarks cost scheduler --out results/scheduler_micro.json
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import time
 import tracemalloc
 from typing import Any
 
-from _harness import add_run_args, write_result
-
 from agentrt.scheduling import Admission, FixedLimit, Policy, Ticket, make_policy
+
+from ._harness import add_run_args, write_result
 
 POLICIES = ("fcfs", "plas", "atlas", "mlfq", "edf")
 DECISION_GOAL_US = 20.0
@@ -163,15 +163,16 @@ def bench_memory(name: str, jobs: int, seed: int) -> dict[str, Any]:
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--queued", type=int, default=10_000)
     parser.add_argument("--jobs", type=int, default=1_000)
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--idle-jobs", type=int, default=10_000)
     add_run_args(parser, out="scheduler_micro.json", seed=0)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
 
     decisions = [
         bench_decisions(n, args.queued, args.jobs, args.batches, args.batch, args.seed)
@@ -216,7 +217,3 @@ def main() -> int:
     }
     write_result(args.out, result, __doc__, indent=2)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
