@@ -51,7 +51,7 @@ def engine_cached(engine: Engine, session: str) -> int:
     for req in engine.running:
         if req.session == session:
             return (req.tree_blocks + req.private) * bs
-    node = engine._paths.get(session)  # the bench reads the engine's state
+    node = engine.sessions.paths.get(session)  # the bench reads the engine's state
     blocks = 0
     while node is not None and node.parent is not None:
         if node.alive and node.tier == 0:  # GPU
