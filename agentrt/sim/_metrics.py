@@ -7,12 +7,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import anyio
 
-if TYPE_CHECKING:
-    from ._engine import Engine
+from ._config import EngineConfig
+from ._kv import KVCache
+from ._request import SimRequest
+from ._sessions import Sessions
+from ._waiting import WaitingQueue
 
 __all__ = ["ReplicaStats", "Scraper", "snapshot"]
 
@@ -143,7 +146,29 @@ class Scraper:
         return self._last
 
 
-def snapshot(engine: Engine) -> ReplicaStats:
+class _Replica(Protocol):
+    """What :func:`snapshot` reads (the engine)."""
+
+    name: str
+    config: EngineConfig
+    kv: KVCache
+    waiting: WaitingQueue
+    sessions: Sessions
+    running: list[SimRequest]
+    steps: int
+    busy_s: float
+    received: int
+    finished: int
+    aborted: int
+    preemptions: int
+    prompt_tokens: int
+    generation_tokens: int
+    prefix_queries: int
+    prefix_hits: int
+    host_hits: int
+
+
+def snapshot(engine: _Replica) -> ReplicaStats:
     """A frozen snapshot of ``engine``'s counters, its sessions' and its KV cache's."""
     kv = engine.kv
     cap = kv.capacity
