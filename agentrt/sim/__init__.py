@@ -1,4 +1,5 @@
-"""agentrt.sim: an embedded, OpenAI-compatible engine cluster with a modelled clock.
+"""agentrt.sim: the embedded engine, OpenAI-compatible simulated replicas with a modelled
+clock.
 
 Each replica is a continuous-batching engine (vLLM V1 semantics: iteration-level
 scheduling, a token budget, chunked prefill, FCFS or priority order, preemption by
