@@ -1,6 +1,6 @@
 """How close the client's view of each replica's KV is to the engine's.
 
-While an agentrt client replays on an embedded cluster, :class:`ViewSampler` samples, at
+While an agentrt client replays on the embedded engine, :class:`ViewSampler` samples, at
 the same virtual times and per replica, what the runtime's router believes
 (``scheduling/_workingset.py``'s ``KvShadow``: the live sessions it placed there, their
 contexts, how much of them it thinks is still cached, the weighted working set and the
@@ -51,7 +51,7 @@ def engine_cached(engine: Engine, session: str) -> int:
     for req in engine.running:
         if req.session == session:
             return (req.tree_blocks + req.private) * bs
-    node = engine._paths.get(session)  # the bench reads the engine's state
+    node = engine.sessions.paths.get(session)  # the bench reads the engine's state
     blocks = 0
     while node is not None and node.parent is not None:
         if node.alive and node.tier == 0:  # GPU

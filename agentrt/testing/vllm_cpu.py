@@ -52,7 +52,7 @@ __all__ = [
     "KvEventsSubscriber",
     "Replica",
     "ReplicaSpec",
-    "Router",
+    "RouterServer",
     "RouterSpec",
     "engine_dir",
     "find_engine",
@@ -832,7 +832,7 @@ class RouterSpec:
 
 
 @dataclass(kw_only=True)
-class Router(_Server):
+class RouterServer(_Server):
     """One running ``vllm-router``. ``base_url`` ends in ``/v1``; ``url`` is its root."""
 
     spec: RouterSpec
@@ -893,13 +893,13 @@ def start_router(
     binary: Path | None = None,
     log_dir: Path | None = None,
     ready_timeout: float = 60.0,
-) -> Router:
+) -> RouterServer:
     """Start ``vllm-router`` in front of ``worker_urls`` and wait until it routes to all of them.
 
     A worker URL is a server's root (``http://127.0.0.1:8000``, no ``/v1``): the router
     appends ``/v1/chat/completions``, ``/health`` and ``/metrics`` to it, so a path prefix
     works too (``agentrt sim serve``'s ``http://HOST:PORT/replica-0``). The caller must
-    call :meth:`Router.stop`; :func:`launch_router` does.
+    call :meth:`RouterServer.stop`; :func:`launch_router` does.
     """
     exe = binary or find_router()
     if exe is None:
@@ -946,7 +946,7 @@ def start_router(
         except BaseException:
             log_file.close()
             raise
-        router = Router(
+        router = RouterServer(
             spec=spec,
             port=port,
             metrics_port=metrics_port,
@@ -969,7 +969,7 @@ def start_router(
     raise AssertionError("unreachable")
 
 
-def _wait_router(router: Router, timeout: float, started: float) -> None:
+def _wait_router(router: RouterServer, timeout: float, started: float) -> None:
     deadline = started + timeout
     while True:
         if not router.is_alive():
@@ -1004,7 +1004,7 @@ def launch_router(
     binary: Path | None = None,
     log_dir: Path | None = None,
     ready_timeout: float = 60.0,
-) -> Iterator[Router]:
+) -> Iterator[RouterServer]:
     """:func:`start_router`, stopped when the block ends."""
     router = start_router(
         spec, worker_urls, binary=binary, log_dir=log_dir, ready_timeout=ready_timeout

@@ -51,7 +51,7 @@ def fields(name: str) -> tuple[dict[str, str], dict[str, str]]:
     return headers, {k: f"caller-{k}" for k in enc.body}
 
 
-class Engine:
+class RecordingEngine:
     """The fake engine's replies, each with an ``x-session-token`` (the llm-d dialect
     echoes it on the session's next call); records each request as sent."""
 
@@ -70,7 +70,7 @@ class Engine:
         return response
 
 
-def kwargs(name: str, engine: Engine, **kw: Any) -> dict[str, Any]:
+def kwargs(name: str, engine: RecordingEngine, **kw: Any) -> dict[str, Any]:
     return {
         "dialect": name,
         "send_priority": True,
@@ -99,7 +99,7 @@ async def test_the_callers_headers_and_body_fields_win_in_every_dialect(
     name: str, via: str
 ) -> None:
     headers, body = fields(name)
-    engine = Engine()
+    engine = RecordingEngine()
     async with agentrt.Runtime([URL], **kwargs(name, engine, hooks=[trace_hook])) as rt:
         async with rt.job("mine") as job, job.session("s", parent=None) as s:
             await s.chat(model="m", messages=MSG)
@@ -119,7 +119,7 @@ async def test_the_callers_headers_and_body_fields_win_in_every_dialect(
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_the_sync_runtime_keeps_the_callers_fields_too(name: str, backend: str) -> None:
     headers, body = fields(name)
-    engine = Engine()
+    engine = RecordingEngine()
     with agentrt.SyncRuntime([URL], **kwargs(name, engine, backend=backend)) as rt:
         with rt.job("mine") as job, job.session("s") as s:
             s.chat(model="m", messages=MSG)
@@ -133,7 +133,7 @@ def test_the_sync_runtime_keeps_the_callers_fields_too(name: str, backend: str) 
 @pytest.mark.anyio
 async def test_vllm_keeps_the_callers_session_header_and_body_alike() -> None:
     """The issue's case: both of the caller's session ids reach the server as set."""
-    engine = Engine()
+    engine = RecordingEngine()
     async with agentrt.Runtime([URL], **kwargs("vllm", engine)) as rt:
         async with rt.job("mine") as job, job.session("s") as s:
             await s.chat(

@@ -27,7 +27,7 @@ from agentrt.testing.vllm_cpu import (
     ROUTER_SETUP_MESSAGE,
     EngineEnv,
     Replica,
-    Router,
+    RouterServer,
     RouterSpec,
     find_router,
     start_router,
@@ -66,11 +66,11 @@ def text(words: int) -> str:
 @asynccontextmanager
 async def routed(
     pair: Sequence[Replica], binary: Path, log_dir: Path, spec: RouterSpec
-) -> AsyncIterator[Router]:
+) -> AsyncIterator[RouterServer]:
     """The router in front of the pair, started and stopped off the event loop."""
     urls = [r.url for r in pair]
 
-    def start() -> Router:
+    def start() -> RouterServer:
         return start_router(spec, urls, binary=binary, log_dir=log_dir)
 
     router = await anyio.to_thread.run_sync(start)
@@ -90,7 +90,7 @@ async def served(pair: Sequence[Replica]) -> list[float]:
 
 
 async def interleaved_sessions(
-    router: Router, pair: Sequence[Replica], *, sessions: int, turns: int
+    router: RouterServer, pair: Sequence[Replica], *, sessions: int, turns: int
 ) -> tuple[list[list[int]], agentrt.JobReport]:
     """``sessions`` sessions of one job, called turn by turn through the router with the
     router dialect; the replica index that served each call, per session."""
@@ -145,7 +145,7 @@ LONG = 256
 """Output tokens of the stream held in flight while the router is asked about it."""
 
 
-async def settled(router: Router, session_id: str) -> dict[str, Any]:
+async def settled(router: RouterServer, session_id: str) -> dict[str, Any]:
     """The session's program once the router has finished its last request (the reply's
     end reaches the client a moment before the router books it)."""
     with anyio.fail_after(10):

@@ -35,7 +35,7 @@ REPLY = json.dumps(
 ).encode()
 
 
-class Engine:
+class GaugeEngine:
     """Answers chat completions; serves ``running`` as vLLM's gauge at ``/metrics``."""
 
     def __init__(self) -> None:
@@ -77,12 +77,12 @@ class Engine:
 
 
 @pytest.fixture
-def engines(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Engine]]:
+def engines(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[GaugeEngine]]:
     # The bound on a first turn's wait (0.5 s) is for engines that do not answer; a
     # busy CI machine's loopback server may take longer than that to: the tests check
     # that the first turn waits for the readings, not how fast a loaded machine is.
     monkeypatch.setattr("agentrt._upkeep.FIRST_TURN_WAIT_S", 10.0)
-    pair = [Engine(), Engine()]
+    pair = [GaugeEngine(), GaugeEngine()]
     yield pair
     for e in pair:
         e.close()
@@ -96,7 +96,7 @@ async def _first_turn(rt: Runtime) -> str | None:
 
 @pytest.mark.anyio
 async def test_a_first_turn_at_once_waits_for_the_engines_readings(
-    engines: list[Engine],
+    engines: list[GaugeEngine],
 ) -> None:
     """Right after the runtime opens (its first polls fall at a random phase within the
     first second), a first turn still sees that one engine is busy."""
@@ -108,7 +108,7 @@ async def test_a_first_turn_at_once_waits_for_the_engines_readings(
 
 
 @pytest.mark.anyio
-async def test_a_first_turn_after_an_idle_spell_polls_again(engines: list[Engine]) -> None:
+async def test_a_first_turn_after_an_idle_spell_polls_again(engines: list[GaugeEngine]) -> None:
     """An idle runtime's polls back off (to seconds apart); a first turn after the
     engines' load changed sees the change, not the reading of seconds ago."""
     a, b = engines

@@ -22,7 +22,7 @@ URL = "http://engine.test/v1"
 FAST = Retry(attempts=3, wait_initial=0.0, wait_jitter=0.0)
 
 
-class Gate:
+class GatedEngine:
     """A fake engine whose replies wait until the test lets them go, one by one; it
     records the order in which calls arrived (by job name in the user message)."""
 
@@ -57,7 +57,7 @@ def ask(text: str) -> list[dict[str, Any]]:
 
 
 async def test_concurrency_limit_queues_and_reports_queue_time() -> None:
-    gate = Gate()
+    gate = GatedEngine()
     async with Runtime([URL], transport=gate.transport(), concurrency=1) as rt:
         async with rt.job("j") as job:
 
@@ -88,7 +88,7 @@ async def test_concurrency_limit_queues_and_reports_queue_time() -> None:
 
 
 async def test_plas_serves_the_program_with_less_service_first() -> None:
-    gate = Gate()
+    gate = GatedEngine()
     gate.fake.delay_s = 0.0
     async with Runtime(
         [URL], transport=gate.transport(), concurrency=1, policy=lambda: PLAS(levels=(0.01,))
@@ -128,7 +128,7 @@ async def test_plas_serves_the_program_with_less_service_first() -> None:
 
 
 async def test_fcfs_keeps_arrival_order() -> None:
-    gate = Gate()
+    gate = GatedEngine()
     async with Runtime([URL], transport=gate.transport(), concurrency=1, policy="fcfs") as rt:
         async with anyio.create_task_group() as tg:
             for i, name in enumerate(("wait-0", "a", "b", "c")):
@@ -265,7 +265,7 @@ async def test_a_policy_that_classifies_with_a_non_int_fails_the_call_before_sen
 
 
 async def test_time_in_the_queue_is_not_attained_service() -> None:
-    gate = Gate()
+    gate = GatedEngine()
     async with Runtime([URL], transport=gate.transport(), concurrency=1) as rt:
         async with anyio.create_task_group() as tg:
 

@@ -20,7 +20,7 @@ class GatewayRequest:
     ``headers``: the request headers by lower-case name (what the real router reads);
     ``body``: the parsed JSON body; ``raw``: its bytes; ``prompt``: the prompt tokenized
     as the replicas tokenize it (a stand-in for the router's own text or token view:
-    the simulator's tokens are 4-byte pieces of the text, so token counts are character
+    the embedded engine's tokens are 4-byte pieces of the text, so token counts are character
     counts / 4); ``arrival``: the gateway's clock when it arrived.
     """
 

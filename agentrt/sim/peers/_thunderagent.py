@@ -53,7 +53,7 @@ idle TTL 600 s.
 
 Where this model departs from the real router (unvalidated against a running one):
 
-- the completion tokens are the request's ``max_tokens`` (the simulator's replies are
+- the completion tokens are the request's ``max_tokens`` (the embedded engine's replies are
   exactly that long; the router reads ``usage``), and the program does not grow while its
   reply streams (``record_output_tokens``);
 - the soft-demote band (0.80-0.95) and the resume priority boost are left out: they
