@@ -11,7 +11,7 @@ import anyio.lowlevel
 import pytest
 
 from agentrt import Runtime
-from agentrt.integrations.agents import Agents
+from agentrt.integrations import Agents
 from agentrt.sim import PRESETS, Cluster
 from tests.integrations._sessions import SessionRecorder
 

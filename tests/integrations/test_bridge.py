@@ -8,7 +8,7 @@ import pytest
 
 from agentrt import Runtime
 from agentrt._protocol import parse_agentrt_header
-from agentrt.integrations._bridge import Bridge, bind, unbind
+from agentrt.integrations import Bridge, bind, unbind
 from agentrt.telemetry import Event, JobEnded, SessionClosed, SessionOpened, ToolEnded
 from tests._fake import MSG, FakeEngine
 
