@@ -274,6 +274,22 @@ async def test_a_lone_model_call_is_a_job(served: tuple[agentrt.Runtime, Recorde
     assert recorder.requests[0].job_id == report.job_id
 
 
+async def test_the_names_of_0_2_warn_and_still_work(
+    served: tuple[agentrt.Runtime, Recorder],
+) -> None:
+    rt, recorder = served
+    with pytest.warns(DeprecationWarning, match=r"chat_model\(rt, model=...\) is deprecated"):
+        llm = lc.chat_model(rt, model="m")
+    with pytest.warns(DeprecationWarning, match=r"callbacks\(rt\) is deprecated .* instrument"):
+        handler = lc.callbacks(rt)
+    assert isinstance(llm, lc.ChatOpenAI) and llm.model_name == "m"
+    assert isinstance(handler, lc.AgentrtCallbackHandler)
+    await llm.ainvoke("hello", config={"callbacks": [handler]})
+    (report,) = rt.reports()
+    assert report.status == "ok" and report.calls == 1
+    assert recorder.requests[0].job_id == report.job_id
+
+
 async def test_without_the_handler_calls_join_the_enclosing_session(
     served: tuple[agentrt.Runtime, Recorder],
 ) -> None:

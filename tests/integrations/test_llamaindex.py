@@ -343,6 +343,14 @@ async def test_llm_outside_a_run_is_an_implicit_job_and_sync_calls_fail() -> Non
     assert len(recorder.headers) == 1
 
 
+async def test_llm_the_name_of_0_2_warns_and_still_works() -> None:
+    async with runtime() as (rt, _):
+        with pytest.warns(DeprecationWarning, match=r"llm\(rt, model=...\) is deprecated"):
+            old = llamaindex.llm(rt, model="m", max_tokens=2)
+        new = llamaindex.model(rt, "m", max_tokens=2)
+        assert type(old) is type(new) and old.model == new.model == "m"
+
+
 async def test_instrument_is_idempotent_and_needs_an_open_runtime() -> None:
     async with runtime() as (rt, _):
         assert llamaindex.instrument(rt) is llamaindex.instrument(rt)
