@@ -269,3 +269,15 @@ async def test_the_adapter_example_ends_every_job_with_its_terminal_status() -> 
     assert (cancelled.name, cancelled.status) == ("patient", "cancelled")
     assert [(t.name, t.status) for t in cancelled.tool_reports] == [("hang", "cancelled")]
     assert failed.calls == cancelled.calls == 1
+
+
+def test_the_adapter_in_the_docs_is_the_examples() -> None:
+    """docs/integrations.md shows the example's adapter as it runs in the tests above."""
+    page = (ROOT / "docs" / "integrations.md").read_text(encoding="utf-8")
+    section = page.split("## Write an adapter", 1)[1]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    source = (ROOT / "examples" / "custom_adapter_agent.py").read_text(encoding="utf-8")
+    chunks = [c.strip("\n") for c in block.split("\n\n\n")]
+    assert len(chunks) >= 4 and "class AgentrtCallbacks(Callbacks):" in block
+    for chunk in chunks:
+        assert chunk in source, chunk

@@ -46,10 +46,11 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 import httpx
+import sniffio
 
 from .._clients import AgentOpenAI, client_kwargs
 from .._context import _CALL_SESSION, _CURRENT_JOB, Job, Session
-from .._errors import WRONG_LOOP_MESSAGE, AgentrtError, WrongLoopError
+from .._errors import WRONG_LOOP_MESSAGE, AgentrtError, WrongLoopError, only_cancelled
 from .._platform import give_platform
 from .._runtime import Runtime
 from .._sync import SyncRuntime
@@ -89,14 +90,15 @@ def unbind(binding: Binding) -> None:
 
 def _outcome(exc: BaseException | None) -> tuple[CallStatus, str | None]:
     """A tool wait's status for the exception that ended it, as ``session.tool``'s block
-    records it: ``ok``; ``cancelled`` for a cancellation (any exception that is not an
-    ``Exception``: the loop's cancellation, alone or in a group); else ``error`` and the
-    exception's type. Needs no event loop (a callback may run outside it)."""
+    records it: ``ok``; ``cancelled`` for the loop's cancellation (alone or in a group);
+    else ``error`` and the exception's type."""
     if exc is None:
         return "ok", None
-    if isinstance(exc, BaseException) and not isinstance(exc, Exception):
-        return "cancelled", None
-    return "error", type(exc).__name__  # (a framework may hand over what it caught)
+    try:
+        cancelled = only_cancelled(exc)
+    except sniffio.AsyncLibraryNotFoundError:  # a callback after a SyncRuntime's loop ended
+        cancelled = not isinstance(exc, Exception)
+    return ("cancelled", None) if cancelled else ("error", type(exc).__name__)
 
 
 @dataclass(slots=True, eq=False)
