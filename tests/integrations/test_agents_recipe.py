@@ -1,6 +1,6 @@
-"""agentrt.integrations.agents, framework-free: what its clients and wrapped tools make of
-a run against the embedded engine (a session per agent, a sub-agent's session under the
-tool that runs it, tool statuses, calls outside a job)."""
+"""agentrt.integrations.Agents (the recipe), framework-free: what its clients and wrapped
+tools make of a run against the embedded engine (a session per agent, a sub-agent's
+session under the tool that runs it, tool statuses, calls outside a job)."""
 
 from __future__ import annotations
 
