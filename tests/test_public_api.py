@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import agentrt
 import agentrt.dialects
+import agentrt.integrations
 import agentrt.scheduling
 import agentrt.telemetry
 
@@ -18,7 +19,7 @@ def _isort_key(name: str) -> tuple[int, str]:
 
 
 def test_all_is_sorted_and_complete() -> None:
-    for module in (agentrt, agentrt.telemetry, agentrt.scheduling):
+    for module in (agentrt, agentrt.telemetry, agentrt.scheduling, agentrt.integrations):
         names = module.__all__
         assert names == sorted(names, key=_isort_key), module.__name__
         for name in names:

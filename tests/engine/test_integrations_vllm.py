@@ -86,10 +86,10 @@ async def test_langchain_model_and_tool_on_vllm(vllm_engine: Replica) -> None:
         return str(await ping.ainvoke({}, config=config))
 
     async with agentrt.Runtime([vllm_engine.base_url], dialect="vllm") as rt:
-        llm = langchain.chat_model(rt, model=vllm_engine.model, max_tokens=32)
+        llm = langchain.model(rt, vllm_engine.model, max_tokens=32)
         chain = (llm | RunnableLambda(run_tool)).with_config(run_name="pinger")
         out = await chain.ainvoke(
-            "Is the service up?", config={"callbacks": [langchain.callbacks(rt)]}
+            "Is the service up?", config={"callbacks": [langchain.instrument(rt)]}
         )
         reports = rt.reports()
     assert out == "pong"

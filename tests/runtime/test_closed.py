@@ -13,7 +13,7 @@ import pytest
 
 import agentrt
 from agentrt import AgentrtError, Runtime, RuntimeClosedError, SyncRuntime
-from agentrt.integrations._bridge import Bridge
+from agentrt.integrations import Bridge
 from agentrt.sim import Cluster
 from agentrt.telemetry import Event, JobEnded, read_journal
 from tests._fake import MSG

@@ -239,7 +239,7 @@ async def test_a_single_endpoint_runtime_opens_no_task_group() -> None:
 async def test_a_framework_adapter_wait_uses_the_runtime_task_group(endpoints: int) -> None:
     """A wait with no block of its own (agentrt.integrations) sends its notice on the
     runtime's task group; a runtime without one counts it as skipped."""
-    from agentrt.integrations._bridge import Bridge
+    from agentrt.integrations import Bridge
 
     server = Server()
     eps = ["http://a.test/v1", "http://b.test/v1"][:endpoints]

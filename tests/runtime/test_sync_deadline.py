@@ -160,7 +160,7 @@ def test_a_framework_model_is_bounded_by_the_jobs_deadline() -> None:
 
     fake = slow_engine(True)
     with SyncRuntime([URL], transport=fake.transport()) as rt:
-        model = langchain.chat_model(rt, model="m")
+        model = langchain.model(rt, "m")
         t0 = time.perf_counter()
         with pytest.raises((TimeoutError, openai.APIConnectionError)):
             with rt.job("j", deadline_s=DEADLINE) as job, job.session():
