@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import importlib
+import io
 import json
 import math
 import os
@@ -16,6 +18,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -175,3 +178,46 @@ def test_a_run_records_its_command_as_the_suite_and_part() -> None:
         assert harness.again("--one")[1:] == ["-m", "benchmarks", "cost", "overhead", "--one"]
     finally:
         sys.argv, harness.ENTRY[:] = argv, entry
+
+
+def _quoted_commands(text: str) -> list[str]:
+    """Every ``python -m benchmarks ...`` a page quotes: inline code (across a line
+    break) and the lines of a code block (continued with ``\\``, up to a comment)."""
+    found = [" ".join(c.split()) for c in re.findall(r"`python -m benchmarks ([^`]*)`", text)]
+    for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
+        for line in re.sub(r"\\\n", " ", block).splitlines():
+            for c in re.findall(r"python -m benchmarks ([^#;|]*)", line):
+                found.append(" ".join(c.split()))
+    return found
+
+
+def test_every_command_the_docs_quote_parses() -> None:
+    # The pages quote hundreds of runs; each names a suite, a part and options it has.
+    suites: dict[str, Any] = {s.name: s for s in _suites()}  # type: ignore[attr-defined]
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    checked = 0
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        # a part is no script: the retired ``python benchmarks/overhead.py`` is quoted nowhere
+        assert not re.findall(r"\bbenchmarks/[a-z]\w*\.py", text), page.name
+        for command in _quoted_commands(text):
+            argv = [a.replace("$n", "1") for a in command.split()]
+            if not argv or argv[0] in ("list", "index") or "[" in command or argv[0].isupper():
+                continue
+            assert argv[0] in suites, f"{page.name}: no suite in `{command}`"
+            suite = suites[argv[0]]
+            names = {p.name: p for p in suite.parts} if len(suite.parts) > 1 else {}
+            rest = argv[1:]
+            part = names.get(rest[0] if rest else "", suite.parts[0])
+            if names and not (rest and rest[0] in names):
+                rest.insert(0, part.name)  # the default part
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                try:
+                    suite.parser(part).parse_args(rest)
+                except SystemExit as e:
+                    if e.code:  # --help exits 0
+                        quoted = f"`python -m benchmarks {command}`"
+                        pytest.fail(f"{page.name}: {quoted}: {err.getvalue()}")
+            checked += 1
+    assert checked > 100
