@@ -70,6 +70,75 @@ def test_one_package_one_parser_no_path_trick(path: Path) -> None:
         assert "ArgumentParser(" not in text
 
 
+def _private(dotted: str) -> bool:
+    """``agentrt._x``, ``agentrt.x._y``: a private part (dunders such as ``__version__``
+    are public)."""
+    parts = dotted.split(".")
+    return parts[0] == "agentrt" and any(
+        p.startswith("_") and not (p.startswith("__") and p.endswith("__")) for p in parts[1:]
+    )
+
+
+def _private_uses(path: Path) -> set[str]:
+    """What of agentrt's private side ``path`` imports or reads: ``import agentrt._x``,
+    ``from agentrt.x._y import ...``, ``from agentrt.x import _y``, ``agentrt._x.y``."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if _private(a.name)}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for a in node.names:
+                if _private(f"{node.module}.{a.name}"):
+                    found.add(node.module if _private(node.module) else f"{node.module}.{a.name}")
+        elif isinstance(node, ast.Attribute):
+            chain = [node.attr]
+            value = node.value
+            while isinstance(value, ast.Attribute):
+                chain.append(value.attr)
+                value = value.value
+            if isinstance(value, ast.Name) and _private(".".join([value.id, *reversed(chain)])):
+                found.add(".".join([value.id, *reversed(chain)]))
+    return found
+
+
+PRIVATE_LEFT: dict[str, set[str]] = {
+    # They replay their own job plans through a bench driver against real replicas and
+    # a real router, with their own engine counters around it (not a run_bench config).
+    "_router": {"agentrt.bench._drivers"},
+    # ``agentrt tune`` in process: its ranked settings, predictions and grid, which the
+    # command prints and writes only as text and a TOML file.
+    "_tune_check": {"agentrt.tune._command", "agentrt.tune._search", "agentrt.tune._workload"},
+    "_tune_real": {"agentrt.bench._drivers", "agentrt.tune._command", "agentrt.tune._workload"},
+    # Fits the constants the package's coding generator ships (FIT): a maintainer's tool.
+    "_fit_coding_workload": {"agentrt.bench._coding"},
+}
+"""The parts that still read agentrt's private side, and what: to shrink, never to grow."""
+
+
+def test_no_part_reads_agentrt_private_side_but_those_listed(tmp_path: Path) -> None:
+    # A benchmark measures what users run: the public API (agentrt, agentrt.bench, ...).
+    uses = {p.stem: _private_uses(p) for p in sorted(BENCHMARKS.glob("*.py"))}
+    assert {k: v for k, v in uses.items() if v} == PRIVATE_LEFT
+    # the check sees each form
+    probe = tmp_path / "probe.py"
+    forms = (
+        "import agentrt._runtime\n"
+        "from agentrt.bench._steady import plot\n"
+        "from agentrt.bench import _x\n"
+        "import agentrt\n"
+        "agentrt._context._CALL_SESSION\n"
+        "agentrt.__version__\n"
+    )
+    probe.write_text(forms, encoding="utf-8")
+    assert _private_uses(probe) == {
+        "agentrt._runtime",
+        "agentrt.bench._steady",
+        "agentrt.bench._x",
+        "agentrt._context._CALL_SESSION",
+        "agentrt._context",
+    }
+
+
 def test_every_suite_has_its_page_and_the_index_links_it() -> None:
     index = (ROOT / "docs" / "benchmarks.md").read_text()
     for suite in _suites():
