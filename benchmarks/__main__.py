@@ -91,7 +91,8 @@ def _index() -> None:
                     continue
                 listed.add(name)
                 rec = _recorded(path)
-                command = rec.get("command", f"python -m benchmarks {suite.name} {e.name}")
+                part = f" {e.name}" if len(suite.parts) > 1 else ""
+                command = rec.get("command", f"python -m benchmarks {suite.name}{part}")
                 lines.append(
                     f"| `{name}` | {e.what} | `{command}` | {rec.get('commit', '')} "
                     f"| {rec.get('date', '')[:10]} |"

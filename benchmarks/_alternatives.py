@@ -41,12 +41,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from agentrt.bench import BenchConfig, ClientSpec, TraceOptions
-from agentrt.bench._runner import ClientRun, PartResult, _resumed_hit_rate, run_parts
+from agentrt.bench import BenchConfig, ClientResult, ClientSpec, TraceOptions, run_study
 from agentrt.sim.peers import PEERS
 
-from ._harness import add_run_args, quantile, run_record, write_result
-from ._slo import Setup, at_rate, measure
+from ._harness import add_run_args, run_record, write_result
+from ._slo import Setup, measure
 
 WORKLOADS: dict[str, dict[str, Any]] = {
     "claude-code": {"jobs": 100, "start": 0.02},
@@ -77,18 +76,17 @@ def configurations(peers: Sequence[str], tuned: str | None) -> list[str]:
     return out
 
 
-def _jct(run: ClientRun) -> dict[str, float]:
-    ok = [r.jct_s for r in run.results if r.status == "ok"]
-    if not ok:
-        return {"p50": math.nan, "p90": math.nan, "failed": len(run.results)}
+def _jct(run: ClientResult) -> dict[str, float]:
+    if run.failed == run.jobs:
+        return {"p50": math.nan, "p90": math.nan, "failed": run.jobs}
     return {
-        "p50": quantile(ok, 0.5),
-        "p90": quantile(ok, 0.9),
-        "mean": statistics.fmean(ok),
-        "failed": sum(r.status != "ok" for r in run.results),
-        "cache_hit": run.engine.get("hit_rate") or math.nan,
-        "resumed_hit": _resumed_hit_rate(run.results) or math.nan,
-        "busy": run.engine.get("utilization") or math.nan,
+        "p50": run.jct["p50"],
+        "p90": run.jct["p90"],
+        "mean": run.jct["mean"],
+        "failed": run.failed,
+        "cache_hit": run.prefix_cache_hit_rate or math.nan,
+        "resumed_hit": run.resumed_hit_rate or math.nan,
+        "busy": run.utilization or math.nan,
     }
 
 
@@ -99,29 +97,22 @@ def loads(
     workers: Any,
 ) -> dict[str, Any]:
     """Every client replayed at each workload's two ``rates`` (jobs/s: ``low``,
-    ``high``), per seed."""
-    items: list[tuple[BenchConfig, list[Any], int]] = []
+    ``high``), per seed: the same jobs for every client (the workload's for the seed,
+    Poisson arrivals at the rate)."""
+    cfgs: list[BenchConfig] = []
     keys: list[tuple[str, int, str, str]] = []
     for wl in setup.workloads:
         for seed in setup.seeds:
-            plans = setup.jobs(wl, seed)
             for label, rate in zip(("low", "high"), rates[wl], strict=True):
                 for client in clients:
-                    cfg = setup.config(wl, seed, rate=rate, clients=(client,), fleet=setup.fleet)
-                    items.append((cfg, at_rate(plans, rate), 0))
+                    cfgs.append(
+                        setup.config(wl, seed, rate=rate, clients=(client,), fleet=setup.fleet)
+                    )
                     keys.append((wl, seed, label, client))
-    out: dict[int, PartResult] = {}
-
-    def done(index: int, result: PartResult | BaseException) -> None:
-        if isinstance(result, BaseException):
-            raise result
-        out[index] = result
-
-    run_parts(items, done, workers=workers)
+    runs = run_study(cfgs, workers=workers)
     result: dict[str, Any] = {}
-    for i, (wl, seed, label, client) in enumerate(keys):
-        run = out[i]
-        assert isinstance(run, ClientRun)
+    for (wl, seed, label, client), bench in zip(keys, runs, strict=True):
+        run = bench.clients[0]
         at = result.setdefault(wl, {}).setdefault(
             label, {"rate": rates[wl][0 if label == "low" else 1]}
         )

@@ -23,7 +23,6 @@ import httpx
 
 import agentrt
 from agentrt.bench import Call, JobPlan, Prompts, SessionPlan, VirtualTimeLoop
-from agentrt.bench._drivers import _WORDS
 from agentrt.sim import PRESETS, Cluster, calibrate, probe_engine
 from agentrt.testing.vllm_cpu import SETUP_MESSAGE, ReplicaSpec, find_engine, launch
 
@@ -86,13 +85,15 @@ def summary(reports: list[agentrt.JobReport]) -> dict[str, float]:
 
 
 async def words_per_block(base_url: str, model: str) -> int:
-    """Words of the prompt vocabulary per 64 tokens of the engine's tokenizer."""
-    text = " ".join(_WORDS * 20)
+    """Words of the prompt vocabulary per 64 tokens of the engine's tokenizer: 20 blocks
+    of ``Prompts("text")`` words, tokenized by the engine."""
+    blocks = Call(0.0, None, tuple(range(20)), "words", 0, 0, 0)
+    text = Prompts("text", words_per_block=32).render(blocks)
     root = base_url[: -len("/v1")]
     async with httpx.AsyncClient(timeout=30) as http:
         resp = await http.post(root + "/tokenize", json={"model": model, "prompt": text})
         tokens = len(resp.json()["tokens"])
-    return max(1, round(64 * len(_WORDS) * 20 / tokens))
+    return max(1, round(64 * len(text.split()) / tokens))
 
 
 async def real_side(url: str, model: str, plans: list[JobPlan]) -> dict[str, Any]:

@@ -10,8 +10,10 @@ server (``httpx.MockTransport``), on asyncio:
 
 - ``openai``: a bare ``openai.AsyncOpenAI`` (max_retries=0), N ``chat.completions.create``;
 - ``agentrt``: a ``Runtime`` with its defaults, N jobs of one ``session.chat`` each;
-- ``agentrt-unshared``: the same with the tag not given to the runtime's client (as
-  agentrt before the fix).
+- ``agentrt-unshared``: the same jobs and sessions, each call through an
+  ``openai.AsyncOpenAI`` the caller built over ``rt.http_client()`` (agentrt's path, but
+  a client agentrt did not build: it finds its tag itself, as agentrt's own clients did
+  before agentrt shared it).
 
 Reported per variant: the median over rounds of the calls' median and maximum latency
 (each call's wall time as its caller saw it) and of the burst's wall time.
@@ -33,7 +35,6 @@ import httpx
 import openai
 
 import agentrt
-import agentrt._runtime
 
 from ._harness import ROOT, add_run_args, again, interleaved, quantile, write_result
 
@@ -79,13 +80,21 @@ async def _burst(variant: str, n: int) -> dict[str, float]:
                 for _ in range(n):
                     tg.start_soon(timed, lambda: create(model="m", messages=MESSAGES))
     else:
-        if variant == "agentrt-unshared":
-            agentrt._runtime.give_platform = lambda client, tag: None  # type: ignore[attr-defined]
         async with agentrt.Runtime(["http://e/v1"], transport=transport, otel=False) as rt:
+            own = openai.AsyncOpenAI(
+                base_url="http://e/v1",
+                api_key="x",
+                http_client=rt.http_client(),  # type: ignore[arg-type,unused-ignore]
+                max_retries=0,
+            )
 
             async def one() -> None:
                 async with rt.job("burst") as job, job.session("s") as s:
-                    await timed(lambda: s.chat(model="m", messages=MESSAGES))
+                    if variant == "agentrt-unshared":  # the session's block: its turn
+                        create = own.chat.completions.create
+                        await timed(lambda: create(model="m", messages=MESSAGES))
+                    else:
+                        await timed(lambda: s.chat(model="m", messages=MESSAGES))
 
             t0 = time.perf_counter()
             async with anyio.create_task_group() as tg:

@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrt.bench import TraceOptions
 from agentrt.bench._coding import FIT, QS, CodingFit, Quantiles
-from agentrt.bench._workloads import default_trace_dir
 
 from ._harness import quantile
 
@@ -158,7 +158,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    fitted = fit(args.traces or default_trace_dir())
+    fitted = fit(TraceOptions(directory=args.traces).folder())
     print(f"# {fitted.sessions} sessions; quantiles at {QS}")
     print(fitted.literal())
     if args.check:

@@ -43,7 +43,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agentrt.bench import BenchConfig, TraceOptions, run_bench
-from agentrt.bench._workloads import default_trace_dir
 
 from ._harness import ROOT, add_run_args, again, commit, write_result
 
@@ -63,7 +62,7 @@ def slices() -> dict[str, BenchConfig]:
             api="http",
         )
     }
-    if default_trace_dir().is_dir():
+    if TraceOptions().folder().is_dir():
         out["claude-code"] = BenchConfig(
             workload="claude-code",
             jobs=40,
@@ -73,7 +72,7 @@ def slices() -> dict[str, BenchConfig]:
             clients=("agentrt:session",),
             stretch=False,
             api="http",
-            traces=TraceOptions(directory=default_trace_dir(), token_scale=0.25),
+            traces=TraceOptions(directory=TraceOptions().folder(), token_scale=0.25),
         )
     return out
 

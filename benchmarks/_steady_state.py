@@ -1,7 +1,8 @@
 """The steady-state benchmark: throughput against latency per client, closed
 loop (N agents) and open loop (Poisson at fractions of the measured capacity), for ample
-KV and KV pressure. The logic is agentrt/bench/_steady.py; docs/benchmarks/steady.md says what it
-measures and how far to trust it.
+KV and KV pressure. The logic is the package's (:func:`agentrt.bench.steady_study`, a
+:class:`agentrt.bench.SteadyConfig`); this is its command line. docs/benchmarks/steady.md
+says what it measures and how far to trust it.
 
     # the full study (Claude Code traces that fit 200k tokens, 500 jobs, 7 clients)
     python -m benchmarks alternatives steady --workers 16 --out results/steady_claude_code.json
@@ -16,12 +17,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from agentrt.bench import TraceOptions
-from agentrt.bench._steady import QUICK, SteadyConfig, format_table, plot, run_steady, save
+from agentrt.bench import SteadyConfig, TraceOptions, steady_study
 
 from ._harness import add_run_args
 
@@ -58,8 +57,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
 
 def config(args: argparse.Namespace) -> SteadyConfig:
     """The study's configuration from the options."""
-    d = SteadyConfig()
-    fields: dict[str, Any] = dict(QUICK) if args.quick else {}
+    d = SteadyConfig.quick() if args.quick else SteadyConfig()
+    fields: dict[str, Any] = {}
     for name in ("workload", "jobs", "clients", "users", "loads", "kv", "replicas", "bootstrap"):
         value = getattr(args, name)
         if value is not None:
@@ -95,14 +94,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     tag = f"{cfg.workload}{'-quick' if args.quick else ''}"
     out = args.out or Path("results") / f"steady_{tag.replace('-', '_')}.json"
-    started = time.perf_counter()
-    result = run_steady(cfg, workers=args.workers, progress=lambda line: print(line, flush=True))
-    save(result, out)
-    print(format_table(result))
-    print(f"results: {out} ({time.perf_counter() - started:.0f} s wall)")
-    try:
-        png = plot(result, args.plot or out.with_suffix(".png"))
-        print(f"plot: {png}")
-    except ImportError:
-        print("plot: matplotlib is not installed (pip install 'agentjct[report]')")
+    steady_study(
+        cfg, out, png=args.plot, workers=args.workers, echo=lambda line: print(line, flush=True)
+    )
     return 0

@@ -37,7 +37,6 @@ import anyio
 import httpx2
 
 import agentrt
-from agentrt._context import _CALL_SESSION
 from agentrt.telemetry import Event
 
 from ._harness import add_run_args, write_result
@@ -84,15 +83,15 @@ async def run(
         total = 0.0
         done = 0
         while done < calls:
-            async with rt.job("micro") as job, job.session() as s:
-                token = _CALL_SESSION.set(s)
+            # the session's block: the transport finds its calls' session there, as for
+            # calls through rt.http_client() or rt.openai() (no session.chat around them)
+            async with rt.job("micro") as job, job.session():
                 if prof:
                     prof.enable()
                 t = time.process_time()
                 for _ in range(per_job):
                     response = await transport.handle_async_request(request)
                     await response.aread()
-                _CALL_SESSION.reset(token)
             total += time.process_time() - t  # includes the job's report
             if prof:
                 prof.disable()

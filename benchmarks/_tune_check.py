@@ -42,8 +42,6 @@ from pathlib import Path
 from typing import Any
 
 from agentrt.bench import BenchConfig, BenchResult, ClientSpec, TraceOptions, run_study
-from agentrt.bench._runner import journal_paths
-from agentrt.bench._workloads import default_trace_dir
 from agentrt.tune._command import TuneOptions, TuneResult, chosen, tune
 from agentrt.tune._search import CONCURRENCY, LOADS, POLICIES, ROUTINGS, Setting
 from agentrt.tune._workload import runtime_defaults
@@ -205,7 +203,7 @@ def traces(w: Workload, first: int, count: int, folder: Path) -> TraceOptions:
     opts = TraceOptions(token_scale=w.token_scale, max_wait_s=w.max_wait_s)
     if w.workload not in ("claude-code", "mixed-cc"):
         return opts
-    files = sorted(default_trace_dir().glob("trace_*.json.gz"))[first : first + count]
+    files = sorted(opts.folder().glob("trace_*.json.gz"))[first : first + count]
     if len(files) < count:
         raise SystemExit(f"{w.name}: needs {first + count} traces, found fewer")
     folder.mkdir(parents=True, exist_ok=True)
@@ -288,8 +286,9 @@ def record(checks: list[Check], work: Path, use_config: bool, workers: Any) -> l
     results = run_study(cfgs, workers=workers)
     out = []
     for c, cfg, res in zip(checks, cfgs, results, strict=True):
-        (path,) = journal_paths(cfg)
-        assert path is not None
+        # one client, one journal: ``journal-<client>.jsonl`` (BenchConfig.journal_dir)
+        assert cfg.journal_dir is not None
+        (path,) = cfg.journal_dir.glob("journal-*.jsonl")
         row = res.clients[0]
         c.tune["recording"] = {
             "jobs": row.jobs,

@@ -6,6 +6,8 @@ figures of its own (the checkout's ``benchmarks/``): :func:`quantile` (nearest r
 ``ceil(q n)``-th smallest of ``n`` sorted values) and :func:`bootstrap_interval` (a
 quantile with its 90% percentile-bootstrap interval), and :func:`parse_workers`, the
 ``--workers`` option's parser (an int >= 1, ``auto`` or ``ray``; :data:`Workers`).
+:func:`steady_study` runs the steady-state study (:class:`SteadyConfig`: throughput
+against JCT per client, closed and open loop; docs/benchmarks/steady.md).
 """
 
 from typing import TYPE_CHECKING
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
     from ._parallel import Workers, parse_workers
     from ._plan import BLOCK_TOKENS, Call, Fanout, JobPlan, SessionPlan
     from ._runner import BenchConfig, BenchResult, ClientResult, run_bench, run_study
+    from ._steady import SteadyConfig, steady_study
     from ._workloads import WORKLOADS, Arrivals, TraceOptions, make_workload
 
 __all__ = [
@@ -34,6 +37,7 @@ __all__ = [
     "JobPlan",
     "Prompts",
     "SessionPlan",
+    "SteadyConfig",
     "TraceOptions",
     "VirtualTimeLoop",
     "Workers",
@@ -43,6 +47,7 @@ __all__ = [
     "quantile",
     "run_bench",
     "run_study",
+    "steady_study",
 ]
 
 _HOMES: dict[str, str] = {
@@ -63,6 +68,8 @@ _HOMES: dict[str, str] = {
     "ClientResult": "._runner",
     "run_bench": "._runner",
     "run_study": "._runner",
+    "SteadyConfig": "._steady",
+    "steady_study": "._steady",
     "WORKLOADS": "._workloads",
     "Arrivals": "._workloads",
     "TraceOptions": "._workloads",

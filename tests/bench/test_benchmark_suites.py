@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import importlib
+import io
 import json
 import math
 import os
@@ -16,6 +18,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,6 +68,75 @@ def test_one_package_one_parser_no_path_trick(path: Path) -> None:
     # one parser per suite, built in _suites.py (the echo server is a process of its own)
     if path.stem not in ("_suites", "_echo_server"):
         assert "ArgumentParser(" not in text
+
+
+def _private(dotted: str) -> bool:
+    """``agentrt._x``, ``agentrt.x._y``: a private part (dunders such as ``__version__``
+    are public)."""
+    parts = dotted.split(".")
+    return parts[0] == "agentrt" and any(
+        p.startswith("_") and not (p.startswith("__") and p.endswith("__")) for p in parts[1:]
+    )
+
+
+def _private_uses(path: Path) -> set[str]:
+    """What of agentrt's private side ``path`` imports or reads: ``import agentrt._x``,
+    ``from agentrt.x._y import ...``, ``from agentrt.x import _y``, ``agentrt._x.y``."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if _private(a.name)}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for a in node.names:
+                if _private(f"{node.module}.{a.name}"):
+                    found.add(node.module if _private(node.module) else f"{node.module}.{a.name}")
+        elif isinstance(node, ast.Attribute):
+            chain = [node.attr]
+            value = node.value
+            while isinstance(value, ast.Attribute):
+                chain.append(value.attr)
+                value = value.value
+            if isinstance(value, ast.Name) and _private(".".join([value.id, *reversed(chain)])):
+                found.add(".".join([value.id, *reversed(chain)]))
+    return found
+
+
+PRIVATE_LEFT: dict[str, set[str]] = {
+    # They replay their own job plans through a bench driver against real replicas and
+    # a real router, with their own engine counters around it (not a run_bench config).
+    "_router": {"agentrt.bench._drivers"},
+    # ``agentrt tune`` in process: its ranked settings, predictions and grid, which the
+    # command prints and writes only as text and a TOML file.
+    "_tune_check": {"agentrt.tune._command", "agentrt.tune._search", "agentrt.tune._workload"},
+    "_tune_real": {"agentrt.bench._drivers", "agentrt.tune._command", "agentrt.tune._workload"},
+    # Fits the constants the package's coding generator ships (FIT): a maintainer's tool.
+    "_fit_coding_workload": {"agentrt.bench._coding"},
+}
+"""The parts that still read agentrt's private side, and what: to shrink, never to grow."""
+
+
+def test_no_part_reads_agentrt_private_side_but_those_listed(tmp_path: Path) -> None:
+    # A benchmark measures what users run: the public API (agentrt, agentrt.bench, ...).
+    uses = {p.stem: _private_uses(p) for p in sorted(BENCHMARKS.glob("*.py"))}
+    assert {k: v for k, v in uses.items() if v} == PRIVATE_LEFT
+    # the check sees each form
+    probe = tmp_path / "probe.py"
+    forms = (
+        "import agentrt._runtime\n"
+        "from agentrt.bench._steady import plot\n"
+        "from agentrt.bench import _x\n"
+        "import agentrt\n"
+        "agentrt._context._CALL_SESSION\n"
+        "agentrt.__version__\n"
+    )
+    probe.write_text(forms, encoding="utf-8")
+    assert _private_uses(probe) == {
+        "agentrt._runtime",
+        "agentrt.bench._steady",
+        "agentrt.bench._x",
+        "agentrt._context._CALL_SESSION",
+        "agentrt._context",
+    }
 
 
 def test_every_suite_has_its_page_and_the_index_links_it() -> None:
@@ -175,3 +247,46 @@ def test_a_run_records_its_command_as_the_suite_and_part() -> None:
         assert harness.again("--one")[1:] == ["-m", "benchmarks", "cost", "overhead", "--one"]
     finally:
         sys.argv, harness.ENTRY[:] = argv, entry
+
+
+def _quoted_commands(text: str) -> list[str]:
+    """Every ``python -m benchmarks ...`` a page quotes: inline code (across a line
+    break) and the lines of a code block (continued with ``\\``, up to a comment)."""
+    found = [" ".join(c.split()) for c in re.findall(r"`python -m benchmarks ([^`]*)`", text)]
+    for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
+        for line in re.sub(r"\\\n", " ", block).splitlines():
+            for c in re.findall(r"python -m benchmarks ([^#;|]*)", line):
+                found.append(" ".join(c.split()))
+    return found
+
+
+def test_every_command_the_docs_quote_parses() -> None:
+    # The pages quote hundreds of runs; each names a suite, a part and options it has.
+    suites: dict[str, Any] = {s.name: s for s in _suites()}  # type: ignore[attr-defined]
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    checked = 0
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        # a part is no script: the retired ``python benchmarks/overhead.py`` is quoted nowhere
+        assert not re.findall(r"\bbenchmarks/[a-z]\w*\.py", text), page.name
+        for command in _quoted_commands(text):
+            argv = [a.replace("$n", "1") for a in command.split()]
+            if not argv or argv[0] in ("list", "index") or "[" in command or argv[0].isupper():
+                continue
+            assert argv[0] in suites, f"{page.name}: no suite in `{command}`"
+            suite = suites[argv[0]]
+            names = {p.name: p for p in suite.parts} if len(suite.parts) > 1 else {}
+            rest = argv[1:]
+            part = names.get(rest[0] if rest else "", suite.parts[0])
+            if names and not (rest and rest[0] in names):
+                rest.insert(0, part.name)  # the default part
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                try:
+                    suite.parser(part).parse_args(rest)
+                except SystemExit as e:
+                    if e.code:  # --help exits 0
+                        quoted = f"`python -m benchmarks {command}`"
+                        pytest.fail(f"{page.name}: {quoted}: {err.getvalue()}")
+            checked += 1
+    assert checked > 100
