@@ -509,7 +509,7 @@ class ClientRun:
     """The client's view of the replicas' KV against the engines': see
     :attr:`ClientResult.kv_view`."""
     peer: dict[str, Any] | None = None
-    """A modelled peer's own counters (``Policy.stats``: holds, pauses, resumes), or None."""
+    """A modelled peer's own counters (``PeerPolicy.stats``: holds, pauses, resumes), or None."""
 
 
 PartResult = dict[str, float] | ClientRun

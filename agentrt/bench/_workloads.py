@@ -209,7 +209,7 @@ _LIST: Final = "\x00blocks "
 
 def _read_trace(path: Path) -> tuple[Any, list[bytes]]:
     """A trace file's JSON, its block lists (``hash_ids``: most of the file, as a request's
-    list holds its whole context) left as raw bytes, for :class:`_Blocks` to read only the
+    list holds its whole context) left as raw bytes, for :class:`_KeptBlocks` to read only the
     blocks a replay keeps. Each list so left reads as ``_LIST + index`` into the raw lists
     returned; a list with anything but scalars in it is parsed as JSON, as is the rest."""
     with gzip.open(path, "rb") as f:
@@ -242,7 +242,7 @@ def _read_trace(path: Path) -> tuple[Any, list[bytes]]:
     return json.loads(b"".join(parts)), lists
 
 
-class _Blocks:
+class _KeptBlocks:
     """Reads the blocks a replay keeps of each request's block list, in a session's order.
 
     A request's context is mostly the previous request's plus what the turn added, so when
@@ -313,7 +313,7 @@ def _trace_session(
     steps: list[Step] = []
     group: list[SessionPlan] = []
     prev_stop = ""
-    reader = _Blocks(lists)
+    reader = _KeptBlocks(lists)
     for i, req in enumerate(requests):
         if req.get("type") == "subagent":
             sub_name = str(req.get("agent_id") or f"sub{i}")

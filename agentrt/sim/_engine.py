@@ -9,16 +9,16 @@ then lasts ``CostModel.step_seconds(...)`` of simulated time.
 Time only advances through ``anyio.sleep`` and is only read through
 ``anyio.current_time()``: the loop runs in wall-clock time on asyncio, and in virtual time
 under trio's ``MockClock(autojump_threshold=0)``. When nothing changes for a while (only
-decodes run, nothing can be admitted) the loop sleeps through many decode steps at once; an
-arrival or an abort interrupts that sleep, and the step in progress completes first.
+decodes run, nothing can be admitted) the loop sleeps through many steps at once (planned
+by ``_runahead``); an arrival or an abort interrupts that sleep, and the step in progress
+completes first.
 """
 
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
@@ -29,6 +29,7 @@ from ._config import EngineConfig
 from ._kv import KVCache, Node
 from ._metrics import ReplicaStats, Scraper, snapshot
 from ._request import ABORTED, FINISHED, RUNNING, WAITING, RequestRejected, SimRequest
+from ._runahead import Step, decode_leap, leap_seconds, leap_steps_done, run_ahead
 from ._sessions import Sessions
 from ._tokenize import Prompt, Tokenizer, slice_runs
 from ._waiting import waiting_queue
@@ -44,9 +45,6 @@ __all__ = [
     "SimRequest",
 ]
 
-_RUN_AHEAD_STEPS: Final = 256
-"""Most prefill steps computed ahead in one go."""
-
 
 class Engine:
     """One replica's step loop: the running batch, its steps and their counters.
@@ -54,7 +52,8 @@ class Engine:
     What it works with is held by its parts: the KV cache (``_kv``), the waiting queue and
     its order (``_waiting``), the sessions between their calls and the KV policies applied
     to them (``_sessions``), the published metrics (``_metrics``) and the KV-event
-    subscribers (``_blockevents``)."""
+    subscribers (``_blockevents``); the steps it can sleep through at once are planned by
+    ``_runahead``."""
 
     def __init__(self, config: EngineConfig, name: str = "replica-0") -> None:
         self.config = config
@@ -300,16 +299,28 @@ class Engine:
                 )
                 self.iterations += 1
                 if leap and not self.exact_steps:
-                    k = self._macro_steps(now, n_decode, first, next_event)
+                    slope = cost.decode_context_token_s * n_decode
+                    k = decode_leap(
+                        self.config, self.running, now, first, slope, next_event, kv.available()
+                    )
                     if k > 1:
-                        steps, total = await self._macro_sleep(now, first, n_decode, k)
+                        steps, total = await self._leap(now, first, slope, k)
                         scrape.observe()
                         self.steps += steps
                         self.busy_s += total
                         self._finish_decodes(steps, anyio.current_time())
                         continue
                 elif quiet and n_prefill and not self.exact_steps:
-                    ahead = self._run_ahead(sched, first, now, next_event)
+                    ahead = run_ahead(
+                        self.config,
+                        self.running,
+                        sched,
+                        first,
+                        now,
+                        next_event,
+                        kv.available(),
+                        self._pending,
+                    )
                     if len(ahead) > 1:
                         await self._run_steps(now, ahead)
                         continue
@@ -332,9 +343,7 @@ class Engine:
         finally:
             self._wake = None
 
-    def _schedule(
-        self, now: float
-    ) -> tuple[list[tuple[SimRequest, int]], int, int, int, float, float, bool, bool] | None:
+    def _schedule(self, now: float) -> tuple[Step, int, int, int, float, float, bool, bool] | None:
         cfg = self.config
         kv = self.kv
         bs = cfg.block_size
@@ -454,7 +463,7 @@ class Engine:
 
     # ------------------------------------------------------------ applying steps
 
-    def _finish_step(self, sched: list[tuple[SimRequest, int]], now: float) -> None:
+    def _finish_step(self, sched: Step, now: float) -> None:
         kv = self.kv
         bs = self.config.block_size
         done = False
@@ -492,99 +501,7 @@ class Engine:
         if done:
             self.running = [r for r in self.running if r.status == RUNNING]
 
-    def _run_ahead(
-        self,
-        sched: list[tuple[SimRequest, int]],
-        first: float,
-        now: float,
-        next_event: float | None,
-    ) -> list[tuple[list[tuple[SimRequest, int]], float]]:
-        """The steps that follow ``sched`` while prefills run and nothing can change: each
-        step's batch and duration, computed as :meth:`_schedule` would, up to the first step
-        with a visible outcome (a finish, a streamed chunk), a step needing a preemption, or
-        a step with no prefill left (the decode leap takes over)."""
-        cfg = self.config
-        cost = cfg.cost
-        bs = cfg.block_size
-        running = self.running
-        comp = {r: r.num_computed for r in running}
-        out = {r: r.num_output for r in running}
-        held = {r: r.tree_blocks + r.private for r in running}
-        steps = [(sched, first)]
-        if self._visible(sched, comp, out):
-            return steps
-        avail = self.kv.available()
-        limit = next_event - now if next_event is not None else math.inf
-        total = first
-        budget0 = cfg.max_num_batched_tokens
-        thr = cfg.long_prefill_token_threshold
-        while len(steps) < _RUN_AHEAD_STEPS:
-            budget = budget0
-            step: list[tuple[SimRequest, int]] = []
-            grow: list[tuple[SimRequest, int]] = []
-            n_prefill = n_decode = ctx = need = 0
-            pairs = 0.0
-            for r in running:
-                if budget <= 0:
-                    break
-                c = comp[r]
-                t = r.prompt_len + out[r]
-                n = t - c
-                if n > budget:
-                    n = budget
-                if thr and n > thr:
-                    n = thr
-                nb = -(-(c + n) // bs) - held[r]
-                if nb > 0:
-                    need += nb
-                    grow.append((r, nb))
-                step.append((r, n))
-                budget -= n
-                if n == 1 and out[r] and c + 1 == t:
-                    n_decode += 1
-                    ctx += c + 1
-                else:
-                    n_prefill += n
-                    pairs += n * c + n * (n + 1) / 2
-            if not n_prefill or need > avail:
-                break
-            if self._pending and budget > 0 and len(running) < cfg.max_num_seqs:
-                break  # the scheduler would admit a waiting request in this step
-            d = cost.step_seconds(
-                prefill_tokens=n_prefill,
-                decode_seqs=n_decode,
-                decode_context_tokens=ctx,
-                prefill_pairs=pairs,
-            )
-            if total + d > limit:
-                break
-            avail -= need
-            for r, nb in grow:
-                held[r] += nb
-            steps.append((step, d))
-            total += d
-            if self._visible(step, comp, out):
-                break
-        return steps
-
-    @staticmethod
-    def _visible(
-        step: list[tuple[SimRequest, int]], comp: dict[SimRequest, int], out: dict[SimRequest, int]
-    ) -> bool:
-        """Advance the local counters by one step; whether the step ends with something a
-        client sees (a finish or a streamed chunk)."""
-        seen = False
-        for r, n in step:
-            c = comp[r] = comp[r] + n
-            if c == r.prompt_len + out[r]:
-                o = out[r] = out[r] + 1
-                if o >= r.max_tokens or (r.stream and (o == 1 or o - r.notified >= r.notify_every)):
-                    seen = True
-        return seen
-
-    async def _run_steps(
-        self, t0: float, steps: list[tuple[list[tuple[SimRequest, int]], float]]
-    ) -> None:
+    async def _run_steps(self, t0: float, steps: list[tuple[Step, float]]) -> None:
         """Sleep through precomputed steps (an arrival or abort cuts them short after the
         step in progress), then apply the steps that ran."""
         ends: list[float] = []
@@ -627,72 +544,15 @@ class Engine:
             self._interrupt = None
         return scope.cancelled_caught
 
-    def _macro_steps(
-        self, now: float, n_decode: int, first: float, next_event: float | None
-    ) -> int:
-        """How many decode steps can run before anything can change."""
-        k = min(r.max_tokens - r.num_output for r in self.running)
-        if k <= 1:
-            return 1
-        for r in self.running:
-            if r.stream:
-                k = min(k, max(1, r.notify_every - (r.num_output - r.notified)))
-        if k <= 1:
-            return 1
-        # KV: blocks the later steps need beyond this step's allocation.
-        bs = self.config.block_size
-        avail = self.kv.available()
-
-        def extra(steps: int) -> int:
-            total = 0
-            for r in self.running:
-                c = r.num_computed
-                total += -(-(c + steps) // bs) - -(-(c + 1) // bs)
-            return total
-
-        if extra(k) > avail:
-            lo, hi = 1, k
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if extra(mid) <= avail:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            k = lo
-        if k > 1 and next_event is not None:
-            b = self.config.cost.decode_context_token_s * n_decode
-            limit = next_event - now
-            while k > 1 and k * first + b * k * (k - 1) / 2 > limit:
-                k = max(1, min(k - 1, int(limit / first) if first > 0 else 1))
-        return k
-
-    async def _macro_sleep(
-        self, t0: float, first: float, n_decode: int, k: int
-    ) -> tuple[int, float]:
+    async def _leap(self, t0: float, first: float, slope: float, k: int) -> tuple[int, float]:
         """Sleep through ``k`` decode steps unless interrupted; the steps done and their time."""
-        b = self.config.cost.decode_context_token_s * n_decode
-
-        def t_of(s: int) -> float:
-            return s * first + b * s * (s - 1) / 2
-
-        total = t_of(k)
+        total = leap_seconds(first, slope, k)
         if not await self._sleep_interruptible(total):
             return k, total
-        elapsed = anyio.current_time() - t0
-        # steps completed by now: largest s with t_of(s) <= elapsed
-        if b > 0:
-            a = first - b / 2
-            s = int((-a + math.sqrt(a * a + 2 * b * elapsed)) / b) if elapsed > 0 else 0
-        else:
-            s = int(elapsed / first) if first > 0 else k
-        s = max(0, min(s, k))
-        while s > 0 and t_of(s) > elapsed:
-            s -= 1
-        while s < k and t_of(s + 1) <= elapsed:
-            s += 1
-        steps = min(k, s + 1)  # the step in progress completes
-        await anyio.sleep_until(t0 + t_of(steps))
-        return steps, t_of(steps)
+        steps = leap_steps_done(first, slope, k, anyio.current_time() - t0)
+        total = leap_seconds(first, slope, steps)
+        await anyio.sleep_until(t0 + total)
+        return steps, total
 
     def _finish_decodes(self, steps: int, now: float) -> None:
         """Apply ``steps`` decode steps to every running request (all decoding)."""
@@ -712,7 +572,7 @@ class Engine:
                 req.private += need
             if req.num_output >= req.max_tokens:
                 done = True
-        if extra and not kv.allocate(extra):  # pragma: no cover - guarded by _macro_steps
+        if extra and not kv.allocate(extra):  # pragma: no cover - guarded by decode_leap
             raise RuntimeError("KV accounting error in a multi-step decode")
         self.generation_tokens += steps * len(self.running)
         for req in self.running:

@@ -18,19 +18,13 @@ import pytest
 
 from agentrt import Retry, Runtime
 from agentrt.dialects._session_ends import MAX_CONCURRENT_ENDS
-from tests._fake import MSG, FakeEngine
+from tests._fake import MSG, FakeEngine, chat_completion
 
 FAST = Retry(attempts=1, wait_initial=0.0, wait_jitter=0.0)
-REPLY = {
-    "id": "chatcmpl-1",
-    "object": "chat.completion",
-    "created": 0,
-    "model": "m",
-    "choices": [
-        {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
-    ],
-    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-}
+REPLY = chat_completion(
+    {"role": "assistant", "content": "ok"},
+    {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+)
 
 
 class Server:

@@ -14,6 +14,7 @@ import pytest
 from agentrt import Retry, Runtime, SyncRuntime
 from agentrt._settings import CONFIG_ENV, CONFIG_KEYS, load_config
 from agentrt.scheduling import GradientLimit
+from tests._fake import chat_completion
 
 URL = "http://engine.test/v1"
 MSG = [{"role": "user", "content": "hi"}]
@@ -27,22 +28,10 @@ class Counting:
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
+        usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
         return httpx.Response(
             200,
-            json={
-                "id": "x",
-                "object": "chat.completion",
-                "created": 0,
-                "model": "m",
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": "ok"},
-                        "finish_reason": "stop",
-                    }
-                ],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-            },
+            json=chat_completion({"role": "assistant", "content": "ok"}, usage),
         )
 
     def transport(self) -> httpx.MockTransport:

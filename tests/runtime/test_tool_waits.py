@@ -3,7 +3,6 @@ from the tool calls of a reply (agentrt._waits wired into the context and transp
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,7 +13,7 @@ import pytest
 from agentrt import Retry, Runtime, ToolReport
 from agentrt._protocol import parse_agentrt_header
 from agentrt.telemetry import Event, ToolStarted
-from tests._fake import MSG, FakeEngine, Seen
+from tests._fake import MSG, FakeEngine, Seen, chat_completion, sse_event
 
 pytestmark = pytest.mark.anyio
 
@@ -37,23 +36,9 @@ def tool_call_reply(*names: str) -> httpx.Response:
         {"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": "{}"}}
         for i, n in enumerate(names)
     ]
-    return httpx.Response(
-        200,
-        json={
-            "id": "chatcmpl-1",
-            "object": "chat.completion",
-            "created": 0,
-            "model": "m",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": None, "tool_calls": calls},
-                    "finish_reason": "tool_calls",
-                }
-            ],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-        },
-    )
+    message = {"role": "assistant", "content": None, "tool_calls": calls}
+    usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    return httpx.Response(200, json=chat_completion(message, usage, finish_reason="tool_calls"))
 
 
 def tool_call_stream(*names: str) -> httpx.Response:
@@ -65,7 +50,7 @@ def tool_call_stream(*names: str) -> httpx.Response:
             "model": "m",
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
         }
-        return b"data: " + json.dumps(obj).encode() + b"\n\n"
+        return sse_event(obj)
 
     parts = [chunk({"role": "assistant", "content": None})]
     for i, n in enumerate(names):

@@ -18,20 +18,15 @@ import httpx
 import pytest
 
 from agentrt import Retry, Runtime
+from tests._fake import chat_completion
 
 FAST = Retry(attempts=1, wait_initial=0.0, wait_jitter=0.0)
 MSG = [{"role": "user", "content": "hi"}]
 REPLY = json.dumps(
-    {
-        "id": "chatcmpl-1",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "m",
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
-        ],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-    }
+    chat_completion(
+        {"role": "assistant", "content": "ok"},
+        {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    )
 ).encode()
 
 

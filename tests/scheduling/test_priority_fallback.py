@@ -22,7 +22,7 @@ import pytest
 from agentrt import Endpoint, Retry, Runtime
 from agentrt.scheduling import FCFS, Ticket
 from agentrt.telemetry import AttemptFailed, CallSent, Event
-from tests._fake import HTTP_LIBS
+from tests._fake import HTTP_LIBS, chat_completion, sse_event
 
 pytestmark = pytest.mark.anyio
 
@@ -32,6 +32,7 @@ KEY = "sk-test-secret-4711"
 MSG = [{"role": "user", "content": "hi"}]
 ONE_TRY = Retry(attempts=1)
 """One attempt only: a resend that used up an attempt would fail the call."""
+THREE_TRIES = Retry(attempts=3, wait_initial=0.0, wait_jitter=0.0)
 
 
 def vllm_refusal(priority: int) -> dict[str, Any]:
@@ -87,29 +88,28 @@ class Server:
             return lib.Response(400, json=self.refusal or vllm_refusal(priority))
         if body.get("stream"):
             return lib.Response(200, headers={"content-type": "text/event-stream"}, content=_sse())
+        usage = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
         return lib.Response(
-            200,
-            json={
-                "id": "chatcmpl-1",
-                "object": "chat.completion",
-                "created": 0,
-                "model": "m",
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": "hello"},
-                        "finish_reason": "stop",
-                    }
-                ],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-            },
+            200, json=chat_completion({"role": "assistant", "content": "hello"}, usage)
         )
+
+    def runtime(self, endpoints: list[Any] | None = None, **options: Any) -> Runtime:
+        """A runtime in front of this server: vLLM's dialect, every call at level 3
+        (:class:`Level`), one attempt; ``endpoints`` default to ``refuses.test`` with
+        ``send_priority=True``; ``options`` add to or replace these."""
+        settings: dict[str, Any] = {
+            "dialect": "vllm",
+            "policy": Level,
+            "transport": self.transport(),
+            "retry": ONE_TRY,
+            **options,
+        }
+        if endpoints is None:
+            endpoints = [Endpoint(REFUSES, send_priority=True)]
+        return Runtime(endpoints, **settings)
 
 
 async def _sse() -> AsyncIterator[bytes]:
-    def event(obj: dict[str, Any]) -> bytes:
-        return b"data: " + json.dumps(obj).encode() + b"\n\n"
-
     base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": "m"}
     chunks = [
         {**base, "choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}]}
@@ -119,7 +119,7 @@ async def _sse() -> AsyncIterator[bytes]:
     usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
     chunks.append({**base, "choices": [], "usage": usage})
     for chunk in chunks:
-        yield event(chunk)
+        yield sse_event(chunk)
     yield b"data: [DONE]\n\n"
 
 
@@ -138,16 +138,7 @@ async def test_refused_priority_is_resent_without_it_and_not_sent_again(
     caplog.set_level(logging.DEBUG, logger="agentrt")
     server = Server(lib)
     events: list[Event] = []
-    eps = [Endpoint(REFUSES, send_priority=True)]
-    rt = Runtime(
-        eps,
-        dialect="vllm",
-        api_key=KEY,
-        policy=Level,
-        transport=server.transport(),
-        retry=ONE_TRY,
-        hooks=[events.append],
-    )
+    rt = server.runtime(api_key=KEY, hooks=[events.append])
     async with rt:
         async with rt.job("j") as job, job.session() as s:
             first = await s.chat(model="m", messages=MSG)
@@ -182,15 +173,8 @@ async def test_another_endpoint_still_gets_priorities() -> None:
     import httpx
 
     server = Server(httpx)
-    eps = [Endpoint(REFUSES), Endpoint(ACCEPTS)]
-    rt = Runtime(
-        eps,
-        dialect="vllm",
-        policy=Level,
-        routing="round_robin",
-        send_priority=True,
-        transport=server.transport(),
-        retry=ONE_TRY,
+    rt = server.runtime(
+        [Endpoint(REFUSES), Endpoint(ACCEPTS)], routing="round_robin", send_priority=True
     )
     async with rt:
         client = rt.openai()
@@ -207,13 +191,7 @@ async def test_a_streamed_call_is_resent_without_priority(
     import httpx
 
     server = Server(httpx)
-    rt = Runtime(
-        [Endpoint(REFUSES, send_priority=True)],
-        dialect="vllm",
-        policy=Level,
-        transport=server.transport(),
-        retry=ONE_TRY,
-    )
+    rt = server.runtime()
     async with rt:
         async with rt.job("j") as job, job.session() as s:
             stream = await s.chat(model="m", messages=MSG, stream=True)
@@ -242,13 +220,7 @@ async def test_another_400_goes_to_the_caller_and_priorities_stay_on(
     import httpx
 
     server = Server(httpx, refusal=body)
-    rt = Runtime(
-        [Endpoint(REFUSES, send_priority=True)],
-        dialect="vllm",
-        policy=Level,
-        transport=server.transport(),
-        retry=Retry(attempts=3, wait_initial=0.0, wait_jitter=0.0),
-    )
+    rt = server.runtime(retry=THREE_TRIES)
     async with rt:
         client = rt.openai()
         for stream in (False, True):
@@ -266,13 +238,7 @@ async def test_the_resend_is_made_once() -> None:
     import httpx
 
     server = Server(httpx, always_refuse=True)
-    rt = Runtime(
-        [Endpoint(REFUSES, send_priority=True)],
-        dialect="vllm",
-        policy=Level,
-        transport=server.transport(),
-        retry=Retry(attempts=3, wait_initial=0.0, wait_jitter=0.0),
-    )
+    rt = server.runtime(retry=THREE_TRIES)
     async with rt:
         async with rt.job("j") as job, job.session() as s:
             with pytest.raises(openai.BadRequestError, match="Priority scheduling"):
@@ -288,13 +254,7 @@ async def test_a_priority_the_caller_set_is_not_dropped() -> None:
     import httpx
 
     server = Server(httpx)
-    rt = Runtime(
-        [Endpoint(REFUSES, send_priority=True)],
-        dialect="vllm",
-        policy=Level,
-        transport=server.transport(),
-        retry=ONE_TRY,
-    )
+    rt = server.runtime()
     async with rt:
         client = rt.openai()
         with pytest.raises(openai.BadRequestError):
@@ -312,13 +272,7 @@ async def test_calls_in_flight_together_are_each_resent_with_one_warning(
     import httpx
 
     server = Server(httpx, both_in=anyio.Event())
-    rt = Runtime(
-        [Endpoint(REFUSES, send_priority=True)],
-        dialect="vllm",
-        policy=Level,
-        transport=server.transport(),
-        retry=ONE_TRY,
-    )
+    rt = server.runtime()
     replies: list[str | None] = []
     async with rt:
         client = rt.openai()
@@ -344,14 +298,7 @@ async def test_auto_and_false_send_no_priority_to_such_a_server(
     import httpx
 
     server = Server(httpx)
-    rt = Runtime(
-        [REFUSES],
-        dialect="vllm",
-        policy=Level,
-        send_priority=send_priority,
-        transport=server.transport(),
-        retry=ONE_TRY,
-    )
+    rt = server.runtime([REFUSES], send_priority=send_priority)
     async with rt:
         client = rt.openai()
         for _ in range(2):

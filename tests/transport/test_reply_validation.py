@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from agentrt import EndpointError, Runtime, SyncRuntime
 from agentrt.telemetry import CallEnded, Event, read_journal
-from tests._fake import MSG, FakeEngine
+from tests._fake import MSG, FakeEngine, sse_event
 
 URL = "http://engine.test/v1"
 KEY = "sk-secret-123"
@@ -151,7 +151,7 @@ def chunk(text: str) -> bytes:
         "model": "m",
         "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
     }
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+    return sse_event(obj)
 
 
 @pytest.mark.anyio

@@ -15,7 +15,7 @@ from agentrt import Runtime
 from agentrt.report._stats import summarize
 from agentrt.report._tables import SUMMARY_HEADERS, summary_table
 from agentrt.telemetry._journal import read_journal
-from tests._fake import MSG, FakeEngine
+from tests._fake import MSG, FakeEngine, chat_completion, sse_event
 
 pytestmark = pytest.mark.anyio
 
@@ -32,23 +32,7 @@ USAGE: dict[str, Any] = {
 
 
 def chat_reply(request: httpx.Request) -> httpx.Response:
-    return httpx.Response(
-        200,
-        json={
-            "id": "chatcmpl-1",
-            "object": "chat.completion",
-            "created": 0,
-            "model": "m",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": "x"},
-                    "finish_reason": "stop",
-                }
-            ],
-            "usage": USAGE,
-        },
-    )
+    return httpx.Response(200, json=chat_completion({"role": "assistant", "content": "x"}, USAGE))
 
 
 def stream_reply(request: httpx.Request) -> httpx.Response:
@@ -63,7 +47,7 @@ def stream_reply(request: httpx.Request) -> httpx.Response:
 
     async def events() -> AsyncIterator[bytes]:  # streamed: httpx reads bytes content at once
         for c in (chunk, last):
-            yield b"data: " + json.dumps(c).encode() + b"\n\n"
+            yield sse_event(c)
         yield b"data: [DONE]\n\n"
 
     return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=events())

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from .._engine import Engine
     from .._tokenize import Prompt
 
-__all__ = ["GatewayRequest", "Policy", "ReplicaView"]
+__all__ = ["GatewayRequest", "PeerPolicy", "ReplicaView"]
 
 
 class GatewayRequest:
@@ -105,7 +105,7 @@ class ReplicaView:
         return self.engine.kv.match(prompt.runs, 1 << 62).gpu_blocks
 
 
-class Policy:
+class PeerPolicy:
     """A peer's routing (and optionally scheduling) policy; the defaults do nothing.
 
     The gateway calls, per generation request: :meth:`admit` (await until the request may

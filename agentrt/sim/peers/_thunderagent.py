@@ -83,7 +83,7 @@ from typing import Any, Final, Literal
 
 import anyio
 
-from ._base import GatewayRequest, Policy, ReplicaView
+from ._base import GatewayRequest, PeerPolicy, ReplicaView
 from ._dynamo import Dynamo
 
 __all__ = ["Program", "ProgramScheduler", "ThunderAgent", "ThunderAgentConfig", "ThunderAgentHome"]
@@ -468,7 +468,7 @@ class _Waiter:
         self.ticker = False
 
 
-class ThunderAgent(Policy):
+class ThunderAgent(PeerPolicy):
     """Dynamo's ThunderAgent router in front of its KV router (see the module docstring)."""
 
     name = "thunderagent"

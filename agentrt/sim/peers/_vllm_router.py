@@ -43,14 +43,14 @@ import json
 from bisect import bisect_left
 from typing import Any, Final
 
-from ._base import GatewayRequest, Policy
+from ._base import GatewayRequest, PeerPolicy
 from ._fbi import fbi_hash
 from ._prefix import PrefixTree
 
 __all__ = [
     "CacheAware",
     "ConsistentHash",
-    "RoundRobin",
+    "PeerRoundRobin",
     "StickyLeastLoaded",
     "hash_key",
     "routing_text",
@@ -171,7 +171,7 @@ def hash_key(req: GatewayRequest) -> str:
     return f"request:{text}"
 
 
-class RoundRobin(Policy):
+class PeerRoundRobin(PeerPolicy):
     name = "vllm-router:round_robin"
     source = "vllm-project/router src/policies/round_robin.rs"
 
@@ -186,7 +186,7 @@ class RoundRobin(Policy):
         return view.index
 
 
-class CacheAware(Policy):
+class CacheAware(PeerPolicy):
     name = "vllm-router:cache_aware"
     source = "vllm-project/router src/policies/cache_aware.rs, src/tree.rs"
 
@@ -233,7 +233,7 @@ class CacheAware(Policy):
         return index
 
 
-class ConsistentHash(Policy):
+class ConsistentHash(PeerPolicy):
     name = "vllm-router:consistent_hash"
     source = "vllm-project/router src/policies/consistent_hash.rs, src/policies/hash_key.rs"
 
@@ -253,7 +253,7 @@ class ConsistentHash(Policy):
         return self._owners[i if i < len(self._owners) else 0]
 
 
-class StickyLeastLoaded(Policy):
+class StickyLeastLoaded(PeerPolicy):
     name = "vllm-router:sticky_least_loaded"
     source = "vllm-project/router src/policies/sticky_least_loaded.rs, src/server.rs"
 
