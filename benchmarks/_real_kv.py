@@ -72,7 +72,7 @@ import openai
 
 import agentrt
 from agentrt.telemetry import Event, SessionMoved
-from agentrt.testing.vllm_cpu import SETUP_MESSAGE, Replica, ReplicaSpec, find_engine, launch
+from agentrt.testing.vllm_cpu import SETUP_MESSAGE, ReplicaServer, ReplicaSpec, find_engine, launch
 
 from ._harness import add_run_args, quantile, write_result
 
@@ -670,7 +670,7 @@ def summarize_run(client: str, result: dict[str, Any], before: Any, after: Any) 
 
 
 def run_one(
-    client: str, replicas: Sequence[Replica], shape: Shape, reset: bool = True
+    client: str, replicas: Sequence[ReplicaServer], shape: Shape, reset: bool = True
 ) -> dict[str, Any]:
     """One client's run on emptied prefix caches, with the engines' counters around it
     (around the measured window, in a closed loop)."""

@@ -74,7 +74,7 @@ from agentrt.bench._drivers import JobResult, make_driver
 from agentrt.testing.vllm_cpu import (
     ROUTER_SETUP_MESSAGE,
     SETUP_MESSAGE,
-    Replica,
+    ReplicaServer,
     ReplicaSpec,
     RouterSpec,
     find_engine,
@@ -220,7 +220,7 @@ class Engine:
 
 
 class VllmEngine(Engine):
-    def __init__(self, replicas: list[Replica]) -> None:
+    def __init__(self, replicas: list[ReplicaServer]) -> None:
         self.replicas = replicas
         self.roots = [r.url for r in replicas]
         self.model = replicas[0].model

@@ -52,7 +52,7 @@ from agentrt.bench import (
     make_workload,
 )
 from agentrt.bench._drivers import make_driver
-from agentrt.testing.vllm_cpu import SETUP_MESSAGE, Replica, ReplicaSpec, find_engine, launch
+from agentrt.testing.vllm_cpu import SETUP_MESSAGE, ReplicaServer, ReplicaSpec, find_engine, launch
 from agentrt.tune._command import TuneOptions, TuneResult, chosen, tune
 from agentrt.tune._workload import runtime_defaults
 
@@ -169,7 +169,7 @@ def driver_for(config: Path, urls: list[str], model: str, journal: Path | None) 
 def run_one(
     label: str,
     config: Path,
-    replicas: list[Replica],
+    replicas: list[ReplicaServer],
     plans: list[JobPlan],
     journal: Path | None = None,
 ) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import agentrt
 import agentrt.dialects
 import agentrt.integrations
@@ -89,3 +91,15 @@ def test_the_runtime_docstring_lists_every_parameter() -> None:
     doc = agentrt.Runtime.__doc__ or ""
     params = [p for p in inspect.signature(agentrt.Runtime.__init__).parameters if p != "self"]
     assert [p for p in params if f"**{p}**" not in doc] == []
+
+
+def test_testing_names_renamed_since_0_2_warn_and_resolve() -> None:
+    import agentrt.testing as testing
+    import agentrt.testing.vllm_cpu as vllm_cpu
+
+    with pytest.warns(DeprecationWarning, match="ReplicaServer"):
+        assert testing.Replica is vllm_cpu.ReplicaServer  # type: ignore[attr-defined]
+    with pytest.warns(DeprecationWarning, match="RouterServer"):
+        assert vllm_cpu.Router is vllm_cpu.RouterServer
+    with pytest.raises(AttributeError):
+        vllm_cpu.Nope  # noqa: B018

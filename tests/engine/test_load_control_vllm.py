@@ -28,7 +28,7 @@ from dataclasses import replace
 
 import pytest
 
-from agentrt.testing.vllm_cpu import Replica
+from agentrt.testing.vllm_cpu import ReplicaServer
 
 pytestmark = pytest.mark.engine
 
@@ -76,7 +76,7 @@ def _final_contexts(run: dict[str, object]) -> int:
 
 
 def test_load_control_holds_sessions_and_prefills_less_when_oversubscribed(
-    vllm_pair: list[Replica],
+    vllm_pair: list[ReplicaServer],
 ) -> None:
     _, last = real_kv.context_tokens(SHAPE, TOKENS_PER_WORD)
     assert last < 4096, "a session's last turn must fit the pair's max_model_len"

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from agentrt.testing.vllm_cpu import Replica
+from agentrt.testing.vllm_cpu import ReplicaServer
 
 pytestmark = pytest.mark.engine
 
@@ -82,7 +82,7 @@ def _sent(run: dict[str, Any], replicas: int) -> list[int]:
 
 
 def test_agentrt_reads_the_engines_kv_and_prefills_no_more_than_round_robin(
-    vllm_pair: list[Replica],
+    vllm_pair: list[ReplicaServer],
 ) -> None:
     assert SHAPE.sessions % 2 == 1 and SHAPE.sessions >= 9, SHAPE
     # The pair's prefix caches cannot be emptied (no dev mode): each client gets prompts
