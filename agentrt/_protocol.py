@@ -160,7 +160,7 @@ def trusted_model(cls: type[_M], fields: dict[str, Any]) -> _M:
     ``cls``) not validated again: for the models agentrt builds on every call
     (:class:`CallMetadata`, ``CallReport``) from values it checked where they entered
     (ids at job and session creation). Equal to ``cls(**fields)`` for such values, at a
-    third of the cost; tests/test_hot_path.py compares the two."""
+    third of the cost; tests/transport/test_hot_path.py compares the two."""
     model = _new(cls)
     _set(model, "__dict__", fields)
     _set(model, "__pydantic_fields_set__", set(fields))

@@ -223,7 +223,7 @@ class Runtime:
         self._owns_inner = transport is None
         # At most 1,000 connections, as openai's own clients: with no cap, thousands of
         # calls at once open as many sockets, overflow a server's accept backlog and time
-        # out connecting (benchmarks/load.py, docs/benchmarks/cost.md "Load and soak").
+        # out connecting (python -m benchmarks load load, docs/benchmarks/cost.md "Load and soak").
         self._inner: httpx.AsyncBaseTransport = cast(Any, transport) or mod.AsyncHTTPTransport(
             limits=mod.Limits(max_connections=_MAX_CONNECTIONS, max_keepalive_connections=256)
         )

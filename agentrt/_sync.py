@@ -196,7 +196,7 @@ class _Held:
 
 class _RuntimeOptions(TypedDict, total=False):
     """:class:`Runtime`'s keyword arguments, typed as it types them, for
-    :class:`SyncRuntime`'s (tests/test_sync.py checks that the two agree)."""
+    :class:`SyncRuntime`'s (tests/runtime/test_sync.py checks that the two agree)."""
 
     config: str | os.PathLike[str] | None
     dialect: DialectSpec

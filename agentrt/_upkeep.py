@@ -58,7 +58,7 @@ class Upkeep:
         self._read_engine: Any = getattr(inner, "engine_reading", None)
         self._read_capacity: Any = getattr(inner, "engine_capacity", None)
         self._read_host: Any = getattr(inner, "engine_host_capacity", None)
-        """A transport that serves simulated engines in this process (the simulator's,
+        """A transport that serves simulated engines in this process (the embedded engine's,
         ``agentrt.sim``) reads their load without a page to render and parse: the same
         signals, at a fraction of the CPU (a fleet's polls of a long replay)."""
         self._schedule: PollSchedule | None = None
@@ -66,7 +66,7 @@ class Upkeep:
         self.feeds: list[KvFeed] = []
         """The endpoints' KV-event feeds read over ZMQ (while the block lasts)."""
         self._unsubscribe: list[Any] = []
-        """Ends the in-process engines' event feeds (the simulator's transport)."""
+        """Ends the in-process engines' event feeds (the embedded engine's transport)."""
         self._polls: dict[int, anyio.Event] = {}
         """The polls in progress, by endpoint: each set when it ends."""
         self._poll_ended: anyio.Event | None = None

@@ -45,8 +45,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="agentrt",
         formatter_class=Formatter,
         description="agentrt: jobs, sessions and tool waits for LLM calls. Compare a plain "
-        "client with agentrt on an embedded engine cluster, benchmark workloads, read "
-        "journals, or serve simulated replicas.",
+        "client with agentrt on the embedded engine (simulated replicas, in process), "
+        "benchmark workloads, read journals, or serve simulated replicas.",
         epilog=examples(
             "agentrt demo                    # the main job: plain client vs agentrt",
             "agentrt sim serve               # an OpenAI-compatible server on :8000",

@@ -1,10 +1,12 @@
-"""agentrt's benchmarks: a few suites, each answering one question (benchmarks/_suites.py).
+"""agentrt's benchmarks: a few suites, each answering one question (benchmarks/_suites.py),
+run only as this package:
 
-    python -m benchmarks list                 # the suites, their question and entries
-    python -m benchmarks cost                 # run a suite's main entry
-    python -m benchmarks cost http_latency --rounds 2    # or one entry, with its options
-    python -m benchmarks index                # rewrite results/README.md
+    python -m benchmarks list                     # the suites, their question and parts
+    python -m benchmarks cost                     # a suite (its default part)
+    python -m benchmarks cost http --rounds 2     # or one part, with its options
+    python -m benchmarks cost http --help         # a part's options
+    python -m benchmarks index                    # rewrite results/README.md
 
-Each entry is also a script of its own (``python benchmarks/NAME.py --help``). Not part of
-the installed package: they need this checkout (its results/, traces, engines).
+Not part of the installed package: they need this checkout (its results/, traces,
+engines).
 """

@@ -1,19 +1,16 @@
-"""``python -m benchmarks list | index | SUITE [ENTRY] [OPTIONS...]`` (see __init__.py)."""
+"""``python -m benchmarks list | index | SUITE [PART] [OPTIONS...]`` (see __init__.py)."""
 
 from __future__ import annotations
 
 import json
-import runpy
 import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-from ._suites import HERE, SUITES, Suite, find
-
-ROOT = HERE.parent
-RESULTS = ROOT / "results"
+from ._harness import RESULTS, ROOT
+from ._suites import SUITES, find
 
 
 def _list() -> None:
@@ -24,13 +21,11 @@ def _list() -> None:
 
     for suite in SUITES:
         say(f"{suite.name}: {suite.question} (docs/benchmarks/{suite.page})")
-        main = suite.main()
-        for e in suite.entries:
-            mark = "*" if e is main else " " if e.script.exists() else "-"
-            say(f"{e.name:20s} {e.what}", f"  {mark} ", " " * 25)
+        for i, p in enumerate(suite.parts):
+            say(f"{p.name:14s} {p.what}", f"  {'*' if i == 0 else ' '} ", " " * 19)
     print()
-    say("* the suite's main entry; - not in this tree yet")
-    say("run: python -m benchmarks SUITE [ENTRY] [OPTIONS...] (ENTRY --help for its options)")
+    say("* the suite's default part")
+    say("run: python -m benchmarks SUITE [PART] [OPTIONS...] (SUITE [PART] --help: the options)")
 
 
 def _git(*args: str) -> str:
@@ -89,14 +84,15 @@ def _index() -> None:
     for suite in SUITES:
         lines += [f"## {suite.name}: {suite.question}", ""]
         lines += ["| file | what | command | commit | date |", "|---|---|---|---|---|"]
-        for e in suite.entries:
+        for e in suite.parts:
             for name in e.results:
                 path = RESULTS / name
                 if not path.exists():
                     continue
                 listed.add(name)
                 rec = _recorded(path)
-                command = rec.get("command", f"benchmarks/{e.name}.py")
+                part = f" {e.name}" if len(suite.parts) > 1 else ""
+                command = rec.get("command", f"python -m benchmarks {suite.name}{part}")
                 lines.append(
                     f"| `{name}` | {e.what} | `{command}` | {rec.get('commit', '')} "
                     f"| {rec.get('date', '')[:10]} |"
@@ -109,26 +105,13 @@ def _index() -> None:
     print(f"wrote {RESULTS / 'README.md'}")
 
 
-def _run(suite: Suite, argv: list[str]) -> None:
-    entry = suite.main()
-    names = {e.name: e for e in suite.entries}
-    if argv and argv[0] in names:
-        entry = names[argv.pop(0)]
-        if not entry.script.exists():
-            raise SystemExit(f"{entry.name} is not in this tree yet")
-    # As ``python benchmarks/NAME.py ARGV`` would: the script's folder on the path first.
-    sys.path.insert(0, str(HERE))
-    sys.argv = [str(entry.script), *argv]
-    runpy.run_path(str(entry.script), run_name="__main__")
-
-
 def main(argv: list[str]) -> None:
     if not argv or argv[0] in ("list", "LIST", "-h", "--help"):
         _list()
     elif argv[0] == "index":
         _index()
     else:
-        _run(find(argv[0]), argv[1:])
+        find(argv[0]).run(argv[1:])
 
 
 if __name__ == "__main__":

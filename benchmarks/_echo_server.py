@@ -119,7 +119,7 @@ ALTERNATE_PREFIX: Final = "/alternate/"
 """Chat completions under this path prefix (the raw server's) are answered 503 the first
 time their call id (``call="..."`` in the ``x-agentrt`` header, the same on each attempt of
 a call) is seen, and 200 the second: an agentrt client that retries makes exactly two
-attempts per call, whatever connection each goes on (``call_instructions.py``'s retried
+attempts per call, whatever connection each goes on (``cost instructions``'s retried
 call)."""
 _CALL_ID = re.compile(r'call="([^"]+)"')
 

@@ -1,10 +1,15 @@
 """What every benchmark shares: the record of a run (what, command, commit, date), writing
-a result, the run options (``--out``, ``--seeds``/``--seed``, ``--rounds``), repetitions in
-interleaved order, quantiles and their bootstrap intervals.
+a result, the run options (``--out``, ``--seeds``/``--seed``, ``--rounds``, ``--workers``),
+repetitions in interleaved order, the entry's own command (for the worker processes a
+benchmark starts), and the one percentile and bootstrap interval.
 
-A benchmark script imports it as a sibling (``from _harness import write_result``), as it
-does another benchmark: ``python benchmarks/NAME.py`` and ``python -m benchmarks SUITE``
-both put this folder on ``sys.path``.
+A benchmark module imports it relatively (``from ._harness import write_result``); the
+package runs as ``python -m benchmarks SUITE [PART] [OPTIONS]`` (``_suites.py``).
+
+Every percentile a benchmark reports is :func:`quantile` (nearest rank) and every interval
+:func:`intervals`: the ones ``agentrt report``, the bench, the steady-state study and the
+tuner read with, which the package exports as ``agentrt.bench.quantile`` and
+``agentrt.bench.bootstrap_interval``. This module is the benchmarks' one door to them.
 """
 
 from __future__ import annotations
@@ -25,10 +30,14 @@ RESULTS = ROOT / "results"
 
 T = TypeVar("T")
 
+ENTRY: list[str] = []
+"""The suite (and part) this run is, as ``python -m benchmarks`` picked it."""
+
 __all__ = [
     "RESULTS",
     "ROOT",
     "add_run_args",
+    "again",
     "commit",
     "interleaved",
     "intervals",
@@ -60,11 +69,14 @@ def commit() -> dict[str, Any]:
 def run_record(what: str, argv: Sequence[str] | None = None) -> dict[str, Any]:
     """What a result file carries about its run: ``what`` it measures (one line), the
     command that made it, the commit and the date (UTC)."""
-    script = Path(sys.argv[0]).name if argv is None else ""
     args = list(sys.argv[1:] if argv is None else argv)
+    head = "python -m benchmarks" if argv is None and ENTRY else ""
+    if head:  # the part named even where the suite's default picked it
+        rest = args[1:]
+        args = [*ENTRY, *(rest[1:] if rest[:1] == ENTRY[1:2] else rest)]
     return {
         "what": what,
-        "command": " ".join([f"python benchmarks/{script}" if script else "", *args]).strip(),
+        "command": " ".join([head, *args]).strip(),
         **commit(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
     }
@@ -90,15 +102,18 @@ def add_run_args(
     seed: int | None = None,
     rounds: int | None = None,
     rounds_help: str = "repetitions (default %(default)s)",
+    workers: str | None = None,
 ) -> None:
     """The options every benchmark spells the same way, in one ``run`` group: ``--out``
     (default ``results/OUT``; ``out=""``: no default, the script picks one), and where
-    the benchmark has them, ``--seeds N`` (seeds 0..N-1), ``--seed S`` (one seed) and
-    ``--rounds N`` (repetitions, interleaved: :func:`interleaved`)."""
+    the benchmark has them, ``--seeds N`` (seeds 0..N-1), ``--seed S`` (one seed),
+    ``--rounds N`` (repetitions, interleaved: :func:`interleaved`) and ``--workers``
+    (processes for the replays: ``auto``, ``N`` or ``ray``, as ``agentrt bench``)."""
     group = parser.add_argument_group("run")
     if out is not None:
         default = RESULTS / out if out else None
-        group.add_argument("--out", type=Path, default=default, help="default: %(default)s")
+        shown = f"results/{out}" if out else "the benchmark's, by its options"
+        group.add_argument("--out", type=Path, default=default, help=f"default: {shown}")
     if seeds is not None:
         group.add_argument(
             "--seeds", type=int, default=seeds, help="seeds 0..N-1 (default %(default)s)"
@@ -107,6 +122,21 @@ def add_run_args(
         group.add_argument("--seed", type=int, default=seed, help="default: %(default)s")
     if rounds is not None:
         group.add_argument("--rounds", type=int, default=rounds, help=rounds_help)
+    if workers is not None:
+        from agentrt.bench import parse_workers
+
+        group.add_argument(
+            "--workers",
+            type=parse_workers,
+            default=workers,
+            help="processes for the replays: auto (a core each), N or ray (default %(default)s)",
+        )
+
+
+def again(*args: str) -> list[str]:
+    """The command that runs this entry again with ``args`` (in a worker process, from
+    :data:`ROOT`): ``python -m benchmarks SUITE [PART] ARGS``."""
+    return [sys.executable, "-m", "benchmarks", *ENTRY, *args]
 
 
 def seeds(n: int) -> range:
@@ -133,19 +163,13 @@ def interleaved(
             yield r, v
 
 
-def quantile(values: Iterable[float], q: float, *, floor: bool = False) -> float:
-    """The ``q`` quantile of ``values`` (in any order) by nearest rank: the
-    ``ceil(q n)``-th smallest, NaN when empty; ``agentrt._stats.quantile``, the one that
-    ``agentrt report``, the bench, the steady-state study and the tuner read with.
-    ``floor``: the ``int(q n)``-th from 0 instead (the cost benchmarks' older convention,
-    kept so that their figures do not move)."""
+def quantile(values: Iterable[float], q: float) -> float:
+    """The ``q`` quantile (``q`` in 0..1) of ``values``, in any order, by nearest rank:
+    the ``ceil(q n)``-th smallest, NaN when empty (``agentrt.bench.quantile``)."""
     # on first use: a cost benchmark times its imports
-    from agentrt._stats import quantile as nearest_rank
+    from agentrt.bench import quantile as nearest_rank
 
-    s = sorted(values)
-    if floor and s:
-        return s[min(len(s) - 1, int(q * len(s)))]
-    return nearest_rank(s, q)
+    return nearest_rank(sorted(values), q)
 
 
 def intervals(
@@ -153,10 +177,10 @@ def intervals(
 ) -> dict[str, list[float]]:
     """Each quantile ``q`` of ``values`` as ``{"pQ": [point, lo, hi]}``: the point by
     :func:`quantile` and its 90% percentile-bootstrap interval over ``resamples``
-    resamples (``agentrt._stats.bootstrap_interval``, the steady-state study's). A
+    resamples (``agentrt.bench.bootstrap_interval``, the steady-state study's). A
     percentile of a few dozen jobs moves with one job: report this beside it."""
     if not values:
         raise ValueError("an interval needs at least one value")
-    from agentrt._stats import bootstrap_interval
+    from agentrt.bench import bootstrap_interval
 
     return bootstrap_interval(values, qs, resamples, random.Random(seed))

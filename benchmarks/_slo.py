@@ -1,16 +1,17 @@
 """Throughput at SLO: the highest Poisson arrival rate at which a configuration's p90 JCT
-stretch stays at or below 2 (``alternatives.py``'s search).
+stretch stays at or below 2 (``alternatives slo``'s search).
 
 Stretch is a job's JCT over its JCT alone on an idle cluster of the same engine (the
-``alone`` replay of ``agentrt bench``). For each workload and seed the jobs are made once
-(at 1 job/s); a replay at rate ``r`` is the same jobs with every arrival time divided by
-``r`` (the same Poisson draws, only the gaps scale), so the alone JCTs do not depend on the
-rate and are replayed once per workload and seed. Each configuration's rate is searched
-on its own: bracketing (the rate doubled or halved from its start until the p90 stretch
-crosses 2), then bisection in log rate until the bracket is narrower than ``tol``; the
-rate reported is the p90 stretch interpolated linearly to 2 between the two ends of the
-final bracket (``lo``: the highest rate tried that meets the SLO, below ``hi``: the lowest
-that misses it). A job that fails counts as an infinite stretch.
+``alone`` replay of ``agentrt bench``). For each workload and seed a replay at rate
+``r`` is the same jobs at Poisson arrivals of rate ``r`` (the same draws, only the gaps
+scale), so the alone JCTs do not depend on the rate and are replayed once per workload
+and seed (beside a ``plain`` replay at 1 job/s, ``agentrt bench``'s stretch). Each
+configuration's rate is searched on its own: bracketing (the rate doubled or halved from
+its start until the p90 stretch crosses 2), then bisection in log rate until the bracket
+is narrower than ``tol``; the rate reported is the p90 stretch interpolated linearly to
+2 between the two ends of the final bracket (``lo``: the highest rate tried that meets
+the SLO, below ``hi``: the lowest that misses it). A job that fails counts as an
+infinite stretch.
 
 The searches advance in lockstep, one replay per configuration per round, every round's
 replays side by side (``workers``). Embedded replicas, virtual time: the figures do not
@@ -22,15 +23,13 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from _harness import quantile
+from agentrt.bench import BenchConfig, ClientSpec, TraceOptions, run_study
 
-from agentrt.bench import Arrivals, BenchConfig, JobPlan, TraceOptions, make_workload
-from agentrt.bench._drivers import ClientSpec
-from agentrt.bench._runner import ALONE, ClientRun, PartResult, run_parts
+from ._harness import quantile
 
 SLO = 2.0
 """The p90 JCT stretch a configuration must stay at or below."""
@@ -91,18 +90,14 @@ class Search:
         return lo + (SLO - s_lo) * (hi - lo) / (s_hi - s_lo)
 
 
-def p90_stretch(run: ClientRun, alone: dict[str, float]) -> tuple[float, float]:
-    """The p50 and p90 of the jobs' stretch (a failed job: infinite)."""
+def p90_stretch(rows: Sequence[Mapping[str, Any]], alone: dict[str, float]) -> tuple[float, float]:
+    """The p50 and p90 of the stretch of the jobs of ``rows`` (a client's
+    :attr:`~agentrt.bench.ClientResult.job_rows`; a failed job: infinite)."""
     ratios = [
-        r.jct_s / alone[r.name] if r.status == "ok" and alone.get(r.name) else math.inf
-        for r in run.results
+        r["jct_s"] / alone[r["name"]] if r["status"] == "ok" and alone.get(r["name"]) else math.inf
+        for r in rows
     ]
     return quantile(ratios, 0.5), quantile(ratios, 0.9)
-
-
-def at_rate(plans: Sequence[JobPlan], rate: float) -> list[JobPlan]:
-    """The jobs made at 1 job/s, arriving at ``rate`` instead (the gaps divided)."""
-    return [replace(p, arrival_s=p.arrival_s / rate) for p in plans]
 
 
 @dataclass(slots=True)
@@ -123,17 +118,6 @@ class Setup:
     fleet: int = 1
     """Each client as a fleet of this many independent members (``agentrt bench
     --fleet``); the alone JCTs stay a lone client's."""
-
-    def jobs(self, workload: str, seed: int) -> list[JobPlan]:
-        """``workload``'s jobs for ``seed``, arriving at 1 job/s (see :func:`at_rate`)."""
-        return make_workload(
-            workload,
-            int(self.workloads[workload]["jobs"]),
-            Arrivals(1.0, seed),
-            seed=seed,
-            traces=self.traces,
-            tool_wait_s=self.tool_wait_s,
-        )
 
     def config(self, workload: str, seed: int, **kw: Any) -> BenchConfig:
         """A replay of ``workload``'s jobs for ``seed`` on this setup's cluster; ``kw``:
@@ -164,68 +148,56 @@ def measure(
     for name in setup.clients:
         ClientSpec.parse(name)  # a bad spec fails before anything runs
     cache = alone_cache if alone_cache is not None else {}
-    base: dict[tuple[str, int], list[JobPlan]] = {}
     cfgs: dict[tuple[str, int], BenchConfig] = {}
     for wl in setup.workloads:
         for seed in setup.seeds:
             cfgs[wl, seed] = setup.config(wl, seed, rate=1.0, clients=("plain",))
-            base[wl, seed] = setup.jobs(wl, seed)
     searches = {
         (wl, seed, c): Search(
             float(setup.workloads[wl]["start"]), tol=setup.tol, max_tries=setup.max_tries
         )
-        for (wl, seed) in base
+        for (wl, seed) in cfgs
         for c in setup.clients
     }
     detail: dict[tuple[str, int, str], list[dict[str, Any]]] = {k: [] for k in searches}
     rounds = 0
     started = time.perf_counter()
-    out: dict[int, PartResult] = {}
-
-    def done(index: int, result: PartResult | BaseException) -> None:
-        if isinstance(result, BaseException):
-            raise result
-        out[index] = result
 
     while True:
-        items: list[tuple[BenchConfig, list[JobPlan], int]] = []
+        items: list[BenchConfig] = []
         keys: list[tuple[str, int, str | None, float]] = []
-        for (wl, seed), plans in base.items():
-            if (wl, seed) not in cache:
-                items.append((cfgs[wl, seed], plans, ALONE))
+        for (wl, seed), cfg in cfgs.items():
+            if (wl, seed) not in cache:  # each job alone: agentrt bench's stretch
+                items.append(replace(cfg, stretch=True))
                 keys.append((wl, seed, None, 0.0))
         for (wl, seed, client), search in searches.items():
             rate = search.next_rate()
             if rate is None:
                 continue
-            cfg = replace(cfgs[wl, seed], clients=(client,), rate=rate, fleet=setup.fleet)
-            items.append((cfg, at_rate(base[wl, seed], rate), 0))
+            items.append(replace(cfgs[wl, seed], clients=(client,), rate=rate, fleet=setup.fleet))
             keys.append((wl, seed, client, rate))
         if not items:
             break
         rounds += 1
-        out.clear()
-        run_parts(items, done, workers=setup.workers)
-        for i, (wl, seed, who, _) in enumerate(keys):
+        out = run_study(items, workers=setup.workers)
+        for (wl, seed, who, _), bench in zip(keys, out, strict=True):
             if who is None:
-                alone = out[i]
-                assert isinstance(alone, dict)
-                cache[wl, seed] = alone
-        for i, (wl, seed, who, rate) in enumerate(keys):
+                rows = bench.clients[0].job_rows
+                cache[wl, seed] = {r["name"]: r["alone_jct_s"] for r in rows}
+        for (wl, seed, who, rate), bench in zip(keys, out, strict=True):
             if who is None:
                 continue
-            run = out[i]
-            assert isinstance(run, ClientRun)
-            p50, p90 = p90_stretch(run, cache[wl, seed])
+            run = bench.clients[0]
+            p50, p90 = p90_stretch(run.job_rows, cache[wl, seed])
             searches[wl, seed, who].tried[rate] = p90
             detail[wl, seed, who].append(
                 {
                     "rate": rate,
                     "p90_stretch": p90,
                     "p50_stretch": p50,
-                    "failed": sum(r.status != "ok" for r in run.results),
-                    "busy": run.engine.get("utilization"),
-                    "cache_hit": run.engine.get("hit_rate"),
+                    "failed": run.failed,
+                    "busy": run.utilization,
+                    "cache_hit": run.prefix_cache_hit_rate,
                 }
             )
         print(

@@ -1,27 +1,40 @@
-"""The suites: one question each, its page in docs/benchmarks/, and the scripts that
-answer it (the first present one is the suite's main entry)."""
+"""The suites: the entry points of ``python -m benchmarks``. Each answers one question,
+has its page in docs/benchmarks/, and one argument parser: where a suite answers its
+question in parts, the part is its first parameter (``python -m benchmarks cost
+transport --rounds 3``; the first part when none is named). A part's logic is a private
+module of this package with ``add_args(parser)`` (its options, on the harness's shared
+ones: ``_harness.add_run_args``) and ``main(args)``."""
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Final
+from typing import Any, Final, Protocol, cast
 
-HERE = Path(__file__).resolve().parent
+from . import _harness
+
+
+class _Module(Protocol):
+    add_args: Callable[[argparse.ArgumentParser], None]
+    main: Callable[[argparse.Namespace], Any]
 
 
 @dataclass(frozen=True)
-class Entry:
+class Part:
     name: str
-    """The script, ``benchmarks/NAME.py``."""
+    """The parameter that picks it (``python -m benchmarks SUITE NAME``)."""
+    module: str
+    """Its module, ``benchmarks/MODULE.py``."""
     what: str
     """What it measures, one line."""
     results: tuple[str, ...] = ()
     """The files of results/ it wrote (their names by what they measure)."""
 
-    @property
-    def script(self) -> Path:
-        return HERE / f"{self.name}.py"
+    def load(self) -> _Module:
+        return cast(_Module, importlib.import_module(f"{__package__}.{self.module}"))
 
 
 @dataclass(frozen=True)
@@ -30,85 +43,146 @@ class Suite:
     question: str
     page: str
     """Its page under docs/benchmarks/."""
-    entries: tuple[Entry, ...]
+    parts: tuple[Part, ...]
 
-    def main(self) -> Entry:
-        """The first entry that is in this tree."""
-        return next(e for e in self.entries if e.script.exists())
+    def parser(self, part: Part) -> argparse.ArgumentParser:
+        """The suite's one parser, with ``part``'s options (the other parts are listed,
+        their options loaded only when picked: a part's module may be heavy)."""
+        prog = f"python -m benchmarks {self.name}"
+        usage = f"{prog} [OPTIONS]" if len(self.parts) == 1 else f"{prog} [PART] [OPTIONS]"
+        parser = argparse.ArgumentParser(prog=prog, usage=usage, description=self.question)
+        if len(self.parts) == 1:
+            part.load().add_args(parser)
+            return parser
+        sub = parser.add_subparsers(
+            dest="part", metavar="PART", title=f"parts (default: {self.parts[0].name})"
+        )
+        for p in self.parts:
+            one = sub.add_parser(
+                p.name, help=p.what, description=p.what, usage=f"{prog} {p.name} [OPTIONS]"
+            )
+            if p is part:
+                p.load().add_args(one)
+        return parser
+
+    def run(self, argv: Sequence[str]) -> Any:
+        names = {p.name: p for p in self.parts}
+        argv = list(argv)
+        if len(self.parts) > 1 and not (argv and (argv[0] in names or argv[0] in ("-h", "--help"))):
+            argv.insert(0, self.parts[0].name)
+        part = names[argv[0]] if len(self.parts) > 1 and argv[0] in names else self.parts[0]
+        args = self.parser(part).parse_args(argv)
+        _harness.ENTRY[:] = [self.name, part.name] if len(self.parts) > 1 else [self.name]
+        return part.load().main(args)
+
+
+def _p(name: str, what: str, *results: str, module: str = "") -> Part:
+    return Part(name, module or f"_{name}", what, results)
 
 
 SUITES: Final = (
     Suite(
         "alternatives",
-        "How does agentrt compare with the alternatives a team would deploy instead?",
-        "alternatives.md",
+        "How does agentrt compare with the alternatives a team would deploy instead, "
+        "at steady state and at SLO?",
+        "steady.md",
         (
-            Entry(
-                "steady_state",
+            _p(
+                "steady",
                 "JCT curves at steady state (closed loop of N agents, open-loop rates "
                 "below capacity) for every configuration, with bootstrap intervals",
-                (
-                    "steady_claude_code.json",
-                    "steady_claude_code_pressure.json",
-                    "steady_coding.json",
-                    "steady_claude_code_small.json",
-                    "steady_claude_code_seed1.json",
-                    "steady_claude_code_retention.json",
-                    "steady_claude_code_seed1_peers.json",
-                    "steady_claude_code_pressure_retention.json",
-                    "steady_claude_code_priority.json",
-                    "steady_claude_code_kv_events.json",
-                    "steady_claude_code_kv_events_pressure.json",
-                    "steady_claude_code_peers_oversub.json",
-                    "steady_claude_code_oversub.json",
-                    "steady_claude_code_oversub_waits.json",
-                    "steady_claude_code_oversub_host.json",
-                    "steady_claude_code_oversub_pressure.json",
-                ),
+                "steady_claude_code.json",
+                "steady_claude_code_pressure.json",
+                "steady_coding.json",
+                "steady_claude_code_small.json",
+                "steady_claude_code_seed1.json",
+                "steady_claude_code_retention.json",
+                "steady_claude_code_seed1_peers.json",
+                "steady_claude_code_pressure_retention.json",
+                "steady_claude_code_priority.json",
+                "steady_claude_code_kv_events.json",
+                "steady_claude_code_kv_events_pressure.json",
+                "steady_claude_code_peers_oversub.json",
+                "steady_claude_code_oversub.json",
+                "steady_claude_code_oversub_waits.json",
+                "steady_claude_code_oversub_host.json",
+                "steady_claude_code_oversub_pressure.json",
+                module="_steady_state",
             ),
-            Entry(
-                "alternatives",
+            _p(
+                "slo",
                 "throughput at SLO of agentrt beside and on top of the modelled peers, "
                 "then JCT at half and all of the best peer's rate",
-                (
-                    "alternatives_kv_ample.json",
-                    "alternatives_kv_pressure.json",
-                    "alternatives_fleet16.json",
-                    "alternatives_tuned_coding.toml",
-                ),
+                "alternatives_kv_ample.json",
+                "alternatives_kv_pressure.json",
+                "alternatives_fleet16.json",
+                "alternatives_tuned_coding.toml",
+                module="_alternatives",
             ),
-            Entry("kv_policy", "what the engine does with a waiting session's KV"),
         ),
     ),
     Suite(
+        "kv",
+        "What should the engine do with a waiting session's KV?",
+        "alternatives.md",
+        (_p("policy", "each KV policy's JCT and cache hits, on the twin", module="_kv_policy"),),
+    ),
+    Suite(
         "cost",
-        "What does agentrt cost per call, and to start?",
+        "What does agentrt cost per call, on its hot path?",
         "cost.md",
         (
-            Entry("overhead", "per-call overhead against a bare openai client on loopback"),
-            Entry(
-                "call_instructions",
-                "CPU instructions per call (callgrind), per client",
-                ("call_instructions_retried.json", "call_instructions_endpoints.json"),
+            _p(
+                "overhead",
+                "per-call overhead against a bare openai client on loopback",
             ),
-            Entry("transport_micro", "the transport's own CPU per call, no network"),
-            Entry("telemetry_cost", "CPU per call of each telemetry hook"),
-            Entry("scheduler_micro", "the scheduler's decision cost and memory"),
-            Entry("http_latency", "per-call latency over HTTP against agentrt sim serve"),
-            Entry("idle_sessions", "memory of 10,000 open idle sessions"),
-            Entry(
+            _p(
+                "instructions",
+                "CPU instructions per call (callgrind), per client",
+                "call_instructions_retried.json",
+                "call_instructions_endpoints.json",
+                module="_call_instructions",
+            ),
+            _p(
+                "transport",
+                "the transport's own CPU per call, no network (--telemetry: and each "
+                "telemetry hook's)",
+            ),
+            _p("scheduler", "the scheduler's decision cost and memory", module="_scheduler_micro"),
+            _p(
+                "http",
+                "per-call latency over HTTP against agentrt sim serve",
+                module="_http_latency",
+            ),
+        ),
+    ),
+    Suite(
+        "load",
+        "How does agentrt hold up under load, at start and with many idle sessions?",
+        "cost.md",
+        (
+            _p(
                 "load",
                 "thousands of jobs against a fast server; soak",
-                (
-                    "load.json",
-                    "load_soak.json",
-                    "load_agentrt_2000_concurrent.json",
-                    "load_2000_concurrent_cap1000.json",
-                    "load_default_pool.json",
-                ),
+                "load.json",
+                "load_soak.json",
+                "load_agentrt_2000_concurrent.json",
+                "load_2000_concurrent_cap1000.json",
+                "load_default_pool.json",
             ),
-            Entry("first_burst", "a fresh client's first N calls at once", ("first_burst.json",)),
-            Entry("first_use", "import agentrt and the first Runtime", ("first_use.json",)),
+            _p(
+                "burst",
+                "a fresh client's first N calls at once",
+                "first_burst.json",
+                module="_first_burst",
+            ),
+            _p(
+                "startup",
+                "import agentrt and the first Runtime",
+                "first_use.json",
+                module="_first_use",
+            ),
+            _p("idle", "memory of 10,000 open idle sessions", module="_idle_sessions"),
         ),
     ),
     Suite(
@@ -116,52 +190,101 @@ SUITES: Final = (
         "How does agentrt behave as a fleet of many processes on one cluster?",
         "fleet.md",
         (
-            Entry(
-                "fleet",
+            _p(
+                "twin",
                 "K runtimes on one embedded cluster, in virtual time",
-                ("fleet_coding.json", "fleet_claude_code.json"),
+                "fleet_coding.json",
+                "fleet_claude_code.json",
+                module="_fleet",
             ),
-            Entry(
-                "fleet_real",
+            _p(
+                "processes",
                 "K OS processes on one set of replicas, in wall-clock time",
-                ("fleet_real_sim.json", "fleet_real_vllm.json"),
+                "fleet_real_sim.json",
+                "fleet_real_vllm.json",
+                module="_fleet_real",
             ),
-            Entry(
-                "fault_soak",
-                "healthy replicas stay up under faults that are not the endpoint's",
-                ("fault_soak.json",),
+            _p(
+                "first-turns",
+                "16 OS processes' first turns on agentrt sim serve: the busiest replica "
+                "over the mean",
+                "first_turns.json",
+                module="_first_turns",
             ),
-            Entry(
-                "first_turns",
-                "16 OS processes' first turns on agentrt sim serve: the busiest replica over "
-                "the mean",
-                ("first_turns.json",),
+        ),
+    ),
+    Suite(
+        "faults",
+        "Do healthy replicas stay up under faults that are not the endpoint's?",
+        "fleet.md",
+        (
+            _p(
+                "soak",
+                "a soak of agent jobs on two sim replicas with faults injected",
+                "fault_soak.json",
+                module="_fault_soak",
             ),
         ),
     ),
     Suite(
         "twin",
-        "How close is the twin (embedded engine, modelled peers) to the real engines, "
+        "How close is the twin (embedded engine, modelled workloads) to the real thing, "
         "and what does a replay cost?",
         "twin.md",
         (
-            Entry("fidelity", "the embedded engine against the real vLLM CPU engine"),
-            Entry(
-                "peer_agreement",
-                "each modelled peer places requests where the real router does",
-                ("peer_agreement.json",),
-            ),
-            Entry(
-                "replay_cost",
+            _p("fidelity", "the embedded engine against the real vLLM CPU engine"),
+            _p(
+                "replay-cost",
                 "CPU (and instructions) per simulated call of a replay",
-                ("replay_cost.json", "scale_claude_code_710.json"),
+                "replay_cost.json",
+                "scale_claude_code_710.json",
+                module="_replay_cost",
             ),
-            Entry(
-                "tune_check",
+            _p(
+                "fit",
+                "the coding workload's fit to the Claude Code traces",
+                module="_fit_coding_workload",
+            ),
+        ),
+    ),
+    Suite(
+        "routing",
+        "Does agentrt place requests as the routers it models do, and how does it do "
+        "with and against vLLM's router?",
+        "twin.md",
+        (
+            _p(
+                "peers",
+                "each modelled peer places requests where the real router does",
+                "peer_agreement.json",
+                module="_peer_agreement",
+            ),
+            _p(
+                "router",
+                "agentrt with, and against, vLLM's router (vLLM CPU and the twin)",
+                "router_vllm.json",
+                "router_sim.json",
+            ),
+        ),
+    ),
+    Suite(
+        "tune",
+        "Does agentrt tune pick the best settings?",
+        "engine.md",
+        (
+            _p(
+                "twin",
                 "agentrt tune's recommendation against the measured best, on the twin",
-                ("tune_check.json",),
+                "tune_check.json",
+                module="_tune_check",
             ),
-            Entry("fit_coding_workload", "the coding workload's fit to the Claude Code traces"),
+            _p(
+                "vllm",
+                "tune's loop on two vLLM CPU replicas",
+                "tune_real.json",
+                "tune_real_polled.json",
+                module="_tune_real",
+            ),
         ),
     ),
     Suite(
@@ -169,34 +292,24 @@ SUITES: Final = (
         "What does agentrt do on a real engine (vLLM CPU)?",
         "engine.md",
         (
-            Entry(
-                "real_ordering",
-                "client-side ordering of short and long jobs on vLLM's priority queue",
-                ("real_ordering.json",),
-            ),
-            Entry("cache_reuse", "one session's prefix-cache reuse, by routing"),
-            Entry(
-                "real_kv",
+            _p(
+                "kv",
                 "placement and load control by KV working set on two vLLM CPU replicas "
                 "whose KV evicts: agentrt's defaults against plain round robin (and "
                 "without load control)",
-                (
-                    "real_kv_small.json",
-                    "real_kv_tight.json",
-                    "real_kv_oversub.json",
-                    "real_kv_oversub_short.json",
-                ),
+                "real_kv_small.json",
+                "real_kv_tight.json",
+                "real_kv_oversub.json",
+                "real_kv_oversub_short.json",
+                module="_real_kv",
             ),
-            Entry(
-                "router",
-                "agentrt with, and against, vLLM's router (vLLM CPU and the twin)",
-                ("router_vllm.json", "router_sim.json"),
+            _p(
+                "ordering",
+                "client-side ordering of short and long jobs on vLLM's priority queue",
+                "real_ordering.json",
+                module="_real_ordering",
             ),
-            Entry(
-                "tune_real",
-                "tune's loop on two vLLM CPU replicas",
-                ("tune_real.json", "tune_real_polled.json"),
-            ),
+            _p("cache", "one session's prefix-cache reuse, by routing", module="_cache_reuse"),
         ),
     ),
 )
@@ -207,4 +320,6 @@ def find(name: str) -> Suite:
     for suite in SUITES:
         if suite.name == name:
             return suite
-    raise SystemExit(f"no suite {name!r}; known: {', '.join(s.name for s in SUITES)}")
+    known = ", ".join(s.name for s in SUITES)
+    print(f"no suite {name!r}; known: {known} (python -m benchmarks list)", file=sys.stderr)
+    raise SystemExit(2)

@@ -7,8 +7,8 @@
         --model my-model "What is 17 * 23, and how many words are in README.md?"
 
 Needs ``pip install "agentjct[ag2]"``. Two lines wire AG2 to agentrt: the agents' config is
-``agentrt_ag2.config(rt, name)`` (its calls go through agentrt), and
-``middleware=[agentrt_ag2.middleware(rt, <agent>)]`` maps each turn onto a job, each
+``agentrt_ag2.model(rt, name)`` (its calls go through agentrt), and
+``middleware=[agentrt_ag2.instrument(rt, <agent>)]`` maps each turn onto a job, each
 agent onto a session (the researcher's, asked from the assistant's tool, under the
 assistant's) and each tool call onto a tool wait. The default question carries the
 embedded engine's ``CALL``/``ANSWER`` directives (docs/sim.md), so the run is the same
@@ -42,7 +42,7 @@ async def run_agent(
     rt: agentrt.Runtime, model_name: str, question: str
 ) -> tuple[str, agentrt.JobReport]:
     """Run the assistant once; its answer and the job's report."""
-    config = agentrt_ag2.config(rt, model_name)
+    config = agentrt_ag2.model(rt, model_name)
 
     async def word_count(path: str) -> str:
         """Count the words of a local text file."""
@@ -53,7 +53,7 @@ async def run_agent(
         prompt="You answer questions about local files with the word_count tool.",
         config=config,
         tools=[word_count],
-        middleware=[agentrt_ag2.middleware(rt, "researcher")],
+        middleware=[agentrt_ag2.instrument(rt, "researcher")],
     )
 
     def calculator(expression: str) -> str:
@@ -69,7 +69,7 @@ async def run_agent(
         prompt="Answer with the calculator, and ask the researcher about files.",
         config=config,
         tools=[calculator, ask_researcher],
-        middleware=[agentrt_ag2.middleware(rt, "assistant")],
+        middleware=[agentrt_ag2.instrument(rt, "assistant")],
     )
     reply = await assistant.ask(question)
     return reply.body or "", rt.reports()[-1]  # the run's job, just ended

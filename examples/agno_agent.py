@@ -24,7 +24,7 @@ from agno.agent import Agent
 from agno.models.openai import OpenAIChat
 
 import agentrt
-from agentrt.integrations.agents import Agents
+from agentrt.integrations import Agents
 
 # The tools' logic, the command line and the report, shared by the examples
 from _shared import (

@@ -26,7 +26,7 @@ from autogen_agentchat.messages import TextMessage
 from autogen_ext.models.openai import OpenAIChatCompletionClient
 
 import agentrt
-from agentrt.integrations.agents import Agents
+from agentrt.integrations import Agents
 
 # The tools' logic, the command line and the report, shared by the examples
 from _shared import (

@@ -8,7 +8,7 @@
 
 Needs ``pip install "agentjct[google-adk]"``. Two lines wire ADK to agentrt: the agents'
 model is ``google_adk.model(rt, name)`` (a ``LiteLlm`` that sends through agentrt), and
-the apps' ``plugins=[google_adk.plugin(rt)]`` maps each run onto a job, each agent onto
+the apps' ``plugins=[google_adk.instrument(rt)]`` maps each run onto a job, each agent onto
 a session (the researcher's, run from the assistant's tool, under the assistant's) and
 each tool call onto a tool wait. The default question carries the embedded engine's
 ``CALL``/``ANSWER`` directives (docs/sim.md), so the run is the same every time; a real
@@ -64,7 +64,7 @@ async def run_agent(
 ) -> tuple[str, agentrt.JobReport]:
     """Run the assistant once; its answer and the job's report."""
     model = google_adk.model(rt, model_name)
-    plugin = google_adk.plugin(rt)
+    plugin = google_adk.instrument(rt)
 
     async def word_count(path: str) -> str:
         """Count the words of a local text file."""

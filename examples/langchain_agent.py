@@ -7,8 +7,8 @@
         --model my-model "What is 17 * 23, and how many words are in README.md?"
 
 Needs ``pip install "agentjct[langchain]"``. Two lines wire LangChain to agentrt: the
-model is ``langchain.chat_model(rt, model=...)`` (its calls go through agentrt), and
-``config={"callbacks": [langchain.callbacks(rt)]}`` maps the run onto a job, each agent
+model is ``langchain.model(rt, ...)`` (its calls go through agentrt), and
+``config={"callbacks": [langchain.instrument(rt)]}`` maps the run onto a job, each agent
 onto a session (the researcher's under the assistant's) and each tool onto a tool wait.
 The default question carries the embedded engine's ``CALL``/``ANSWER`` directives
 (docs/sim.md), so the run is the same every time; a real model reads them as
@@ -55,7 +55,7 @@ async def word_count(path: str) -> str:
 
 def build_agent(rt: agentrt.Runtime, model_name: str) -> Any:
     """The assistant: a calculator, and a researcher agent behind a tool."""
-    llm = langchain.chat_model(rt, model=model_name)
+    llm = langchain.model(rt, model_name)
     researcher = create_agent(llm, [word_count], name="researcher")
 
     @tool
@@ -74,7 +74,7 @@ async def run_agent(
     agent = build_agent(rt, model_name)
     out = await agent.ainvoke(
         {"messages": [("user", question)]},
-        config={"callbacks": [langchain.callbacks(rt)]},
+        config={"callbacks": [langchain.instrument(rt)]},
     )
     return str(out["messages"][-1].content), rt.reports()[-1]  # the run's job, just ended
 

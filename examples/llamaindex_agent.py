@@ -7,7 +7,7 @@
         --model my-model "What is 17 * 23, and how many words are in README.md?"
 
 Needs ``pip install "agentjct[llamaindex]"`` (LlamaIndex's OpenAI LLM needs openai<3). Two
-lines wire LlamaIndex to agentrt: the agents' LLM is ``llamaindex.llm(rt, model=...)``
+lines wire LlamaIndex to agentrt: the agents' LLM is ``llamaindex.model(rt, ...)``
 (its calls go through agentrt), and ``llamaindex.instrument(rt)`` maps each run onto a
 job, each agent onto a session (the helper's under the assistant's) and each tool onto a
 tool wait. The default question carries the embedded engine's ``CALL``/``ANSWER``
@@ -52,7 +52,7 @@ async def run_agent(
     rt: agentrt.Runtime, model_name: str, question: str
 ) -> tuple[str, agentrt.JobReport]:
     """Run the assistant once; its answer and the job's report."""
-    llm = llamaindex.llm(rt, model=model_name)
+    llm = llamaindex.model(rt, model_name)
     researcher = FunctionAgent(
         name="researcher",
         system_prompt="You answer questions about local files with the word_count tool.",

@@ -8,7 +8,7 @@
 
 Needs ``pip install "agentjct[pydantic-ai]"``. Two lines wire PydanticAI to agentrt: the
 agents' model is ``agentrt_pydantic_ai.model(rt, name)`` (its calls go through agentrt),
-and ``capabilities=[agentrt_pydantic_ai.capability(rt)]`` maps each run onto a job, each
+and ``capabilities=[agentrt_pydantic_ai.instrument(rt)]`` maps each run onto a job, each
 agent onto a session (the researcher's, run from the assistant's tool, under the
 assistant's) and each tool call onto a tool wait. The default question carries the
 embedded engine's ``CALL``/``ANSWER`` directives (docs/sim.md), so the run is the same
@@ -43,7 +43,7 @@ async def run_agent(
 ) -> tuple[str, agentrt.JobReport]:
     """Run the assistant once; its answer and the job's report."""
     model = agentrt_pydantic_ai.model(rt, model_name)
-    capability = agentrt_pydantic_ai.capability(rt)
+    capability = agentrt_pydantic_ai.instrument(rt)
 
     async def word_count(path: str) -> str:
         """Count the words of a local text file."""

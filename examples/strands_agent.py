@@ -8,7 +8,7 @@
 
 Needs ``pip install "agentjct[strands]"`` (openai<3: an environment of its own). Two lines
 wire Strands to agentrt: the agents' model is ``agentrt_strands.model(rt, name)`` (its
-calls go through agentrt), and ``hooks=[agentrt_strands.hooks(rt)]`` maps each invocation
+calls go through agentrt), and ``hooks=[agentrt_strands.instrument(rt)]`` maps each invocation
 onto a job, each agent onto a session (the researcher's, run as the assistant's tool,
 under the assistant's) and each tool call onto a tool wait. The default question carries
 the embedded engine's ``CALL``/``ANSWER`` directives (docs/sim.md), so the run is the
@@ -55,7 +55,7 @@ async def run_agent(
 ) -> tuple[str, agentrt.JobReport]:
     """Run the assistant once; its answer and the job's report."""
     model = agentrt_strands.model(rt, model_name)
-    hooks = agentrt_strands.hooks(rt)
+    hooks = agentrt_strands.instrument(rt)
     researcher = Agent(
         name="researcher",
         model=model,

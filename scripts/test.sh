@@ -9,7 +9,7 @@
 #                                         # engine, on any Python >= 3.11; no engine, Ray or
 #                                         # docs tools installed
 #   bash scripts/test.sh [--quick] ARGS   # ARGS go to every pytest pass (e.g. -k routing, -x,
-#                                         # tests/test_runtime.py); no stage is skipped for them
+#                                         # tests/runtime/test_runtime.py); no stage is skipped for them
 #
 # Environment: PYTHON (the interpreter of .venv, default python3), AGENTRT_ENGINE_PYTHON (the
 # engine's, default python3.11; see scripts/engine_setup.sh).

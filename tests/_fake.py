@@ -26,6 +26,29 @@ HTTP_LIBS = _http_libs()
 tests parametrized over both."""
 
 
+def chat_completion(
+    message: dict[str, Any],
+    usage: dict[str, Any],
+    *,
+    model: str = "m",
+    finish_reason: str = "stop",
+) -> dict[str, Any]:
+    """A ``chat.completion`` object with one choice, ``message``."""
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+        "usage": usage,
+    }
+
+
+def sse_event(obj: dict[str, Any]) -> bytes:
+    """One server-sent event carrying ``obj``."""
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
 @dataclass
 class Seen:
     url: str
@@ -89,20 +112,9 @@ class FakeEngine:
             )
         return httpx.Response(
             200,
-            json={
-                "id": "chatcmpl-1",
-                "object": "chat.completion",
-                "created": 0,
-                "model": body.get("model", "m"),
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": "hello"},
-                        "finish_reason": "stop",
-                    }
-                ],
-                "usage": usage,
-            },
+            json=chat_completion(
+                {"role": "assistant", "content": "hello"}, usage, model=body.get("model", "m")
+            ),
         )
 
     async def _sse(self, body: dict[str, Any], usage: dict[str, Any]) -> AsyncIterator[bytes]:
@@ -114,7 +126,7 @@ class FakeEngine:
                 "model": body.get("model", "m"),
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
             }
-            return b"data: " + json.dumps(obj).encode() + b"\n\n"
+            return sse_event(obj)
 
         yield chunk({"role": "assistant", "content": ""})
         for word in ("a", "b", "c"):
@@ -130,7 +142,7 @@ class FakeEngine:
                 "choices": [],
                 "usage": usage,
             }
-            yield b"data: " + json.dumps(obj).encode() + b"\n\n"
+            yield sse_event(obj)
         yield b"data: [DONE]\n\n"
 
 

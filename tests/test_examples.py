@@ -204,3 +204,80 @@ def test_the_one_line_is_the_servers_own_error_inside_a_frameworks() -> None:
         group = ExceptionGroup("task group", [wrapped])
     assert error_line(group) == f"EndpointError: endpoint {url} failed: is a server running?"
     assert error_line(KeyError("x")).endswith("(AGENTRT_TRACEBACK=1 shows the traceback)")
+
+
+async def test_the_adapter_example_maps_its_toy_framework_onto_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/integrations.md's "Write an adapter" example, on the embedded engine: the
+    top run is a job, each agent's run a session (the helper's under its caller's), each
+    model request a turn of it, each tool call a tool wait in the session that called."""
+    example = load("custom_adapter_agent")
+    (tmp_path / "README.md").write_text("one two three four\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)  # its word_count reads README.md
+    async with Cluster(1, AGENT_REPLIES) as cluster:
+        async with agentrt.Runtime(cluster.base_urls, transport=cluster.transport()) as rt:
+            answer, report = await example.run_agent(rt, AGENT_REPLIES.model_name, example.QUESTION)
+    assert answer == "391; the researcher counted the words."
+    assert report.status == "ok" and report.name == "assistant"
+    assert report.calls == 5 and report.sessions == 2 and len(rt.reports()) == 1
+    assistant, researcher = report.session_reports
+    assert (assistant.name, assistant.parent_id) == ("assistant", None)
+    assert (researcher.name, researcher.parent_id) == ("researcher", assistant.session_id)
+    assert [(c.session_name, c.turn) for c in report.call_reports] == [
+        ("assistant", 0),
+        ("assistant", 1),
+        ("researcher", 0),
+        ("researcher", 1),
+        ("assistant", 2),
+    ]
+    assert [(t.name, t.session_id, t.status) for t in report.tool_reports] == [
+        ("calculator", assistant.session_id, "ok"),
+        ("word_count", researcher.session_id, "ok"),
+        ("ask_researcher", assistant.session_id, "ok"),
+    ]
+
+
+async def test_the_adapter_example_ends_every_job_with_its_terminal_status() -> None:
+    """A run that raises ends its job ``error`` (its tool wait too); a cancelled one
+    ``cancelled``, with the wait still open then ended by the job."""
+    example = load("custom_adapter_agent")
+
+    def explode() -> str:
+        """Fail."""
+        raise RuntimeError("the tool broke")
+
+    async def hang() -> str:
+        """Never return."""
+        await anyio.sleep_forever()
+        return ""
+
+    async with Cluster(1, AGENT_REPLIES) as cluster:
+        async with agentrt.Runtime(cluster.base_urls, transport=cluster.transport()) as rt:
+            llm = example.model(rt, AGENT_REPLIES.model_name)
+            callbacks = [example.instrument(rt)]
+            fragile = example.ToyAgent("fragile", llm, [explode], callbacks)
+            with pytest.raises(RuntimeError, match="the tool broke"):
+                await fragile.run("CALL explode {}\nANSWER never")
+            patient = example.ToyAgent("patient", llm, [hang], callbacks)
+            with anyio.move_on_after(0.3):
+                await patient.run("CALL hang {}\nANSWER never")
+    failed, cancelled = rt.reports()
+    assert (failed.name, failed.status) == ("fragile", "error")
+    assert failed.error == "RuntimeError: the tool broke"
+    assert [(t.name, t.status) for t in failed.tool_reports] == [("explode", "error")]
+    assert (cancelled.name, cancelled.status) == ("patient", "cancelled")
+    assert [(t.name, t.status) for t in cancelled.tool_reports] == [("hang", "cancelled")]
+    assert failed.calls == cancelled.calls == 1
+
+
+def test_the_adapter_in_the_docs_is_the_examples() -> None:
+    """docs/integrations.md shows the example's adapter as it runs in the tests above."""
+    page = (ROOT / "docs" / "integrations.md").read_text(encoding="utf-8")
+    section = page.split("## Write an adapter", 1)[1]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    source = (ROOT / "examples" / "custom_adapter_agent.py").read_text(encoding="utf-8")
+    chunks = [c.strip("\n") for c in block.split("\n\n\n")]
+    assert len(chunks) >= 4 and "class AgentrtCallbacks(Callbacks):" in block
+    for chunk in chunks:
+        assert chunk in source, chunk

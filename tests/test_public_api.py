@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 import agentrt
 import agentrt.dialects
+import agentrt.integrations
 import agentrt.scheduling
 import agentrt.telemetry
 
@@ -18,7 +21,7 @@ def _isort_key(name: str) -> tuple[int, str]:
 
 
 def test_all_is_sorted_and_complete() -> None:
-    for module in (agentrt, agentrt.telemetry, agentrt.scheduling):
+    for module in (agentrt, agentrt.telemetry, agentrt.scheduling, agentrt.integrations):
         names = module.__all__
         assert names == sorted(names, key=_isort_key), module.__name__
         for name in names:
@@ -88,3 +91,15 @@ def test_the_runtime_docstring_lists_every_parameter() -> None:
     doc = agentrt.Runtime.__doc__ or ""
     params = [p for p in inspect.signature(agentrt.Runtime.__init__).parameters if p != "self"]
     assert [p for p in params if f"**{p}**" not in doc] == []
+
+
+def test_testing_names_renamed_since_0_2_warn_and_resolve() -> None:
+    import agentrt.testing as testing
+    import agentrt.testing.vllm_cpu as vllm_cpu
+
+    with pytest.warns(DeprecationWarning, match="ReplicaServer"):
+        assert testing.Replica is vllm_cpu.ReplicaServer  # type: ignore[attr-defined]
+    with pytest.warns(DeprecationWarning, match="RouterServer"):
+        assert vllm_cpu.Router is vllm_cpu.RouterServer
+    with pytest.raises(AttributeError):
+        vllm_cpu.Nope  # noqa: B018

@@ -68,8 +68,8 @@ FORMER = {
     "agentrt/bench/_runner.py": "_pct",
     "agentrt/bench/_steady.py": ("_q", "_bootstrap"),
     "agentrt/tune/_search.py": "_pct",
-    "benchmarks/real_kv.py": "_pct",
-    "benchmarks/fleet_real.py": "_quantile",
+    "benchmarks/_real_kv.py": "_pct",
+    "benchmarks/_fleet_real.py": "_quantile",
 }
 """The copies the one module replaced (a percentile written five times, and one
 interpolated under the same name)."""

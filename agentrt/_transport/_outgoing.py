@@ -41,7 +41,7 @@ def metadata(
     number, idle_s, declared, expected, source, final, _ = turn
     deadline = ticket.deadline_at
     # Not validated again: the ids were checked when the job and session were made,
-    # the numbers are agentrt's own (tests/test_hot_path.py compares the two ways).
+    # the numbers are agentrt's own (tests/transport/test_hot_path.py compares the two ways).
     return trusted_model(
         CallMetadata,
         {

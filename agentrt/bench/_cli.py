@@ -155,7 +155,13 @@ def bench_args(p: argparse.ArgumentParser) -> None:
         metavar="CLIENT",
         help=CLIENT_HELP,
     )
-    p.add_argument("--replicas", type=int, default=4, metavar="N", help="embedded engine replicas")
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=4,
+        metavar="N",
+        help="simulated replicas of the embedded engine",
+    )
     p.add_argument(
         "--fleet",
         type=int,
@@ -180,7 +186,7 @@ def bench_args(p: argparse.ArgumentParser) -> None:
         dest="endpoints",
         default=[],
         metavar="URL",
-        help="a real server's base URL (repeatable; default: the embedded cluster)",
+        help="a real server's base URL (repeatable; default: the embedded engine)",
     )
     p.add_argument(
         "--model", default=None, help="model name sent to --endpoint (default: the server's)"
@@ -200,15 +206,15 @@ def bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--show-view",
         action="store_true",
-        help="also print what each agentrt client believed about the embedded replicas' KV "
-        "cache against what the engines held (results.json has it either way: kv_view)",
+        help="also print what each agentrt client believed about the simulated replicas' KV "
+        "cache against what the replicas held (results.json has it either way: kv_view)",
     )
     p.add_argument(
         "--workers",
         type=workers_option,
         default="auto",
         metavar="N",
-        help="embedded runs: replay the clients (and the solo runs) side by side on N "
+        help="on the embedded engine: replay the clients (and the solo runs) side by side on N "
         "processes, with the same results; auto: one per core; 1: one by one in this "
         "process; ray: on Ray (the ray extra: pip install 'agentjct[ray]'; the cluster at "
         "RAY_ADDRESS, else a local one)",
@@ -267,11 +273,11 @@ def add_demo(command: Command, started: float) -> None:
     """``agentrt demo``; ``started``: when the command started (the demo's wall time)."""
     demo = command(
         "demo",
-        "compare a plain client and agentrt on an embedded cluster",
+        "compare a plain client and agentrt on the embedded engine",
         "Runs agentic coding jobs (drawn from a fit to 710 Claude Code sessions: long "
         "shared system prompts, contexts growing turn by turn, tool waits, sub-agents in "
-        "a few sessions) on an embedded cluster of simulated H100-class replicas in "
-        "virtual time, once through a plain openai client and once through agentrt, and "
+        "a few sessions) on the embedded engine (simulated H100-class replicas, in "
+        "virtual time), once through a plain openai client and once through agentrt, and "
         "prints the comparison, a summary figure and where the results are. No server "
         "and no GPU are needed.",
         examples(
@@ -289,10 +295,10 @@ def add_bench(command: Command) -> None:
     bench = command(
         "bench",
         "run a workload through several clients, side by side",
-        "Runs the same jobs through each client (--client) on a fresh embedded cluster in "
-        "virtual time, or against real servers (--endpoint) in wall-clock time, and "
-        "prints JCT, call latency, TTFT and cache hits per client.\n\nworkloads:\n"
-        + listing(WORKLOADS),
+        "Runs the same jobs through each client (--client) on the embedded engine (fresh "
+        "simulated replicas for each, in virtual time), or against real servers "
+        "(--endpoint) in wall-clock time, and prints JCT, call latency, TTFT and cache "
+        "hits per client.\n\nworkloads:\n" + listing(WORKLOADS),
         examples(
             "agentrt bench --workload coding --jobs 32 --rate 0.2 --replicas 8",
             "agentrt bench --client plain --client agentrt:plas+session@auto",

@@ -1,7 +1,7 @@
 """``agentrt demo``: a plain client and agentrt on the same coding jobs, side by side.
 
 The jobs come from the ``coding`` workload (drawn from a fit to 710 Claude Code sessions,
-``agentrt/bench/_coding.py``); they run on an embedded cluster of simulated H100-class
+``agentrt/bench/_coding.py``); they run on the embedded engine's simulated H100-class
 replicas in virtual time, once through a plain openai client and once through agentrt with
 its defaults. The demo prints a table that fits 80 columns, two or three sentences saying
 what was compared and what the numbers mean, and writes one summary figure.
@@ -332,7 +332,7 @@ def run_demo(
     _echo_wrapped(
         f"Done in {wall:.1f} s wall, {cpu:.1f} s of CPU (start-up included; the replays "
         f"alone {result.wall_s:.1f} s: wall_s in results.json), for {virtual / 60:.0f} min "
-        "of simulated cluster time per client. More: agentrt bench --help",
+        "of simulated time per client. More: agentrt bench --help",
         width,
         print,
     )

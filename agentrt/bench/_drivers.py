@@ -168,16 +168,16 @@ CLIENT_SPEC_HELP: Final = (
     "show a queue; the client then polls them every 1 s) or none), then ',key=value' "
     "options: routing=, policy=, concurrency=, "
     "token_budget= (int), priority= (on/off: send each call's queue level as the engine "
-    "priority; embedded replicas then schedule by priority), retention= (on/off: the "
-    "embedded replicas honour retention directives, as a vLLM built from PR #38514; "
+    "priority; simulated replicas then schedule by priority), retention= (on/off: the "
+    "simulated replicas honour retention directives, as a vLLM built from PR #38514; "
     "also allowed with defaults), load_control= (on/off: Runtime's load control, on by "
     "default; also allowed with defaults), kv_events= (on/off: the runtime reads the "
-    "embedded replicas' KV-cache events, Endpoint(kv_events='auto'), in-process: exact "
+    "simulated replicas' KV-cache events, Endpoint(kv_events='auto'), in-process: exact "
     "residency for placement; also allowed with defaults), dialect= (default vllm), "
     "declare= (tool waits the sessions declare: learned, the default: each tool's wait "
     "learned online; oracle: the exact next wait; none: nothing), poll= (the engines' "
     "/metrics: none, the default but with @engine; auto, Runtime's default; or seconds), "
-    "scheduling= (the embedded replicas' queue order: fcfs, or priority as vLLM's "
+    "scheduling= (the simulated replicas' queue order: fcfs, or priority as vLLM's "
     "--scheduling-policy priority; they then advertise it, so Runtime's "
     "send_priority='auto' sends them priorities; default: priority with priority=on, "
     "else fcfs; also allowed with defaults), "
@@ -190,7 +190,7 @@ CLIENT_SPEC_HELP: Final = (
     "but the replicas' scheduling=, retention=, kv_events= and load_control=, e.g. "
     "agentrt:defaults,scheduling=priority). "
     "Either, then '>PEER': the client sends to one URL, a modelled router in front of the "
-    "embedded replicas (agentrt sim serve --gateway list names them; agentrt then speaks "
+    "simulated replicas (agentrt sim serve --gateway list names them; agentrt then speaks "
     "the peer's dialect unless dialect= says another), e.g. plain>vllm-router, "
     "plain:session>thunderagent, agentrt:defaults>vllm-router:consistent_hash. "
     "Examples: agentrt:session, agentrt:defaults, agentrt:plas+round_robin@auto, "
@@ -204,7 +204,7 @@ ENGINE_POLL_S: Final = 1.0
 Runtime's adaptive cap sees an engine's queue only through its polled ``/metrics``."""
 
 _REPLICA_OPTIONS: Final = frozenset({"scheduling", "retention", "kv_events", "load_control"})
-"""Spec options that describe the embedded replicas (and, for ``kv_events``, whether
+"""Spec options that describe the simulated replicas (and, for ``kv_events``, whether
 the runtime reads what they publish), and load control (``load_control=off`` is the
 defaults without it): ``agentrt:defaults`` takes them."""
 
@@ -289,12 +289,12 @@ class ClientSpec:
     """``load_control=off``: ``Runtime(load_control=False)`` (on by default, as in
     Runtime; also allowed with ``defaults``)."""
     retention: bool = False
-    """``retention=on``: this client's embedded replicas honour retention directives
+    """``retention=on``: this client's simulated replicas honour retention directives
     (``EngineConfig.retention_directives``), a property of the replicas, not of the
     runtime, so ``agentrt:defaults`` takes it too."""
     kv_events: bool = False
     """``kv_events=on``: every endpoint is ``Endpoint(url, kv_events="auto")``, so the
-    runtime reads the embedded replicas' KV-cache events (in-process) for exact
+    runtime reads the simulated replicas' KV-cache events (in-process) for exact
     residency; ``agentrt:defaults`` takes it too."""
     poll: float | Literal["auto"] | None = None
     """``poll_metrics_s`` (``poll=``): None (no polls; with ``@engine``,
@@ -317,7 +317,7 @@ class ClientSpec:
     Runtime's defaults as of this version, for display only."""
 
     scheduling: Literal["fcfs", "priority"] | None = None
-    """``scheduling=``: the embedded replicas' queue order (``EngineConfig.scheduling``,
+    """``scheduling=``: the simulated replicas' queue order (``EngineConfig.scheduling``,
     as vLLM's ``--scheduling-policy``); None: ``priority`` where the client always sends
     priorities (``priority=on``), else ``fcfs``. Replicas that schedule by priority
     advertise it, so a runtime with ``send_priority="auto"`` (``agentrt:defaults``)
@@ -545,7 +545,7 @@ class PlainDriver:
         for client in self._clients:
             give_platform(client, tag)
         # In virtual time a plain client's HTTP stack changes no result, only the CPU a
-        # replay costs: with api="http" on the embedded cluster (a replica or a gateway
+        # replay costs: with api="http" on the embedded engine (a replica or a gateway
         # app per URL), calls go straight to the app (the thin path, _inprocess_chat).
         self._apps: list[tuple[ReplicaApp, str]] | None = None
         if api == "http" and isinstance(transport, ASGIDispatchTransport):

@@ -207,7 +207,7 @@ def fleet_lines(result: BenchResult, width: int = 80) -> list[str]:
 
 
 def view_lines(result: BenchResult, width: int = 80) -> list[str]:
-    """Per agentrt client over several embedded replicas: what it believed about the
+    """Per agentrt client over several simulated replicas: what it believed about the
     replicas' KV cache against what the engines held (``ClientResult.kv_view``,
     bench/_view.py), in words, wrapped to ``width``. Empty without one. ``agentrt bench``
     prints them with ``--show-view``; results.json has the figures either way."""

@@ -1,6 +1,6 @@
 """The benchmark runner: the same workload through each client, side by side.
 
-On the embedded cluster (the default) every client gets a fresh cluster and the run is in
+On the embedded engine (the default) every client gets fresh replicas and the run is in
 virtual time (:class:`VirtualTimeLoop`), so results do not depend on this machine's noise and
 hours of cluster time take seconds. Against real servers (``endpoints``) it runs in
 wall-clock time.
@@ -69,7 +69,7 @@ class BenchConfig:
     replicas: int = 4
     preset: str = "h100-8b"
     endpoints: Sequence[str] = ()
-    """Real OpenAI-compatible servers (wall-clock time); empty: the embedded cluster."""
+    """Real OpenAI-compatible servers (wall-clock time); empty: the embedded engine."""
     model: str | None = None
     traces: TraceOptions = field(default_factory=TraceOptions)
     stretch: bool = True
@@ -93,10 +93,10 @@ class BenchConfig:
     unbuffered ``O_APPEND`` write made from the event loop's thread, so the members'
     lines never mix."""
     tool_wait_policy: str | None = None
-    """The embedded replicas' tool-wait KV policy (``EngineConfig.tool_wait_policy``:
+    """The simulated replicas' tool-wait KV policy (``EngineConfig.tool_wait_policy``:
     lru, keep, pin, offload, drop, ...); None: the preset's."""
     retention_directives: bool = False
-    """The embedded replicas honour retention directives
+    """The simulated replicas honour retention directives
     (``EngineConfig.retention_directives``: what a call says about its session's idle
     and end orders their evictions); off: plain LRU, as released vLLM."""
     gpu_blocks: int | None = None
@@ -104,7 +104,7 @@ class BenchConfig:
     host_blocks: int | None = None
     """KV blocks in each embedded replica's host tier; None: the preset's."""
     kv_sample_s: float = 1.0
-    """Embedded runs: seconds between samples of the replicas' KV occupancy."""
+    """On the embedded engine: seconds between samples of the replicas' KV occupancy."""
     fleet: int = 1
     """Each client runs as a fleet of this many independent members, as a service's
     worker processes: for agentrt each its own Runtime (router, admission, learned
@@ -117,7 +117,7 @@ class BenchConfig:
     journal)."""
 
     def engine_config(self) -> EngineConfig:
-        """The embedded replicas' configuration: the preset with this run's changes."""
+        """The simulated replicas' configuration: the preset with this run's changes."""
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; known: {', '.join(PRESETS)}")
         changes: dict[str, object] = {"stream_interval": self.stream_interval}
@@ -158,7 +158,7 @@ class ClientResult:
     """Prefix-cache hit rate (cached / prompt tokens) of the calls that resume a session
     after a tool wait (agentrt clients; None where unknown)."""
     kv: dict[str, float] | None = None
-    """Embedded runs: KV occupancy (``occupancy_mean``/``occupancy_peak``: the used
+    """On the embedded engine: KV occupancy (``occupancy_mean``/``occupancy_peak``: the used
     fraction of accelerator blocks, referenced or pinned, time-weighted over the makespan
     and the highest sample, averaged over the replicas; ``cached_mean``: the fraction
     holding prefix-cache blocks, used or not), host-tier traffic (blocks offloaded and
@@ -170,17 +170,17 @@ class ClientResult:
     """The client ran as a fleet of this many members (``BenchConfig.fleet``); each job
     row's ``worker`` says which member ran it."""
     replicas: list[dict[str, float]] | None = None
-    """Embedded runs: per replica, in the cluster's order, ``calls`` (requests the engine
+    """On the embedded engine: per replica, in the cluster's order, ``calls`` (requests the engine
     served), ``prefill_tokens`` (prompt tokens it computed: not found in its prefix cache
     nor in its host tier), ``busy_s`` and ``first_turns`` (sessions whose first call,
     turn 0, it served)."""
     kv_view: dict[str, Any] | None = None
-    """Embedded runs of one agentrt client over several replicas: its router's view of
+    """On the embedded engine, one agentrt client over several replicas: its router's view of
     each replica's KV (working set, what is still cached, capacity) against the engine's,
     sampled together every ``kv_sample_s`` (bench/_view.py: ``resident``, ``over``,
     ``capacity``)."""
     call_imbalance: float | None = None
-    """Embedded runs: the replica that served the most calls, over the mean (beside
+    """On the embedded engine: the replica that served the most calls, over the mean (beside
     ``load_imbalance``, the same for busy time)."""
 
 
@@ -497,7 +497,7 @@ are the clients, in ``BenchConfig.clients`` order."""
 
 @dataclass(slots=True)
 class ClientRun:
-    """One client's replay on its own embedded cluster, before it is summarized."""
+    """One client's replay on its own replicas of the embedded engine, before it is summarized."""
 
     results: list[JobResult]
     makespan: float
@@ -509,7 +509,7 @@ class ClientRun:
     """The client's view of the replicas' KV against the engines': see
     :attr:`ClientResult.kv_view`."""
     peer: dict[str, Any] | None = None
-    """A modelled peer's own counters (``Policy.stats``: holds, pauses, resumes), or None."""
+    """A modelled peer's own counters (``PeerPolicy.stats``: holds, pauses, resumes), or None."""
 
 
 PartResult = dict[str, float] | ClientRun
@@ -828,7 +828,7 @@ def check_config(cfg: BenchConfig) -> None:
         if spec.gateway is not None and cfg.endpoints:
             raise ValueError(
                 f"client {name!r}: a modelled gateway (CLIENT>PEER) runs in front of the "
-                "embedded cluster only; against real servers give the real router's URL "
+                "embedded engine only; against real servers give the real router's URL "
                 "as the endpoint"
             )
     if cfg.users is not None and cfg.users < 1:
@@ -904,7 +904,7 @@ def run_bench(
 ) -> BenchResult:
     """Run the benchmark (blocking: it starts its own event loops).
 
-    On the embedded cluster each client, and the solo runs, replay in their own event loop
+    On the embedded engine each client, and the solo runs, replay in their own event loop
     from virtual time 0. ``workers``: 1 runs them one by one in this process; N > 1 (or
     ``"auto"``: one per core) on a pool of N processes; ``"ray"`` on Ray (the ``ray``
     extra); the results are the same (see :func:`run_study`). Real servers

@@ -64,13 +64,13 @@ from ._workloads import Arrivals, TraceOptions, claude_code_jobs, make_workload
 
 __all__ = [
     "DEFAULT_CLIENTS",
-    "QUICK",
     "SteadyConfig",
     "format_table",
     "measure",
     "plot",
     "run_steady",
     "steady_jobs",
+    "steady_study",
 ]
 
 DEFAULT_CLIENTS: Final = (
@@ -88,8 +88,11 @@ Kv = Literal["ample", "pressure"]
 
 @dataclass(slots=True)
 class SteadyConfig:
-    """One steady-state study (see the module docstring and ``benchmarks/steady_state.py
-    --help``)."""
+    """One steady-state study, run by :func:`steady_study`: its jobs (``workload``,
+    ``jobs``, ``seed``, ``traces``), ``clients`` (``agentrt bench`` client specs), the
+    closed-loop ``users`` and open-loop ``loads``, and the cluster (``replicas`` of
+    ``preset``, ample ``kv`` and/or KV pressure). docs/benchmarks/steady.md says what
+    it measures; ``python -m benchmarks alternatives steady`` is its command line."""
 
     workload: str = "claude-code"
     jobs: int = 500
@@ -115,6 +118,21 @@ class SteadyConfig:
     stretch: bool = True
     api: Literal["openai", "http"] = "http"
     kv_sample_s: float = 10.0
+
+    @classmethod
+    def quick(cls) -> SteadyConfig:
+        """A small study that runs in about a minute on two cores (a smoke test, CI): the
+        ``coding`` workload, 48 jobs, 2 replicas, ``plain`` against ``agentrt:defaults``."""
+        return cls(
+            workload="coding",
+            jobs=48,
+            users=(1, 2, 6),
+            loads=(0.5, 1.0),
+            kv=("ample",),
+            replicas=2,
+            bootstrap=200,
+            clients=("plain", "agentrt:defaults"),
+        )
 
     def check(self) -> None:
         """A clear error for a bad configuration, before anything runs."""
@@ -167,19 +185,6 @@ class SteadyConfig:
             host_blocks=self.host_blocks,
             kv_sample_s=self.kv_sample_s,
         )
-
-
-QUICK: Final = {
-    "workload": "coding",
-    "jobs": 48,
-    "users": (1, 2, 6),
-    "loads": (0.5, 1.0),
-    "kv": ("ample",),
-    "replicas": 2,
-    "bootstrap": 200,
-    "clients": ("plain", "agentrt:defaults"),
-}
-"""``--quick``: a small study that runs in a minute on two cores (CI, a smoke test)."""
 
 
 # --------------------------------------------------------------------------- the jobs
@@ -636,3 +641,29 @@ def save(result: dict[str, Any], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(clean(result), indent=1))
     return path
+
+
+def steady_study(
+    cfg: SteadyConfig,
+    out: Path,
+    *,
+    png: Path | None = None,
+    workers: Workers = "auto",
+    echo: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run the steady-state study ``cfg`` (blocking), write it as JSON to ``out`` and its
+    throughput against JCT p90 as a PNG (``png``, default beside ``out``; needs
+    matplotlib, the ``report`` extra), and ``echo`` its progress, its table and where
+    it wrote them; returns the study (a JSON-ready dict). A bad configuration raises
+    ValueError before anything runs. ``workers``: as :func:`run_study`."""
+    cfg.check()
+    started = time.perf_counter()
+    result = run_steady(cfg, workers=workers, progress=echo)
+    save(result, out)
+    echo(format_table(result))
+    echo(f"results: {out} ({time.perf_counter() - started:.0f} s wall)")
+    try:
+        echo(f"plot: {plot(result, png or out.with_suffix('.png'))}")
+    except ImportError:
+        echo("plot: matplotlib is not installed (pip install 'agentjct[report]')")
+    return result

@@ -1,6 +1,6 @@
 """How close the client's view of each replica's KV is to the engine's.
 
-While an agentrt client replays on an embedded cluster, :class:`ViewSampler` samples, at
+While an agentrt client replays on the embedded engine, :class:`ViewSampler` samples, at
 the same virtual times and per replica, what the runtime's router believes
 (``scheduling/_workingset.py``'s ``WorkingSet``: the live sessions it placed there, their
 contexts, how much of them it thinks is still cached, the weighted working set and the
@@ -51,7 +51,7 @@ def engine_cached(engine: Engine, session: str) -> int:
     for req in engine.running:
         if req.session == session:
             return (req.tree_blocks + req.private) * bs
-    node = engine._paths.get(session)  # the bench reads the engine's state
+    node = engine.sessions.paths.get(session)  # the bench reads the engine's state
     blocks = 0
     while node is not None and node.parent is not None:
         if node.alive and node.tier == 0:  # GPU
@@ -76,18 +76,18 @@ class ViewSampler:
     def _sample(self, n: int = 1) -> None:
         # Read-only: rt.endpoint_loads() would refresh the retention estimates, whose
         # recomputation depends on when they are read, and so move the routing.
-        core = self._rt._core  # the router's own shadows
+        core = self._rt._core  # the router's own working sets
         now = core.clock()
         for i, (engine, e) in enumerate(zip(self._engines, core.endpoints, strict=True)):
-            shadow = e.working_set
-            contexts = shadow.contexts()
+            working = e.working_set
+            contexts = working.contexts()
             if not contexts:
                 continue
-            capacity = shadow.capacity_tokens
-            demand = shadow.demand(now)
+            capacity = working.capacity_tokens
+            demand = working.demand(now)
             estimate: float | None = None
             if capacity is not None:
-                estimate = float(sum(shadow.resident(s) or 0 for s in contexts))
+                estimate = float(sum(working.resident(s) or 0 for s in contexts))
             real = float(sum(engine_cached(engine, s) for s in contexts))
             bs = engine.config.block_size
             slack = bs * len(contexts)
@@ -105,7 +105,7 @@ class ViewSampler:
                     evicted,
                 )
             )
-            self._sources[shadow.source or "unknown"] += n
+            self._sources[working.source or "unknown"] += n
 
     async def run(self) -> None:
         await every(self._interval, self._sample)

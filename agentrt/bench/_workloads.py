@@ -158,7 +158,7 @@ class TraceOptions:
     """How the Claude Code traces are replayed."""
 
     directory: Path | None = None
-    """Folder of ``trace_NNNN.json.gz`` (default: :func:`default_trace_dir`)."""
+    """Folder of ``trace_NNNN.json.gz`` (None: see :meth:`folder`)."""
     limit: int | None = None
     """Replay only the first ``limit`` traces."""
     token_scale: float = 1.0
@@ -171,6 +171,12 @@ class TraceOptions:
     """Skip the traces with a call longer than this many tokens (prompt and output,
     scaled), as a model's context window would refuse it; ``limit`` then counts the
     traces kept, in file order."""
+
+    def folder(self) -> Path:
+        """The folder the traces are read from: :attr:`directory`; else
+        ``$AGENTRT_TRACES``; else ``shared/traces/claude-code`` beside a checkout; else
+        the full set ``agentrt traces fetch`` wrote; else the package's sample."""
+        return self.directory or default_trace_dir()
 
 
 def default_trace_dir() -> Path:
@@ -203,7 +209,7 @@ _LIST: Final = "\x00blocks "
 
 def _read_trace(path: Path) -> tuple[Any, list[bytes]]:
     """A trace file's JSON, its block lists (``hash_ids``: most of the file, as a request's
-    list holds its whole context) left as raw bytes, for :class:`_Blocks` to read only the
+    list holds its whole context) left as raw bytes, for :class:`_KeptBlocks` to read only the
     blocks a replay keeps. Each list so left reads as ``_LIST + index`` into the raw lists
     returned; a list with anything but scalars in it is parsed as JSON, as is the rest."""
     with gzip.open(path, "rb") as f:
@@ -236,7 +242,7 @@ def _read_trace(path: Path) -> tuple[Any, list[bytes]]:
     return json.loads(b"".join(parts)), lists
 
 
-class _Blocks:
+class _KeptBlocks:
     """Reads the blocks a replay keeps of each request's block list, in a session's order.
 
     A request's context is mostly the previous request's plus what the turn added, so when
@@ -307,7 +313,7 @@ def _trace_session(
     steps: list[Step] = []
     group: list[SessionPlan] = []
     prev_stop = ""
-    reader = _Blocks(lists)
+    reader = _KeptBlocks(lists)
     for i, req in enumerate(requests):
         if req.get("type") == "subagent":
             sub_name = str(req.get("agent_id") or f"sub{i}")
@@ -350,7 +356,7 @@ def _trace_session(
 
 def claude_code_jobs(opts: TraceOptions) -> list[SessionPlan]:
     """One root session per trace file, in file order."""
-    directory = opts.directory or default_trace_dir()
+    directory = opts.folder()
     files = sorted(directory.glob("trace_*.json.gz"))
     if not files:
         from ._traces import missing_traces_message
@@ -381,7 +387,7 @@ def too_few_traces(asked: int, found: int, opts: TraceOptions, what: str = "jobs
     ``found``: the folder, why (``max_context``), and what to do."""
     from ._traces import sample_dir
 
-    directory = opts.directory or default_trace_dir()
+    directory = opts.folder()
     sample = directory.resolve() == sample_dir().resolve()
     where = f"the package's sample ({directory})" if sample else str(directory)
     if opts.max_context is not None:

@@ -6,8 +6,8 @@ wait.
 
     from agentrt.integrations import ag2 as agentrt_ag2
 
-    agent = Agent("coder", config=agentrt_ag2.config(rt, "my-model"), tools=[run_tests],
-                  middleware=[agentrt_ag2.middleware(rt, "coder")])
+    agent = Agent("coder", config=agentrt_ag2.model(rt, "my-model"), tools=[run_tests],
+                  middleware=[agentrt_ag2.instrument(rt, "coder")])
     reply = await agent.ask("Why does test_parse fail?")
 
 - a turn (``Agent.ask``) outside any job is a job named after the agent; it ends
@@ -18,7 +18,7 @@ wait.
 - an agent asked from a tool runs in the same job, in a session of its own for that
   tool call whose parent is the calling agent's session.
 
-AG2's middleware is told nothing of the agent it serves, so :func:`middleware` takes
+AG2's middleware is told nothing of the agent it serves, so :func:`instrument` takes
 the agent's name. Requires the extra: ``pip install "agentjct[ag2]"`` (tested with
 ag2 1.2). See docs/integrations.md.
 """
@@ -27,9 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._clients import client_kwargs
-from ._bridge import bind, unbind
-from .agents import _shared
+from . import Agents, Bridge, bind, unbind
 
 try:
     from ag2.config import OpenAIConfig
@@ -39,22 +37,20 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError('agentrt.integrations.ag2 needs AG2: pip install "agentjct[ag2]"') from exc
 
 if TYPE_CHECKING:
-    from .._runtime import Runtime
-    from .agents import Agents
+    from agentrt import Runtime
 
-__all__ = ["AgentrtMiddleware", "config", "middleware"]
-
-
-def config(rt: Runtime, model: str, **kwargs: Any) -> OpenAIConfig:
-    """An AG2 ``OpenAIConfig`` whose calls go through agentrt (``rt.http_client()``, the
-    runtime's first endpoint and key, ``max_retries=0``); other keyword arguments go to
-    ``OpenAIConfig``."""
-    rt._check_open()
-    kwargs = client_kwargs(rt._core, kwargs)
-    return OpenAIConfig(model=model, http_client=rt.http_client(), **kwargs)
+__all__ = ["AgentrtMiddleware", "instrument", "model"]
 
 
-def middleware(rt: Runtime, agent: str) -> AgentrtMiddleware:
+def model(rt: Runtime, name: str, **kwargs: Any) -> OpenAIConfig:
+    """An AG2 ``OpenAIConfig`` serving ``name`` (AG2's model, ``Agent(config=...)``)
+    whose calls go through agentrt (``rt.http_client()``, the runtime's first endpoint
+    and key, ``max_retries=0``); other keyword arguments go to ``OpenAIConfig``."""
+    kwargs = Bridge(rt).client_kwargs(**kwargs)
+    return OpenAIConfig(model=name, http_client=rt.http_client(), **kwargs)
+
+
+def instrument(rt: Runtime, agent: str) -> AgentrtMiddleware:
     """A middleware factory for ``Agent(middleware=[...])`` that maps the runs of the
     agent named ``agent`` onto ``rt``'s jobs, sessions and tool waits (see the module)."""
     return AgentrtMiddleware(rt, agent)
@@ -65,7 +61,7 @@ class AgentrtMiddleware:
     module): a factory AG2 calls at each turn for the middleware of that turn."""
 
     def __init__(self, rt: Runtime, agent: str) -> None:
-        self._agents = _shared(rt)
+        self._agents = Agents.shared(rt)
         self._agent = agent
 
     def __call__(self, event: Any, context: Any) -> BaseMiddleware:
@@ -80,18 +76,17 @@ class _Turn(BaseMiddleware):  # type: ignore[misc]  # AG2 is not installed for m
         self._agent = agent
 
     async def on_turn(self, call_next: Any, event: Any, context: Any) -> Any:
-        rt = self._agents.rt
-        if not rt._opened or rt._closed or self._agents.in_job():
+        if not self._agents.active or self._agents.in_job():
             return await call_next(event, context)
-        opened = self._agents._start_job(self._agent)
+        opened = self._agents.start_job(self._agent)
         if opened is None:  # pragma: no cover - checked just above
             return await call_next(event, context)
         try:
             response = await call_next(event, context)
         except BaseException as exc:
-            self._agents._end_job(opened, exc)
+            self._agents.end_job(opened, exc)
             raise
-        self._agents._end_job(opened)
+        self._agents.end_job(opened)
         return response
 
     async def on_llm_call(self, call_next: Any, events: Any, context: Any) -> Any:
@@ -105,13 +100,13 @@ class _Turn(BaseMiddleware):  # type: ignore[misc]  # AG2 is not installed for m
             unbind(binding)
 
     async def on_tool_execution(self, call_next: Any, event: Any, context: Any) -> Any:
-        opened = self._agents._start_tool(self._agent, str(event.name))
+        opened = self._agents.start_tool(self._agent, str(event.name))
         if opened is None:
             return await call_next(event, context)
         try:
             result = await call_next(event, context)
         except BaseException as exc:
-            self._agents._end_tool(opened, exc)
+            self._agents.end_tool(opened, exc)
             raise
-        self._agents._end_tool(opened, result.error if isinstance(result, ToolErrorEvent) else None)
+        self._agents.end_tool(opened, result.error if isinstance(result, ToolErrorEvent) else None)
         return result

@@ -7,7 +7,7 @@ and each tool call onto a tool wait.
     from agentrt.integrations import google_adk
 
     agent = LlmAgent(name="coder", model=google_adk.model(rt, "my-model"), tools=[run_tests])
-    app = App(name="coder", root_agent=agent, plugins=[google_adk.plugin(rt)])
+    app = App(name="coder", root_agent=agent, plugins=[google_adk.instrument(rt)])
     runner = InMemoryRunner(app=app)
     async for event in runner.run_async(user_id=..., session_id=..., new_message=...):
         ...
@@ -31,8 +31,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
-from ._bridge import Binding, bind, in_event_loop, unbind
-from .agents import _OpenJob, _OpenTool, _shared
+from . import Agents, Binding, OpenJob, OpenTool, bind, unbind
 
 try:
     from google.adk.models.lite_llm import LiteLlm
@@ -44,9 +43,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 if TYPE_CHECKING:
-    from .._runtime import Runtime
+    from agentrt import Runtime
 
-__all__ = ["AgentrtPlugin", "model", "plugin"]
+__all__ = ["AgentrtPlugin", "instrument", "model"]
 
 
 def model(rt: Runtime, name: str, **kwargs: Any) -> LiteLlm:
@@ -56,7 +55,7 @@ def model(rt: Runtime, name: str, **kwargs: Any) -> LiteLlm:
     return LiteLlm(model=name if "/" in name else f"openai/{name}", client=rt.openai(), **kwargs)
 
 
-def plugin(rt: Runtime) -> AgentrtPlugin:
+def instrument(rt: Runtime) -> AgentrtPlugin:
     """A plugin (``App(..., plugins=[...])``) that maps the runs onto ``rt``'s jobs,
     sessions and tool waits (see the module)."""
     return AgentrtPlugin(rt)
@@ -69,19 +68,18 @@ class AgentrtPlugin(BasePlugin):  # type: ignore[misc]  # ADK is not installed f
 
     def __init__(self, rt: Runtime, name: str = "agentrt") -> None:
         super().__init__(name=name)
-        self._agents = _shared(rt)
-        self._runs: dict[str, _OpenJob] = {}
+        self._agents = Agents.shared(rt)
+        self._runs: dict[str, OpenJob] = {}
         self._bindings: dict[Hashable, Binding] = {}
-        self._tools: dict[Hashable, _OpenTool] = {}
+        self._tools: dict[Hashable, OpenTool] = {}
 
     # -- runs: jobs ----------------------------------------------------------------------
 
     async def before_run_callback(self, *, invocation_context: Any) -> None:
         """A run starts: a job, unless it runs inside one (an agent run from a tool)."""
-        rt = self._agents.rt
-        if not in_event_loop() or not rt._opened or rt._closed or self._agents.in_job():
+        if not self._agents.active or self._agents.in_job():
             return
-        opened = self._agents._start_job(str(invocation_context.agent.name))
+        opened = self._agents.start_job(str(invocation_context.agent.name))
         if opened is not None:
             self._runs[invocation_context.invocation_id] = opened
 
@@ -89,13 +87,13 @@ class AgentrtPlugin(BasePlugin):  # type: ignore[misc]  # ADK is not installed f
         """The run ended: its job ends ``ok``."""
         opened = self._runs.pop(invocation_context.invocation_id, None)
         if opened is not None:
-            self._agents._end_job(opened)
+            self._agents.end_job(opened)
 
     async def on_run_error_callback(self, *, invocation_context: Any, error: Exception) -> None:
         """The run raised: its job ends ``error``."""
         opened = self._runs.pop(invocation_context.invocation_id, None)
         if opened is not None:
-            self._agents._end_job(opened, error)
+            self._agents.end_job(opened, error)
 
     # -- model calls: turns of the agent's session ---------------------------------------
 
@@ -121,7 +119,7 @@ class AgentrtPlugin(BasePlugin):  # type: ignore[misc]  # ADK is not installed f
 
     async def before_tool_callback(self, *, tool: Any, tool_args: Any, tool_context: Any) -> None:
         """A tool call starts: a tool wait in its agent's session."""
-        opened = self._agents._start_tool(str(tool_context.agent_name), str(tool.name))
+        opened = self._agents.start_tool(str(tool_context.agent_name), str(tool.name))
         if opened is not None:
             self._tools[_tool_key(tool_context)] = opened
 
@@ -131,7 +129,7 @@ class AgentrtPlugin(BasePlugin):  # type: ignore[misc]  # ADK is not installed f
         """The tool returned: its wait ends ``ok``."""
         opened = self._tools.pop(_tool_key(tool_context), None)
         if opened is not None:
-            self._agents._end_tool(opened)
+            self._agents.end_tool(opened)
 
     async def on_tool_error_callback(
         self, *, tool: Any, tool_args: Any, tool_context: Any, error: Exception
@@ -139,7 +137,7 @@ class AgentrtPlugin(BasePlugin):  # type: ignore[misc]  # ADK is not installed f
         """The tool raised: its wait ends ``error``."""
         opened = self._tools.pop(_tool_key(tool_context), None)
         if opened is not None:
-            self._agents._end_tool(opened, error)
+            self._agents.end_tool(opened, error)
 
 
 def _call_key(callback_context: Any) -> Hashable:

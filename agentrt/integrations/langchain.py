@@ -3,8 +3,8 @@ LangChain's run tree onto jobs, sessions and tool waits.
 
 Two lines::
 
-    llm = agentrt.integrations.langchain.chat_model(rt, model="my-model")
-    agent.invoke(inputs, config={"callbacks": [agentrt.integrations.langchain.callbacks(rt)]})
+    llm = agentrt.integrations.langchain.model(rt, "my-model")
+    agent.invoke(inputs, config={"callbacks": [agentrt.integrations.langchain.instrument(rt)]})
 
 - the top-level run (a graph, an agent, a chain, or a lone model or tool call) is a job,
   named after the run;
@@ -17,27 +17,23 @@ Two lines::
 
 ``rt`` is a :class:`~agentrt.Runtime` (``await agent.ainvoke(...)``) or a
 :class:`~agentrt.SyncRuntime` (``agent.invoke(...)``). Needs ``pip install
-"agentjct[langchain]"``. See docs/integrations.md.
+"agentjct[langchain]"``. See docs/integrations.md. (``chat_model`` and ``callbacks``,
+their names in 0.2, still work and warn: they go in the next release.)
 """
 
 from __future__ import annotations
 
 import contextvars
-import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+import warnings
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 from uuid import UUID
 
-import anyio.from_thread
-import anyio.lowlevel
+from agentrt import AgentrtError, Runtime, SyncRuntime
 
-from .._clients import client_kwargs
-from .._errors import AgentrtError
-from .._runtime import Runtime
-from .._sync import SyncRuntime
-from ._bridge import Bridge, bind, unbind
+from . import Bridge, bind, unbind
 
 try:
     from langchain_core.callbacks import BaseCallbackHandler
@@ -56,11 +52,10 @@ if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
     from langchain_core.outputs import ChatGenerationChunk, ChatResult
 
-    from .._context import Session
+    from agentrt import Session
 
-__all__ = ["AgentrtCallbackHandler", "ChatOpenAI", "callbacks", "chat_model"]
+__all__ = ["AgentrtCallbackHandler", "ChatOpenAI", "instrument", "model"]
 
-_T = TypeVar("_T")
 _Kind = Literal["chain", "llm", "tool"]
 _FRAMEWORK_KEYS = ("langgraph_", "ls_", "lc_", "checkpoint_")
 """Run metadata LangChain and LangGraph add themselves (a job's metadata is the user's)."""
@@ -70,79 +65,61 @@ _Key = tuple[UUID, _Branch]
 """A session's key in the bridge: its agent's root run and its branch."""
 
 
-def chat_model(rt: Runtime | SyncRuntime, *, model: str, **kwargs: Any) -> ChatOpenAI:
-    """A ``langchain_openai.ChatOpenAI`` whose calls go through agentrt.
+def model(rt: Runtime | SyncRuntime, name: str, **kwargs: Any) -> ChatOpenAI:
+    """A ``langchain_openai.ChatOpenAI`` serving ``name`` whose calls go through agentrt.
 
     With a :class:`~agentrt.Runtime` it serves async invocation (``ainvoke``,
     ``astream``); with a :class:`~agentrt.SyncRuntime`, sync invocation (``invoke``,
     ``stream``). ``base_url`` and ``api_key`` default to the runtime's first endpoint and
     key; ``max_retries`` is 0 (agentrt retries). Other keyword arguments go to
     ``ChatOpenAI``. Its calls are the turns of the session that
-    :func:`callbacks`'s handler gives their run, or of the enclosing ``job.session(...)``
-    block without one.
+    :func:`instrument`'s handler gives their run, or of the enclosing
+    ``job.session(...)`` block without one.
     """
-    runtime = _runtime_of(rt)
-    for name in ("http_client", "http_async_client"):
-        if name in kwargs:
-            raise ValueError(f"chat_model builds its own {name}: it goes through agentrt")
-    kwargs = client_kwargs(runtime._core, kwargs)
-    if isinstance(rt, SyncRuntime):
-        kwargs["http_client"] = rt.http_client()
-    else:
-        kwargs["http_async_client"] = rt.http_client()
-    llm = ChatOpenAI(model=model, **kwargs)
-    llm._agentrt_sync = isinstance(rt, SyncRuntime)
-    return llm
+    return _chat_openai(rt, name, kwargs)
 
 
-def callbacks(rt: Runtime | SyncRuntime) -> AgentrtCallbackHandler:
+def instrument(rt: Runtime | SyncRuntime) -> AgentrtCallbackHandler:
     """The callback handler to pass in ``config={"callbacks": [handler]}``.
 
     One handler serves any number of runs, concurrent ones included."""
     return AgentrtCallbackHandler(rt)
 
 
-def _runtime_of(rt: Runtime | SyncRuntime) -> Runtime:
+def chat_model(rt: Runtime | SyncRuntime, *, model: str, **kwargs: Any) -> ChatOpenAI:
+    """Deprecated: ``model(rt, model, **kwargs)`` (its name in 0.2; it goes in the next
+    release)."""
+    _deprecated("chat_model(rt, model=...)", "model(rt, name)")
+    return _chat_openai(rt, model, kwargs)
+
+
+def callbacks(rt: Runtime | SyncRuntime) -> AgentrtCallbackHandler:
+    """Deprecated: :func:`instrument` (its name in 0.2; it goes in the next release)."""
+    _deprecated("callbacks(rt)", "instrument(rt)")
+    return instrument(rt)
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(
+        f"agentrt.integrations.langchain.{old} is deprecated and goes in the next release: "
+        f"use {new}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
+def _chat_openai(rt: Runtime | SyncRuntime, name: str, kwargs: dict[str, Any]) -> ChatOpenAI:
+    for arg in ("http_client", "http_async_client"):
+        if arg in kwargs:
+            raise ValueError(f"model() builds its own {arg}: it goes through agentrt")
+    kwargs = Bridge(rt).client_kwargs(**kwargs)
     if isinstance(rt, SyncRuntime):
-        return rt.runtime
-    if isinstance(rt, Runtime):
-        return rt
-    raise TypeError(f"expected an agentrt.Runtime or SyncRuntime, got {type(rt).__name__}")
-
-
-class _OnLoop:
-    """Runs the bridge's (synchronous) operations in the runtime's event loop thread:
-    through a SyncRuntime's portal, or directly in an async runtime's loop (from one of
-    its worker threads through the loop's token)."""
-
-    def __init__(self, rt: Runtime | SyncRuntime) -> None:
-        self._srt = rt if isinstance(rt, SyncRuntime) else None
-        self._thread: int | None = None
-        self._token: anyio.lowlevel.EventLoopToken | None = None
-        if self._srt is None:
-            self._capture()
-
-    def _capture(self) -> bool:
-        try:
-            self._token = anyio.lowlevel.current_token()
-        except RuntimeError:
-            return False
-        self._thread = threading.get_ident()
-        return True
-
-    def __call__(self, fn: Callable[..., _T], *args: Any) -> _T:
-        if self._srt is not None:
-            if self._srt._closed:  # its loop is gone: nothing runs concurrently any more
-                return fn(*args)  # (the bridge of a closed runtime starts no job)
-            return self._srt._call(fn, *args)  # type: ignore[no-any-return]
-        if threading.get_ident() == self._thread or (self._thread is None and self._capture()):
-            return fn(*args)
-        if self._token is None:
-            raise AgentrtError(
-                "the agentrt callback handler of an async Runtime was called outside its "
-                "event loop before any call inside it; use ainvoke, or a SyncRuntime"
-            )
-        return anyio.from_thread.run_sync(fn, *args, token=self._token)
+        kwargs["http_client"] = rt.http_client()
+    else:
+        kwargs["http_async_client"] = rt.http_client()
+    llm = ChatOpenAI(model=name, **kwargs)
+    llm._agentrt_sync = isinstance(rt, SyncRuntime)
+    return llm
 
 
 @dataclass(slots=True, eq=False)
@@ -200,8 +177,7 @@ class AgentrtCallbackHandler(BaseCallbackHandler):
 
     def __init__(self, rt: Runtime | SyncRuntime) -> None:
         super().__init__()
-        self._bridge = Bridge(_runtime_of(rt))
-        self._on_loop = _OnLoop(rt)
+        self._bridge = Bridge(rt)
         self._runs: dict[UUID, _Run] = {}
 
     def session_of(self, run_id: UUID) -> Session | None:
@@ -226,7 +202,7 @@ class AgentrtCallbackHandler(BaseCallbackHandler):
     ) -> None:
         """A chain (a graph, a node, an agent) started: mapped as the class docstring says."""
         name = _run_name(serialized, kwargs, "chain")
-        self._on_loop(self._start, run_id, parent_run_id, "chain", name, metadata or {})
+        self._bridge.call_in_loop(self._start, run_id, parent_run_id, "chain", name, metadata or {})
 
     def on_chat_model_start(
         self,
@@ -241,7 +217,7 @@ class AgentrtCallbackHandler(BaseCallbackHandler):
     ) -> None:
         """A chat model call started: it becomes a call of the run's session."""
         name = _run_name(serialized, kwargs, "chat_model")
-        self._on_loop(self._start, run_id, parent_run_id, "llm", name, metadata or {})
+        self._bridge.call_in_loop(self._start, run_id, parent_run_id, "llm", name, metadata or {})
         _STARTED.set((self, run_id))
 
     def on_llm_start(
@@ -257,7 +233,7 @@ class AgentrtCallbackHandler(BaseCallbackHandler):
     ) -> None:
         """A completion model call started: it becomes a call of the run's session."""
         name = _run_name(serialized, kwargs, "llm")
-        self._on_loop(self._start, run_id, parent_run_id, "llm", name, metadata or {})
+        self._bridge.call_in_loop(self._start, run_id, parent_run_id, "llm", name, metadata or {})
         _STARTED.set((self, run_id))
 
     def on_tool_start(
@@ -274,7 +250,7 @@ class AgentrtCallbackHandler(BaseCallbackHandler):
     ) -> None:
         """A tool started: the session's tool wait begins."""
         name = _run_name(serialized, kwargs, "tool")
-        self._on_loop(self._start, run_id, parent_run_id, "tool", name, metadata or {})
+        self._bridge.call_in_loop(self._start, run_id, parent_run_id, "tool", name, metadata or {})
 
     def on_retriever_start(
         self,
@@ -289,7 +265,7 @@ class AgentrtCallbackHandler(BaseCallbackHandler):
     ) -> None:
         """A retriever started: treated as a chain run (not a tool wait)."""
         name = _run_name(serialized, kwargs, "retriever")
-        self._on_loop(self._start, run_id, parent_run_id, "chain", name, metadata or {})
+        self._bridge.call_in_loop(self._start, run_id, parent_run_id, "chain", name, metadata or {})
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
         """A chain ended: what it opened (a job, a session) ends with it."""
@@ -327,7 +303,7 @@ class AgentrtCallbackHandler(BaseCallbackHandler):
 
     def _end_soon(self, run_id: UUID, error: BaseException | None) -> None:
         if run_id in self._runs:  # runs we do not track end without a trip to the loop
-            self._on_loop(self._end, run_id, error)
+            self._bridge.call_in_loop(self._end, run_id, error)
 
     def _start(
         self,
@@ -392,12 +368,7 @@ class AgentrtCallbackHandler(BaseCallbackHandler):
             return
         agent = run.agent
         if run.kind == "tool":
-            if error is None:
-                self._bridge.end_tool(run_id)
-            elif isinstance(error, Exception):
-                self._bridge.end_tool(run_id, "error", type(error).__name__)
-            else:
-                self._bridge.end_tool(run_id, "cancelled", type(error).__name__)
+            self._bridge.end_tool(run_id, error)
         elif run.kind == "llm" and run.session is not None:
             agent.last[run.ns] = run.session
         if agent.root != run_id:

@@ -3,7 +3,7 @@
 
 Two lines::
 
-    llm = agentrt.integrations.llamaindex.llm(rt, model="my-model")
+    llm = agentrt.integrations.llamaindex.model(rt, "my-model")
     agentrt.integrations.llamaindex.instrument(rt)
 
     agent = FunctionAgent(tools=[...], llm=llm)
@@ -24,33 +24,36 @@ How runs map (docs/integrations.md, "LlamaIndex"):
   the run goes on).
 
 The handler hears LlamaIndex's span enter/exit callbacks (``get_dispatcher()``, the root
-dispatcher) and drives :class:`agentrt.integrations._bridge.Bridge`. The session of an
+dispatcher) and drives an :class:`agentrt.integrations.Bridge`. The session of an
 LLM call is found the way the transport always finds it: each workflow step is bound to
 its agent's session while it runs (a step's span is entered and left in the step's own
 context), so the streamed replies FunctionAgent reads inside the step are that session's
 turns.
 
 The LLM is async only through agentrt: its synchronous client raises (agent workflows
-call ``achat`` / ``astream_chat``).
+call ``achat`` / ``astream_chat``). (``llm(rt, model=...)``, its name in 0.2, still works
+and warns: it goes in the next release.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import warnings
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._clients import client_kwargs
-from .._context import Session
-from .._errors import AgentrtError
-from ._bridge import Binding, Bridge, bind, unbind
+import httpx
+
+from agentrt import AgentrtError
+
+from . import Binding, Bridge, bind, unbind
 
 if TYPE_CHECKING:
-    from .._runtime import Runtime
+    from agentrt import Runtime, Session
 
-__all__ = ["instrument", "llm", "uninstrument"]
+__all__ = ["instrument", "model", "uninstrument"]
 
 INSTALL_HINT = 'pip install "agentjct[llamaindex]"'
 _T = TypeVar("_T")
@@ -62,37 +65,53 @@ def _import_error(exc: ImportError) -> ImportError:
     )
 
 
-def llm(rt: Runtime, *, model: str, **kwargs: Any) -> Any:
-    """A LlamaIndex ``OpenAILike`` LLM whose calls go through ``rt`` (tagged, scheduled,
-    routed and reported; inside an instrumented run they are its session's turns).
+def model(rt: Runtime, name: str, **kwargs: Any) -> Any:
+    """A LlamaIndex ``OpenAILike`` LLM serving ``name`` whose calls go through ``rt``
+    (tagged, scheduled, routed and reported; inside an instrumented run they are its
+    session's turns).
 
     It talks to the runtime's first endpoint unless ``api_base`` says otherwise, is a
     chat and function-calling model (agents can call tools), and has ``max_retries=0``
     (agentrt retries). Other keyword arguments go to ``OpenAILike``.
     """
+    return _openai_like(rt, name, kwargs)
+
+
+def llm(rt: Runtime, *, model: str, **kwargs: Any) -> Any:
+    """Deprecated: ``model(rt, model, **kwargs)`` (its name in 0.2; it goes in the next
+    release)."""
+    warnings.warn(
+        "agentrt.integrations.llamaindex.llm(rt, model=...) is deprecated and goes in the "
+        "next release: use model(rt, name)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return _openai_like(rt, model, kwargs)
+
+
+def _openai_like(rt: Runtime, name: str, kwargs: dict[str, Any]) -> Any:
     try:
         from llama_index.llms.openai_like import OpenAILike
     except ImportError as exc:
         raise _import_error(exc) from exc
-    for name in ("http_client", "async_http_client"):
-        if name in kwargs:
-            raise ValueError(f"llm() builds the {name} itself (agentrt's); do not pass one")
-    base = client_kwargs(rt._core, {"max_retries": kwargs.pop("max_retries", 0)})
+    for arg in ("http_client", "async_http_client"):
+        if arg in kwargs:
+            raise ValueError(f"model() builds the {arg} itself (agentrt's); do not pass one")
+    base = Bridge(rt).client_kwargs(max_retries=kwargs.pop("max_retries", 0))
     kwargs.setdefault("api_base", base["base_url"])
     kwargs.setdefault("api_key", base["api_key"])
     kwargs.setdefault("is_chat_model", True)
     kwargs.setdefault("is_function_calling_model", True)
-    lib = rt._lib
     return OpenAILike(
-        model=model,
+        model=name,
         max_retries=0,
         async_http_client=rt.http_client(),
-        http_client=lib.mod.Client(transport=_AsyncOnly()),
+        http_client=httpx.Client(transport=_AsyncOnly()),  # openai 3.x takes httpx's too
         **kwargs,
     )
 
 
-class _AsyncOnly:
+class _AsyncOnly(httpx.BaseTransport):
     """The LLM's synchronous transport: agentrt's runtime is async, so a synchronous call
     would bypass it (or block its event loop). It says so instead."""
 
@@ -101,9 +120,6 @@ class _AsyncOnly:
             "the agentrt LlamaIndex LLM is async only: use achat / astream_chat / acomplete "
             "(agent workflows do)"
         )
-
-    def close(self) -> None:
-        return None
 
 
 # -- the span handler -----------------------------------------------------------------
@@ -167,7 +183,7 @@ class _Tracker:
         if isinstance(instance, self._tool_cls) and id_.split("-", 1)[0].endswith(
             (".acall", ".call")
         ):
-            self._start_tool(id_, instance, parent_id)
+            self._open_tool(id_, instance, parent_id)
 
     def exit(self, id_: str, result: Any) -> None:
         cancelled = None
@@ -228,7 +244,7 @@ class _Tracker:
 
     # -- tools --------------------------------------------------------------------------
 
-    def _start_tool(self, id_: str, tool: Any, parent_id: str | None) -> None:
+    def _open_tool(self, id_: str, tool: Any, parent_id: str | None) -> None:
         session = None
         span = parent_id
         while span is not None:
@@ -265,12 +281,7 @@ class _Tracker:
             unbind(binding)
         if id_ in self._tools:
             self._tools.discard(id_)
-            if exc is None:
-                self.bridge.end_tool(id_)
-            elif isinstance(exc, asyncio.CancelledError):
-                self.bridge.end_tool(id_, "cancelled")
-            else:
-                self.bridge.end_tool(id_, "error", type(exc).__name__)
+            self.bridge.end_tool(id_, exc)
         run = self._runs.pop(id_, None)
         if run is not None:
             self._end_run(run, exc)
@@ -298,12 +309,17 @@ def instrument(rt: Runtime) -> Any:
         from llama_index.core.workflow import Workflow
     except ImportError as exc:
         raise _import_error(exc) from exc
-    rt._check_open()
     for handler in _HANDLERS:
         if handler._agentrt.rt is rt:
             return handler
+    tracker = _Tracker(rt, Workflow, BaseTool)
+    if not tracker.bridge.active:
+        raise AgentrtError(
+            "llamaindex.instrument(rt) takes an open runtime, in its event loop: call it "
+            "inside 'async with Runtime(...) as rt:' (this one is closed or not entered)"
+        )
     handler = _handler_class()()
-    handler._agentrt = _Tracker(rt, Workflow, BaseTool)
+    handler._agentrt = tracker
     get_dispatcher().add_span_handler(handler)
     _HANDLERS.append(handler)
     return handler

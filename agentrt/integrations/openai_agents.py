@@ -29,9 +29,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import anyio
-
-from ._bridge import Binding, Bridge, bind, in_event_loop, unbind
+from . import Binding, Bridge, bind, unbind
 
 try:
     from agents import OpenAIChatCompletionsModel, add_trace_processor, set_trace_processors
@@ -52,7 +50,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 if TYPE_CHECKING:
-    from .._runtime import Runtime
+    from agentrt import Runtime
 
 __all__ = ["AgentrtTracingProcessor", "instrument", "model"]
 
@@ -111,8 +109,8 @@ class AgentrtTracingProcessor(TracingProcessor):
 
     def on_trace_start(self, trace: Trace) -> None:
         """A trace (one agent run) started: it opens a job."""
-        if self._closed or not in_event_loop():
-            return  # a trace opened outside async code: its calls are implicit jobs
+        if self._closed:
+            return
         metadata: dict[str, Any] = {"trace_id": trace.trace_id}
         group_id = getattr(trace, "group_id", None)
         if group_id is not None:
@@ -121,7 +119,7 @@ class AgentrtTracingProcessor(TracingProcessor):
         started = self._bridge.start_job(
             trace.trace_id, trace.name, metadata=metadata, thread=thread
         )
-        if started is not None:
+        if started is not None:  # (outside the runtime's loop: the calls are implicit jobs)
             self._traces[trace.trace_id] = _TraceState(sys.exc_info()[1])
 
     def on_trace_end(self, trace: Trace) -> None:
@@ -190,13 +188,10 @@ class AgentrtTracingProcessor(TracingProcessor):
         elif isinstance(data, FunctionSpanData):
             if span.error is None:
                 self._bridge.end_tool(span.span_id)
-            else:
+            else:  # the exception being handled, if the SDK ends the span in its handler
                 raised = sys.exc_info()[1]
-                cancelled = isinstance(raised, anyio.get_cancelled_exc_class())
                 self._bridge.end_tool(
-                    span.span_id,
-                    "cancelled" if cancelled else "error",
-                    None if raised is None else type(raised).__name__,
+                    span.span_id, raised, status="error" if raised is None else None
                 )
         elif isinstance(data, HandoffSpanData) and data.to_agent is not None:
             state.handoff = (data.to_agent, agent)

@@ -6,7 +6,7 @@ maps each run onto a job, each agent onto a session and each tool call onto a to
     from agentrt.integrations import pydantic_ai as agentrt_pydantic_ai
 
     agent = Agent(agentrt_pydantic_ai.model(rt, "my-model"), name="coder", tools=[run_tests],
-                  capabilities=[agentrt_pydantic_ai.capability(rt)])
+                  capabilities=[agentrt_pydantic_ai.instrument(rt)])
     result = await agent.run("Why does test_parse fail?")
 
 - a run (``Agent.run``, ``run_stream``, ``run_stream_events``, ``iter``) outside any
@@ -31,8 +31,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._bridge import bind, unbind
-from .agents import _shared
+from . import Agents, bind, unbind
 
 try:
     from pydantic_ai.capabilities import AbstractCapability
@@ -44,9 +43,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 if TYPE_CHECKING:
-    from .._runtime import Runtime
+    from agentrt import Runtime
 
-__all__ = ["AgentrtCapability", "capability", "model"]
+__all__ = ["AgentrtCapability", "instrument", "model"]
 
 
 def model(rt: Runtime, name: str, **kwargs: Any) -> OpenAIChatModel:
@@ -55,7 +54,7 @@ def model(rt: Runtime, name: str, **kwargs: Any) -> OpenAIChatModel:
     return OpenAIChatModel(name, provider=OpenAIProvider(openai_client=rt.openai()), **kwargs)
 
 
-def capability(rt: Runtime) -> AgentrtCapability:
+def instrument(rt: Runtime) -> AgentrtCapability:
     """A capability for ``Agent(capabilities=[...])`` that maps the agent's runs onto
     ``rt``'s jobs, sessions and tool waits (see the module)."""
     return AgentrtCapability(rt)
@@ -66,7 +65,7 @@ class AgentrtCapability(AbstractCapability[Any]):  # type: ignore[misc]  # not i
     runtime (see the module). One object serves every agent and run of the runtime."""
 
     def __init__(self, rt: Runtime) -> None:
-        self._agents = _shared(rt)
+        self._agents = Agents.shared(rt)
 
     @classmethod
     def get_serialization_name(cls) -> str | None:
@@ -80,20 +79,19 @@ class AgentrtCapability(AbstractCapability[Any]):  # type: ignore[misc]  # not i
         ``wrap_run`` sets into the task that runs the run's body, which is where a
         streamed run (``run_stream``, ``run_stream_events``) opens its model requests
         (``wrap_model_request`` runs in a task of its own there)."""
-        rt = self._agents.rt
-        if not rt._opened or rt._closed:
+        if not self._agents.active:
             return await handler()
         if self._agents.in_job():
             return await self._bound(ctx, handler)
-        opened = self._agents._start_job(_name(ctx))
+        opened = self._agents.start_job(_name(ctx))
         if opened is None:  # pragma: no cover - checked just above
             return await handler()
         try:
             result = await self._bound(ctx, handler)
         except BaseException as exc:
-            self._agents._end_job(opened, exc)
+            self._agents.end_job(opened, exc)
             raise
-        self._agents._end_job(opened)
+        self._agents.end_job(opened)
         return result
 
     async def _bound(self, ctx: Any, handler: Any) -> Any:
@@ -122,7 +120,7 @@ class AgentrtCapability(AbstractCapability[Any]):  # type: ignore[misc]  # not i
         self, ctx: Any, *, call: Any, tool_def: Any, args: Any, handler: Any
     ) -> Any:
         """The tool's execution is a tool wait in the agent's session."""
-        opened = self._agents._start_tool(_name(ctx), str(call.tool_name))
+        opened = self._agents.start_tool(_name(ctx), str(call.tool_name))
         if opened is None:
             return await handler(args)
         # The calls the tool makes itself are not the agent's turns (the run bound them):
@@ -132,10 +130,10 @@ class AgentrtCapability(AbstractCapability[Any]):  # type: ignore[misc]  # not i
             result = await handler(args)
         except BaseException as exc:
             unbind(binding)
-            self._agents._end_tool(opened, exc)
+            self._agents.end_tool(opened, exc)
             raise
         unbind(binding)
-        self._agents._end_tool(opened)
+        self._agents.end_tool(opened)
         return result
 
 

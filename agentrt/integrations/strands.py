@@ -6,7 +6,7 @@ a tool wait.
 
     from agentrt.integrations import strands as agentrt_strands
 
-    hooks = agentrt_strands.hooks(rt)                     # runs -> jobs, agents -> sessions
+    hooks = agentrt_strands.instrument(rt)                # runs -> jobs, agents -> sessions
     agent = Agent(name="coder", model=agentrt_strands.model(rt, "my-model"),
                   tools=[run_tests], hooks=[hooks])
     result = await agent.invoke_async("Why does test_parse fail?")
@@ -22,7 +22,7 @@ a tool wait.
   agent's session.
 
 Every agent of a run needs the hooks (the same object, or another of the same runtime's
-:func:`hooks`). Requires the extra: ``pip install "agentjct[strands]"`` (tested with
+:func:`instrument`). Requires the extra: ``pip install "agentjct[strands]"`` (tested with
 strands-agents 1.62; it needs openai<3). See docs/integrations.md.
 """
 
@@ -31,8 +31,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ._bridge import Binding, bind, in_event_loop, unbind
-from .agents import _OpenJob, _OpenTool, _shared
+from . import Agents, Binding, OpenJob, OpenTool, bind, unbind
 
 try:
     from strands.hooks import (
@@ -51,18 +50,19 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 if TYPE_CHECKING:
-    from .._runtime import Runtime
+    from agentrt import Runtime
 
-__all__ = ["AgentrtHooks", "hooks", "model"]
-
-
-def model(rt: Runtime, model_id: str, **config: Any) -> OpenAIModel:
-    """A Strands ``OpenAIModel`` whose calls go through agentrt (``rt.openai()``); other
-    keyword arguments are the model's config (``params={"max_tokens": ...}``)."""
-    return OpenAIModel(client=rt.openai(), model_id=model_id, **config)
+__all__ = ["AgentrtHooks", "instrument", "model"]
 
 
-def hooks(rt: Runtime) -> AgentrtHooks:
+def model(rt: Runtime, name: str, **config: Any) -> OpenAIModel:
+    """A Strands ``OpenAIModel`` serving ``name`` whose calls go through agentrt
+    (``rt.openai()``); other keyword arguments are the model's config
+    (``params={"max_tokens": ...}``)."""
+    return OpenAIModel(client=rt.openai(), model_id=name, **config)
+
+
+def instrument(rt: Runtime) -> AgentrtHooks:
     """A hook provider for ``Agent(hooks=[...])`` that maps the agents' runs onto ``rt``'s
     jobs, sessions and tool waits (see the module)."""
     return AgentrtHooks(rt)
@@ -75,10 +75,10 @@ class AgentrtHooks:
     call or the tool, which is what lets them bind a session to the call that follows."""
 
     def __init__(self, rt: Runtime) -> None:
-        self._agents = _shared(rt)
-        self._runs: dict[int, tuple[_OpenJob, BaseException | None]] = {}
+        self._agents = Agents.shared(rt)
+        self._runs: dict[int, tuple[OpenJob, BaseException | None]] = {}
         self._bindings: dict[int, Binding] = {}
-        self._tools: dict[str, _OpenTool] = {}
+        self._tools: dict[str, OpenTool] = {}
 
     def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
         """Subscribe to the invocation, model-call and tool-call events."""
@@ -90,11 +90,11 @@ class AgentrtHooks:
         registry.add_callback(AfterToolCallEvent, self._after_tool)
 
     def _before_invocation(self, event: BeforeInvocationEvent) -> None:
-        if not in_event_loop() or not self._agents.rt._opened or self._agents.rt._closed:
+        if not self._agents.active:
             return  # a sync ``agent(...)`` runs in a loop of its own: implicit jobs
         if self._agents.in_job():
             return  # a sub-agent: its calls join the job of the run that invoked it
-        opened = self._agents._start_job(_name(event.agent))
+        opened = self._agents.start_job(_name(event.agent))
         if opened is not None:
             self._runs[id(event.agent)] = (opened, sys.exc_info()[1])
 
@@ -106,7 +106,7 @@ class AgentrtHooks:
         # Strands fires this event in a ``finally``: an exception leaving the
         # invocation is the one being handled now.
         raised = sys.exc_info()[1]
-        self._agents._end_job(opened, None if raised is raised_before else raised)
+        self._agents.end_job(opened, None if raised is raised_before else raised)
 
     def _before_model(self, event: BeforeModelCallEvent) -> None:
         session = self._agents.session(_name(event.agent))
@@ -119,14 +119,14 @@ class AgentrtHooks:
             unbind(binding)
 
     def _before_tool(self, event: BeforeToolCallEvent) -> None:
-        opened = self._agents._start_tool(_name(event.agent), event.tool_use["name"])
+        opened = self._agents.start_tool(_name(event.agent), event.tool_use["name"])
         if opened is not None:
             self._tools[event.tool_use["toolUseId"]] = opened
 
     def _after_tool(self, event: AfterToolCallEvent) -> None:
         opened = self._tools.pop(event.tool_use["toolUseId"], None)
         if opened is not None:
-            self._agents._end_tool(opened, event.exception)
+            self._agents.end_tool(opened, event.exception)
 
 
 def _name(agent: Any) -> str:

@@ -1,4 +1,5 @@
-"""agentrt.sim: an embedded, OpenAI-compatible engine cluster with a modelled clock.
+"""agentrt.sim: the embedded engine, OpenAI-compatible simulated replicas with a modelled
+clock.
 
 Each replica is a continuous-batching engine (vLLM V1 semantics: iteration-level
 scheduling, a token budget, chunked prefill, FCFS or priority order, preemption by
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from ._cluster import Cluster
     from ._config import PRESETS, EngineConfig
     from ._cost import CostModel, StepSample, calibrate
-    from ._engine import ReplicaStats
+    from ._metrics import ReplicaStats
     from ._replica import Replica
     from ._serve import ServedURLs, ServeError, serve, serve_async
     from ._tokenize import count_tokens, output_text, prompt_for_blocks
@@ -49,7 +50,7 @@ _HOMES: dict[str, str] = {
     "CostModel": "._cost",
     "StepSample": "._cost",
     "calibrate": "._cost",
-    "ReplicaStats": "._engine",
+    "ReplicaStats": "._metrics",
     "Replica": "._replica",
     "ServedURLs": "._serve",
     "ServeError": "._serve",

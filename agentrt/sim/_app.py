@@ -403,7 +403,7 @@ class ReplicaApp:
         hint = script is None and chat and cfg.replies == "agent"
         n = body.get("n", 1)
         if n not in (1, None):
-            raise _HTTPError(400, "the simulator only supports n=1", param="n")
+            raise _HTTPError(400, "the embedded engine only supports n=1", param="n")
         hdr = _headers_dict(headers)
         meta = _agentrt_meta(hdr)
         priority = _priority(body, meta, cfg.scheduling == "priority")

@@ -4,7 +4,7 @@
 ``ignore_eos``, so lengths are exact on vLLM) and turns the latencies into
 :class:`StepSample` s; :func:`~agentrt.sim.calibrate` fits a :class:`CostModel` to them. Time is
 read with ``anyio.current_time()``, so the same probe runs against a real server (wall
-clock) and against the simulator in virtual time (which is how it is tested).
+clock) and against the embedded engine in virtual time (which is how it is tested).
 
 Script hook, against a running engine::
 

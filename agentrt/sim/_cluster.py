@@ -15,7 +15,7 @@ from ._config import EngineConfig, resolve_config
 from ._engine import ReplicaStats
 from ._replica import Replica
 from ._transport import ASGIDispatchTransport
-from .peers import GatewayApp, Policy, make_policy
+from .peers import GatewayApp, PeerPolicy, make_policy
 
 __all__ = ["Cluster"]
 
@@ -44,7 +44,7 @@ class Cluster:
         config: EngineConfig | str = "h100-8b",
         *,
         host_suffix: str = ".sim",
-        gateway: str | Policy | None = None,
+        gateway: str | PeerPolicy | None = None,
     ) -> None:
         if replicas < 1:
             raise ValueError("a cluster needs at least 1 replica")

@@ -224,7 +224,7 @@ _H100_8B: Final = EngineConfig(
 
 # The tiny 2-layer Llama (hidden 256, 4 KV heads x 64, bf16) on vLLM's CPU build, as
 # agentrt.testing.vllm_cpu starts it: 128-token blocks, 1 GiB of KV, max_model_len 4096.
-# Cost numbers fitted with benchmarks/fidelity.py (probe_engine + calibrate) against one
+# Cost numbers fitted with python -m benchmarks twin fidelity (probe_engine + calibrate) against one
 # replica whose worker runs on one core of this 2-core machine (docs/sim.md).
 _CPU_TINY: Final = EngineConfig(
     cost=CostModel(

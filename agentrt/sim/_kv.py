@@ -37,13 +37,13 @@ to the host and later :meth:`KVCache.prefetch` it back, a transfer that complete
 blocks' ``ready_at``.
 
 KV-cache events: with a sink (:attr:`KVCache.on_events`), every change of the accelerator
-part of the tree is reported as vLLM reports it (``agentrt.scheduling._kvevents``):
-``BlockStored`` when blocks enter it (computed and cached, or loaded back from the host
-tier), with the hash of the block before them and the session that stored them;
-``BlockRemoved`` when they leave it (evicted, offloaded or dropped). A block's hash is an
-id given when it is first cached (:attr:`Node.ids`, run-length encoded as the keys are):
-unique for as long as the block exists, as vLLM's chained hashes identify a block and its
-prefix. Without a sink nothing is built.
+part of the tree is reported as vLLM reports it (built in ``_blockevents``). A block's
+hash is an id given when it is first cached (:attr:`Node.ids`). Without a sink nothing
+is built.
+
+The parts: the tree's nodes are ``_kvtree``'s; which leaf goes next, ``_eviction``'s
+:class:`EvictionOrder`; the host tier and its transfers, ``_kvhost``'s :class:`HostTier`.
+This class holds the tree, the block accounting and the pins.
 """
 
 from __future__ import annotations
@@ -51,127 +51,21 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any
 
-from ..scheduling._kvevents import BlockRemoved, BlockStored, KvEvent
+from ..scheduling._kvevents import KvEvent
+from ._blockevents import removed_event, stored_event
+from ._eviction import EvictionOrder
+from ._kvhost import HostTier
+from ._kvtree import ENDED, GPU, HOST, QUEUED, Match, Node, Prefetch, append_ids, append_runs
 from ._tokenize import Run, runs_length, slice_runs
 
 __all__ = ["ENDED", "GPU", "HOST", "QUEUED", "KVCache", "Match", "Node", "Prefetch"]
 
-GPU: Final = 0
-HOST: Final = 1
-QUEUED: Final = float("inf")
-"""A resume time meaning a request of the session is queued: evicted last."""
-ENDED: Final = -1.0
-"""A resume time meaning the session ended (a retention directive's release): with
-``directives`` its blocks are evicted before any other."""
 
-
-class Node:
-    """A run of cached blocks in the radix tree."""
-
-    __slots__ = (
-        "alive",
-        "children",
-        "far_seq",
-        "gpu_children",
-        "heap_seq",
-        "ids",
-        "last_access",
-        "length",
-        "parent",
-        "pin_seq",
-        "pin_until",
-        "pinned",
-        "prefetch",
-        "ready_at",
-        "refcount",
-        "resume_at",
-        "runs",
-        "session",
-        "shared",
-        "tier",
-        "uid",
-    )
-
-    _uids = itertools.count()
-
-    def __init__(self, parent: Node | None, runs: list[Run], length: int, session: Any) -> None:
-        self.uid = next(Node._uids)
-        """Creation order: breaks LRU ties the same way however evictions are grouped."""
-        self.parent = parent
-        self.runs = runs
-        self.length = length
-        self.ids: list[Run] = []
-        """Its blocks' ids (the hashes its KV-cache events carry), as runs
-        ``(None, first, count)`` parallel to ``runs``."""
-        self.children: dict[tuple[Any, int], Node] = {}
-        self.gpu_children = 0
-        self.refcount = 0
-        self.tier = GPU
-        self.pinned = False
-        self.pin_until = 0.0
-        self.pin_seq = -1
-        """The sequence number of this node's current entry in the pin heap."""
-        self.last_access = 0.0
-        self.heap_seq = -1
-        self.resume_at = 0.0
-        """When this node's session declared it resumes (0: no declaration pending)."""
-        self.far_seq = -1
-        """The sequence number of this node's current entry in the resume heap."""
-        self.session = session
-        self.shared = False
-        self.alive = True
-        self.ready_at = 0.0
-        """When a prefetch of this node to the accelerator completes (0: no prefetch)."""
-        self.prefetch: Prefetch | None = None
-        """The prefetch that loaded this node, until a request uses it or it is evicted."""
-
-    def key(self) -> tuple[Any, int]:
-        tag, start, _ = self.runs[0]
-        return (tag, start)
-
-
-class Prefetch:
-    """One prefetch: ``useful`` once a request used its blocks, ``wasted`` if they were
-    evicted first."""
-
-    __slots__ = ("blocks", "resolved")
-
-    def __init__(self, blocks: int) -> None:
-        self.blocks = blocks
-        self.resolved = False
-
-
-class Match:
-    """The result of a prefix lookup (nothing is changed until :meth:`KVCache.admit`)."""
-
-    __slots__ = (
-        "blocks",
-        "gpu_blocks",
-        "host_blocks",
-        "node",
-        "partial",
-        "partial_blocks",
-        "ready_at",
-        "reclaim",
-    )
-
-    def __init__(self) -> None:
-        self.node: Node | None = None
-        self.partial: Node | None = None
-        self.partial_blocks = 0
-        self.blocks = 0
-        self.gpu_blocks = 0
-        self.host_blocks = 0
-        self.reclaim = 0
-        """Evictable GPU blocks the match would reference (no longer evictable then)."""
-        self.ready_at = 0.0
-        """When the last prefetch of a matched GPU block completes."""
-
-
-class KVCache:
-    """Block accounting and the prefix-cache tree of one replica."""
+class KVCache(HostTier):
+    """Block accounting, the prefix-cache tree and the pins of one replica; the host tier
+    is :class:`HostTier`'s, the order of eviction :class:`EvictionOrder`'s."""
 
     def __init__(
         self,
@@ -182,7 +76,7 @@ class KVCache:
         directives: bool = False,
     ) -> None:
         self.capacity = num_gpu_blocks
-        self.host_capacity = num_host_blocks
+        self._init_host(num_host_blocks)
         self.root = Node(None, [], 0, None)
         self.root.refcount = 1 << 60
         self.gpu_tree = 0
@@ -191,44 +85,15 @@ class KVCache:
         """Blocks held by requests outside the tree."""
         self.evictable = 0
         """GPU tree blocks with no reference and no pin."""
-        self.host_used = 0
-        self.host_pinned = 0
-        """Host blocks that are pinned (offloaded by a policy, awaiting their prefetch)."""
         self.gpu_pins = 0
         """Pinned accelerator nodes (what :meth:`yield_pins` could unpin)."""
-        self.link_free = 0.0
-        """When the host-to-accelerator link finishes the prefetches already started."""
-        self._lru: list[tuple[float, int, int, Node]] = []
-        self._far: list[tuple[float, int, int, Node]] = []
-        """Hinted evictable leaves, the latest resume first (negated resume times)."""
-        self._directives = directives
-        self._ended: list[tuple[float, int, int, Node]] = []
-        """``directives``: ended sessions' evictable leaves, LRU first."""
-        self._queued: list[tuple[float, int, int, Node]] = []
-        """``directives``: leaves of sessions whose next request waits (:data:`QUEUED`):
-        they wake now, so they go last of all (LRU among them)."""
-        self._expiry: list[tuple[float, int, int, Node]] = []
-        """``directives``: retained evictable leaves, the retention ending first (moved to
-        ``_lru`` once it has)."""
-        self.now = 0.0
-        """The clock as of the last call that gave one (hinted eviction compares with it)."""
-        self._host_lru: list[tuple[float, int, int, Node]] = []
+        self._order = EvictionOrder(directives)
         self._pins: list[tuple[float, int, Node]] = []
         self._seq = itertools.count()
+        """Sequence numbers of the pin heap's entries."""
         self._track = track_sessions
         self.sessions: dict[Any, set[Node]] = {}
         self.evicted_blocks = 0
-        self.offloaded_blocks = 0
-        """Blocks written to the host tier (evictions and offloads)."""
-        self.loaded_blocks = 0
-        """Blocks read back from the host tier by admissions (charged to the step)."""
-        self.prefetched_blocks = 0
-        """Blocks read back from the host tier by prefetches (overlapping the steps)."""
-        self.prefetches = 0
-        self.prefetches_useful = 0
-        self.prefetches_wasted = 0
-        self.prefetches_skipped = 0
-        """Prefetches not started: no room on the accelerator, or nothing left to load."""
         self.yielded_blocks = 0
         """Pinned blocks unpinned early because a running request needed the room."""
         self.on_events: Callable[[list[KvEvent]], None] | None = None
@@ -247,33 +112,14 @@ class KVCache:
     def _stored(self, node: Node, ids: list[Run]) -> None:
         """``ids`` (blocks of ``node``) entered the accelerator's cache."""
         sink = self.on_events
-        if sink is None:
-            return
-        parent = node.parent
-        if ids is not node.ids:  # blocks appended at its end: below its earlier ones
-            first = ids[0][1]
-            before = _id_before(node.ids, first)
-        else:
-            before = None
-        if before is None and parent is not None and parent is not self.root:
-            before = _last_id(parent.ids)
-        session = node.session
-        sink(
-            [
-                BlockStored(
-                    _expand(ids),
-                    before,
-                    self.block_size,
-                    session if isinstance(session, str) else None,
-                )
-            ]
-        )
+        if sink is not None:
+            sink([stored_event(node, ids, self.root, self.block_size)])
 
     def _removed(self, ids: list[Run]) -> None:
         """``ids`` left the accelerator's cache."""
         sink = self.on_events
         if sink is not None and ids:
-            sink([BlockRemoved(_expand(ids))])
+            sink([removed_event(ids)])
 
     # ------------------------------------------------------------ accounting
 
@@ -354,7 +200,7 @@ class KVCache:
         Returns the deepest referenced node and the number of blocks loaded from the host
         tier. The caller checked :meth:`can_admit`.
         """
-        self.now = now
+        self._order.now = now
         if match.partial is not None:
             deepest = self._split(match.partial, match.partial_blocks)
         else:
@@ -380,23 +226,7 @@ class KVCache:
         need = match.host_blocks + new_blocks
         if need:
             self._make_room(need)
-        loaded = 0
-        if match.host_blocks:
-            for node in reversed(path):
-                if node.tier == HOST:
-                    self.host_used -= node.length
-                    if node.pinned:  # its wait is over (its ancestors may not be pinned)
-                        self.host_pinned -= node.length
-                        node.pinned = False
-                        node.pin_until = 0.0
-                    self.gpu_tree += node.length
-                    node.tier = GPU
-                    assert node.parent is not None
-                    node.parent.gpu_children += 1
-                    loaded += node.length
-                    if self.on_events is not None:
-                        self._stored(node, node.ids)
-            self.loaded_blocks += loaded
+        loaded = self._load(path) if match.host_blocks else 0
         self.private += new_blocks
         return deepest, loaded
 
@@ -421,13 +251,13 @@ class KVCache:
             and deepest.tier == GPU
             and (not self._track or (deepest.session == session and not deepest.shared))
         ):
-            _append_runs(deepest.runs, runs)
+            append_runs(deepest.runs, runs)
             deepest.length += n
             deepest.last_access = now
             self.gpu_tree += n
             self.private -= n
             new = self._fresh_ids(n)
-            _append_ids(deepest.ids, new)
+            append_ids(deepest.ids, new)
             if self.on_events is not None:
                 self._stored(deepest, new)
             return deepest
@@ -451,7 +281,7 @@ class KVCache:
     def release(self, deepest: Node | None, private: int, now: float) -> None:
         """Drop a request's references (its path from ``deepest``) and free its private
         blocks. Unreferenced blocks stay cached (evictable)."""
-        self.now = now
+        self._order.now = now
         self.private -= private
         n = deepest
         root = self.root
@@ -461,7 +291,7 @@ class KVCache:
             if n.refcount == 0 and n.tier == GPU and not n.pinned:
                 self.evictable += n.length
                 if n.gpu_children == 0:
-                    self._push(n)
+                    self._order.push(n)
             n = n.parent
 
     # ------------------------------------------------------------ pins and policies
@@ -504,7 +334,7 @@ class KVCache:
 
     def expire_pins(self, now: float) -> float | None:
         """Unpin what expired by ``now``; the next expiry time, if any."""
-        self.now = now
+        self._order.now = now
         pins = self._pins
         while pins and pins[0][0] <= now:
             _, _, n = heapq.heappop(pins)
@@ -515,11 +345,11 @@ class KVCache:
                     if n.refcount == 0:
                         self.evictable += n.length
                         if n.gpu_children == 0:
-                            self._push(n)
+                            self._order.push(n)
                 else:
                     self.host_pinned -= n.length
                     if not n.children:
-                        self._push_host(n)
+                        self._order.push_host(n)
         return pins[0][0] if pins else None
 
     def yield_pins(self, need: int) -> bool:
@@ -545,7 +375,7 @@ class KVCache:
             if n.refcount == 0:
                 self.evictable += n.length
                 if n.gpu_children == 0:
-                    self._push(n)
+                    self._order.push(n)
         for entry in kept:
             heapq.heappush(pins, entry)
         return self.available() >= need
@@ -586,80 +416,14 @@ class KVCache:
             n.resume_at = resume_at
             if n.refcount == 0 and not n.pinned and not n.gpu_children:
                 if n.tier == GPU:
-                    self._push(n)
+                    self._order.push(n)
                 elif not n.children:
-                    self._push_host(n)
+                    self._order.push_host(n)
             n = n.parent
-
-    def host_room_for(self, blocks: int) -> bool:
-        """Whether the host tier can take ``blocks`` without dropping pinned host blocks."""
-        return blocks <= self.host_capacity - self.host_pinned
-
-    def offload_tail(self, deepest: Node, top: Node, until: float) -> int:
-        """Pin the own tail ``top``..``deepest`` until ``until`` and move it, with what hangs
-        below it on the accelerator, to the host tier. Returns the blocks moved."""
-        self.pin_path(deepest, until, top.parent)
-        if top.tier != GPU:
-            return 0
-        return self._offload_subtree(top)
 
     def drop_tail(self, top: Node) -> int:
         """Free the own tail from ``top`` down (both tiers). Returns the blocks freed."""
         return self._drop_subtree(top) if top.alive else 0
-
-    def prefetch(self, deepest: Node, start: float, block_s: float, until: float) -> int:
-        """Load the host blocks on the path to ``deepest`` back to the accelerator and pin
-        the whole path until ``until`` (a pinned block's ancestors are pinned too, so that
-        every evictable block can become an LRU leaf).
-
-        The transfer starts at ``start`` or when the link is free, whichever is later, and
-        takes ``block_s`` per block; the blocks are usable from its end (``ready_at``). Only
-        when the accelerator has room without evicting referenced or pinned blocks. Returns
-        the blocks loaded: 0 when nothing is left to load (counted as skipped), -1 when the
-        accelerator has no room now (not counted: the caller may retry).
-        """
-        root = self.root
-        if not deepest.alive or deepest.tier != HOST:
-            self.prefetches_skipped += 1
-            return 0
-        nodes: list[Node] = []
-        n = deepest
-        need = 0
-        while n is not root and n.tier == HOST:
-            nodes.append(n)
-            need += n.length
-            assert n.parent is not None
-            n = n.parent
-        reclaim = 0  # evictable accelerator blocks the pin takes
-        while n is not root:
-            if n.refcount == 0 and not n.pinned:
-                reclaim += n.length
-            assert n.parent is not None
-            n = n.parent
-        if self.available() - reclaim < need:
-            return -1
-        # Pin first (making room must not evict the path), renewing every entry: the tail
-        # was pinned alone when it left (see pin_path).
-        self.pin_path(deepest, until, renew=True)
-        self._make_room(need)
-        ready = max(start, self.link_free) + need * block_s
-        self.link_free = ready
-        p = Prefetch(need)
-        for node in reversed(nodes):  # parents before children
-            self.host_used -= node.length
-            self.gpu_tree += node.length
-            self.host_pinned -= node.length  # pinned above
-            self.gpu_pins += 1
-            node.tier = GPU
-            assert node.parent is not None
-            node.parent.gpu_children += 1
-            node.ready_at = ready
-            node.prefetch = p
-            if self.on_events is not None:
-                self._stored(node, node.ids)
-        self.prefetches += 1
-        self.prefetched_blocks += need
-        return need
 
     def _session_candidates(self, session: Any) -> list[Node]:
         return [
@@ -676,39 +440,7 @@ class KVCache:
                 dropped += self._drop_subtree(n)
         return dropped
 
-    def offload_session(self, session: Any) -> int:
-        """Move the unreferenced GPU blocks only ``session`` used to the host tier."""
-        moved = 0
-        for n in self._session_candidates(session):
-            if n.alive and n.tier == GPU:
-                moved += self._offload_subtree(n)
-        return moved
-
     # ------------------------------------------------------------ internals
-
-    def _push(self, n: Node) -> None:
-        """Queue an evictable accelerator leaf (again: older entries go stale)."""
-        n.heap_seq = seq = next(self._seq)
-        r = n.resume_at
-        if self._directives:
-            if r < 0.0:
-                heapq.heappush(self._ended, (n.last_access, n.uid, seq, n))
-            elif r == QUEUED:
-                heapq.heappush(self._queued, (n.last_access, n.uid, seq, n))
-            elif r > self.now:
-                heapq.heappush(self._far, (-r, n.uid, seq, n))
-                heapq.heappush(self._expiry, (r, n.uid, seq, n))
-            else:
-                heapq.heappush(self._lru, (n.last_access, n.uid, seq, n))
-            return
-        heapq.heappush(self._lru, (max(n.last_access, r), n.uid, seq, n))
-        if self.now < r < QUEUED:
-            n.far_seq = seq
-            heapq.heappush(self._far, (-r, n.uid, seq, n))
-
-    def _push_host(self, n: Node) -> None:
-        n.heap_seq = seq = next(self._seq)
-        heapq.heappush(self._host_lru, (max(n.last_access, n.resume_at), n.uid, seq, n))
 
     def _split(self, node: Node, m: int) -> Node:
         """Split ``node`` after its first ``m`` blocks; returns the new top part (the
@@ -752,117 +484,15 @@ class KVCache:
                 raise RuntimeError("KV accounting error: no evictable block left")
 
     def _evict_one(self, want: int) -> bool:
-        if self._directives:
-            victim = self._directed_victim()
-            if victim is None:
-                return False
-            if victim.length > want:
-                self._evict_tail(victim, want)
-                self._push(victim)  # what is left is still an evictable leaf
-            else:
-                self._evict_node(victim)
-            return True
-        lru = self._lru
-        while lru:
-            _, _, seq, n = lru[0]
-            if (
-                seq != n.heap_seq
-                or not n.alive
-                or n.tier != GPU
-                or n.refcount
-                or n.pinned
-                or n.gpu_children
-            ):
-                heapq.heappop(lru)
-                continue
-            if self._far and n.resume_at:
-                far = self._far_leaf()
-                # A head with no declaration goes first (no resume was declared: the job
-                # ended or waits on a person). A declared head's next use is its resume time
-                # if ahead (then every leaf is declared, and ``far`` resumes last), else
-                # estimated by its age since that resume time.
-                if far is not None and (
-                    lru[0][0] > self.now or far.resume_at - self.now > self.now - lru[0][0]
-                ):
-                    heapq.heappop(self._far)
-                    n = far
-                else:
-                    heapq.heappop(lru)
-            else:
-                heapq.heappop(lru)
-            if n.length > want:
-                self._evict_tail(n, want)
-                self._push(n)  # what is left is still an evictable leaf
-            else:
-                self._evict_node(n)
-            return True
-        return False
-
-    def _directed_victim(self) -> Node | None:
-        """``directives``: the next leaf to evict, popped from its heap: an ended
-        session's (LRU first), else one with no retention in force (LRU first), else the
-        retained one whose retention ends last, else one whose session's next request
-        waits (LRU first)."""
-        self._expire_retention()
-        for heap in (self._ended, self._lru, self._far, self._queued):
-            while heap:
-                _, _, seq, n = heapq.heappop(heap)
-                if seq == n.heap_seq and self._evictable_leaf(n):
-                    return n
-        return None
-
-    def _expire_retention(self) -> None:
-        """Move the retained leaves whose retention ran out by ``now`` to the LRU heap (a
-        fresh entry: their ``_far`` entries go stale), aged from the end of their
-        retention: a session late for its expected wake-up counts as used then."""
-        expiry = self._expiry
-        now = self.now
-        lru = self._lru
-        while expiry and expiry[0][0] <= now:
-            _, uid, seq, n = heapq.heappop(expiry)
-            if seq == n.heap_seq and self._evictable_leaf(n):
-                n.heap_seq = fresh = next(self._seq)
-                heapq.heappush(lru, (max(n.last_access, n.resume_at), uid, fresh, n))
-
-    @staticmethod
-    def _evictable_leaf(n: Node) -> bool:
-        return n.alive and n.tier == GPU and not (n.refcount or n.pinned or n.gpu_children)
-
-    def _far_leaf(self) -> Node | None:
-        """The evictable leaf that resumes last, if one resumes after ``now`` (lazy: stale
-        entries are dropped; a leaf pushed again has a fresh one)."""
-        far = self._far
-        now = self.now
-        while far:
-            neg, _, seq, n = far[0]
-            if (
-                seq == n.far_seq
-                and now < -neg < QUEUED
-                and n.alive
-                and n.tier == GPU
-                and not (n.refcount or n.pinned or n.gpu_children)
-                and n.resume_at == -neg
-            ):
-                return n
-            heapq.heappop(far)
-        return None
-
-    def _resolve(self, n: Node, *, useful: bool) -> None:
-        """The prefetch that loaded ``n`` is useful (a request uses ``n``) or wasted (``n``
-        leaves the accelerator first), unless a sibling node already decided it."""
-        p = n.prefetch
-        if p is not None:
-            n.prefetch = None
-            if not p.resolved:
-                p.resolved = True
-                if useful:
-                    self.prefetches_useful += 1
-                else:
-                    self.prefetches_wasted += 1
-
-    def _wasted(self, n: Node) -> None:
-        if n.prefetch is not None:
-            self._resolve(n, useful=False)
+        victim = self._order.victim()
+        if victim is None:
+            return False
+        if victim.length > want:
+            self._evict_tail(victim, want)
+            self._order.push(victim)  # what is left is still an evictable leaf
+        else:
+            self._evict_node(victim)
+        return True
 
     def _evict_tail(self, n: Node, k: int) -> None:
         """Evict the last ``k`` blocks of an unreferenced GPU leaf (``k < n.length``)."""
@@ -879,23 +509,7 @@ class KVCache:
         self.gpu_tree -= k
         self.evictable -= k
         if self.host_capacity and self._host_room(k):
-            # The tail becomes a host node between ``n`` and n's (host) children.
-            tail = Node(n, tail_runs, k, n.session)
-            tail.ids = tail_ids
-            tail.tier = HOST
-            tail.last_access = n.last_access
-            tail.resume_at = n.resume_at
-            tail.shared = n.shared
-            tail.children = n.children
-            for c in tail.children.values():
-                c.parent = tail
-            n.children = {tail.key(): tail}
-            self.host_used += k
-            self.offloaded_blocks += k
-            if self._track:
-                self.sessions.setdefault(n.session, set()).add(tail)
-            if not tail.children:
-                self._push_host(tail)
+            self._tail_to_host(n, tail_runs, tail_ids, k)
         elif n.children:
             # No room on the host: what hung below the tail goes with it.
             for c in list(n.children.values()):
@@ -908,66 +522,6 @@ class KVCache:
             self._to_host(n)
         else:
             self._drop_subtree(n)
-
-    def _host_room(self, need: int) -> bool:
-        if need > self.host_capacity:
-            return False
-        lru = self._host_lru
-        while self.host_used + need > self.host_capacity:
-            if not lru:
-                return False
-            _, _, seq, n = heapq.heappop(lru)
-            if (
-                seq != n.heap_seq
-                or not n.alive
-                or n.tier != HOST
-                or n.refcount
-                or n.children
-                or n.pinned  # pushed again when unpinned
-            ):
-                continue
-            self._drop_node(n)
-        return True
-
-    def _to_host(self, n: Node) -> None:
-        self._wasted(n)
-        if self.on_events is not None:
-            self._removed(n.ids)
-        self.gpu_tree -= n.length
-        if n.pinned:
-            self.host_pinned += n.length
-            self.gpu_pins -= 1
-        elif n.refcount == 0:
-            self.evictable -= n.length
-        n.tier = HOST
-        self.host_used += n.length
-        self.offloaded_blocks += n.length
-        parent = n.parent
-        assert parent is not None
-        parent.gpu_children -= 1
-        if parent is not self.root and parent.gpu_children == 0:
-            if parent.tier == GPU and parent.refcount == 0 and not parent.pinned:
-                self._push(parent)
-        if not n.children:
-            self._push_host(n)
-
-    def _offload_subtree(self, top: Node) -> int:
-        order: list[Node] = []
-        stack = [top]
-        while stack:
-            n = stack.pop()
-            order.append(n)
-            stack.extend(c for c in n.children.values() if c.tier == GPU)
-        moved = 0
-        for n in reversed(order):  # children before parents
-            if not n.alive:
-                continue
-            if self._host_room(n.length):
-                self._to_host(n)
-                moved += n.length
-            else:
-                self._drop_subtree(n)
-        return moved
 
     def _drop_subtree(self, top: Node) -> int:
         order: list[Node] = []
@@ -1004,13 +558,13 @@ class KVCache:
                 and parent.refcount == 0
                 and not parent.pinned
             ):
-                self._push(parent)
+                self._order.push(parent)
         else:
             self.host_used -= n.length
             if n.pinned:
                 self.host_pinned -= n.length
             if parent is not self.root and parent.tier == HOST and not parent.children:
-                self._push_host(parent)
+                self._order.push_host(parent)
         n.alive = False
         if self._track:
             nodes = self.sessions.get(n.session)
@@ -1059,49 +613,3 @@ class KVCache:
         assert evictable == self.evictable, (evictable, self.evictable)
         assert 0 <= self.free <= self.capacity, self.free
         assert self.host_used <= self.host_capacity
-
-
-def _append_runs(dst: list[Run], src: list[Run]) -> None:
-    if dst and src:
-        t, s, n = dst[-1]
-        t2, s2, n2 = src[0]
-        if t == t2 and s + n == s2 and t[0] == "r":
-            dst[-1] = (t, s, n + n2)
-            dst.extend(src[1:])
-            return
-    dst.extend(src)
-
-
-def _append_ids(dst: list[Run], src: list[Run]) -> None:
-    if dst and src:
-        t, s, n = dst[-1]
-        _, s2, n2 = src[0]
-        if s + n == s2:
-            dst[-1] = (t, s, n + n2)
-            dst.extend(src[1:])
-            return
-    dst.extend(src)
-
-
-def _expand(ids: list[Run]) -> list[int]:
-    if len(ids) == 1:
-        _, first, count = ids[0]
-        return list(range(first, first + count))
-    return [i for _, first, count in ids for i in range(first, first + count)]
-
-
-def _last_id(ids: list[Run]) -> int | None:
-    if not ids:
-        return None
-    _, first, count = ids[-1]
-    return first + count - 1
-
-
-def _id_before(ids: list[Run], first: int) -> int | None:
-    """The id before ``first`` in ``ids`` (None: ``first`` is the node's first block)."""
-    prev: int | None = None
-    for _, start, count in ids:
-        if start <= first < start + count:
-            return first - 1 if first > start else prev
-        prev = start + count - 1
-    return prev

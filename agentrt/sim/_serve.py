@@ -26,12 +26,12 @@ __all__ = ["ServeError", "ServedURLs", "serve", "serve_async"]
 
 
 class ServeError(RuntimeError):
-    """The simulator's server could not start: uvicorn is missing, the port is in use, the
+    """The embedded engine's server could not start: uvicorn is missing, the port is in use, the
     address cannot be bound. The message is one line saying what to do."""
 
 
 _MISSING_UVICORN = (
-    "serving the simulator needs uvicorn, which is not installed; "
+    "serving the embedded engine needs uvicorn, which is not installed; "
     "install it with: pip install 'agentjct[serve]'"
 )
 
@@ -195,7 +195,7 @@ async def serve_async(
                 tg.start_soon(run_server)
                 await ready.wait()
                 if done.is_set():
-                    raise ServeError(f"the simulator's server did not start on {host}:{port}")
+                    raise ServeError(f"the embedded engine's server did not start on {host}:{port}")
                 if on_ready is not None:
                     on_ready(urls)
                 task_status.started(urls)

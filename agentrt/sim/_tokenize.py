@@ -1,4 +1,4 @@
-"""The simulator's deterministic tokenizer and its block keys.
+"""The embedded engine's deterministic tokenizer and its block keys.
 
 Text is tokenized in two ways (docs/sim.md, "Tokens"):
 
@@ -58,7 +58,7 @@ def _pad(data: bytes) -> bytes:
 
 
 def count_tokens(text: str) -> int:
-    """Tokens of one message's text under the simulator's tokenizer."""
+    """Tokens of one message's text under the embedded engine's tokenizer."""
     total = 0
     pos = 0
     for m in _MARKER_RE.finditer(text):
@@ -383,7 +383,7 @@ class Tokenizer:
         else:
             raise PromptError(
                 "'prompt' must be a string or a list of token ids (batched prompts are not "
-                "supported by the simulator)"
+                "supported by the embedded engine)"
             )
         if c.ntok == 0:
             raise PromptError("the prompt is empty")

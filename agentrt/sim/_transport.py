@@ -199,7 +199,7 @@ class ASGIDispatchTransport(httpx.AsyncBaseTransport):
         engine = cached[0]
         if engine is None or not engine.started:
             return None
-        waiting, running, kv_usage = engine._live_metrics()
+        waiting, running, kv_usage = engine.live_metrics()
         return running, waiting, min(max(kv_usage, 0.0), 1.0)
 
     def engine_capacity(self, url: str) -> int | None:

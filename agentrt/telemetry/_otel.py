@@ -67,8 +67,8 @@ if TYPE_CHECKING:
     from contextvars import Token
 
     from opentelemetry.context import Context
-    from opentelemetry.metrics import MeterProvider
-    from opentelemetry.trace import Span, TracerProvider
+    from opentelemetry.metrics import Meter, MeterProvider
+    from opentelemetry.trace import Span, Tracer, TracerProvider
 
     from ._report import CallReport
 
@@ -220,6 +220,136 @@ def _add(total: int | None, n: int | None) -> int | None:
     return total if n is None else (total or 0) + n
 
 
+class _Instruments:
+    """The hook's metric instruments, today's names and the latest ones (``semconv``
+    picks which the hook records to)."""
+
+    def __init__(self, meter: Meter) -> None:
+        self.op_duration = meter.create_histogram(
+            "gen_ai.client.operation.duration",
+            unit="s",
+            description="GenAI operation duration.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self.token_usage = meter.create_histogram(
+            "gen_ai.client.token.usage",
+            unit="{token}",
+            description="Number of input and output tokens used.",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+        )
+        self.first_chunk = meter.create_histogram(
+            "gen_ai.client.operation.time_to_first_chunk",
+            unit="s",
+            description="Time to receive the first chunk of a streamed reply.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self.workflow_duration = meter.create_histogram(
+            "gen_ai.workflow.duration",
+            unit="s",
+            description="GenAI workflow duration: a job's completion time.",
+            explicit_bucket_boundaries_advisory=JOB_BUCKETS,
+        )
+        self.agent_duration = meter.create_histogram(
+            "gen_ai.invoke_agent.duration",
+            unit="s",
+            description="Duration of an agent invocation: a session, opened to closed.",
+            explicit_bucket_boundaries_advisory=JOB_BUCKETS,
+        )
+        self.tool_duration = meter.create_histogram(
+            "gen_ai.execute_tool.duration",
+            unit="s",
+            description="Duration of a tool execution (a tool wait).",
+            explicit_bucket_boundaries_advisory=TOOL_BUCKETS,
+        )
+        # The latest names (semantic-conventions-genai SEMCONV_LATEST_COMMIT): inference
+        # metrics of their own (#521), the workflow metric's new name; token counters and
+        # per-operation histograms in place of gen_ai.client.token.usage, as
+        # SEMCONV_USAGE_COMMIT's usage-metrics.yaml names them.
+        self.inference_duration = meter.create_histogram(
+            "gen_ai.client.inference.duration",
+            unit="s",
+            description="GenAI inference duration.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self.inference_first_chunk = meter.create_histogram(
+            "gen_ai.client.inference.time_to_first_chunk",
+            unit="s",
+            description="Time to receive the first chunk of a streamed inference reply.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        (
+            self.usage_input,
+            self.usage_output,
+            self.usage_cache_read,
+            self.usage_cache_write,
+            self.usage_reasoning,
+        ) = (
+            meter.create_counter(f"gen_ai.client.inference.usage.detailed.{what}", "{token}", brief)
+            for what, brief in (
+                (
+                    "input_tokens",
+                    "The number of input (prompt) tokens used, including cached tokens.",
+                ),
+                ("output_tokens", "The number of output tokens used, including reasoning tokens."),
+                ("cache_read.input_tokens", "Input tokens served from a provider-managed cache."),
+                ("cache_write.input_tokens", "Input tokens written to a provider-managed cache."),
+                ("reasoning.output_tokens", "Output tokens used for reasoning."),
+            )
+        )
+        self.operation_input = meter.create_histogram(
+            "gen_ai.client.inference.usage.input_tokens",
+            unit="{token}",
+            description="The number of input (prompt) tokens used per inference operation.",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+        )
+        self.operation_output = meter.create_histogram(
+            "gen_ai.client.inference.usage.output_tokens",
+            unit="{token}",
+            description="The number of output (completion) tokens used per inference operation.",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+        )
+        self.invoke_workflow_duration = meter.create_histogram(
+            "gen_ai.invoke_workflow.duration",
+            unit="s",
+            description="GenAI workflow duration: a job's completion time.",
+            explicit_bucket_boundaries_advisory=JOB_BUCKETS,
+        )
+        self.job_phase = meter.create_histogram(
+            "agentrt.job.phase.duration",
+            unit="s",
+            description=(
+                "A job's time per phase (agentrt.phase: held, queue, llm, critical_llm, tool)."
+            ),
+            explicit_bucket_boundaries_advisory=JOB_BUCKETS,
+        )
+        self.journal_lines = meter.create_counter(
+            "agentrt.journal.lines",
+            unit="{line}",
+            description="Job reports the journal wrote or lost (agentrt.journal.outcome).",
+        )
+
+
+def _tracer_and_meter(
+    tracer_provider: TracerProvider | None, meter_provider: MeterProvider | None
+) -> tuple[Tracer, Meter]:
+    """agentrt's tracer and meter, from the given providers or the global ones."""
+    from opentelemetry import metrics, trace
+
+    from .._version import __version__
+
+    tracer = (
+        tracer_provider.get_tracer("agentrt", __version__)
+        if tracer_provider is not None
+        else trace.get_tracer("agentrt", __version__)
+    )
+    meter = (
+        meter_provider.get_meter("agentrt", __version__)
+        if meter_provider is not None
+        else metrics.get_meter("agentrt", __version__)
+    )
+    return tracer, meter
+
+
 class _OtelHook:
     """Turns events into spans and metrics. One per Runtime."""
 
@@ -234,8 +364,6 @@ class _OtelHook:
         """``tracer_provider`` and ``meter_provider`` replace the global ones (tests);
         with them the hook counts as installed."""
         from opentelemetry import context, metrics, propagate, trace
-
-        from .._version import __version__
 
         if semconv not in ("default", "latest", "both"):
             raise ValueError(f"semconv must be 'default', 'latest' or 'both', not {semconv!r}")
@@ -253,118 +381,8 @@ class _OtelHook:
         """Whether an SDK provider was installed when the last job started."""
         self._propagate = propagate
         self._capture = capture_content
-        self._tracer = (
-            tracer_provider.get_tracer("agentrt", __version__)
-            if tracer_provider is not None
-            else trace.get_tracer("agentrt", __version__)
-        )
-        meter = (
-            meter_provider.get_meter("agentrt", __version__)
-            if meter_provider is not None
-            else metrics.get_meter("agentrt", __version__)
-        )
-        self._op_duration = meter.create_histogram(
-            "gen_ai.client.operation.duration",
-            unit="s",
-            description="GenAI operation duration.",
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
-        )
-        self._token_usage = meter.create_histogram(
-            "gen_ai.client.token.usage",
-            unit="{token}",
-            description="Number of input and output tokens used.",
-            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
-        )
-        self._first_chunk = meter.create_histogram(
-            "gen_ai.client.operation.time_to_first_chunk",
-            unit="s",
-            description="Time to receive the first chunk of a streamed reply.",
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
-        )
-        self._workflow_duration = meter.create_histogram(
-            "gen_ai.workflow.duration",
-            unit="s",
-            description="GenAI workflow duration: a job's completion time.",
-            explicit_bucket_boundaries_advisory=JOB_BUCKETS,
-        )
-        self._agent_duration = meter.create_histogram(
-            "gen_ai.invoke_agent.duration",
-            unit="s",
-            description="Duration of an agent invocation: a session, opened to closed.",
-            explicit_bucket_boundaries_advisory=JOB_BUCKETS,
-        )
-        self._tool_duration = meter.create_histogram(
-            "gen_ai.execute_tool.duration",
-            unit="s",
-            description="Duration of a tool execution (a tool wait).",
-            explicit_bucket_boundaries_advisory=TOOL_BUCKETS,
-        )
-        # The latest names (semantic-conventions-genai SEMCONV_LATEST_COMMIT): inference
-        # metrics of their own (#521), the workflow metric's new name; token counters and
-        # per-operation histograms in place of gen_ai.client.token.usage, as
-        # SEMCONV_USAGE_COMMIT's usage-metrics.yaml names them.
-        self._inference_duration = meter.create_histogram(
-            "gen_ai.client.inference.duration",
-            unit="s",
-            description="GenAI inference duration.",
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
-        )
-        self._inference_first_chunk = meter.create_histogram(
-            "gen_ai.client.inference.time_to_first_chunk",
-            unit="s",
-            description="Time to receive the first chunk of a streamed inference reply.",
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
-        )
-        (
-            self._usage_input,
-            self._usage_output,
-            self._usage_cache_read,
-            self._usage_cache_write,
-            self._usage_reasoning,
-        ) = (
-            meter.create_counter(f"gen_ai.client.inference.usage.detailed.{what}", "{token}", brief)
-            for what, brief in (
-                (
-                    "input_tokens",
-                    "The number of input (prompt) tokens used, including cached tokens.",
-                ),
-                ("output_tokens", "The number of output tokens used, including reasoning tokens."),
-                ("cache_read.input_tokens", "Input tokens served from a provider-managed cache."),
-                ("cache_write.input_tokens", "Input tokens written to a provider-managed cache."),
-                ("reasoning.output_tokens", "Output tokens used for reasoning."),
-            )
-        )
-        self._operation_input = meter.create_histogram(
-            "gen_ai.client.inference.usage.input_tokens",
-            unit="{token}",
-            description="The number of input (prompt) tokens used per inference operation.",
-            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
-        )
-        self._operation_output = meter.create_histogram(
-            "gen_ai.client.inference.usage.output_tokens",
-            unit="{token}",
-            description="The number of output (completion) tokens used per inference operation.",
-            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
-        )
-        self._invoke_workflow_duration = meter.create_histogram(
-            "gen_ai.invoke_workflow.duration",
-            unit="s",
-            description="GenAI workflow duration: a job's completion time.",
-            explicit_bucket_boundaries_advisory=JOB_BUCKETS,
-        )
-        self._job_phase = meter.create_histogram(
-            "agentrt.job.phase.duration",
-            unit="s",
-            description=(
-                "A job's time per phase (agentrt.phase: held, queue, llm, critical_llm, tool)."
-            ),
-            explicit_bucket_boundaries_advisory=JOB_BUCKETS,
-        )
-        self._journal_lines = meter.create_counter(
-            "agentrt.journal.lines",
-            unit="{line}",
-            description="Job reports the journal wrote or lost (agentrt.journal.outcome).",
-        )
+        self._tracer, meter = _tracer_and_meter(tracer_provider, meter_provider)
+        self._m = _Instruments(meter)
         # Fallback anchor, for events of a job this hook did not see start.
         self._offset_ns = time.time_ns() - time.monotonic_ns()
         self._jobs: dict[str, _Job] = {}
@@ -373,20 +391,7 @@ class _OtelHook:
         self._calls: dict[str, _Call] = {}
         self._tools: dict[tuple[str, int], _Tool] = {}
         self._servers: dict[str, tuple[str | None, int | None]] = {}
-        self._handlers: dict[type[Event], Callable[[Any], None]] = {
-            JobStarted: self._job_started,
-            JobEnded: self._job_ended,
-            SessionOpened: self._session_opened,
-            SessionClosed: self._session_closed,
-            CallStarted: self._call_started,
-            CallSent: self._call_sent,
-            AttemptFailed: self._attempt_failed,
-            FirstToken: self._first_token,
-            SessionMoved: self._session_moved,
-            CallEnded: self._call_ended,
-            ToolStarted: self._tool_started,
-            ToolEnded: self._tool_ended,
-        }
+        self._handlers = self._event_handlers()
 
     def __call__(self, event: Event, /) -> None:
         kind = type(event)
@@ -401,7 +406,7 @@ class _OtelHook:
     def journal_line(self, written: bool) -> None:
         """Count one journal line, written or lost (the runtime's journal calls this)."""
         outcome = "written" if written else "lost"
-        self._journal_lines.add(1, {"agentrt.journal.outcome": outcome})
+        self._m.journal_lines.add(1, {"agentrt.journal.outcome": outcome})
 
     def _sdk_installed(self) -> bool:
         """Whether a tracer or meter provider has been installed globally (until then the
@@ -413,6 +418,23 @@ class _OtelHook:
             return True
         meter_provider = self._metrics.get_meter_provider()
         return type(meter_provider).__name__ != "_ProxyMeterProvider"
+
+    def _event_handlers(self) -> dict[type[Event], Callable[[Any], None]]:
+        """Which method handles each kind of event (the others are ignored)."""
+        return {
+            JobStarted: self._job_started,
+            JobEnded: self._job_ended,
+            SessionOpened: self._session_opened,
+            SessionClosed: self._session_closed,
+            CallStarted: self._call_started,
+            CallSent: self._call_sent,
+            AttemptFailed: self._attempt_failed,
+            FirstToken: self._first_token,
+            SessionMoved: self._session_moved,
+            CallEnded: self._call_ended,
+            ToolStarted: self._tool_started,
+            ToolEnded: self._tool_ended,
+        }
 
     def __repr__(self) -> str:
         return "<agentrt OpenTelemetry hook>"
@@ -489,11 +511,11 @@ class _OtelHook:
         if error_type is not None:
             attrs["error.type"] = error_type
         if self._legacy:
-            self._workflow_duration.record(r.jct_s, attrs)
+            self._m.workflow_duration.record(r.jct_s, attrs)
         if self._latest:
-            self._invoke_workflow_duration.record(r.jct_s, attrs)
+            self._m.invoke_workflow_duration.record(r.jct_s, attrs)
         name = r.name
-        phase = self._job_phase
+        phase = self._m.job_phase
         phase.record(r.held_s, {"agentrt.job.name": name, "agentrt.phase": "held"})
         phase.record(r.queue_s, {"agentrt.job.name": name, "agentrt.phase": "queue"})
         phase.record(r.llm_s, {"agentrt.job.name": name, "agentrt.phase": "llm"})
@@ -573,7 +595,7 @@ class _OtelHook:
             span.set_attributes(attrs)
         span.end(end_time=offset_ns + int(t * 1e9))
         duration = t - agent.start_t
-        self._agent_duration.record(
+        self._m.agent_duration.record(
             duration if duration > 0.0 else 0.0, {"gen_ai.agent.name": agent.name}
         )
 
@@ -748,15 +770,17 @@ class _OtelHook:
         if not self._legacy:
             return
         if r.ttft_s is not None:
-            self._first_chunk.record(r.ttft_s, attrs)
+            self._m.first_chunk.record(r.ttft_s, attrs)
         if error_type is not None:
             attrs["error.type"] = error_type
         if r.latency_s is not None:
-            self._op_duration.record(r.latency_s, attrs)
+            self._m.op_duration.record(r.latency_s, attrs)
         if r.prompt_tokens is not None:
-            self._token_usage.record(r.prompt_tokens, {**attrs, "gen_ai.token.type": "input"})
+            self._m.token_usage.record(r.prompt_tokens, {**attrs, "gen_ai.token.type": "input"})
         if r.completion_tokens is not None:
-            self._token_usage.record(r.completion_tokens, {**attrs, "gen_ai.token.type": "output"})
+            self._m.token_usage.record(
+                r.completion_tokens, {**attrs, "gen_ai.token.type": "output"}
+            )
 
     def _record_latest(self, attrs: dict[str, Any], error_type: str | None, r: CallReport) -> None:
         """A call's metrics under the latest names: inference (chat, text completion) on
@@ -766,25 +790,25 @@ class _OtelHook:
         failed = {**attrs, "error.type": error_type} if error_type is not None else attrs
         if attrs.get("gen_ai.operation.name") == "embeddings":
             if r.latency_s is not None and not self._legacy:
-                self._op_duration.record(r.latency_s, failed)
+                self._m.op_duration.record(r.latency_s, failed)
             return
         if r.ttft_s is not None:
-            self._inference_first_chunk.record(r.ttft_s, attrs)
+            self._m.inference_first_chunk.record(r.ttft_s, attrs)
         if r.latency_s is not None:
-            self._inference_duration.record(r.latency_s, failed)
+            self._m.inference_duration.record(r.latency_s, failed)
         usage = {**attrs, "gen_ai.token.modality": TOKEN_MODALITY}
         if r.prompt_tokens is not None:
-            self._usage_input.add(r.prompt_tokens, usage)
-            self._operation_input.record(r.prompt_tokens, attrs)
+            self._m.usage_input.add(r.prompt_tokens, usage)
+            self._m.operation_input.record(r.prompt_tokens, attrs)
         if r.completion_tokens is not None:
-            self._usage_output.add(r.completion_tokens, usage)
-            self._operation_output.record(r.completion_tokens, attrs)
+            self._m.usage_output.add(r.completion_tokens, usage)
+            self._m.operation_output.record(r.completion_tokens, attrs)
         if r.cached_tokens is not None:
-            self._usage_cache_read.add(r.cached_tokens, usage)
+            self._m.usage_cache_read.add(r.cached_tokens, usage)
         if r.cache_write_tokens is not None:
-            self._usage_cache_write.add(r.cache_write_tokens, usage)
+            self._m.usage_cache_write.add(r.cache_write_tokens, usage)
         if r.reasoning_tokens is not None:
-            self._usage_reasoning.add(r.reasoning_tokens, usage)
+            self._m.usage_reasoning.add(r.reasoning_tokens, usage)
 
     def _server(self, endpoint: str) -> tuple[str | None, int | None]:
         server = self._servers.get(endpoint)
@@ -852,7 +876,7 @@ class _OtelHook:
         attrs = tool.metric_attrs
         if error_type is not None:
             attrs["error.type"] = error_type
-        self._tool_duration.record(e.duration_s, attrs)
+        self._m.tool_duration.record(e.duration_s, attrs)
 
 
 def _operation(path: str) -> str:

@@ -10,7 +10,7 @@ from agentrt.testing.vllm_cpu import (
     EngineEnv,
     EngineStartError,
     KvEventsSubscriber,
-    Replica,
+    ReplicaServer,
     ReplicaSpec,
     find_engine,
     launch,
@@ -25,7 +25,7 @@ __all__ = [
     "EngineEnv",
     "EngineStartError",
     "KvEventsSubscriber",
-    "Replica",
+    "ReplicaServer",
     "ReplicaSpec",
     "find_engine",
     "launch",
@@ -33,3 +33,10 @@ __all__ = [
     "start_replica",
     "start_replicas",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # Names of 0.2.0 (``Replica``), kept one release with a DeprecationWarning.
+    from agentrt.testing import vllm_cpu
+
+    return getattr(vllm_cpu, name)

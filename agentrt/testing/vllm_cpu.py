@@ -15,7 +15,7 @@ Typical use::
         print([r.base_url for r in rs])  # http://127.0.0.1:PORT/v1
 
 Every replica listens on 127.0.0.1 only, on a free port, logs to its own file, and runs in its own
-process group, which :meth:`Replica.stop` ends (SIGTERM, then SIGKILL).
+process group, which :meth:`ReplicaServer.stop` ends (SIGTERM, then SIGKILL).
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ __all__ = [
     "EngineEnv",
     "EngineStartError",
     "KvEventsSubscriber",
-    "Replica",
+    "ReplicaServer",
     "ReplicaSpec",
-    "Router",
+    "RouterServer",
     "RouterSpec",
     "engine_dir",
     "find_engine",
@@ -132,7 +132,7 @@ class ReplicaSpec:
     took 5.5 s instead of 1.6 s on 2 cores), and two workers on one core stall each other.
     ``num_gpu_blocks`` shrinks the KV cache to that many blocks of 128 tokens (at least
     ``max_model_len / 128``). ``kv_events`` publishes KV-cache events on an ``ipc://`` ZMQ
-    endpoint (see :attr:`Replica.kv_events_endpoint`). ``per_request_metrics`` adds a
+    endpoint (see :attr:`ReplicaServer.kv_events_endpoint`). ``per_request_metrics`` adds a
     ``metrics`` object (``queue_time_ms``, ``time_to_first_token_ms``, ...) to each response.
     ``dev_mode`` sets ``VLLM_SERVER_DEV_MODE``,
     which routes ``POST /reset_prefix_cache``. ``kv_cache_space_gib=None`` leaves
@@ -258,7 +258,7 @@ class _Server:
 
 
 @dataclass(kw_only=True)
-class Replica(_Server):
+class ReplicaServer(_Server):
     """One running server. ``base_url`` ends in ``/v1``; ``url`` is the server's root."""
 
     spec: ReplicaSpec
@@ -400,7 +400,7 @@ def _engine_environ(engine: EngineEnv, spec: ReplicaSpec) -> dict[str, str]:
     return env
 
 
-def _spawn(spec: ReplicaSpec, engine: EngineEnv, log_dir: Path, port: int) -> Replica:
+def _spawn(spec: ReplicaSpec, engine: EngineEnv, log_dir: Path, port: int) -> ReplicaServer:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{spec.name}-{port}.log"
     cmd = [
@@ -447,7 +447,7 @@ def _spawn(spec: ReplicaSpec, engine: EngineEnv, log_dir: Path, port: int) -> Re
         if ipc_dir is not None:
             shutil.rmtree(ipc_dir, ignore_errors=True)
         raise
-    return Replica(
+    return ReplicaServer(
         spec=spec,
         port=port,
         process=process,
@@ -458,7 +458,7 @@ def _spawn(spec: ReplicaSpec, engine: EngineEnv, log_dir: Path, port: int) -> Re
     )
 
 
-def _ready(replica: Replica) -> bool:
+def _ready(replica: ReplicaServer) -> bool:
     try:
         status, _ = replica.get("/health", timeout=2.0)
         if status != 200:
@@ -469,7 +469,7 @@ def _ready(replica: Replica) -> bool:
     return status == 200 and replica.model in body
 
 
-def _wait_ready(replicas: Sequence[Replica], timeout: float, started: float) -> None:
+def _wait_ready(replicas: Sequence[ReplicaServer], timeout: float, started: float) -> None:
     pending = list(replicas)
     deadline = started + timeout
     while pending:
@@ -504,9 +504,9 @@ def _start_many(
     engine: EngineEnv,
     log_dir: Path,
     ready_timeout: float,
-) -> list[Replica]:
+) -> list[ReplicaServer]:
     started = time.monotonic()
-    replicas: list[Replica] = []
+    replicas: list[ReplicaServer] = []
     try:
         for spec in specs:
             replicas.append(_spawn(spec, engine, log_dir, _free_port()))
@@ -524,7 +524,7 @@ def start_replicas(
     engine: EngineEnv | None = None,
     log_dir: Path | None = None,
     ready_timeout: float = 300.0,
-) -> list[Replica]:
+) -> list[ReplicaServer]:
     """Start the replicas together and wait until all serve. The caller stops them.
 
     If one fails to start, all are stopped and :class:`EngineStartError` is raised.
@@ -538,8 +538,9 @@ def start_replica(
     engine: EngineEnv | None = None,
     log_dir: Path | None = None,
     ready_timeout: float = 300.0,
-) -> Replica:
-    """Start one replica and wait until it serves. The caller must call :meth:`Replica.stop`."""
+) -> ReplicaServer:
+    """Start one replica and wait until it serves. The caller must call
+    :meth:`ReplicaServer.stop`."""
     return _start(
         [spec or ReplicaSpec()], engine=engine, log_dir=log_dir, ready_timeout=ready_timeout
     )[0]
@@ -552,7 +553,7 @@ def _start(
     log_dir: Path | None,
     ready_timeout: float,
     attempts: int = 2,
-) -> list[Replica]:
+) -> list[ReplicaServer]:
     env = engine or find_engine()
     if env is None:
         raise EngineStartError(SETUP_MESSAGE)
@@ -578,7 +579,7 @@ def launch(
     engine: EngineEnv | None = None,
     log_dir: Path | None = None,
     ready_timeout: float = 300.0,
-) -> Iterator[list[Replica]]:
+) -> Iterator[list[ReplicaServer]]:
     """Start the replicas together, wait until all serve, yield them, stop them all on exit.
 
     ``engine`` defaults to :func:`find_engine`; without one, :class:`EngineStartError` carries
@@ -638,7 +639,7 @@ class KvEventsSubscriber:
     (bytes hex-encoded; fields at their default omitted). Use as a context manager.
     """
 
-    def __init__(self, replica: Replica, *, engine: EngineEnv | None = None) -> None:
+    def __init__(self, replica: ReplicaServer, *, engine: EngineEnv | None = None) -> None:
         if replica.kv_events_endpoint is None:
             raise ValueError(f"replica {replica.name!r} was started without kv_events=True")
         env = engine or find_engine()
@@ -832,7 +833,7 @@ class RouterSpec:
 
 
 @dataclass(kw_only=True)
-class Router(_Server):
+class RouterServer(_Server):
     """One running ``vllm-router``. ``base_url`` ends in ``/v1``; ``url`` is its root."""
 
     spec: RouterSpec
@@ -893,13 +894,13 @@ def start_router(
     binary: Path | None = None,
     log_dir: Path | None = None,
     ready_timeout: float = 60.0,
-) -> Router:
+) -> RouterServer:
     """Start ``vllm-router`` in front of ``worker_urls`` and wait until it routes to all of them.
 
     A worker URL is a server's root (``http://127.0.0.1:8000``, no ``/v1``): the router
     appends ``/v1/chat/completions``, ``/health`` and ``/metrics`` to it, so a path prefix
     works too (``agentrt sim serve``'s ``http://HOST:PORT/replica-0``). The caller must
-    call :meth:`Router.stop`; :func:`launch_router` does.
+    call :meth:`RouterServer.stop`; :func:`launch_router` does.
     """
     exe = binary or find_router()
     if exe is None:
@@ -946,7 +947,7 @@ def start_router(
         except BaseException:
             log_file.close()
             raise
-        router = Router(
+        router = RouterServer(
             spec=spec,
             port=port,
             metrics_port=metrics_port,
@@ -969,7 +970,7 @@ def start_router(
     raise AssertionError("unreachable")
 
 
-def _wait_router(router: Router, timeout: float, started: float) -> None:
+def _wait_router(router: RouterServer, timeout: float, started: float) -> None:
     deadline = started + timeout
     while True:
         if not router.is_alive():
@@ -1004,7 +1005,7 @@ def launch_router(
     binary: Path | None = None,
     log_dir: Path | None = None,
     ready_timeout: float = 60.0,
-) -> Iterator[Router]:
+) -> Iterator[RouterServer]:
     """:func:`start_router`, stopped when the block ends."""
     router = start_router(
         spec, worker_urls, binary=binary, log_dir=log_dir, ready_timeout=ready_timeout
@@ -1013,3 +1014,22 @@ def launch_router(
         yield router
     finally:
         router.stop()
+
+
+_RENAMED: dict[str, str] = {"Replica": "ReplicaServer", "Router": "RouterServer"}
+"""Names of 0.2.0, renamed so that each names one thing (``agentrt.sim.Replica`` is a
+simulated replica, ``agentrt.scheduling.Router`` the routing protocol)."""
+
+
+def __getattr__(name: str) -> Any:
+    new = _RENAMED.get(name)
+    if new is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import warnings
+
+    warnings.warn(
+        f"agentrt.testing.vllm_cpu.{name} is now {new}; the old name goes in 0.4",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return globals()[new]

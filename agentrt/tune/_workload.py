@@ -251,8 +251,8 @@ def _shared_base(common_id: str) -> int:
     return (zlib.crc32(common_id.encode()) % 100_000) * 10_000
 
 
-class _Blocks:
-    """Block ids of one job: per session the last call's blocks."""
+class _BlockIds:
+    """The block ids a job's calls have not used yet: each call's new blocks get fresh ones."""
 
     def __init__(self) -> None:
         self.next_id = 0
@@ -268,7 +268,7 @@ def _call_step(
     wait_s: float,
     tool: str | None,
     prev: tuple[CallReport, tuple[int, ...], int] | None,
-    ids: _Blocks,
+    ids: _BlockIds,
     namespace: str,
 ) -> Call:
     prompt = max(1, call.prompt_tokens or 1)
@@ -343,7 +343,7 @@ def job_plan_root(report: JobReport, namespace: str) -> SessionPlan | None:
         tool_spans.setdefault(t.session_id, []).append(
             (t.start_s, t.start_s + t.duration_s, t.name)
         )
-    ids = _Blocks()
+    ids = _BlockIds()
 
     def end(c: CallReport) -> float:
         return c.start_s + (c.latency_s or 0.0)

@@ -44,7 +44,7 @@ def test_bad_specs_behind_a_peer_say_what_is_wrong(text: str, message: str) -> N
 
 def test_a_gateway_needs_the_embedded_cluster() -> None:
     cfg = BenchConfig(clients=("plain>vllm-router",), endpoints=("http://127.0.0.1:1/v1",))
-    with pytest.raises(ValueError, match="embedded cluster only"):
+    with pytest.raises(ValueError, match="embedded engine only"):
         check_config(cfg)
 
 

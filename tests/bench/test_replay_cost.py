@@ -1,6 +1,6 @@
 """The guard against a slower replay (issue 18): the embedded cluster's CPU per simulated
 call, as a ratio to a reference computation timed in the same process, must stay within a
-generous margin of the figure ``benchmarks/replay_cost.py`` recorded in
+generous margin of the figure ``python -m benchmarks twin replay-cost`` recorded in
 ``results/replay_cost.json``.
 
 A ratio, not a time: a faster, slower or busier machine moves the replay and the reference
@@ -10,11 +10,10 @@ alike. The margin (3x, and a second try before failing) leaves room for a noisy 
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 from types import ModuleType
-
-from tests._benchmarks import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = ROOT / "results" / "replay_cost.json"
@@ -22,7 +21,7 @@ MARGIN = 3.0
 
 
 def _bench() -> ModuleType:
-    return load_benchmark("replay_cost")
+    return importlib.import_module("benchmarks._replay_cost")
 
 
 def test_replay_cost_per_call_stays_near_the_recorded_figure() -> None:
@@ -42,5 +41,5 @@ def test_replay_cost_per_call_stays_near_the_recorded_figure() -> None:
         f"a replay costs {growth:.1f}x the CPU per call recorded in {RECORD.name} "
         f"(ratio to the reference {min(tries):.4f}, recorded {recorded['ratio']:.4f} at "
         f"{record.get('commit', '?')}); profile it (docs/benchmarks/twin.md), or re-record "
-        "with benchmarks/replay_cost.py if the cost is meant to grow"
+        "with python -m benchmarks twin replay-cost if the cost is meant to grow"
     )

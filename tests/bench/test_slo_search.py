@@ -5,6 +5,7 @@ jobs)."""
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 from pathlib import Path
 from types import ModuleType
@@ -12,14 +13,12 @@ from typing import Any
 
 import pytest
 
-from tests._benchmarks import load_benchmark
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @functools.cache
 def _bench() -> ModuleType:
-    return load_benchmark("_slo")
+    return importlib.import_module("benchmarks._slo")
 
 
 def _search(bench: ModuleType, stretch: Any, **kw: Any) -> Any:
@@ -57,16 +56,14 @@ def test_the_search_stops_at_its_limits() -> None:
 
 def test_a_failed_job_counts_as_an_infinite_stretch() -> None:
     bench = _bench()
-    from agentrt.bench._drivers import JobResult
-    from agentrt.bench._runner import ClientRun
-
-    jobs = [JobResult(f"j{i}", "react", 0.0, 0.0, 2.0, "ok") for i in range(9)]
-    jobs.append(JobResult("j9", "react", 0.0, 0.0, 1.0, "error"))
+    # a client's job rows (ClientResult.job_rows), as run_study gives them
+    jobs = [{"name": f"j{i}", "jct_s": 2.0, "status": "ok"} for i in range(9)]
+    jobs.append({"name": "j9", "jct_s": 1.0, "status": "error"})
     alone = {f"j{i}": 1.0 for i in range(10)}
-    p50, p90 = bench.p90_stretch(ClientRun(jobs, 1.0, {}, {}), alone)
+    p50, p90 = bench.p90_stretch(jobs, alone)
     assert p50 == 2.0 and p90 == 2.0
-    jobs[0] = JobResult("j0", "react", 0.0, 0.0, 2.0, "error")
-    assert bench.p90_stretch(ClientRun(jobs, 1.0, {}, {}), alone)[1] == math.inf
+    jobs[0] = {"name": "j0", "jct_s": 2.0, "status": "error"}
+    assert bench.p90_stretch(jobs, alone)[1] == math.inf
 
 
 @pytest.mark.timeout(600)  # ~15 s of CPU; far more wall time on a busy shared machine

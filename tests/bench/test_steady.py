@@ -5,7 +5,6 @@ measured capacity), and the measurement rules on hand-made jobs."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
@@ -156,12 +155,13 @@ def test_claude_code_jobs_are_resampled_copies() -> None:
 
 
 def test_script_is_thin_and_has_a_quick_size() -> None:
-    spec = importlib.util.spec_from_file_location(
-        "steady_state", ROOT / "benchmarks" / "steady_state.py"
+    from benchmarks._suites import find
+
+    suite = find("alternatives")
+    (steady,) = [p for p in suite.parts if p.name == "steady"]
+    args = suite.parser(steady).parse_args(
+        ["steady", "--quick", "--clients", "plain", "plain>llm-d"]
     )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    cfg, _ = module.parse(["--quick", "--clients", "plain", "plain>llm-d"])
+    cfg = steady.load().config(args)
     assert (cfg.workload, cfg.clients) == ("coding", ("plain", "plain>llm-d"))
     cfg.check()

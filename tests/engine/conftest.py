@@ -2,10 +2,10 @@
 
 Fixtures (each hands out live replicas; the pool behind them is session-scoped):
 
-- ``vllm_engine`` -> Replica: FCFS, prefix caching, prompt token details, KV events on ZMQ,
+- ``vllm_engine`` -> ReplicaServer: FCFS, prefix caching, prompt token details, KV events on ZMQ,
   forced tool choice (hermes tool-call parser).
-- ``vllm_priority_engine`` -> Replica: ``--scheduling-policy priority``, ``--max-num-seqs 1``.
-- ``vllm_pair`` -> list[Replica]: two replicas, 64 KV blocks (8192 tokens) each, worker of
+- ``vllm_priority_engine`` -> ReplicaServer: ``--scheduling-policy priority``, ``--max-num-seqs 1``.
+- ``vllm_pair`` -> list[ReplicaServer]: two replicas, 64 KV blocks (8192 tokens) each, worker of
   replica i bound to core i.
 - ``engine_pool`` -> EnginePool: ``acquire(key, specs)`` for other set-ups,
   ``private(specs)`` for replicas a test may kill.
@@ -34,7 +34,7 @@ import pytest
 from agentrt.testing.vllm_cpu import (
     SETUP_MESSAGE,
     EngineEnv,
-    Replica,
+    ReplicaServer,
     ReplicaSpec,
     find_engine,
     launch,
@@ -85,7 +85,9 @@ class EnginePool:
         self.engine = engine
         self.log_dir = log_dir
         self.max_alive = max_alive
-        self._live: OrderedDict[str, tuple[tuple[ReplicaSpec, ...], list[Replica]]] = OrderedDict()
+        self._live: OrderedDict[str, tuple[tuple[ReplicaSpec, ...], list[ReplicaServer]]] = (
+            OrderedDict()
+        )
         self._private = 0
 
     def alive(self) -> int:
@@ -103,7 +105,7 @@ class EnginePool:
 
     def acquire(
         self, key: str, specs: Sequence[ReplicaSpec], *, alone: bool = False
-    ) -> list[Replica]:
+    ) -> list[ReplicaServer]:
         """The replicas for ``key``, started (or restarted, if one died) as needed.
 
         ``alone``: every other pooled replica is stopped first (a timing test: on 2 cores
@@ -131,7 +133,7 @@ class EnginePool:
         return replicas
 
     @contextlib.contextmanager
-    def private(self, specs: Sequence[ReplicaSpec]) -> Iterator[list[Replica]]:
+    def private(self, specs: Sequence[ReplicaSpec]) -> Iterator[list[ReplicaServer]]:
         """Replicas for one test only (it may kill them); stopped when the block ends."""
         self._make_room(len(specs))
         self._private += len(specs)
@@ -196,15 +198,15 @@ def engine_pool(
 
 
 @pytest.fixture
-def vllm_engine(engine_pool: EnginePool) -> Replica:
+def vllm_engine(engine_pool: EnginePool) -> ReplicaServer:
     return engine_pool.acquire("engine", [ENGINE_SPEC])[0]
 
 
 @pytest.fixture
-def vllm_priority_engine(engine_pool: EnginePool) -> Replica:
+def vllm_priority_engine(engine_pool: EnginePool) -> ReplicaServer:
     return engine_pool.acquire("priority", [PRIORITY_SPEC], alone=True)[0]
 
 
 @pytest.fixture
-def vllm_pair(engine_pool: EnginePool) -> list[Replica]:
+def vllm_pair(engine_pool: EnginePool) -> list[ReplicaServer]:
     return engine_pool.acquire("pair", PAIR_SPECS)

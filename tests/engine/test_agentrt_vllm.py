@@ -14,7 +14,7 @@ import pytest
 
 import agentrt
 from agentrt.dialects import DIALECTS
-from agentrt.testing.vllm_cpu import Replica, ReplicaSpec
+from agentrt.testing.vllm_cpu import ReplicaServer, ReplicaSpec
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]
 
@@ -37,7 +37,7 @@ def text(words: int) -> str:
     return tag + " " + " ".join(rng.choice(_WORDS) for _ in range(words))
 
 
-async def test_chat_and_completions_streaming_and_not(vllm_engine: Replica) -> None:
+async def test_chat_and_completions_streaming_and_not(vllm_engine: ReplicaServer) -> None:
     async with agentrt.Runtime([vllm_engine.base_url], dialect="vllm") as rt:
         async with rt.job("basics") as job, job.session("s") as s:
             reply = await s.chat(
@@ -71,7 +71,7 @@ async def test_chat_and_completions_streaming_and_not(vllm_engine: Replica) -> N
 
 
 @pytest.mark.parametrize("dialect", sorted(DIALECTS))
-async def test_every_dialect_is_accepted_by_vllm(vllm_engine: Replica, dialect: str) -> None:
+async def test_every_dialect_is_accepted_by_vllm(vllm_engine: ReplicaServer, dialect: str) -> None:
     async with agentrt.Runtime([vllm_engine.base_url], dialect=dialect) as rt:
         async with rt.job(f"dialect-{dialect}") as job:
             async with job.session("parent") as parent:
@@ -91,7 +91,7 @@ async def test_every_dialect_is_accepted_by_vllm(vllm_engine: Replica, dialect: 
 
 
 async def test_priority_from_agentrt_is_accepted_by_a_priority_server(
-    vllm_priority_engine: Replica,
+    vllm_priority_engine: ReplicaServer,
 ) -> None:
     """agentrt's PLAS priorities reach a server running ``--scheduling-policy priority``
     and are accepted. (That the server then runs lower values first is pinned down in
@@ -119,7 +119,7 @@ async def test_priority_from_agentrt_is_accepted_by_a_priority_server(
     assert all(c.http_status == 200 for r in reports for c in r.call_reports)
 
 
-async def test_second_turn_hits_the_prefix_cache(vllm_engine: Replica) -> None:
+async def test_second_turn_hits_the_prefix_cache(vllm_engine: ReplicaServer) -> None:
     before = vllm_engine.metrics()
     system = text(600)  # several 128-token blocks, unique to this test
     messages = [{"role": "system", "content": system}, {"role": "user", "content": "step 1"}]
@@ -184,7 +184,9 @@ async def test_a_replica_killed_mid_stream_gives_a_clear_error(engine_pool: obje
     assert job2.report.status == "error" and job2.report.call_reports[0].attempts == 2
 
 
-async def test_session_affinity_keeps_the_cache_on_two_replicas(vllm_pair: list[Replica]) -> None:
+async def test_session_affinity_keeps_the_cache_on_two_replicas(
+    vllm_pair: list[ReplicaServer],
+) -> None:
     """A session's turns stay on one replica with session routing; round-robin spreads
     them, and its later turns then miss the cache half the time."""
     urls = [r.base_url for r in vllm_pair]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrt.testing.vllm_cpu import Replica
+from agentrt.testing.vllm_cpu import ReplicaServer
 from tests.integrations._fleet import run_fleet
 
 pytestmark = pytest.mark.engine
@@ -24,7 +24,7 @@ BLOCK = 128
 
 
 def test_a_fleet_of_processes_agrees_on_replicas_and_hits_the_cache(
-    vllm_pair: list[Replica], tmp_path: Path
+    vllm_pair: list[ReplicaServer], tmp_path: Path
 ) -> None:
     urls = [r.base_url for r in vllm_pair]
     run = run_fleet(

@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 import agentrt
-from agentrt.testing.vllm_cpu import Replica
+from agentrt.testing.vllm_cpu import ReplicaServer
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]
 
@@ -26,7 +26,7 @@ def anyio_backend() -> str:
     return "asyncio"  # the frameworks run on asyncio
 
 
-async def test_openai_agents_sdk_agent_calls_a_tool_on_vllm(vllm_engine: Replica) -> None:
+async def test_openai_agents_sdk_agent_calls_a_tool_on_vllm(vllm_engine: ReplicaServer) -> None:
     agents = pytest.importorskip("agents")
     from agentrt.integrations import openai_agents
 
@@ -66,7 +66,7 @@ async def test_openai_agents_sdk_agent_calls_a_tool_on_vllm(vllm_engine: Replica
     assert call.status == "ok" and call.prompt_tokens and call.endpoint == vllm_engine.base_url
 
 
-async def test_langchain_model_and_tool_on_vllm(vllm_engine: Replica) -> None:
+async def test_langchain_model_and_tool_on_vllm(vllm_engine: ReplicaServer) -> None:
     pytest.importorskip("langchain_openai")
     from langchain_core.runnables import RunnableConfig, RunnableLambda
     from langchain_core.tools import tool
@@ -86,10 +86,10 @@ async def test_langchain_model_and_tool_on_vllm(vllm_engine: Replica) -> None:
         return str(await ping.ainvoke({}, config=config))
 
     async with agentrt.Runtime([vllm_engine.base_url], dialect="vllm") as rt:
-        llm = langchain.chat_model(rt, model=vllm_engine.model, max_tokens=32)
+        llm = langchain.model(rt, vllm_engine.model, max_tokens=32)
         chain = (llm | RunnableLambda(run_tool)).with_config(run_name="pinger")
         out = await chain.ainvoke(
-            "Is the service up?", config={"callbacks": [langchain.callbacks(rt)]}
+            "Is the service up?", config={"callbacks": [langchain.instrument(rt)]}
         )
         reports = rt.reports()
     assert out == "pong"

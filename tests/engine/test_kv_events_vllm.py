@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 import agentrt
-from agentrt.testing.vllm_cpu import Replica
+from agentrt.testing.vllm_cpu import ReplicaServer
 from tests.engine.test_agentrt_vllm import anyio_backend, text
 
 __all__ = ["anyio_backend"]  # the fixture: one event loop (asyncio) against the engine
@@ -28,7 +28,7 @@ async def _until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None
             await anyio.sleep(0.05)
 
 
-async def test_ledger_tracks_the_engines_prefix_cache(vllm_engine: Replica) -> None:
+async def test_ledger_tracks_the_engines_prefix_cache(vllm_engine: ReplicaServer) -> None:
     pytest.importorskip("zmq")
     pytest.importorskip("msgspec")
     ep = agentrt.Endpoint(vllm_engine.base_url, kv_events="auto")

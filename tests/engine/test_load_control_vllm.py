@@ -1,7 +1,7 @@
 """Load control on two real vLLM CPU replicas whose KV the agent sessions oversubscribe.
 
 The engine tests' pair (64 blocks of 128 tokens, 8,192 tokens of KV each) gets a burst
-of agent sessions (benchmarks/real_kv.py's workload: a shared system prompt, a task,
+of agent sessions (python -m benchmarks engine kv's workload: a shared system prompt, a task,
 then a tool result and a short reply per turn, short tool waits) whose final contexts
 add up to about four times the pair's KV: wherever a turn is placed, someone else's
 context is evicted. The same sessions go through ``agentrt.Runtime`` with load control
@@ -22,17 +22,17 @@ prompt and reply, summed).
 
 from __future__ import annotations
 
+import importlib
 import uuid
 from dataclasses import replace
 
 import pytest
 
-from agentrt.testing.vllm_cpu import Replica
-from tests._benchmarks import load_benchmark
+from agentrt.testing.vllm_cpu import ReplicaServer
 
 pytestmark = pytest.mark.engine
 
-real_kv = load_benchmark("real_kv")
+real_kv = importlib.import_module("benchmarks._real_kv")
 
 PAIR_KV_TOKENS = 2 * 64 * 128
 """Both replicas' KV (conftest.PAIR_BLOCKS blocks of vLLM CPU's 128 tokens each)."""
@@ -76,7 +76,7 @@ def _final_contexts(run: dict[str, object]) -> int:
 
 
 def test_load_control_holds_sessions_and_prefills_less_when_oversubscribed(
-    vllm_pair: list[Replica],
+    vllm_pair: list[ReplicaServer],
 ) -> None:
     _, last = real_kv.context_tokens(SHAPE, TOKENS_PER_WORD)
     assert last < 4096, "a session's last turn must fit the pair's max_model_len"

@@ -21,7 +21,7 @@ import agentrt
 from agentrt import Endpoint, Retry
 from agentrt.scheduling import FCFS, Ticket
 from agentrt.telemetry import CallSent, Event
-from agentrt.testing.vllm_cpu import Replica
+from agentrt.testing.vllm_cpu import ReplicaServer
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]
 
@@ -41,7 +41,7 @@ class Level(FCFS):
         return LEVEL
 
 
-def _body(replica: Replica, **extra: Any) -> dict[str, Any]:
+def _body(replica: ReplicaServer, **extra: Any) -> dict[str, Any]:
     return {
         "model": replica.model,
         "messages": [{"role": "user", "content": "Say hi."}],
@@ -51,7 +51,7 @@ def _body(replica: Replica, **extra: Any) -> dict[str, Any]:
 
 
 async def test_send_priority_true_works_on_a_vllm_without_priority_scheduling(
-    vllm_engine: Replica, caplog: pytest.LogCaptureFixture
+    vllm_engine: ReplicaServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="agentrt")
     async with httpx.AsyncClient(timeout=120.0) as raw:

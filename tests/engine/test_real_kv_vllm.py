@@ -2,7 +2,7 @@
 
 The engine tests' pair (64 blocks of 128 tokens, 8,192 tokens of KV each) serves
 concurrent agent sessions whose contexts grow to ~1,500 tokens. The same workload
-(benchmarks/real_kv.py's, scaled down) goes through a plain round-robin client and
+(python -m benchmarks engine kv's, scaled down) goes through a plain round-robin client and
 through ``agentrt.Runtime`` with its defaults. Checked: agentrt read each replica's
 capacity from the engine's ``vllm:cache_config_info``; the plain client's sessions came
 back to evicted contexts and the engines served fewer of its prompt tokens from their
@@ -23,18 +23,18 @@ here (10 sessions): plain 29.5k uncached tokens, 4 evicted comebacks, engine hit
 
 from __future__ import annotations
 
+import importlib
 import uuid
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from agentrt.testing.vllm_cpu import Replica
-from tests._benchmarks import load_benchmark
+from agentrt.testing.vllm_cpu import ReplicaServer
 
 pytestmark = pytest.mark.engine
 
-real_kv = load_benchmark("real_kv")
+real_kv = importlib.import_module("benchmarks._real_kv")
 
 PAIR_KV_TOKENS = 64 * 128  # conftest.PAIR_BLOCKS blocks of vLLM CPU's 128 tokens
 TOKENS_PER_WORD = 1.7
@@ -82,7 +82,7 @@ def _sent(run: dict[str, Any], replicas: int) -> list[int]:
 
 
 def test_agentrt_reads_the_engines_kv_and_prefills_no_more_than_round_robin(
-    vllm_pair: list[Replica],
+    vllm_pair: list[ReplicaServer],
 ) -> None:
     assert SHAPE.sessions % 2 == 1 and SHAPE.sessions >= 9, SHAPE
     # The pair's prefix caches cannot be emptied (no dev mode): each client gets prompts

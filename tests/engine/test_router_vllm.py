@@ -26,8 +26,8 @@ from agentrt.dialects import vllm_router_agentic_dialect
 from agentrt.testing.vllm_cpu import (
     ROUTER_SETUP_MESSAGE,
     EngineEnv,
-    Replica,
-    Router,
+    ReplicaServer,
+    RouterServer,
     RouterSpec,
     find_router,
     start_router,
@@ -65,12 +65,12 @@ def text(words: int) -> str:
 
 @asynccontextmanager
 async def routed(
-    pair: Sequence[Replica], binary: Path, log_dir: Path, spec: RouterSpec
-) -> AsyncIterator[Router]:
+    pair: Sequence[ReplicaServer], binary: Path, log_dir: Path, spec: RouterSpec
+) -> AsyncIterator[RouterServer]:
     """The router in front of the pair, started and stopped off the event loop."""
     urls = [r.url for r in pair]
 
-    def start() -> Router:
+    def start() -> RouterServer:
         return start_router(spec, urls, binary=binary, log_dir=log_dir)
 
     router = await anyio.to_thread.run_sync(start)
@@ -80,7 +80,7 @@ async def routed(
         await anyio.to_thread.run_sync(router.stop)
 
 
-async def served(pair: Sequence[Replica]) -> list[float]:
+async def served(pair: Sequence[ReplicaServer]) -> list[float]:
     """Requests each replica has finished so far."""
 
     def read() -> list[float]:
@@ -90,7 +90,7 @@ async def served(pair: Sequence[Replica]) -> list[float]:
 
 
 async def interleaved_sessions(
-    router: Router, pair: Sequence[Replica], *, sessions: int, turns: int
+    router: RouterServer, pair: Sequence[ReplicaServer], *, sessions: int, turns: int
 ) -> tuple[list[list[int]], agentrt.JobReport]:
     """``sessions`` sessions of one job, called turn by turn through the router with the
     router dialect; the replica index that served each call, per session."""
@@ -123,7 +123,7 @@ async def interleaved_sessions(
     ids=["consistent_hash", "kv_aware-affinity"],
 )
 async def test_sessions_stick_to_one_replica_and_hit_its_cache(
-    vllm_pair: list[Replica], router_binary: Path, tmp_path: Path, spec: RouterSpec
+    vllm_pair: list[ReplicaServer], router_binary: Path, tmp_path: Path, spec: RouterSpec
 ) -> None:
     """Each agentrt session keeps its replica through the router, and its later turns find
     their prefix there: more cached prompt tokens than the same sessions spread by the
@@ -145,7 +145,7 @@ LONG = 256
 """Output tokens of the stream held in flight while the router is asked about it."""
 
 
-async def settled(router: Router, session_id: str) -> dict[str, Any]:
+async def settled(router: RouterServer, session_id: str) -> dict[str, Any]:
     """The session's program once the router has finished its last request (the reply's
     end reaches the client a moment before the router books it)."""
     with anyio.fail_after(10):
@@ -171,7 +171,7 @@ def _view(program: dict[str, Any]) -> dict[str, Any]:
 
 
 async def test_program_scheduling_sees_agentrt_programs(
-    vllm_pair: list[Replica], router_binary: Path, tmp_path: Path
+    vllm_pair: list[ReplicaServer], router_binary: Path, tmp_path: Path
 ) -> None:
     """With program scheduling on, the router knows each session as a program of the job's
     task with its parent and root; a declared tool wait holds the program's slot for the
@@ -252,7 +252,7 @@ async def test_program_scheduling_sees_agentrt_programs(
 
 
 async def test_streams_through_the_router_are_counted(
-    vllm_pair: list[Replica], router_binary: Path, tmp_path: Path
+    vllm_pair: list[ReplicaServer], router_binary: Path, tmp_path: Path
 ) -> None:
     """Streamed calls through the router (program scheduling on, which does not ask for
     usage itself) reach agentrt's report with the tokens the replicas counted."""
@@ -284,7 +284,7 @@ async def test_streams_through_the_router_are_counted(
 
 
 async def test_sticky_least_loaded_releases_a_finished_session(
-    vllm_pair: list[Replica], router_binary: Path, tmp_path: Path
+    vllm_pair: list[ReplicaServer], router_binary: Path, tmp_path: Path
 ) -> None:
     """``sticky_least_loaded`` puts a new session on the replica with the fewest sessions;
     the ``vllm-router-agentic`` dialect tells it when a session ended (``POST

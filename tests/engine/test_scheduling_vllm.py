@@ -27,7 +27,7 @@ import agentrt
 from agentrt import CallMetadata
 from agentrt.dialects import VLLM, Dialect, DialectOptions, Encoding
 from agentrt.scheduling import PLAS
-from agentrt.testing.vllm_cpu import Replica
+from agentrt.testing.vllm_cpu import ReplicaServer
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]
 
@@ -52,7 +52,7 @@ def text(words: int) -> str:
     return tag + " " + " ".join(rng.choice(_WORDS) for _ in range(words))
 
 
-async def metrics(replica: Replica) -> dict[str, float]:
+async def metrics(replica: ReplicaServer) -> dict[str, float]:
     return await anyio.to_thread.run_sync(replica.metrics)
 
 
@@ -105,7 +105,7 @@ def _cached_share(calls: list[Any]) -> float:
 
 
 async def test_session_affinity_keeps_turns_and_cache_on_one_replica(
-    vllm_pair: list[Replica],
+    vllm_pair: list[ReplicaServer],
 ) -> None:
     urls = [r.base_url for r in vllm_pair]
     model = vllm_pair[0].model
@@ -172,7 +172,7 @@ class Recorder:
 
 
 async def _flood_round(
-    replica: Replica, send_priority: bool, recorder: Recorder
+    replica: ReplicaServer, send_priority: bool, recorder: Recorder
 ) -> tuple[agentrt.JobReport, agentrt.JobReport]:
     """A program that has had service floods the server; then a new program sends a call."""
     model = replica.model
@@ -215,7 +215,7 @@ async def _flood_round(
 
 
 async def test_priorities_are_sent_and_accepted_by_a_priority_server(
-    vllm_priority_engine: Replica,
+    vllm_priority_engine: ReplicaServer,
 ) -> None:
     """PLAS levels go out in the body (``send_priority=True``) and the server takes them;
     without ``send_priority`` no priority is sent.
@@ -223,7 +223,7 @@ async def test_priorities_are_sent_and_accepted_by_a_priority_server(
     That the server then runs a high-priority call before a queued low-priority flood is
     pinned down with server-side queue times in test_vllm_raw.py
     (``test_priority_scheduling_runs_lower_value_first``), and measured end to end by
-    benchmarks/real_ordering.py. A client-side latency comparison here was not robust: on 2
+    python -m benchmarks engine ordering. A client-side latency comparison here was not robust: on 2
     cores the API server takes no new request (not even ``/metrics``) while the engine
     decodes a long call, so when a flood stands queued behind a blocker is not observable
     in time, and with another CPU-heavy process beside it the queue often never formed.

@@ -10,7 +10,7 @@ import pytest
 import agentrt
 from agentrt.bench import Call, Prompts
 from agentrt.sim import Cluster
-from agentrt.testing.vllm_cpu import Replica
+from agentrt.testing.vllm_cpu import ReplicaServer
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]
 
@@ -47,7 +47,7 @@ async def run_session(
     return job.report
 
 
-async def test_both_engines_hit_the_cache_on_the_second_turn(vllm_engine: Replica) -> None:
+async def test_both_engines_hit_the_cache_on_the_second_turn(vllm_engine: ReplicaServer) -> None:
     calls = turns(f"fid{uuid.uuid4().hex[:12]}")
     async with Cluster(1, "cpu-tiny") as cluster:
         async with agentrt.Runtime(

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 import agentrt
-from agentrt.testing.vllm_cpu import Replica
+from agentrt.testing.vllm_cpu import ReplicaServer
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]
 
@@ -44,7 +44,7 @@ def shape(chunks: list[Any]) -> tuple[Any, ...]:
     )
 
 
-async def test_vllm_streams_are_counted_and_unchanged(vllm_engine: Replica) -> None:
+async def test_vllm_streams_are_counted_and_unchanged(vllm_engine: ReplicaServer) -> None:
     model = vllm_engine.model
     # Long enough to fill KV blocks (the prefix cache keeps whole blocks only).
     prompt = uuid.uuid4().hex + " count the files in the repository" * 60

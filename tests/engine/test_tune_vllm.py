@@ -3,7 +3,7 @@ defaults, ``agentrt tune`` on it (the cpu-tiny engine fitted to the journal), an
 settings file it writes applied with ``Runtime(config=...)`` to fresh jobs.
 
 Small on purpose (a few three-turn jobs with short tool waits): it checks that the loop
-runs end to end on the real engine, not which settings win; benchmarks/tune_real.py
+runs end to end on the real engine, not which settings win; python -m benchmarks tune vllm
 measures that.
 """
 
@@ -20,7 +20,7 @@ import pytest
 import agentrt
 from agentrt.cli import main
 from agentrt.telemetry import read_journal
-from agentrt.testing.vllm_cpu import Replica
+from agentrt.testing.vllm_cpu import ReplicaServer
 from agentrt.tune._search import Setting
 from agentrt.tune._workload import runtime_defaults
 
@@ -70,7 +70,7 @@ async def run_jobs(rt: agentrt.Runtime, model: str, tag: str) -> None:
 
 
 async def test_record_tune_apply_on_two_replicas(
-    vllm_pair: list[Replica], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    vllm_pair: list[ReplicaServer], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     urls = [r.base_url for r in vllm_pair]
     model = vllm_pair[0].model

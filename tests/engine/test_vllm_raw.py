@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from agentrt.testing.vllm_cpu import KvEventsSubscriber, Replica
+from agentrt.testing.vllm_cpu import KvEventsSubscriber, ReplicaServer
 
 pytestmark = pytest.mark.engine
 
@@ -58,7 +58,9 @@ def http() -> httpx.Client:
     return _client
 
 
-def chat_body(replica: Replica, content: str, max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
+def chat_body(
+    replica: ReplicaServer, content: str, max_tokens: int = 8, **extra: Any
+) -> dict[str, Any]:
     return {
         "model": replica.model,
         "messages": [{"role": "user", "content": content}],
@@ -69,7 +71,7 @@ def chat_body(replica: Replica, content: str, max_tokens: int = 8, **extra: Any)
 
 
 def post(
-    replica: Replica, path: str, body: dict[str, Any], *, root: bool = False, **kw: Any
+    replica: ReplicaServer, path: str, body: dict[str, Any], *, root: bool = False, **kw: Any
 ) -> dict[str, Any]:
     """POST to ``base_url + path`` (``url + path`` with ``root``); asserts a 200."""
     resp = http().post(
@@ -92,7 +94,7 @@ def wait_until(cond: Callable[[], bool], timeout: float = 10.0, step: float = 0.
 # --- chat and completions ---------------------------------------------------------------------
 
 
-def test_chat_completion(vllm_engine: Replica) -> None:
+def test_chat_completion(vllm_engine: ReplicaServer) -> None:
     request_id = f"raw-{uuid.uuid4().hex[:12]}"
     data = post(
         vllm_engine,
@@ -113,7 +115,7 @@ def test_chat_completion(vllm_engine: Replica) -> None:
     assert usage["prompt_tokens_details"]["cached_tokens"] == 0
 
 
-def test_chat_completion_streaming_with_openai(vllm_engine: Replica) -> None:
+def test_chat_completion_streaming_with_openai(vllm_engine: ReplicaServer) -> None:
     with openai.OpenAI(base_url=vllm_engine.base_url, api_key="unused", max_retries=0) as client:
         stream = client.chat.completions.create(
             model=vllm_engine.model,
@@ -139,7 +141,7 @@ def test_chat_completion_streaming_with_openai(vllm_engine: Replica) -> None:
     assert usage is not None and usage.completion_tokens == 16
 
 
-def test_completion(vllm_engine: Replica) -> None:
+def test_completion(vllm_engine: ReplicaServer) -> None:
     data = post(
         vllm_engine,
         "/completions",
@@ -151,7 +153,7 @@ def test_completion(vllm_engine: Replica) -> None:
     assert data["usage"]["completion_tokens"] == 10
 
 
-def test_completion_streaming_sse(vllm_engine: Replica) -> None:
+def test_completion_streaming_sse(vllm_engine: ReplicaServer) -> None:
     body = {
         "model": vllm_engine.model,
         "prompt": "import os\n",
@@ -178,7 +180,7 @@ def test_completion_streaming_sse(vllm_engine: Replica) -> None:
 # --- prefix cache: usage and /metrics --------------------------------------------------------
 
 
-def test_second_turn_reports_cached_prompt_tokens(vllm_engine: Replica) -> None:
+def test_second_turn_reports_cached_prompt_tokens(vllm_engine: ReplicaServer) -> None:
     before = vllm_engine.metrics()
     first_user = long_text(900)
     turn1 = post(vllm_engine, "/chat/completions", chat_body(vllm_engine, first_user, 16))
@@ -211,7 +213,7 @@ def test_second_turn_reports_cached_prompt_tokens(vllm_engine: Replica) -> None:
     assert wait_until(counted), "prefix-cache hits did not show in /metrics"
 
 
-def test_metrics_has_cache_and_queue_series(vllm_engine: Replica) -> None:
+def test_metrics_has_cache_and_queue_series(vllm_engine: ReplicaServer) -> None:
     status, text = vllm_engine.get("/metrics")
     assert status == 200
     for name in (
@@ -234,13 +236,13 @@ def test_metrics_has_cache_and_queue_series(vllm_engine: Replica) -> None:
 # --- priority ---------------------------------------------------------------------------------
 
 
-def test_priority_accepted_without_priority_scheduling(vllm_engine: Replica) -> None:
+def test_priority_accepted_without_priority_scheduling(vllm_engine: ReplicaServer) -> None:
     # vLLM's docs call a non-zero priority an error under FCFS; the CPU build 0.32 accepts it.
     data = post(vllm_engine, "/chat/completions", chat_body(vllm_engine, "hi", 4, priority=7))
     assert data["usage"]["completion_tokens"] == 4
 
 
-def test_priority_scheduling_runs_lower_value_first(vllm_priority_engine: Replica) -> None:
+def test_priority_scheduling_runs_lower_value_first(vllm_priority_engine: ReplicaServer) -> None:
     """With one sequence at a time, a later request with a lower priority value overtakes.
 
     A long request holds the only slot while three low-priority requests and then a
@@ -264,7 +266,7 @@ def test_priority_scheduling_runs_lower_value_first(vllm_priority_engine: Replic
 
 
 def _priority_round(
-    r: Replica, order: list[tuple[str, int]]
+    r: ReplicaServer, order: list[tuple[str, int]]
 ) -> tuple[dict[str, float] | None, list[tuple[float, float, float]]]:
     """One round; returns each request's server-side queue time, or None if no queue formed."""
     queue_ms: dict[str, float] = {}
@@ -316,7 +318,7 @@ def _priority_round(
 
 
 @pytest.mark.parametrize("how", ["body", "header", "none"])
-def test_session_id_shows_in_kv_events(vllm_engine: Replica, how: str) -> None:
+def test_session_id_shows_in_kv_events(vllm_engine: ReplicaServer, how: str) -> None:
     session = f"sess-{how}-{uuid.uuid4().hex[:8]}"
     content = long_text(400)
     body = chat_body(vllm_engine, content, 2)
@@ -344,7 +346,9 @@ def test_session_id_shows_in_kv_events(vllm_engine: Replica, how: str) -> None:
     assert {e.get("session_id") for e in ours} == {expected}
 
 
-def test_reused_blocks_reported_for_new_session_only_in_full_mode(vllm_engine: Replica) -> None:
+def test_reused_blocks_reported_for_new_session_only_in_full_mode(
+    vllm_engine: ReplicaServer,
+) -> None:
     # One output token, whose KV is never computed, and a prompt that does not end on a block
     # boundary: every block s2 needs is one s1 stored. With two output tokens a prompt 126
     # or 127 tokens past a boundary had its last block completed by them, and on random
@@ -381,7 +385,7 @@ def test_reused_blocks_reported_for_new_session_only_in_full_mode(vllm_engine: R
 # --- two replicas -----------------------------------------------------------------------------
 
 
-def test_pair_runs_on_separate_cores_with_small_kv_cache(vllm_pair: list[Replica]) -> None:
+def test_pair_runs_on_separate_cores_with_small_kv_cache(vllm_pair: list[ReplicaServer]) -> None:
     assert len(vllm_pair) == 2
     assert vllm_pair[0].port != vllm_pair[1].port
     for core, replica in enumerate(vllm_pair):
@@ -394,7 +398,7 @@ def test_pair_runs_on_separate_cores_with_small_kv_cache(vllm_pair: list[Replica
         assert data["usage"]["completion_tokens"] == 4
 
 
-def test_small_kv_cache_evicts(vllm_pair: list[Replica]) -> None:
+def test_small_kv_cache_evicts(vllm_pair: list[ReplicaServer]) -> None:
     r = vllm_pair[0]
     words = 1500  # about 2000 tokens: 15 of the replica's 64 blocks
     a = long_text(words)

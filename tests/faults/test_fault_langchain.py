@@ -36,7 +36,7 @@ def server() -> Any:
 async def test_langchain_storm_is_retried_by_agentrt_only(server: FaultServer) -> None:
     server.push(Fault.status(503), Fault.status(429, retry_after="0"))
     async with agentrt.Runtime([server.url], retry=FAST, otel=False) as rt:
-        llm = lc.chat_model(rt, model=MODEL)
+        llm = lc.model(rt, MODEL)
         async with rt.job("lc") as job, job.session("agent"):
             reply = await llm.ainvoke("hi")
     assert reply.content == "ok"
@@ -48,7 +48,7 @@ async def test_langchain_storm_is_retried_by_agentrt_only(server: FaultServer) -
 async def test_langchain_garbled_reply_is_an_endpoint_error(server: FaultServer) -> None:
     server.push(Fault.json(200, {"error": {"message": "upstream"}}))
     async with agentrt.Runtime([server.url], retry=FAST, otel=False) as rt:
-        llm = lc.chat_model(rt, model=MODEL)
+        llm = lc.model(rt, MODEL)
         with pytest.raises(agentrt.EndpointError):
             async with rt.job("lc") as job, job.session("agent"):
                 await llm.ainvoke("hi")
@@ -60,7 +60,7 @@ async def test_langchain_garbled_reply_is_an_endpoint_error(server: FaultServer)
 async def test_langchain_deadline_closes_the_request(server: FaultServer) -> None:
     server.push(Fault.stall())
     async with agentrt.Runtime([server.url], retry=FAST, otel=False) as rt:
-        llm = lc.chat_model(rt, model=MODEL)
+        llm = lc.model(rt, MODEL)
         with pytest.raises(TimeoutError):
             async with rt.job("lc", deadline_s=2.0) as job, job.session("agent"):
                 await llm.ainvoke("hi")
@@ -72,7 +72,7 @@ async def test_langchain_deadline_closes_the_request(server: FaultServer) -> Non
 async def test_langchain_cancelled_stream_closes_the_request(server: FaultServer) -> None:
     server.push(Fault.stream([chunk(str(i)) for i in range(100)], interval=0.05))
     async with agentrt.Runtime([server.url], retry=FAST, otel=False) as rt:
-        llm = lc.chat_model(rt, model=MODEL)
+        llm = lc.model(rt, MODEL)
         async with rt.job("lc") as job, job.session("agent"):
             with anyio.move_on_after(1.5):  # the stream takes 5 s
                 async for _ in llm.astream("hi"):
@@ -87,7 +87,7 @@ def test_langchain_sync_stream_is_bounded_by_the_deadline(server: FaultServer) -
     server.push(Fault.stream([chunk(str(i)) for i in range(200)], interval=0.1))
     caught: BaseException | None = None
     with agentrt.SyncRuntime([server.url], retry=FAST, otel=False) as rt:
-        llm = lc.chat_model(rt, model=MODEL)
+        llm = lc.model(rt, MODEL)
         try:
             with rt.job("lc-sync", deadline_s=1.0) as job, job.session("agent"):
                 for _ in llm.stream("hi"):

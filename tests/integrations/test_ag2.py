@@ -46,8 +46,8 @@ async def explode() -> str:
 
 
 def agent(rt: Runtime, name: str, tools: list[object]) -> Agent:
-    config = agentrt_ag2.config(rt, "m")
-    return Agent(name, config=config, tools=tools, middleware=[agentrt_ag2.middleware(rt, name)])
+    config = agentrt_ag2.model(rt, "m")
+    return Agent(name, config=config, tools=tools, middleware=[agentrt_ag2.instrument(rt, name)])
 
 
 async def test_turns_agents_and_tools_map_to_jobs_sessions_and_waits(

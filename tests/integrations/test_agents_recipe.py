@@ -1,6 +1,6 @@
-"""agentrt.integrations.agents, framework-free: what its clients and wrapped tools make of
-a run against the embedded engine (a session per agent, a sub-agent's session under the
-tool that runs it, tool statuses, calls outside a job)."""
+"""agentrt.integrations.Agents (the recipe), framework-free: what its clients and wrapped
+tools make of a run against the embedded engine (a session per agent, a sub-agent's
+session under the tool that runs it, tool statuses, calls outside a job)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import anyio.lowlevel
 import pytest
 
 from agentrt import Runtime
-from agentrt.integrations.agents import Agents
+from agentrt.integrations import Agents
 from agentrt.sim import PRESETS, Cluster
 from tests.integrations._sessions import SessionRecorder
 
@@ -148,3 +148,28 @@ async def test_a_callable_object_with_an_async_call_is_awaited() -> None:
             async with agents.job("j") as job:
                 assert await lookup("k") == "value of k"
     assert [(t.name, t.status) for t in job.report.tool_reports] == [("lookup", "ok")]
+
+
+async def test_a_tools_declared_wait_reaches_its_report() -> None:
+    async def look(q: str) -> str:
+        """Look."""
+        await anyio.sleep(0.01)
+        return q
+
+    async with (
+        Cluster(1, CONFIG) as cluster,
+        Runtime(cluster.base_urls, transport=cluster.transport()) as rt,
+    ):
+        agents = Agents.shared(rt)
+        assert Agents.shared(rt) is agents and agents.active
+        async with agents.job("run") as job:
+            assert agents.in_job()
+            assert await agents.tool("a", look, expected_s=2.5)("x") == "x"
+            opened = agents.start_tool("a", "hook", expected_s=7.0)
+            assert opened is not None
+            agents.end_tool(opened)
+        assert agents.start_tool("a", "outside") is None and not agents.in_job()
+    assert [(t.name, t.expected_s, t.expected_source) for t in job.report.tool_reports] == [
+        ("look", 2.5, "declared"),
+        ("hook", 7.0, "declared"),
+    ]

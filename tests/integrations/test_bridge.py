@@ -4,11 +4,12 @@ waits without blocks, with the blocks' reports, statuses and events."""
 from __future__ import annotations
 
 import anyio
+import anyio.to_thread
 import pytest
 
 from agentrt import Runtime
 from agentrt._protocol import parse_agentrt_header
-from agentrt.integrations._bridge import Bridge, bind, unbind
+from agentrt.integrations import Bridge, bind, unbind
 from agentrt.telemetry import Event, JobEnded, SessionClosed, SessionOpened, ToolEnded
 from tests._fake import MSG, FakeEngine
 
@@ -95,3 +96,27 @@ async def test_a_closed_runtime_takes_no_job_and_unknown_keys_are_ignored() -> N
             bridge.start_job("j", "j")
         bridge.end_job("j")
     assert not bridge.active and bridge.start_job("k", "late") is None
+
+
+async def test_no_job_starts_outside_the_runtimes_loop_thread() -> None:
+    # A framework's synchronous entry point runs its callbacks in a loop of its own (in
+    # another thread): the bridge starts no job there, so its calls are implicit jobs.
+    async with Runtime([URL], transport=FakeEngine().transport()) as rt:
+        bridge = Bridge(rt)
+        assert bridge.active
+
+        def elsewhere() -> object:
+            return (bridge.active, bridge.start_job("other-thread", "run"))
+
+        assert await anyio.to_thread.run_sync(elsewhere) == (False, None)
+        assert bridge.start_job("here", "run") is not None
+        # a worker thread of the loop reaches it through call_in_loop
+        assert await anyio.to_thread.run_sync(bridge.call_in_loop, bridge.job, "here")
+        bridge.start_session("s", "here", "main")
+        bridge.start_tool("t", "s", "flaky")
+        bridge.end_tool("t", status="error")  # a failure reported without its exception
+        report = bridge.end_job("here")
+    assert report is not None and report.status == "ok"
+    assert [(t.name, t.status) for t in report.tool_reports] == [("flaky", "error")]
+    with pytest.raises(TypeError, match="Runtime or SyncRuntime"):
+        Bridge(object())  # type: ignore[arg-type]

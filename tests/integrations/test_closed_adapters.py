@@ -23,14 +23,14 @@ def received(cluster: Cluster) -> int:
     return sum(s.requests_received for s in cluster.stats())
 
 
-async def test_langchain_chat_model() -> None:
+async def test_langchain_model() -> None:
     pytest.importorskip("langchain_openai")
     from agentrt.integrations import langchain as lc
 
     async with Cluster(1, small_config()) as cluster:
         async with Runtime(list(cluster.base_urls), transport=cluster.transport()) as rt:
-            llm = lc.chat_model(rt, model="m", max_tokens=2)
-            handler = lc.callbacks(rt)
+            llm = lc.model(rt, "m", max_tokens=2)
+            handler = lc.instrument(rt)
             await llm.ainvoke("hello", config={"callbacks": [handler]})
         with pytest.raises(RuntimeClosedError, match="this Runtime is closed"):
             await llm.ainvoke("hello", config={"callbacks": [handler]})
@@ -68,7 +68,7 @@ async def test_openai_agents_model() -> None:
 
 
 @pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecationWarning")
-async def test_llamaindex_llm() -> None:
+async def test_llamaindex_model() -> None:
     pytest.importorskip("llama_index.llms.openai_like")
     from llama_index.core.llms import ChatMessage
 
@@ -76,7 +76,7 @@ async def test_llamaindex_llm() -> None:
 
     async with Cluster(1, small_config()) as cluster:
         async with Runtime(list(cluster.base_urls), transport=cluster.transport()) as rt:
-            llm = llamaindex.llm(rt, model="m", max_tokens=2)
+            llm = llamaindex.model(rt, "m", max_tokens=2)
             await llm.achat([ChatMessage(role="user", content="hello")])
         with pytest.raises(RuntimeClosedError, match="this Runtime is closed"):
             await llm.achat([ChatMessage(role="user", content="hello")])

@@ -1,7 +1,9 @@
-"""The agent frameworks without adapters of their own (PydanticAI, Agno, Strands, AutoGen,
-AG2, Google ADK, smolagents, CrewAI): each example runs as written against ``agentrt sim serve
---replies agent`` on loopback, and its job report shows the agents' sessions (the
-researcher's under the assistant's) and each tool wait in its agent's session.
+"""The agent frameworks of the adapters built on ``Agents`` and of the recipes
+(PydanticAI, Agno, Strands, AutoGen, AG2, Google ADK, smolagents, CrewAI), and the toy
+framework of docs/integrations.md's "Write an adapter": each example runs as written
+against ``agentrt sim serve --replies agent`` on loopback, and its job report shows the
+agents' sessions (the researcher's under the assistant's) and each tool wait in its
+agent's session.
 
 Each test runs where its framework is installed (scripts/test_frameworks.sh makes a
 virtual environment per framework, pinned and newest)."""
@@ -30,6 +32,7 @@ EXAMPLES = {
     "google_adk_agent": "google.adk",
     "smolagents_agent": "smolagents",
     "crewai_agent": "crewai",
+    "custom_adapter_agent": "openai",  # its framework is in the example
 }
 """Each example and the module its framework installs."""
 

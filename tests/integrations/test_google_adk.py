@@ -60,7 +60,9 @@ def explode() -> str:
 
 
 async def run(rt: Runtime, agent: LlmAgent, text: str) -> str:
-    runner = InMemoryRunner(app=App(name="app", root_agent=agent, plugins=[google_adk.plugin(rt)]))
+    runner = InMemoryRunner(
+        app=App(name="app", root_agent=agent, plugins=[google_adk.instrument(rt)])
+    )
     session = await runner.session_service.create_session(app_name="app", user_id="u")
     message = types.Content(role="user", parts=[types.Part(text=text)])
     answer = ""

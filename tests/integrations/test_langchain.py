@@ -107,8 +107,8 @@ async def test_react_agent_is_one_job_one_session(
     served: tuple[agentrt.Runtime, Recorder],
 ) -> None:
     rt, recorder = served
-    agent = react_agent(lc.chat_model(rt, model="m"), [add, lookup], "solver")
-    handler = lc.callbacks(rt)
+    agent = react_agent(lc.model(rt, "m"), [add, lookup], "solver")
+    handler = lc.instrument(rt)
     out = await agent.ainvoke(
         task(
             'CALL add {"a": 1, "b": 2} && CALL lookup {"key": "x"}',
@@ -145,7 +145,7 @@ async def test_a_sub_agent_has_its_own_session_linked_to_its_parent(
     served: tuple[agentrt.Runtime, Recorder],
 ) -> None:
     rt, recorder = served
-    llm = lc.chat_model(rt, model="m")
+    llm = lc.model(rt, "m")
     helper = react_agent(llm, [add], "helper")
 
     @tool
@@ -157,7 +157,7 @@ async def test_a_sub_agent_has_its_own_session_linked_to_its_parent(
     boss = react_agent(llm, [delegate], "boss")
     inner = 'CALL add {"a": 1, "b": 2}\nANSWER 3'
     call = f"CALL delegate {json.dumps({'job': inner})}"
-    await boss.ainvoke(task(call, "ANSWER done"), config={"callbacks": [lc.callbacks(rt)]})
+    await boss.ainvoke(task(call, "ANSWER done"), config={"callbacks": [lc.instrument(rt)]})
     (report,) = rt.reports()
     assert report.status == "ok" and report.name == "boss"
     assert report.sessions == 2 and report.calls == 4
@@ -181,8 +181,8 @@ async def test_concurrent_agents_keep_their_jobs_apart(
     served: tuple[agentrt.Runtime, Recorder],
 ) -> None:
     rt, recorder = served
-    handler = lc.callbacks(rt)
-    agent = react_agent(lc.chat_model(rt, model="m"), [add, lookup], "worker")
+    handler = lc.instrument(rt)
+    agent = react_agent(lc.model(rt, "m"), [add, lookup], "worker")
     jobs = [
         task('CALL lookup {"key": "a"}', 'CALL add {"a": 1, "b": 1}', "ANSWER a"),
         task('CALL add {"a": 2, "b": 2}', "ANSWER b"),
@@ -206,11 +206,11 @@ async def test_a_tool_that_raises_ends_the_job_with_an_error(
     served: tuple[agentrt.Runtime, Recorder],
 ) -> None:
     rt, _ = served
-    agent = react_agent(lc.chat_model(rt, model="m"), [explode], "fragile")
+    agent = react_agent(lc.model(rt, "m"), [explode], "fragile")
     with pytest.raises(ValueError, match="boom"):
         await agent.ainvoke(
             task('CALL explode {"reason": "boom"}', "ANSWER never"),
-            config={"callbacks": [lc.callbacks(rt)]},
+            config={"callbacks": [lc.instrument(rt)]},
         )
     (report,) = rt.reports()
     assert report.status == "error" and "ValueError: boom" in (report.error or "")
@@ -231,9 +231,9 @@ async def test_a_cancelled_run_ends_its_job_cancelled(
         await asyncio.sleep(60)
         return key
 
-    agent = react_agent(lc.chat_model(rt, model="m"), [hang], "patient")
+    agent = react_agent(lc.model(rt, "m"), [hang], "patient")
     inputs = task('CALL hang {"key": "x"}', "ANSWER x")
-    run = asyncio.ensure_future(agent.ainvoke(inputs, config={"callbacks": [lc.callbacks(rt)]}))
+    run = asyncio.ensure_future(agent.ainvoke(inputs, config={"callbacks": [lc.instrument(rt)]}))
     await entered.wait()
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -247,12 +247,12 @@ async def test_streaming_calls_are_the_sessions_turns(
     served: tuple[agentrt.Runtime, Recorder],
 ) -> None:
     rt, recorder = served
-    agent = react_agent(lc.chat_model(rt, model="m", streaming=True), [add], "streamer")
+    agent = react_agent(lc.model(rt, "m", streaming=True), [add], "streamer")
     chunks = [
         c
         async for c in agent.astream(
             task('CALL add {"a": 1, "b": 2}', "ANSWER 3"),
-            config={"callbacks": [lc.callbacks(rt)]},
+            config={"callbacks": [lc.instrument(rt)]},
             stream_mode="messages",
         )
     ]
@@ -266,11 +266,27 @@ async def test_streaming_calls_are_the_sessions_turns(
 
 async def test_a_lone_model_call_is_a_job(served: tuple[agentrt.Runtime, Recorder]) -> None:
     rt, recorder = served
-    llm = lc.chat_model(rt, model="m")
-    reply = await llm.ainvoke("hello", config={"callbacks": [lc.callbacks(rt)]})
+    llm = lc.model(rt, "m")
+    reply = await llm.ainvoke("hello", config={"callbacks": [lc.instrument(rt)]})
     assert reply.content
     (report,) = rt.reports()
     assert report.status == "ok" and report.calls == 1 and report.name == "ChatOpenAI"
+    assert recorder.requests[0].job_id == report.job_id
+
+
+async def test_the_names_of_0_2_warn_and_still_work(
+    served: tuple[agentrt.Runtime, Recorder],
+) -> None:
+    rt, recorder = served
+    with pytest.warns(DeprecationWarning, match=r"chat_model\(rt, model=...\) is deprecated"):
+        llm = lc.chat_model(rt, model="m")
+    with pytest.warns(DeprecationWarning, match=r"callbacks\(rt\) is deprecated .* instrument"):
+        handler = lc.callbacks(rt)
+    assert isinstance(llm, lc.ChatOpenAI) and llm.model_name == "m"
+    assert isinstance(handler, lc.AgentrtCallbackHandler)
+    await llm.ainvoke("hello", config={"callbacks": [handler]})
+    (report,) = rt.reports()
+    assert report.status == "ok" and report.calls == 1
     assert recorder.requests[0].job_id == report.job_id
 
 
@@ -278,7 +294,7 @@ async def test_without_the_handler_calls_join_the_enclosing_session(
     served: tuple[agentrt.Runtime, Recorder],
 ) -> None:
     rt, _ = served
-    llm = lc.chat_model(rt, model="m")
+    llm = lc.model(rt, "m")
     async with rt.job("mine") as job, job.session("s") as s:
         await llm.ainvoke("hello")
         await llm.ainvoke("again")
@@ -290,7 +306,7 @@ async def test_without_the_handler_or_a_session_calls_join_the_jobs_default_sess
     served: tuple[agentrt.Runtime, Recorder],
 ) -> None:
     rt, recorder = served
-    llm = lc.chat_model(rt, model="m")
+    llm = lc.model(rt, "m")
     async with rt.job("mine") as job:
         await llm.ainvoke("hello")
         await llm.ainvoke("again")
@@ -304,15 +320,15 @@ async def test_without_the_handler_or_a_session_calls_join_the_jobs_default_sess
 
 async def test_the_wrong_side_fails_clearly(served: tuple[agentrt.Runtime, Recorder]) -> None:
     rt, recorder = served
-    llm = lc.chat_model(rt, model="m")
+    llm = lc.model(rt, "m")
     with pytest.raises(agentrt.AgentrtError, match="ainvoke"):
         llm.invoke("hello")
     assert recorder.requests == []
     with pytest.raises(ValueError, match="http_client"):
-        lc.chat_model(rt, model="m", http_client=httpx.Client())
+        lc.model(rt, "m", http_client=httpx.Client())
     with pytest.raises(ValueError, match="retries"):
-        lc.chat_model(rt, model="m", max_retries=2)
-    assert lc.chat_model(rt, model="m").openai_api_base == rt.endpoints[0].url
+        lc.model(rt, "m", max_retries=2)
+    assert lc.model(rt, "m").openai_api_base == rt.endpoints[0].url
 
 
 @pytest.fixture
@@ -330,8 +346,8 @@ def test_sync_invoke_through_a_sync_runtime(
     sync_served: tuple[agentrt.SyncRuntime, Recorder],
 ) -> None:
     srt, recorder = sync_served
-    agent = react_agent(lc.chat_model(srt, model="m"), [add_sync], "sync-solver")
-    handler = lc.callbacks(srt)
+    agent = react_agent(lc.model(srt, "m"), [add_sync], "sync-solver")
+    handler = lc.instrument(srt)
     out = agent.invoke(
         task('CALL add_sync {"a": 1, "b": 2} && CALL add_sync {"a": 3, "b": 4}', "ANSWER 3, 7"),
         config={"callbacks": [handler]},
@@ -344,7 +360,7 @@ def test_sync_invoke_through_a_sync_runtime(
     (sid,) = {c.session_id for c in report.call_reports}
     assert [h.session_id for h in recorder.requests] == [sid, sid]
     with pytest.raises(agentrt.AgentrtError, match="invoke"):
-        asyncio.run(lc.chat_model(srt, model="m").ainvoke("hi"))
+        asyncio.run(lc.model(srt, "m").ainvoke("hi"))
     assert handler._runs == {}
 
 
@@ -384,8 +400,8 @@ async def test_a_thread_keeps_its_session_ids_from_run_to_run(
     session the same id, wherever they run: a later run, on another worker too, is
     routed to the replica that holds the thread's KV (docs/routing.md, "Fleets")."""
     rt, _ = served
-    agent = react_agent(lc.chat_model(rt, model="m"), [add], "solver")
-    handler = lc.callbacks(rt)
+    agent = react_agent(lc.model(rt, "m"), [add], "solver")
+    handler = lc.instrument(rt)
 
     async def run(thread: str | None) -> str:
         configurable = {} if thread is None else {"thread_id": thread}

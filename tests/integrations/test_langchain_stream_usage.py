@@ -40,7 +40,7 @@ async def test_langchain_streams_are_counted_and_unchanged() -> None:
             )
             alone = [c async for c in plain.astream(PROMPT)]
         async with agentrt.Runtime(cluster.base_urls, transport=cluster.transport()) as rt:
-            llm = lc.chat_model(rt, model="m", max_tokens=6, streaming=True)
+            llm = lc.model(rt, "m", max_tokens=6, streaming=True)
             async with rt.job("lc") as job, job.session("s"):
                 through = [c async for c in llm.astream(PROMPT)]
                 reply = await llm.ainvoke(PROMPT)  # streaming=True: a streamed call too

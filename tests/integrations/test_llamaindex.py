@@ -114,7 +114,7 @@ def agent(
 ) -> Any:
     return FunctionAgent(
         tools=tools if tools is not None else [get_weather, add, mul],
-        llm=llamaindex.llm(rt, model="m"),
+        llm=llamaindex.model(rt, "m"),
         name=name,
         description=f"the {name}",
         streaming=streaming,
@@ -212,7 +212,7 @@ async def test_a_handoff_gives_the_next_agent_its_own_session() -> None:
             name="planner",
             description="plans",
             tools=[],
-            llm=llamaindex.llm(rt, model="m"),
+            llm=llamaindex.model(rt, "m"),
             can_handoff_to=["worker"],
         )
         worker = agent(rt, "worker", [add])
@@ -332,7 +332,7 @@ async def test_llm_outside_a_run_is_an_implicit_job_and_sync_calls_fail() -> Non
     from llama_index.core.llms import ChatMessage
 
     async with runtime() as (rt, recorder):
-        model = llamaindex.llm(rt, model="m")
+        model = llamaindex.model(rt, "m")
         reply = await model.achat([ChatMessage(role="user", content="hello")])
         assert reply.message.content
         with pytest.raises(Exception) as raised:  # openai wraps what the transport raised
@@ -343,13 +343,21 @@ async def test_llm_outside_a_run_is_an_implicit_job_and_sync_calls_fail() -> Non
     assert len(recorder.headers) == 1
 
 
+async def test_llm_the_name_of_0_2_warns_and_still_works() -> None:
+    async with runtime() as (rt, _):
+        with pytest.warns(DeprecationWarning, match=r"llm\(rt, model=...\) is deprecated"):
+            old = llamaindex.llm(rt, model="m", max_tokens=2)
+        new = llamaindex.model(rt, "m", max_tokens=2)
+        assert type(old) is type(new) and old.model == new.model == "m"
+
+
 async def test_instrument_is_idempotent_and_needs_an_open_runtime() -> None:
     async with runtime() as (rt, _):
         assert llamaindex.instrument(rt) is llamaindex.instrument(rt)
         with pytest.raises(ValueError, match="http_client"):
-            llamaindex.llm(rt, model="m", async_http_client=object())
+            llamaindex.model(rt, "m", async_http_client=object())
         with pytest.raises(ValueError, match="retries"):
-            llamaindex.llm(rt, model="m", max_retries=2)
+            llamaindex.model(rt, "m", max_retries=2)
     with pytest.raises(Exception, match="closed"):
         llamaindex.instrument(rt)
 

@@ -1,6 +1,6 @@
 """The modelled vllm-router policies against the real vllm-router 0.1.17, end to end.
 
-benchmarks/peer_agreement.py's workload (plain chat requests, three sessions of growing
+python -m benchmarks routing peers's workload (plain chat requests, three sessions of growing
 histories with ``x-session-id``, a session keyed only by the body's ``user`` field), one
 request at a time through the real router in front of ``agentrt sim serve`` replicas and
 through the modelled gateway bound to the same worker URLs in the router's own worker
@@ -11,13 +11,13 @@ the router under ``.engine/router``.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import pytest
 
 from agentrt.testing.vllm_cpu import ROUTER_SETUP_MESSAGE, RouterSpec, find_router, start_router
-from tests._benchmarks import load_benchmark
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(120)]
 
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _benchmark() -> ModuleType:
-    return load_benchmark("peer_agreement")
+    return importlib.import_module("benchmarks._peer_agreement")
 
 
 @pytest.mark.parametrize("policy", ["consistent_hash", "sticky_least_loaded", "round_robin"])

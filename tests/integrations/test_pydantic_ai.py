@@ -47,7 +47,7 @@ async def explode() -> str:
 
 
 def agent(rt: Runtime, name: str, tools: list[object]) -> Agent[None, str]:
-    cap = agentrt_pydantic_ai.capability(rt)
+    cap = agentrt_pydantic_ai.instrument(rt)
     return Agent(agentrt_pydantic_ai.model(rt, "m"), name=name, tools=tools, capabilities=[cap])
 
 

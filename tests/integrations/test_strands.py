@@ -58,7 +58,7 @@ async def test_invocations_agents_and_tools_map_to_jobs_sessions_and_waits(
     env: tuple[Runtime, SessionRecorder],
 ) -> None:
     rt, server = env
-    hooks = agentrt_strands.hooks(rt)
+    hooks = agentrt_strands.instrument(rt)
     helper = agent(rt, hooks, "helper", [add])
     lead = agent(rt, hooks, "lead", [add, helper.as_tool(name="ask_helper", description="Ask.")])
     result = await lead.invoke_async(lead_and_helper_question("ask_helper", "input"))
@@ -74,7 +74,7 @@ async def test_a_failing_tool_is_an_error_wait_and_the_run_goes_on(
     env: tuple[Runtime, SessionRecorder],
 ) -> None:
     rt, _ = env
-    lead = agent(rt, agentrt_strands.hooks(rt), "lead", [explode])
+    lead = agent(rt, agentrt_strands.instrument(rt), "lead", [explode])
     await lead.invoke_async("Try.\nCALL explode {}\nANSWER it broke")
     (report,) = rt.reports()
     assert report.status == "ok"

@@ -31,6 +31,11 @@ def small_config(**changes: Any) -> EngineConfig:
     return base.replace(**changes)
 
 
+def chat_body(content: str = "hi", **fields: Any) -> dict[str, Any]:
+    """A chat completion request's body: model ``m``, one user message, then ``fields``."""
+    return {"model": "m", "messages": [{"role": "user", "content": content}], **fields}
+
+
 async def chat(
     http: httpx.AsyncClient,
     url: str,
@@ -43,12 +48,7 @@ async def chat(
     """POST one chat completion and return the JSON body (asserts 200)."""
     r = await http.post(
         url + "/chat/completions",
-        json={
-            "model": "m",
-            "messages": [{"role": "user", "content": content}],
-            "max_tokens": max_tokens,
-            **body,
-        },
+        json=chat_body(content, max_tokens=max_tokens, **body),
         headers=headers or {},
     )
     assert r.status_code == 200, r.text

@@ -3,7 +3,7 @@ round robin's order, consistent_hash's ring and keys, cache_aware's threshold, i
 switch and tree eviction, sticky_least_loaded's sessions and tie-breaks, and fbi_hash.
 
 The placements marked "measured" are what the real vllm-router 0.1.17 did in front of
-``agentrt sim serve`` replicas at those worker URLs (benchmarks/peer_agreement.py,
+``agentrt sim serve`` replicas at those worker URLs (python -m benchmarks routing peers,
 results/peer_agreement.json): the ring and rendezvous hashes depend on the URL strings,
 so the model must reproduce them exactly."""
 
@@ -20,7 +20,7 @@ from agentrt.sim.peers._fbi import fbi_hash, murmur_hash_64a
 from agentrt.sim.peers._vllm_router import (
     CacheAware,
     ConsistentHash,
-    RoundRobin,
+    PeerRoundRobin,
     StickyLeastLoaded,
     hash_key,
     routing_text,
@@ -61,7 +61,7 @@ def completion(prompt: str) -> GatewayRequest:
 
 
 def test_round_robin_walks_the_bound_order() -> None:
-    p = RoundRobin()
+    p = PeerRoundRobin()
     p.bind(views(urls(1), order=[2, 3, 0, 1]))  # the router's registry order
     assert [p.pick(chat("x"), 0.0) for _ in range(6)] == [2, 3, 0, 1, 2, 3]
 

@@ -15,7 +15,7 @@ import pytest
 
 import agentrt.sim
 from agentrt.sim import Cluster, count_tokens, prompt_for_blocks, serve_async
-from tests.sim._helpers import FAST, cached, chat, small_config
+from tests.sim._helpers import FAST, cached, chat, chat_body, small_config
 
 pytestmark = pytest.mark.anyio
 
@@ -74,12 +74,7 @@ async def test_streaming_delivers_chunks_as_they_are_produced(anyio_backend: Any
     ):
         url = cluster.base_urls[0]
         engine = cluster.replicas[0].engine
-        body = {
-            "model": "m",
-            "messages": [{"role": "user", "content": "hello"}],
-            "max_tokens": 6,
-            "stream": True,
-        }
+        body = chat_body("hello", max_tokens=6, stream=True)
         arrivals: list[tuple[float, int, int]] = []  # time, tokens out so far, running
         t0 = anyio.current_time()
         async with http.stream("POST", url + "/chat/completions", json=body) as r:
@@ -109,12 +104,7 @@ async def test_stream_interval_groups_tokens() -> None:
         Cluster(1, small_config(stream_interval=4)) as cluster,
         httpx.AsyncClient(transport=cluster.transport()) as http,
     ):
-        body = {
-            "model": "m",
-            "messages": [{"role": "user", "content": "hello"}],
-            "max_tokens": 10,
-            "stream": True,
-        }
+        body = chat_body("hello", max_tokens=10, stream=True)
         sizes = []
         async with http.stream("POST", cluster.base_urls[0] + "/chat/completions", json=body) as r:
             async for line in r.aiter_lines():
@@ -133,11 +123,7 @@ async def test_request_id_session_and_headers() -> None:
         url = cluster.base_urls[0]
         r = await http.post(
             url + "/chat/completions",
-            json={
-                "model": "m",
-                "messages": [{"role": "user", "content": "hi"}],
-                "session_id": "s1",
-            },
+            json=chat_body("hi", session_id="s1"),
             headers={"X-Request-Id": "call-42"},
         )
         assert r.status_code == 200
@@ -205,12 +191,7 @@ async def test_closing_a_stream_aborts_the_request() -> None:
         httpx.AsyncClient(transport=cluster.transport()) as http,
     ):
         engine = cluster.replicas[0].engine
-        body = {
-            "model": "m",
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 5000,
-            "stream": True,
-        }
+        body = chat_body("hi", max_tokens=5000, stream=True)
         async with http.stream("POST", cluster.base_urls[0] + "/chat/completions", json=body) as r:
             async for _ in r.aiter_lines():
                 break
@@ -300,12 +281,7 @@ async def test_generic_asgi_apps_stream_through_the_transport() -> None:
         async with httpx.AsyncClient(transport=transport) as http:
             url = "http://all.sim/replica-1/v1"
             assert cached(await chat(http, url, prompt_for_blocks(range(4), 64))) == 0
-            body = {
-                "model": "m",
-                "messages": [{"role": "user", "content": "hello"}],
-                "max_tokens": 4,
-                "stream": True,
-            }
+            body = chat_body("hello", max_tokens=4, stream=True)
             seen: list[int] = []
             before = cluster.replicas[1].stats().generation_tokens
             async with http.stream("POST", url + "/chat/completions", json=body) as r:

@@ -12,7 +12,7 @@ import pytest
 
 from agentrt.sim import Cluster, prompt_for_blocks
 from agentrt.sim._transport import ASGIDispatchTransport
-from tests.sim._helpers import chat, small_config
+from tests.sim._helpers import chat, chat_body, small_config
 
 pytestmark = pytest.mark.anyio
 
@@ -65,20 +65,10 @@ async def test_notice_route_in_process_and_advertisement() -> None:
         url = cluster.base_urls[0]
         r = await http.post(
             url + "/chat/completions",
-            json={
-                "model": "m",
-                "messages": [{"role": "user", "content": "hi"}],
-                "session_id": "s",
-                "max_tokens": 2,
-            },
+            json=chat_body("hi", session_id="s", max_tokens=2),
         )
         assert "idle-notice" in r.headers["x-agentrt-accept"].split(",")
-        body = {
-            "model": "m",
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 2,
-            "stream": True,
-        }
+        body = chat_body("hi", max_tokens=2, stream=True)
         async with http.stream("POST", url + "/chat/completions", json=body) as s:
             assert s.headers["x-agentrt-accept"] == "idle-notice"
             await s.aread()

@@ -1,9 +1,10 @@
-"""benchmarks/tune_check.py's loop, tiny: record a journal with Runtime's defaults, tune
+"""python -m benchmarks tune twin's loop, tiny: record a journal with Runtime's defaults, tune
 it, apply the file it wrote through ``agentrt:config=FILE`` and measure it beside tune's
 finalists on fresh jobs. Asserts that each step did its part, not the goals."""
 
 from __future__ import annotations
 
+import importlib
 import math
 from pathlib import Path
 from types import ModuleType
@@ -13,13 +14,12 @@ import pytest
 from agentrt import Runtime
 from agentrt._settings import load_config
 from agentrt.tune._search import Setting
-from tests._benchmarks import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _check() -> ModuleType:
-    return load_benchmark("tune_check")
+    return importlib.import_module("benchmarks._tune_check")
 
 
 @pytest.mark.timeout(300)  # ~20 s of CPU; far more wall time on a busy shared machine

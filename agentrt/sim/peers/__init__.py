@@ -29,27 +29,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from ._base import GatewayRequest, Policy, ReplicaView
+from ._base import GatewayRequest, PeerPolicy, ReplicaView
 from ._dynamo import Dynamo, DynamoAffinity
 from ._gateway import GatewayApp
 from ._llmd import LLMD, LLMDAffinity, LLMDFairness, LLMDFlow, LLMDIdeal
 from ._thunderagent import ThunderAgent, ThunderAgentHome
-from ._vllm_router import CacheAware, ConsistentHash, RoundRobin, StickyLeastLoaded
+from ._vllm_router import CacheAware, ConsistentHash, PeerRoundRobin, StickyLeastLoaded
 from ._vllm_router_programs import ProgramScheduling
 
 __all__ = [
     "PEERS",
     "GatewayApp",
     "GatewayRequest",
-    "Policy",
+    "PeerPolicy",
     "ReplicaView",
     "make_policy",
     "peer_dialect",
     "peer_name",
 ]
 
-PEERS: Final[dict[str, Callable[[], Policy]]] = {
-    "vllm-router:round_robin": RoundRobin,
+PEERS: Final[dict[str, Callable[[], PeerPolicy]]] = {
+    "vllm-router:round_robin": PeerRoundRobin,
     "vllm-router:cache_aware": CacheAware,
     "vllm-router:consistent_hash": ConsistentHash,
     "vllm-router:sticky_least_loaded": StickyLeastLoaded,
@@ -79,7 +79,7 @@ def peer_name(name: str) -> str:
     return key
 
 
-def make_policy(name: str) -> Policy:
+def make_policy(name: str) -> PeerPolicy:
     """A fresh policy of the peer ``name`` (see :data:`PEERS`)."""
     return PEERS[peer_name(name)]()
 

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from .._engine import Engine
     from .._tokenize import Prompt
 
-__all__ = ["GatewayRequest", "Policy", "ReplicaView"]
+__all__ = ["GatewayRequest", "PeerPolicy", "ReplicaView"]
 
 
 class GatewayRequest:
@@ -20,7 +20,7 @@ class GatewayRequest:
     ``headers``: the request headers by lower-case name (what the real router reads);
     ``body``: the parsed JSON body; ``raw``: its bytes; ``prompt``: the prompt tokenized
     as the replicas tokenize it (a stand-in for the router's own text or token view:
-    the simulator's tokens are 4-byte pieces of the text, so token counts are character
+    the embedded engine's tokens are 4-byte pieces of the text, so token counts are character
     counts / 4); ``arrival``: the gateway's clock when it arrived.
     """
 
@@ -105,7 +105,7 @@ class ReplicaView:
         return self.engine.kv.match(prompt.runs, 1 << 62).gpu_blocks
 
 
-class Policy:
+class PeerPolicy:
     """A peer's routing (and optionally scheduling) policy; the defaults do nothing.
 
     The gateway calls, per generation request: :meth:`admit` (await until the request may

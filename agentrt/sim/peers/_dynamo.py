@@ -48,7 +48,7 @@ import random
 from collections.abc import Sequence
 from typing import Final
 
-from ._base import GatewayRequest, Policy, ReplicaView
+from ._base import GatewayRequest, PeerPolicy, ReplicaView
 
 __all__ = ["Dynamo", "DynamoAffinity"]
 
@@ -65,7 +65,7 @@ class _Binding:
         self.idle_since = now
 
 
-class Dynamo(Policy):
+class Dynamo(PeerPolicy):
     """Dynamo's KV router: lowest prefill + decode block cost (see the module docstring)."""
 
     name = "dynamo"

@@ -3,12 +3,13 @@
 :class:`GatewayApp` is an OpenAI-compatible front door at one URL: a client sees one base
 URL, as it does in production behind vllm-router, llm-d or Dynamo. Per generation request
 it parses the body once, tokenizes the prompt as the replicas do, waits for the peer's
-admission (:meth:`Policy.admit`), asks the peer for a replica (:meth:`Policy.pick`) and
-forwards the request unchanged (headers and body: the replica reads what it reads behind
-the real router), counting it in flight there until its reply ends. The reply goes back
-with the peer's own headers added (llm-d's ``x-session-token``) and agentrt's
-``x-agentrt-accept`` removed: a real router does not take agentrt's tool-start notices,
-so agentrt behind a gateway sends none (``POST /v1/agentrt/idle`` answers 404 here).
+admission (:meth:`PeerPolicy.admit`), asks the peer for a replica
+(:meth:`PeerPolicy.pick`) and forwards the request unchanged (headers and body: the
+replica reads what it reads behind the real router), counting it in flight there until
+its reply ends. The reply goes back with the peer's own headers added (llm-d's
+``x-session-token``) and agentrt's ``x-agentrt-accept`` removed: a real router does not
+take agentrt's tool-start notices, so agentrt behind a gateway sends none
+(``POST /v1/agentrt/idle`` answers 404 here).
 
 Other routes: ``GET /v1/models`` (the first replica's), ``GET /health``, and the peer's
 control endpoints (vllm-router's ``POST /finish_session``), else 404.
@@ -26,7 +27,7 @@ import anyio
 
 from .._app import ReplicaApp, Reply, ReplyStream, _error_body, _HTTPError, _json_reply
 from .._tokenize import PromptError
-from ._base import GatewayRequest, Policy, ReplicaView
+from ._base import GatewayRequest, PeerPolicy, ReplicaView
 
 if TYPE_CHECKING:
     from .._replica import Replica
@@ -80,7 +81,7 @@ class GatewayApp(ReplicaApp):
     answers through :meth:`respond`.
     """
 
-    def __init__(self, replicas: Sequence[Replica], policy: Policy) -> None:
+    def __init__(self, replicas: Sequence[Replica], policy: PeerPolicy) -> None:
         if not replicas:
             raise ValueError("a gateway needs at least 1 replica")
         super().__init__(replicas[0].engine)

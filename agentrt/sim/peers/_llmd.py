@@ -95,7 +95,7 @@ import anyio
 
 from .._app import _HTTPError
 from .._tokenize import Run
-from ._base import GatewayRequest, Policy, ReplicaView
+from ._base import GatewayRequest, PeerPolicy, ReplicaView
 
 __all__ = ["LLMD", "LLMDAffinity", "LLMDFairness", "LLMDFlow", "LLMDIdeal", "fairness_id"]
 
@@ -138,7 +138,7 @@ def _decode_pod(token: str | None) -> str | None:
         return None
 
 
-class LLMD(Policy):
+class LLMD(PeerPolicy):
     """llm-d's EPP scoring as the precise-prefix guide configures it: precise prefix +
     kv-cache utilization + queue, max-score picker (see the module docstring);
     ``session_weight`` > 0 adds the session-affinity scorer (:class:`LLMDAffinity`)."""

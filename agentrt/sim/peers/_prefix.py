@@ -1,9 +1,9 @@
 """An approximate prefix tree per worker, as vllm-router's and SGLang's ``cache_aware``
 keep (``src/tree.rs``): what each worker was *sent*, not what it holds.
 
-The real tree stores request text by character; here a prompt is the simulator's key runs
+The real tree stores request text by character; here a prompt is the embedded engine's key runs
 (``Prompt.runs``: its full blocks, run-length encoded), so a match is counted in blocks and
-the match rate is matched tokens over the prompt's tokens (the simulator's tokens are
+the match rate is matched tokens over the prompt's tokens (the embedded engine's tokens are
 4-byte pieces of text, so the ratio is the character ratio up to the last partial block).
 Each node records, per tenant (worker index), when it last touched it; a tenant over its
 budget loses its least recently used leaves (``evict``), as the real tree's periodic

@@ -53,7 +53,7 @@ idle TTL 600 s.
 
 Where this model departs from the real router (unvalidated against a running one):
 
-- the completion tokens are the request's ``max_tokens`` (the simulator's replies are
+- the completion tokens are the request's ``max_tokens`` (the embedded engine's replies are
   exactly that long; the router reads ``usage``), and the program does not grow while its
   reply streams (``record_output_tokens``);
 - the soft-demote band (0.80-0.95) and the resume priority boost are left out: they
@@ -83,7 +83,7 @@ from typing import Any, Final, Literal
 
 import anyio
 
-from ._base import GatewayRequest, Policy, ReplicaView
+from ._base import GatewayRequest, PeerPolicy, ReplicaView
 from ._dynamo import Dynamo
 
 __all__ = ["Program", "ProgramScheduler", "ThunderAgent", "ThunderAgentConfig", "ThunderAgentHome"]
@@ -468,7 +468,7 @@ class _Waiter:
         self.ticker = False
 
 
-class ThunderAgent(Policy):
+class ThunderAgent(PeerPolicy):
     """Dynamo's ThunderAgent router in front of its KV router (see the module docstring)."""
 
     name = "thunderagent"

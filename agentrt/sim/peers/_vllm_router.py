@@ -20,7 +20,7 @@
   search, else the text itself (``request:TEXT``, or its hash past 100 bytes). In 0.1.17
   a chat request's routing text is empty: a chat body's ``user`` field is not read, and
   every chat request without a session header has the key ``request:`` and goes to one
-  worker (measured, benchmarks/peer_agreement.py);
+  worker (measured, python -m benchmarks routing peers);
 - ``sticky_least_loaded`` (``sticky_least_loaded.rs``): a new session (id as above,
   headers then the routing text) goes to the worker with the fewest active sessions,
   ties broken by rendezvous hashing of ``"{session}:{url}"`` (highest wins, the first in
@@ -43,14 +43,14 @@ import json
 from bisect import bisect_left
 from typing import Any, Final
 
-from ._base import GatewayRequest, Policy
+from ._base import GatewayRequest, PeerPolicy
 from ._fbi import fbi_hash
 from ._prefix import PrefixTree
 
 __all__ = [
     "CacheAware",
     "ConsistentHash",
-    "RoundRobin",
+    "PeerRoundRobin",
     "StickyLeastLoaded",
     "hash_key",
     "routing_text",
@@ -80,7 +80,7 @@ def routing_text(req: GatewayRequest) -> str:
     """The request text 0.1.17's hash-keyed policies see: empty for a chat request (its
     ``consistent_hash`` and ``sticky_least_loaded`` get no text for
     ``/v1/chat/completions``: a plain chat turn hashes as ``"request:"``, measured with
-    benchmarks/peer_agreement.py), the prompt for a text completion."""
+    python -m benchmarks routing peers), the prompt for a text completion."""
     if "messages" in req.body:
         return ""
     prompt = req.body.get("prompt")
@@ -171,7 +171,7 @@ def hash_key(req: GatewayRequest) -> str:
     return f"request:{text}"
 
 
-class RoundRobin(Policy):
+class PeerRoundRobin(PeerPolicy):
     name = "vllm-router:round_robin"
     source = "vllm-project/router src/policies/round_robin.rs"
 
@@ -186,7 +186,7 @@ class RoundRobin(Policy):
         return view.index
 
 
-class CacheAware(Policy):
+class CacheAware(PeerPolicy):
     name = "vllm-router:cache_aware"
     source = "vllm-project/router src/policies/cache_aware.rs, src/tree.rs"
 
@@ -233,7 +233,7 @@ class CacheAware(Policy):
         return index
 
 
-class ConsistentHash(Policy):
+class ConsistentHash(PeerPolicy):
     name = "vllm-router:consistent_hash"
     source = "vllm-project/router src/policies/consistent_hash.rs, src/policies/hash_key.rs"
 
@@ -253,7 +253,7 @@ class ConsistentHash(Policy):
         return self._owners[i if i < len(self._owners) else 0]
 
 
-class StickyLeastLoaded(Policy):
+class StickyLeastLoaded(PeerPolicy):
     name = "vllm-router:sticky_least_loaded"
     source = "vllm-project/router src/policies/sticky_least_loaded.rs, src/server.rs"
 

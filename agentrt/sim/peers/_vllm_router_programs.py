@@ -1,6 +1,6 @@
 """vllm-router's program scheduling (``--enable-program-scheduling``, vllm-project/router
 0.1.17) in front of an inner request-level policy (``--policy``, consistent_hash by
-default, as benchmarks/router.py runs it).
+default, as python -m benchmarks routing router runs it).
 
 Sources: ``docs/program_scheduling.md`` (its configuration table: the defaults below),
 ``src/program_scheduling/identity.rs`` (who is a program), ``runtime.rs`` and
@@ -78,7 +78,7 @@ from typing import Any, Final
 
 import anyio
 
-from ._base import GatewayRequest, Policy, ReplicaView
+from ._base import GatewayRequest, PeerPolicy, ReplicaView
 from ._fbi import fbi_hash
 from ._vllm_router import ConsistentHash, hash_key
 
@@ -306,7 +306,7 @@ class _Program:
     paused_at: float | None = None
 
 
-class ProgramScheduling(Policy):
+class ProgramScheduling(PeerPolicy):
     """vllm-router's program scheduling over an inner request-level policy (see the
     module docstring). Keyword arguments are the router's ``program_scheduling`` fields,
     at its defaults; ``inner`` routes requests without program identity."""
@@ -320,7 +320,7 @@ class ProgramScheduling(Policy):
 
     def __init__(
         self,
-        inner: Policy | None = None,
+        inner: PeerPolicy | None = None,
         *,
         max_active_programs_per_target: int = 64,
         admission_waiting_request_threshold: int = 1,
