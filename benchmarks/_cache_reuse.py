@@ -24,6 +24,7 @@ import uuid
 from typing import Any
 
 import anyio
+from openai.types.chat import ChatCompletionMessageParam
 
 import agentrt
 from agentrt.testing.vllm_cpu import SETUP_MESSAGE, ReplicaSpec, find_engine, launch
@@ -46,7 +47,8 @@ async def one_session(
     rng = random.Random(seed)
     async with agentrt.Runtime(urls, routing=routing, dialect="vllm") as rt:
         async with rt.job(f"cache-{routing}") as job, job.session("agent") as s:
-            messages: list[dict[str, str]] = [{"role": "system", "content": text(500, rng)}]
+            system = text(500, rng)
+            messages: list[ChatCompletionMessageParam] = [{"role": "system", "content": system}]
             for turn in range(turns):
                 messages.append({"role": "user", "content": f"turn {turn}: " + text(60, rng)})
                 reply = await s.chat(
@@ -55,7 +57,7 @@ async def one_session(
                     max_tokens=32,
                     extra_body={"ignore_eos": True},
                 )
-                content = reply.choices[0].message.content or ""  # type: ignore[union-attr]
+                content = reply.choices[0].message.content or ""
                 messages.append({"role": "assistant", "content": content})
                 async with s.tool("tool", expected_s=0.05):
                     await anyio.sleep(0.05)

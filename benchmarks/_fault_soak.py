@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from openai import AsyncStream
 
 import agentrt
 from agentrt.telemetry import AttemptFailed, Event, SessionMoved
@@ -137,7 +138,7 @@ async def _turn(
         reply = await s.chat(
             model=model, messages=messages, max_tokens=MAX_TOKENS, stream=stream, final=final
         )
-    if stream:
+    if isinstance(reply, AsyncStream):  # stream=True
         async for _ in reply:
             pass
 

@@ -116,7 +116,13 @@ async def _plain_jobs(spec: dict[str, Any], run: Callable[..., Awaitable[None]])
     order = itertools.cycle([(start + i) % len(urls) for i in range(len(urls))])
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0)) as http:
         clients = [
-            openai.AsyncOpenAI(base_url=u, api_key="x", http_client=http, max_retries=0)
+            openai.AsyncOpenAI(
+                base_url=u,
+                api_key="x",
+                # legacy httpx: openai 3.x types http_client as httpx2's, and accepts it
+                http_client=http,  # type: ignore[arg-type,unused-ignore]
+                max_retries=0,
+            )
             for u in urls
         ]
 

@@ -33,7 +33,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,7 @@ def messages(run: str, sid: int, turn: int) -> list[dict[str, str]]:
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": history}]
 
 
-def app_seconds(headers: httpx.Headers) -> float | None:
+def app_seconds(headers: Mapping[str, str]) -> float | None:
     for part in headers.get("server-timing", "").split(","):
         name, _, dur = part.strip().partition(";dur=")
         if name == "app" and dur:
@@ -154,7 +154,13 @@ async def measure(args: argparse.Namespace, server: subprocess.Popen[bytes], ori
             httpx.AsyncClient(limits=httpx.Limits(max_connections=None), timeout=60)
         )
         plain = [
-            openai.AsyncOpenAI(base_url=u, api_key="x", http_client=http, max_retries=0)
+            openai.AsyncOpenAI(
+                base_url=u,
+                api_key="x",
+                # legacy httpx: openai 3.x types http_client as httpx2's, and accepts it
+                http_client=http,  # type: ignore[arg-type,unused-ignore]
+                max_retries=0,
+            )
             for u in urls
         ]
         rts = {}

@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 import httpx2
+from openai.types.chat import ChatCompletionMessageParam
 
 import agentrt
 
@@ -35,7 +36,7 @@ REPLY = {
     ],
     "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
 }
-MESSAGES = [
+MESSAGES: list[ChatCompletionMessageParam] = [
     {"role": "system", "content": "You are a coding agent. " * 20},
     {"role": "user", "content": "Fix the failing test."},
 ]

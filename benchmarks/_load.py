@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import os
 import platform
 import resource
@@ -154,10 +155,10 @@ class Agentrt(Client):
     async def __aenter__(self) -> Agentrt:
         transport = None
         if self.max_connections is not None:  # a pool capped like openai's default one
-            try:
-                import httpx2 as mod  # type: ignore[import-not-found,unused-ignore]
+            try:  # the HTTP library Runtime runs on: httpx2 where installed
+                mod = importlib.import_module("httpx2")
             except ImportError:
-                import httpx as mod
+                mod = importlib.import_module("httpx")
             limits = mod.Limits(max_connections=self.max_connections, max_keepalive_connections=100)
             transport = mod.AsyncHTTPTransport(limits=limits)
         self.rt = agentrt.Runtime(

@@ -69,6 +69,7 @@ import anyio
 import anyio.to_thread
 import httpx
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 import agentrt
 from agentrt.telemetry import Event, SessionMoved
@@ -196,7 +197,7 @@ class JobRecord:
     end_s: float = 0.0
 
 
-Ask = Callable[[list[dict[str, str]]], Awaitable[tuple[str, CallRecord]]]
+Ask = Callable[[list[ChatCompletionMessageParam]], Awaitable[tuple[str, CallRecord]]]
 Wait = Callable[[float], Awaitable[None]]
 
 
@@ -217,7 +218,10 @@ async def play(
     session: SessionPlan, system: str, ask: Ask, wait: Wait, tracker: Tracker | None = None
 ) -> list[CallRecord]:
     """One session's turns: the context grows by a tool result and the reply each turn."""
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": session.task}]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": session.task},
+    ]
     calls = []
     for turn in range(len(session.steps) + 1):
         if turn:
@@ -341,17 +345,23 @@ async def run_plain(
     body = _body(shape)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0)) as http:
         clients = [
-            openai.AsyncOpenAI(base_url=u, api_key="x", http_client=http, max_retries=0)
+            openai.AsyncOpenAI(
+                base_url=u,
+                api_key="x",
+                # legacy httpx: openai 3.x types http_client as httpx2's, and accepts it
+                http_client=http,  # type: ignore[arg-type,unused-ignore]
+                max_retries=0,
+            )
             for u in urls
         ]
         turn = itertools.cycle(range(len(urls)))
 
-        async def ask(messages: list[dict[str, str]]) -> tuple[str, CallRecord]:
+        async def ask(messages: list[ChatCompletionMessageParam]) -> tuple[str, CallRecord]:
             i = next(turn)
             started = anyio.current_time()
             reply = await clients[i].chat.completions.create(
                 model=model,
-                messages=messages,  # type: ignore[arg-type]
+                messages=messages,
                 **body,
             )
             prompt, cached, completion = usage_of(reply)
@@ -394,14 +404,14 @@ async def run_agentrt(
             started = tracker.now()
             async with rt.job(f"agent-{s.index}") as job, job.session("agent") as session:
 
-                async def ask(messages: list[dict[str, str]]) -> tuple[str, CallRecord]:
+                async def ask(messages: list[ChatCompletionMessageParam]) -> tuple[str, CallRecord]:
                     began = anyio.current_time()
                     reply = await session.chat(model=model, messages=messages, **body)
                     prompt, cached, completion = usage_of(reply)
                     record = CallRecord(
                         -1, -1, -1, prompt, cached, completion, anyio.current_time() - began
                     )
-                    return reply.choices[0].message.content or "", record  # type: ignore[union-attr]
+                    return reply.choices[0].message.content or "", record
 
                 async def wait(seconds: float) -> None:
                     async with session.tool("tool"):

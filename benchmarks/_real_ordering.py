@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 import anyio
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 import agentrt
 from agentrt.testing.vllm_cpu import SETUP_MESSAGE, ReplicaSpec, find_engine, launch
@@ -78,13 +79,14 @@ def text(words: int, rng: random.Random) -> str:
     return uuid.uuid4().hex + " " + " ".join(rng.choice(WORDS) for _ in range(words))
 
 
-Ask = Callable[[list[dict[str, str]], int], Awaitable[str]]
+Messages = list[ChatCompletionMessageParam]
+Ask = Callable[[Messages, int], Awaitable[str]]
 
 
 async def play(job: JobSpec, ask: Ask, tool_s: float) -> None:
     """The job's turns: a growing history, a short tool wait between turns."""
     rng = random.Random(job.seed)
-    messages = [{"role": "system", "content": text(150, rng)}]
+    messages: Messages = [{"role": "system", "content": text(150, rng)}]
     for turn in range(job.turns):
         messages.append({"role": "user", "content": f"step {turn}: " + text(40, rng)})
         reply = await ask(messages, job.max_tokens)
@@ -110,10 +112,10 @@ async def run_client(
         async with openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0) as oc:
 
             def plain_job(job: JobSpec) -> Callable[[], Awaitable[None]]:
-                async def ask(messages: list[dict[str, str]], max_tokens: int) -> str:
+                async def ask(messages: Messages, max_tokens: int) -> str:
                     r = await oc.chat.completions.create(
                         model=model,
-                        messages=messages,  # type: ignore[arg-type]
+                        messages=messages,
                         max_tokens=max_tokens,
                         extra_body=extra,
                     )
@@ -134,14 +136,14 @@ async def run_client(
                 async def body() -> None:
                     async with rt.job(f"job-{job.index}") as j, j.session("agent") as s:
 
-                        async def ask(messages: list[dict[str, str]], max_tokens: int) -> str:
+                        async def ask(messages: Messages, max_tokens: int) -> str:
                             r = await s.chat(
                                 model=model,
                                 messages=messages,
                                 max_tokens=max_tokens,
                                 extra_body=extra,
                             )
-                            return r.choices[0].message.content or ""  # type: ignore[union-attr]
+                            return r.choices[0].message.content or ""
 
                         await play(job, ask, tool_s)
 

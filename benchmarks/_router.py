@@ -55,22 +55,19 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import anyio
+from typing import Any, Literal
 
 from agentrt.bench import (
     Arrivals,
     Call,
-    ClientSpec,
     Fanout,
     JobPlan,
     Prompts,
     SessionPlan,
     TraceOptions,
     make_workload,
+    replay,
 )
-from agentrt.bench._drivers import JobResult, make_driver
 from agentrt.testing.vllm_cpu import (
     ROUTER_SETUP_MESSAGE,
     SETUP_MESSAGE,
@@ -84,7 +81,7 @@ from agentrt.testing.vllm_cpu import (
     start_router,
 )
 
-from ._harness import add_run_args, quantile, write_result
+from ._harness import add_run_args, write_result
 
 BASELINE = "plain > router cache_aware"
 DEFAULTS: dict[str, dict[str, float]] = {
@@ -205,8 +202,9 @@ class Engine:
 
     roots: list[str]
     model: str
-    prompts: str
-    real: bool
+    prompts: Literal["sim", "text"]
+    """How calls are written (``Prompts``): words for a real tokenizer, or the
+    embedded engine's block markers."""
 
     def base_urls(self) -> list[str]:
         return [r + "/v1" for r in self.roots]
@@ -225,7 +223,6 @@ class VllmEngine(Engine):
         self.roots = [r.url for r in replicas]
         self.model = replicas[0].model
         self.prompts = "text"
-        self.real = True
 
     def fresh(self) -> None:
         for r in self.replicas:
@@ -239,7 +236,6 @@ class SimEngine(Engine):
         self.n = replicas
         self.model = "tiny-llama"
         self.prompts = "sim"
-        self.real = False
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
         self.roots = []
@@ -304,20 +300,6 @@ def engine_for(args: argparse.Namespace, log_dir: Path) -> Iterator[Engine]:
 # -- one run of one client -----------------------------------------------------------------
 
 
-async def replay(driver: Any, plans: Sequence[JobPlan]) -> tuple[list[JobResult], float]:
-    results: list[JobResult] = []
-    t0 = anyio.current_time()
-
-    async def one(plan: JobPlan) -> None:
-        await anyio.sleep_until(t0 + plan.arrival_s)
-        results.append(await driver.run_job(plan, t0))
-
-    async with driver, anyio.create_task_group() as tg:
-        for plan in plans:
-            tg.start_soon(one, plan)
-    return results, anyio.current_time() - t0
-
-
 def run_one(
     client: Client, engine: Engine, plans: list[JobPlan], router_bin: Path, log_dir: Path
 ) -> dict[str, Any]:
@@ -330,11 +312,9 @@ def run_one(
         urls = engine.base_urls()
     try:
         before = engine.counters()
-        spec = ClientSpec.parse(client.spec)
-        driver = make_driver(
-            spec, urls, None, engine.model, Prompts(engine.prompts), engine.real, "openai"
+        result = replay(
+            plans, urls, client.spec, model=engine.model, prompts=Prompts(engine.prompts)
         )
-        results, makespan = anyio.run(replay, driver, plans)
         after = engine.counters()
         scheduling = program_scheduling_counts(router) if router is not None else {}
     finally:
@@ -344,9 +324,6 @@ def run_one(
     def delta(key: str) -> list[float]:
         return [a.get(key, 0.0) - b.get(key, 0.0) for a, b in zip(after, before, strict=True)]
 
-    ok = [r for r in results if r.status == "ok"]
-    jct = [r.jct_s for r in ok]
-    lat = [c.latency_s for r in ok for c in r.calls]
     queries, hits = (
         sum(delta("vllm:prefix_cache_queries_total")),
         sum(delta("vllm:prefix_cache_hits_total")),
@@ -359,15 +336,15 @@ def run_one(
     ]
     return {
         "client": client.name,
-        "jobs": len(results),
-        "failed": len(results) - len(ok),
-        "errors": sorted({r.status for r in results if r.status != "ok"}),
-        "makespan_s": makespan,
-        "jct_mean": statistics.fmean(jct) if jct else math.nan,
-        "jct_p50": quantile(jct, 0.5),
-        "jct_p90": quantile(jct, 0.9),
-        "latency_p50": quantile(lat, 0.5),
-        "latency_p90": quantile(lat, 0.9),
+        "jobs": result.jobs,
+        "failed": result.failed,
+        "errors": sorted({row["status"] for row in result.job_rows if row["status"] != "ok"}),
+        "makespan_s": result.makespan_s,
+        "jct_mean": result.jct["mean"],
+        "jct_p50": result.jct["p50"],
+        "jct_p90": result.jct["p90"],
+        "latency_p50": result.call_latency["p50"],
+        "latency_p90": result.call_latency["p90"],
         "cached_share": hits / queries if queries else math.nan,
         "load_share_max": max(load) / sum(load) if sum(load) else math.nan,
         "router_scheduling": scheduling,

@@ -240,11 +240,6 @@ SUITES: Final = (
                 "scale_claude_code_710.json",
                 module="_replay_cost",
             ),
-            _p(
-                "fit",
-                "the coding workload's fit to the Claude Code traces",
-                module="_fit_coding_workload",
-            ),
         ),
     ),
     Suite(

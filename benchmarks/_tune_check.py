@@ -4,13 +4,14 @@ On workloads tune was not developed on, each on an embedded cluster in virtual t
 
 1. **record** a journal with Runtime's defaults (a bench agentrt client built from a
    settings file that sets nothing, so Runtime's defaults, ``journal_dir``);
-2. **tune** it (:func:`agentrt.tune._command.tune`, the CLI's entry, with its defaults but
-   a smaller ``--sample`` / ``--seeds``: see ``WORKLOADS``);
+2. **tune** it (:func:`agentrt.tune.tune`, what the command runs, with its defaults but
+   a smaller ``sample`` / ``seeds``: see ``WORKLOADS``);
 3. **apply** the file tune wrote (``agentrt:config=FILE``: ``Runtime(config=FILE)``) and
    measure it on fresh jobs of the same workload at the same load (another seed; for the
    Claude Code replay, the next traces);
 4. **measure the grid** directly on the same fresh jobs: routing x policy x concurrency
-   (tune's own values, read from ``agentrt.tune._search``) with priorities and learned
+   (tune's own values: ``agentrt.tune.ROUTINGS``, ``POLICIES``, ``CONCURRENCY``) with
+   priorities and learned
    waits at Runtime's defaults, each of those two flipped on the defaults, and every
    setting tune's fine round scored;
 5. compare: the applied choice's JCT p50 against the grid's best (goal: within 5%), and
@@ -42,9 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrt.bench import BenchConfig, BenchResult, ClientSpec, TraceOptions, run_study
-from agentrt.tune._command import TuneOptions, TuneResult, chosen, tune
-from agentrt.tune._search import CONCURRENCY, LOADS, POLICIES, ROUTINGS, Setting
-from agentrt.tune._workload import runtime_defaults
+from agentrt.tune import CONCURRENCY, LOADS, POLICIES, ROUTINGS, Setting, TuneResult, tune
 
 from ._harness import add_run_args, run_record, write_result
 
@@ -132,11 +131,11 @@ def write_settings(setting: Setting | None, path: Path) -> Path:
     return path
 
 
-def default_setting(replicas: int = 2) -> Setting:
-    """Runtime's defaults as tune reads them over ``replicas`` endpoints: with several,
-    ``poll_metrics_s="auto"`` polls, so ``concurrency="engine"`` caps while an engine
-    queues (over one, or without polls, it never caps: tune takes it as no cap)."""
-    return Setting.of({**runtime_defaults(), "endpoints": replicas, "poll_metrics_s": "auto"})
+def default_setting() -> Setting:
+    """Runtime's defaults as tune reads them over the check's two endpoints
+    (``Setting()``): with several, ``poll_metrics_s="auto"`` polls, so
+    ``concurrency="engine"`` caps while an engine queues."""
+    return Setting()
 
 
 def settings_of(path: Path) -> Setting:
@@ -301,21 +300,23 @@ def record(checks: list[Check], work: Path, use_config: bool, workers: Any) -> l
 
 
 def run_tune(c: Check, journal: Path, work: Path, workers: Any) -> tuple[TuneResult, Path]:
-    """Step 2: tune with its defaults but ``sample`` and ``seeds``."""
+    """Step 2: tune with its defaults but ``sample`` and ``seeds``; its file written
+    as the command writes it."""
     w = c.workload
     out = work / w.name / "agentrt-tuned.toml"
     lines: list[str] = []
-    opts = TuneOptions(
-        [journal],
-        out=out,
+    result = tune(
+        journal,
         sample=w.sample,
         seeds=w.seeds,
         workers=workers,
-        progress=False,
         gpu_blocks=w.gpu_blocks if w.tell_blocks else None,
+        echo=lines.append,
     )
-    result = tune(opts, echo=lines.append)
-    pick = chosen(result)
+    lines += result.table()
+    out.write_text(result.to_toml())
+    lines.append(f"best settings: {out}")
+    pick = result.chosen
     assert pick is not None
     c.chosen = pick.setting.label()
     c.predicted = pick.p50[1.0]

@@ -26,7 +26,6 @@ The machine's other load makes wall-clock JCTs noisy: read the per-run spread.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import math
@@ -38,26 +37,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import anyio
-
-from agentrt import Runtime
 from agentrt.bench import (
     Arrivals,
     Call,
-    ClientSpec,
     Fanout,
     JobPlan,
-    Prompts,
     SessionPlan,
     make_workload,
+    parse_workers,
+    replay,
 )
-from agentrt.bench._drivers import make_driver
 from agentrt.testing.vllm_cpu import SETUP_MESSAGE, ReplicaServer, ReplicaSpec, find_engine, launch
-from agentrt.tune._command import TuneOptions, TuneResult, chosen, tune
-from agentrt.tune._workload import runtime_defaults
+from agentrt.tune import TuneResult, tune
 
-from ._harness import add_run_args, quantile, write_result
-from ._router import replay
+from ._harness import add_run_args, write_result
 
 TEXT_TOKENS_PER_TOKEN = 0.7
 """Real tokens per nominal token of ``Prompts("text")`` on the tiny model's tokenizer
@@ -130,40 +123,10 @@ def describe(plans: Sequence[JobPlan]) -> dict[str, Any]:
 
 
 def defaults_file(path: Path) -> Path:
-    """A settings file of Runtime's own defaults for the keys tune sets (read from its
-    signature: ``concurrency="engine"`` without ``poll_metrics_s``, which never caps)."""
-    lines = ["# Runtime's defaults"]
-    for key, value in runtime_defaults().items():
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, int):
-            text = str(value)
-        else:
-            text = json.dumps("none" if value is None else value)
-        lines.append(f"{key} = {text}")
-    path.write_text("\n".join(lines) + "\n")
+    """A settings file that sets nothing: ``Runtime(config=FILE)`` keeps Runtime's
+    defaults (``concurrency="engine"``, polled over the two replicas)."""
+    path.write_text("# Runtime's defaults\n")
     return path
-
-
-def driver_for(config: Path, urls: list[str], model: str, journal: Path | None) -> Any:
-    """A bench driver whose Runtime is ``Runtime(urls, config=config)``: the client spec
-    ``agentrt:config=FILE`` where the bench has it, else the same Runtime put in place
-    of the driver's own (the bench's fixed options: the vllm dialect, no report list, a
-    long timeout)."""
-    prompts = Prompts("text")
-    with contextlib.suppress(ValueError):
-        spec = ClientSpec.parse(f"agentrt:config={config}")
-        return make_driver(spec, urls, None, model, prompts, True, "openai", journal)
-    driver = make_driver(ClientSpec.parse("agentrt:session"), urls, None, model, prompts, True)
-    driver._rt = Runtime(  # type: ignore[attr-defined]
-        urls,
-        config=str(config),
-        dialect="vllm",
-        timeout_s=3600.0,
-        keep_reports=0,
-        journal=journal,
-    )
-    return driver
 
 
 def run_one(
@@ -177,11 +140,12 @@ def run_one(
         r.reset_prefix_cache()
     before = [r.metrics() for r in replicas]
     load_before = os.getloadavg()[0]
-    driver = driver_for(config, [r.base_url for r in replicas], replicas[0].model, journal)
-    results, makespan = anyio.run(replay, driver, plans)
+    urls = [r.base_url for r in replicas]
+    client = f"agentrt:config={config}"  # Runtime(urls, config=config)
+    result = replay(plans, urls, client, model=replicas[0].model, journal=journal)
     after = [r.metrics() for r in replicas]
-    ok = [r for r in results if r.status == "ok"]
-    jct = [r.jct_s for r in ok]
+    makespan = result.makespan_s
+    errors = {row["error"] or row["status"] for row in result.job_rows if row["status"] != "ok"}
 
     def delta(key: str) -> float:
         return sum(a.get(key, 0.0) - b.get(key, 0.0) for a, b in zip(after, before, strict=True))
@@ -191,13 +155,13 @@ def run_one(
     return {
         "client": label,
         "config": str(config),
-        "jobs": len(results),
-        "failed": len(results) - len(ok),
-        "errors": sorted({r.error or r.status for r in results if r.status != "ok"})[:3],
+        "jobs": result.jobs,
+        "failed": result.failed,
+        "errors": sorted(errors)[:3],
         "makespan_s": makespan,
-        "jct_p50": quantile(jct, 0.5),
-        "jct_p90": quantile(jct, 0.9),
-        "jct_mean": statistics.fmean(jct) if jct else math.nan,
+        "jct_p50": result.jct["p50"],
+        "jct_p90": result.jct["p90"],
+        "jct_mean": result.jct["mean"],
         "cached_share": delta("vllm:prefix_cache_hits_total") / queries if queries else math.nan,
         "engine_tokens_per_s": tokens / makespan if makespan else math.nan,
         "load_avg": [round(load_before, 2), round(os.getloadavg()[0], 2)],
@@ -208,7 +172,7 @@ def run_one(
 
 
 def tuned(result: TuneResult, out: Path) -> dict[str, Any]:
-    pick = chosen(result)
+    pick = result.chosen
     setting = pick.setting if pick is not None else result.recorded
     return {
         "file": str(out),
@@ -306,17 +270,18 @@ def main(args: argparse.Namespace) -> None:
         # 2. tune: a probe of an idle replica, then the journal alone
         for source, endpoint in (("probe", replicas[0].base_url), ("journal", None)):
             out = work / f"tuned-{source}.toml"
-            opts = TuneOptions(
-                journals=[journal],
-                out=out,
+            result = tune(
+                journal,
                 endpoint=endpoint,
                 preset="cpu-tiny",
                 sample=args.sample,
                 seeds=args.seeds,
-                workers=int(args.workers) if args.workers.isdigit() else args.workers,
-                progress=False,
+                workers=parse_workers(args.workers),
+                echo=lambda line: print(line, flush=True),
             )
-            result = tune(opts, echo=lambda line: print(line, flush=True))
+            for line in result.table():
+                print(line, flush=True)
+            out.write_text(result.to_toml())
             fits[source] = tuned(result, out)
         # 3. apply, 4. measure: alternating order on fresh jobs
         applied = work / "tuned-probe.toml"

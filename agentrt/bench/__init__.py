@@ -1,6 +1,7 @@
 """The benchmark harness: agent workloads replayed through each client, side by side.
 
-Besides the replay (:func:`run_bench`, :func:`run_study`) and its workloads, it exports
+Besides the replay (:func:`run_bench`, :func:`run_study`; :func:`replay` for jobs of your
+own against your servers) and its workloads, it exports
 the one statistic every figure agentrt prints is read with, for code that reports
 figures of its own (the checkout's ``benchmarks/``): :func:`quantile` (nearest rank: the
 ``ceil(q n)``-th smallest of ``n`` sorted values) and :func:`bootstrap_interval` (a
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from ._drivers import ClientSpec, Prompts
     from ._parallel import Workers, parse_workers
     from ._plan import BLOCK_TOKENS, Call, Fanout, JobPlan, SessionPlan
-    from ._runner import BenchConfig, BenchResult, ClientResult, run_bench, run_study
+    from ._runner import BenchConfig, BenchResult, ClientResult, replay, run_bench, run_study
     from ._steady import SteadyConfig, steady_study
     from ._workloads import WORKLOADS, Arrivals, TraceOptions, make_workload
 
@@ -45,6 +46,7 @@ __all__ = [
     "make_workload",
     "parse_workers",
     "quantile",
+    "replay",
     "run_bench",
     "run_study",
     "steady_study",
@@ -66,6 +68,7 @@ _HOMES: dict[str, str] = {
     "BenchConfig": "._runner",
     "BenchResult": "._runner",
     "ClientResult": "._runner",
+    "replay": "._runner",
     "run_bench": "._runner",
     "run_study": "._runner",
     "SteadyConfig": "._steady",

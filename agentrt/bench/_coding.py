@@ -5,8 +5,8 @@ a context that grows call by call (tool results and replies), now and then a rew
 (compaction), tool waits between most calls and a person's think time between some, and
 in a few sessions sub-agents that run concurrently. Every size, count and wait is drawn
 from :data:`FIT`, the quantiles of the 710 Claude Code sessions in ``shared/traces``
-(``python -m benchmarks twin fit`` computes it; docs/benchmarks/alternatives.md shows
-the numbers), so the workload needs no trace files: it runs from a plain install.
+(``python scripts/fit_coding_workload.py`` computes it; docs/benchmarks/alternatives.md
+shows the numbers), so the workload needs no trace files: it runs from a plain install.
 
 :class:`CodingScale` shrinks it for the embedded engine: tokens and times are multiplied,
 long waits (a person away for an hour) and very long sessions capped.
@@ -132,7 +132,7 @@ FIT: Final = CodingFit(
     sub_wait_s=Quantiles((1, 2, 2, 3, 4, 6, 29, 47, 75)),
 )
 """The fit to the 710 Claude Code sessions of ``shared/traces`` (Apache-2.0, from
-callanjfox/kv-cache-tester): ``python -m benchmarks twin fit`` prints it."""
+callanjfox/kv-cache-tester): ``python scripts/fit_coding_workload.py`` prints it."""
 # fmt: on
 
 

@@ -3,7 +3,8 @@
 On the embedded engine (the default) every client gets fresh replicas and the run is in
 virtual time (:class:`VirtualTimeLoop`), so results do not depend on this machine's noise and
 hours of cluster time take seconds. Against real servers (``endpoints``) it runs in
-wall-clock time.
+wall-clock time, each client after the other; :func:`replay` runs one client so on jobs
+the caller makes.
 
 An embedded run splits into independent replays (:func:`replay_part`: each client, and the
 solo runs, in its own event loop from virtual time 0). A study of many runs
@@ -47,6 +48,7 @@ __all__ = [
     "BenchResult",
     "ClientResult",
     "journal_paths",
+    "replay",
     "run_bench",
     "run_parts",
     "run_study",
@@ -355,7 +357,11 @@ def _summarize(
         makespan_s=makespan,
         jct=_dist(jcts),
         stretch=stretch,
-        call_latency={"p50": quantile(lat, 0.5), "p99": quantile(lat, 0.99)},
+        call_latency={
+            "p50": quantile(lat, 0.5),
+            "p90": quantile(lat, 0.9),
+            "p99": quantile(lat, 0.99),
+        },
         ttft={"p50": quantile(ttft, 0.5), "p99": quantile(ttft, 0.99)} if ttft else None,
         jobs_per_s=len(ok) / makespan if makespan > 0 else math.nan,
         tokens_per_s=engine.get("tokens_per_s"),
@@ -566,7 +572,7 @@ def _driver(
     """The client's driver (:func:`make_driver`; no ``transport``: real servers), or a
     :class:`Fleet` of ``cfg.fleet`` of them, plain members starting their round-robin at
     random replicas."""
-    real = transport is None
+    real = transport is None and prompts.mode == "text"  # a real engine: ignore_eos
 
     def member(start: int) -> Driver:
         return make_driver(
@@ -764,61 +770,140 @@ async def _served_models(http: httpx.AsyncClient, url: str, required: bool) -> l
     return ids
 
 
+async def _model(http: httpx.AsyncClient, urls: Sequence[str], model: str | None) -> str:
+    """``model``, else the first the first server lists. Every server is asked for its
+    models before any job runs: one that is not there, or (without a model) not an
+    OpenAI API at that URL, stops the run here."""
+    served = [await _served_models(http, u, model is None) for u in urls]
+    if model is not None:
+        return model
+    if not served[0]:
+        raise EndpointError(
+            f"{redact_userinfo(urls[0])}/models lists no model: give --model",
+            endpoint=redact_userinfo(urls[0]),
+        )
+    return served[0][0]
+
+
+async def _real_client(
+    http: httpx.AsyncClient,
+    cfg: BenchConfig,
+    name: str,
+    plans: list[JobPlan],
+    model: str,
+    prompts: Prompts,
+    journal: tuple[Path | None, Path | None],
+    progress: Progress,
+) -> ClientResult:
+    """One client's replay of ``plans`` against ``cfg.endpoints`` in wall-clock time, the
+    servers' ``/metrics`` counters read before and after it. ``journal``: where the
+    driver writes it, and the path the result names."""
+    urls = list(cfg.endpoints)
+    spec = ClientSpec.parse(name)
+    before = [await _metrics(http, u) for u in urls]
+    driver = _driver(cfg, spec, plans, urls, None, model, prompts, journal[0])
+    async with driver:
+        results, makespan = await _replay(
+            plans, driver.run_job, progress, spec.name, None, cfg.users
+        )
+    after = [await _metrics(http, u) for u in urls]
+
+    def delta(key: str) -> list[float]:
+        return [a.get(key, 0.0) - b.get(key, 0.0) for a, b in zip(after, before, strict=True)]
+
+    queries = math.fsum(delta("vllm:prefix_cache_queries_total"))
+    hits = math.fsum(delta("vllm:prefix_cache_hits_total"))
+    load = [
+        p + g
+        for p, g in zip(
+            delta("vllm:prompt_tokens_total"), delta("vllm:generation_tokens_total"), strict=True
+        )
+    ]
+    mean_load = statistics.fmean(load) if load else 0.0
+    total = math.fsum(load)
+    engine: dict[str, float | None] = {
+        "hit_rate": hits / queries if queries else None,
+        "imbalance": max(load) / mean_load if mean_load > 0 else None,
+        "utilization": None,
+        "tokens_per_s": total / makespan if makespan > 0 and total else None,
+    }
+    return _summarize(spec.name, results, makespan, None, engine, journal[1], fleet=cfg.fleet)
+
+
 async def _run_real(
     cfg: BenchConfig, plans: list[JobPlan], progress: Progress
 ) -> list[ClientResult]:
-    urls = list(cfg.endpoints)
     out = []
     async with httpx.AsyncClient(timeout=10.0) as http:
-        # Every server is asked for its models before any job runs: one that is not there,
-        # or (without --model) not an OpenAI API at that URL, stops the run here.
-        served = [await _served_models(http, u, cfg.model is None) for u in urls]
-        model = cfg.model
-        if model is None:
-            if not served[0]:
-                raise EndpointError(
-                    f"{redact_userinfo(urls[0])}/models lists no model: give --model",
-                    endpoint=redact_userinfo(urls[0]),
-                )
-            model = served[0][0]
+        model = await _model(http, cfg.endpoints, cfg.model)
         for name, journal in zip(cfg.clients, journal_paths(cfg), strict=True):
-            spec = ClientSpec.parse(name)
-            before = [await _metrics(http, u) for u in urls]
+            where = (_staged(journal), journal)
             prompts = Prompts("text")
-            driver = _driver(cfg, spec, plans, urls, None, model, prompts, _staged(journal))
-            async with driver:
-                results, makespan = await _replay(
-                    plans, driver.run_job, progress, spec.name, None, cfg.users
-                )
-            after = [await _metrics(http, u) for u in urls]
-
-            def delta(
-                key: str, b: list[dict[str, float]], a: list[dict[str, float]]
-            ) -> list[float]:
-                return [a[i].get(key, 0.0) - b[i].get(key, 0.0) for i in range(len(urls))]
-
-            queries = math.fsum(delta("vllm:prefix_cache_queries_total", before, after))
-            hits = math.fsum(delta("vllm:prefix_cache_hits_total", before, after))
-            load = [
-                p + g
-                for p, g in zip(
-                    delta("vllm:prompt_tokens_total", before, after),
-                    delta("vllm:generation_tokens_total", before, after),
-                    strict=True,
-                )
-            ]
-            mean_load = statistics.fmean(load) if load else 0.0
-            total = math.fsum(load)
-            engine: dict[str, float | None] = {
-                "hit_rate": hits / queries if queries else None,
-                "imbalance": max(load) / mean_load if mean_load > 0 else None,
-                "utilization": None,
-                "tokens_per_s": total / makespan if makespan > 0 and total else None,
-            }
-            out.append(
-                _summarize(spec.name, results, makespan, None, engine, journal, fleet=cfg.fleet)
-            )
+            out.append(await _real_client(http, cfg, name, plans, model, prompts, where, progress))
     return out
+
+
+def replay(
+    jobs: Sequence[JobPlan],
+    endpoints: Sequence[str],
+    client: str = "agentrt:session",
+    *,
+    model: str | None = None,
+    prompts: Prompts | None = None,
+    journal: str | Path | None = None,
+    api: Literal["openai", "http"] = "openai",
+) -> ClientResult:
+    """Replay ``jobs`` of your own through one client against your servers (blocking).
+
+    What :func:`run_bench` does for each client with ``BenchConfig.endpoints``, for jobs
+    it does not make: each :class:`JobPlan` (from :func:`make_workload`, cut or reshaped,
+    or built from :class:`SessionPlan` and :class:`Call`) starts at its ``arrival_s``
+    after the start, in wall-clock time, against the OpenAI-compatible servers at
+    ``endpoints`` (replicas, or a router in front of them). Returns the client's
+    :class:`ClientResult`: JCTs, call latencies, failures, one row per job, and the
+    prefix-cache hit rate and load balance where the servers' ``/metrics`` count them
+    (vLLM's).
+
+    Args:
+        jobs: the jobs to replay.
+        endpoints: the servers' OpenAI base URLs (``http://host:8000/v1``).
+        client: the client spec, as ``BenchConfig.clients`` and ``agentrt bench
+            --clients`` take it (``plain``, ``agentrt:session``,
+            ``agentrt:config=FILE``, ...).
+        model: the model named in every call; None: the first the first server lists.
+        prompts: how a call's prompt blocks become text: ``Prompts("text")`` (the
+            default: words, for a real engine's tokenizer, each call's output held to
+            its planned length with ``ignore_eos``) or ``Prompts("sim")`` (the embedded
+            engine's block markers, exact token counts: ``agentrt sim serve``).
+        journal: a journal file the client appends one ``JobReport`` per job to.
+        api: ``openai`` (calls through the openai client, as agent code makes them) or
+            ``http`` (the same JSON over agentrt's HTTP client).
+
+    Raises:
+        ValueError: no endpoint, a malformed endpoint or client spec (before any
+            request).
+        agentrt.EndpointError: a server not reached, or without ``model`` one that
+            lists no model.
+    """
+    cfg = BenchConfig(
+        clients=(client,), endpoints=tuple(endpoints), model=model, api=api, stretch=False
+    )
+    if not cfg.endpoints:
+        raise ValueError("replay needs at least one endpoint (an OpenAI base URL)")
+    check_config(cfg)
+    path = Path(journal) if journal is not None else None
+    return anyio.run(_replay_one, cfg, list(jobs), prompts or Prompts("text"), path)
+
+
+async def _replay_one(
+    cfg: BenchConfig, plans: list[JobPlan], prompts: Prompts, journal: Path | None
+) -> ClientResult:
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        model = await _model(http, cfg.endpoints, cfg.model)
+        where = (journal, journal)
+        return await _real_client(
+            http, cfg, cfg.clients[0], plans, model, prompts, where, lambda label: None
+        )
 
 
 def check_config(cfg: BenchConfig) -> None:

@@ -1,5 +1,6 @@
-"""The command line of ``agentrt tune``: its arguments and what it runs (``_command``,
-imported when it runs)."""
+"""The command line of ``agentrt tune``: its arguments and what it runs
+(:func:`agentrt.tune.tune`, imported when it runs; the command prints its table and
+writes its file)."""
 
 from __future__ import annotations
 
@@ -148,7 +149,7 @@ def add_tune(command: Command) -> None:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from ._command import TuneOptions, tune
+    from . import tune
 
     for option, value in (
         ("--replicas", args.replicas),
@@ -164,9 +165,8 @@ def _tune(args: argparse.Namespace) -> int:
         raise CommandError(f"--sample must be at least 2 jobs, got {args.sample}")
     if args.out.is_dir():
         raise CommandError(f"--out {args.out} is a directory; give a file name")
-    opts = TuneOptions(
-        journals=tuple(args.journals),
-        out=args.out,
+    result = tune(
+        args.journals,
         endpoint=args.endpoint,
         model=args.model,
         preset=args.preset,
@@ -181,6 +181,12 @@ def _tune(args: argparse.Namespace) -> int:
         fleet=args.fleet,
         force=args.force,
         gateway=gateway_name(args.gateway),
+        progress=None,  # a bar on a terminal
+        echo=print,
     )
-    tune(opts)
+    for line in result.table():
+        print(line)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(result.to_toml())
+    print(f"best settings: {args.out}")
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import sys
 import textwrap
@@ -11,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..bench._fleet import FleetAssign
 from ..bench._parallel import Workers
@@ -20,7 +21,7 @@ from ._fit import Fit, from_journal, from_probe, read_cache_config
 from ._search import LOADS, Score, Setting, Twin, combine, neighbours, score
 from ._workload import JournalError, Observed, load, to_plans
 
-__all__: list[str] = []
+__all__ = ["TuneResult", "tune"]
 
 WIDTH = 80
 MIN_GAIN = 0.02
@@ -30,15 +31,14 @@ twin's calibration is no finer than that."""
 
 @dataclass(frozen=True, slots=True)
 class TuneOptions:
-    """What ``agentrt tune`` was asked."""
+    """What :func:`tune` was asked (its arguments, which say what each is)."""
 
     journals: Sequence[Path]
-    out: Path = Path("agentrt-tuned.toml")
     endpoint: str | None = None
     model: str | None = None
     preset: str = "h100-8b"
     replicas: int | None = None
-    sample: int = 200
+    sample: int = 150
     seeds: int = 3
     top: int = 3
     warmup: int | None = None
@@ -63,30 +63,177 @@ class TuneOptions:
     replicas, as the router the agents call through; None: straight to the replicas."""
 
 
+Confidence = Literal["high", "medium", "low"]
+
+
 @dataclass(frozen=True, slots=True)
 class TuneResult:
-    """The ranked settings (best first), the recorded one, and how it went."""
+    """What :func:`tune` found: the settings ranked by their predicted JCT (best first),
+    the ones the journals were recorded with, the one to apply (:attr:`chosen`), and how
+    the search went. :meth:`runtime_kwargs` gives the chosen settings as ``Runtime``
+    keyword arguments, :meth:`to_toml` as the settings file ``agentrt tune`` writes
+    (``Runtime(config=FILE)`` reads it), :meth:`table` as the table it prints."""
 
     ranked: list[Score]
+    """Every setting of the fine round, best (lowest score) first."""
     recorded: Setting
+    """The settings the journals were recorded with: every ratio is to theirs."""
     recorded_known: bool
+    """False where the journals did not say them (Runtime's defaults were assumed)."""
     fit: Fit
+    """How the embedded engine was calibrated."""
     jobs: int
+    """The jobs the journals hold (the workload replayed)."""
     sample: int
+    """Jobs per replayed window."""
     seeds: int
+    """Windows the finalists were replayed on."""
     replays: int
+    """Replays run in all."""
     wall_s: float
-    confidence: str
+    """Seconds the search took."""
+    confidence: Confidence
+    """How sure the pick is, from the spread of the scores over the windows: ``high``,
+    ``medium`` or ``low`` (always ``low`` over one window)."""
     capacity: str = ""
     """The twin's KV capacity per replica and where it came from (one line)."""
     fleet: int = 1
     """The processes each setting was replayed as (``BenchConfig.fleet``)."""
     fleet_source: str = "journal"
-    """Where :attr:`fleet` came from: ``journal`` (its runtimes) or ``--fleet``."""
+    """Where :attr:`fleet` came from: ``journal`` (its runtimes) or ``--fleet`` (the
+    ``fleet`` argument)."""
+    journals: tuple[Path, ...] = ()
+    """The journals tuned."""
+
+    @property
+    def chosen(self) -> Score | None:
+        """The settings to apply: the best, if its score beats the recorded settings' by
+        2% (the calibration is no finer), else the recorded ones; None when nothing was
+        ranked."""
+        if not self.ranked:
+            return None
+        best = self.ranked[0]
+        recorded = next((s for s in self.ranked if s.setting == self.recorded), None)
+        if recorded is not None and best.score > recorded.score * (1.0 - MIN_GAIN):
+            return recorded
+        return best
+
+    def runtime_kwargs(self) -> dict[str, Any]:
+        """The chosen settings as ``Runtime`` keyword arguments (``Runtime(urls,
+        **result.runtime_kwargs())``), as the twin replayed them (``poll_metrics_s``
+        beside ``concurrency="engine"``); Runtime's defaults where the chosen one is a
+        plain client (a bare client has no settings to apply)."""
+        best = self.chosen
+        setting = best.setting if best is not None else self.recorded
+        return (Setting() if setting.plain else setting).runtime_kwargs()
+
+    def to_toml(self) -> str:
+        """The chosen settings as the file ``agentrt tune`` writes: the keyword
+        arguments of :meth:`runtime_kwargs`, top-level keys, ``"none"`` for None (TOML
+        has no null; ``Runtime(config=FILE)`` reads it back), after comments saying
+        where they came from and what was predicted."""
+        return to_toml(self)
+
+    def table(self) -> list[str]:
+        """The ranked table ``agentrt tune`` prints, one string per line (80 columns)."""
+        return table(self)
 
 
-def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
-    """Run the whole tune (blocking); writes ``opts.out``."""
+def tune(
+    journals: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    endpoint: str | None = None,
+    model: str | None = None,
+    preset: str = "h100-8b",
+    replicas: int | None = None,
+    fleet: int | None = None,
+    gateway: str | None = None,
+    sample: int = 150,
+    seeds: int = 3,
+    top: int = 3,
+    warmup: int | None = None,
+    gpu_blocks: int | None = None,
+    host_blocks: int | None = None,
+    block_size: int | None = None,
+    workers: Workers = "auto",
+    force: bool = False,
+    progress: bool | None = False,
+    echo: Callable[[str], None] | None = None,
+) -> TuneResult:
+    """Pick the settings for the workload in ``journals``: what ``agentrt tune`` runs
+    (docs/tune.md), blocking, in virtual time on the embedded engine. It writes no
+    file: :meth:`TuneResult.to_toml` is the file's text.
+
+    The journals' jobs are replayed on the embedded engine calibrated to their own
+    latencies (or to a probe of ``endpoint``) under a grid of settings
+    (:data:`ROUTINGS`, :data:`POLICIES`, :data:`CONCURRENCY`, priorities, learned tool
+    waits), coarse to fine, at each of :data:`LOADS`, and ranked by predicted JCT
+    against the settings they were recorded with.
+
+    Args:
+        journals: journal files (JSON lines, as ``Runtime(journal=...)`` writes them):
+            one path or several, one workload.
+        endpoint: calibrate the engine by probing this idle OpenAI-compatible server
+            (and read its KV capacity from its ``/metrics``); None: from the journals'
+            latencies.
+        model: the model named in the probe's calls (None: the server's).
+        preset: the ``agentrt.sim.PRESETS`` engine calibrated, whose limits are kept.
+        replicas: the twin's replicas (None: the journals' endpoints).
+        fleet: the processes that will each run the settings (None: the journals'
+            runtimes that ran jobs at once).
+        gateway: a modelled router (``agentrt.sim.peers``) in front of the replicas,
+            which the agents call through.
+        sample: jobs per replayed window (at least 2).
+        seeds: windows the finalists are replayed on (their spread: the confidence).
+        top: coarse settings kept for the fine round.
+        warmup: jobs replayed before each window, not counted (None: a third of
+            ``sample``).
+        gpu_blocks: the twin's KV blocks per replica, in blocks of ``block_size``
+            tokens (vLLM's ``# GPU blocks``; None: ``endpoint``'s metrics, else the
+            preset's).
+        host_blocks: host-tier KV blocks per replica (same units; None: the preset's).
+        block_size: tokens per block of ``gpu_blocks`` and ``host_blocks`` (None: the
+            preset's).
+        workers: processes the replays run on (``"auto"``: one per core; 1: this
+            process; ``"ray"``).
+        force: tune journals shorter than one ``sample`` anyway (one window:
+            confidence low); without it they raise ValueError.
+        progress: count the replays on stderr: a bar where it is a terminal, else a
+            line every 10 s; None: the bar on a terminal, nothing elsewhere (the
+            command's default).
+        echo: called with the header the command prints before the replays (the
+            workload, the calibration, the fleet, the KV capacity).
+
+    Raises:
+        ValueError: a bad argument, or journals that cannot be tuned (unreadable,
+            without jobs, or shorter than ``sample`` without ``force``), in one line,
+            before any replay.
+    """
+    paths = [journals] if isinstance(journals, str | os.PathLike) else list(journals)
+    opts = TuneOptions(
+        journals=tuple(Path(p) for p in paths),
+        endpoint=endpoint,
+        model=model,
+        preset=preset,
+        replicas=replicas,
+        sample=sample,
+        seeds=seeds,
+        top=top,
+        warmup=warmup,
+        gpu_blocks=gpu_blocks,
+        host_blocks=host_blocks,
+        block_size=block_size,
+        workers=workers,
+        progress=progress,
+        force=force,
+        fleet=fleet,
+        gateway=gateway,
+    )
+    return run(opts, echo or (lambda line: None))
+
+
+def run(opts: TuneOptions, echo: Callable[[str], None]) -> TuneResult:
+    """Run the whole tune (blocking): :func:`tune`'s body."""
     if opts.preset not in PRESETS:
         raise ValueError(f"unknown preset {opts.preset!r}; known: {', '.join(PRESETS)}")
     if opts.sample < 2 or opts.seeds < 1 or opts.top < 1:
@@ -202,12 +349,8 @@ def tune(opts: TuneOptions, echo: Callable[[str], None] = print) -> TuneResult:
         capacity,
         fleet,
         "journal" if opts.fleet is None else "--fleet",
+        tuple(opts.journals),
     )
-    for line in table(result):
-        echo(line)
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    opts.out.write_text(to_toml(result, opts))
-    echo(f"best settings: {opts.out}")
     return result
 
 
@@ -386,7 +529,7 @@ def _fleet_line(opts: TuneOptions, observed: Observed, fleet: int) -> str:
     )
 
 
-def _confidence(ranked: list[Score], recorded: Setting) -> str:
+def _confidence(ranked: list[Score], recorded: Setting) -> Confidence:
     """How sure the pick is, from the spread of the scores over the samples: ``high``
     when the best beats the runner-up (or, when it is not the recorded settings, the
     recorded ones) in every sample, by more than twice the spread on average;
@@ -435,7 +578,7 @@ def table(result: TuneResult) -> list[str]:
         "the observed.",
         WIDTH,
     )
-    pick = chosen(result)
+    pick = result.chosen
     if best is not None and pick is not None:
         lines.append(f"best: {best.setting.label()}; confidence {result.confidence}")
         lines.append(
@@ -460,30 +603,14 @@ def _toml_value(value: object) -> str:
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def chosen(result: TuneResult) -> Score | None:
-    """The settings to apply: the best, if it beats the recorded ones by
-    :data:`MIN_GAIN`, else the recorded ones."""
-    if not result.ranked:
-        return None
-    best = result.ranked[0]
-    recorded = next((s for s in result.ranked if s.setting == result.recorded), None)
-    if recorded is not None and best.score > recorded.score * (1.0 - MIN_GAIN):
-        return recorded
-    return best
-
-
-def to_toml(result: TuneResult, opts: TuneOptions) -> str:
-    """The chosen settings as ``Runtime`` keyword arguments (docs/tune.md): top-level
-    keys only, ``"none"`` for None (TOML has no null; the loader reads it back), and
-    ``poll_metrics_s`` beside ``concurrency = "engine"``, as the twin replayed it."""
-    best = chosen(result)
-    setting = best.setting if best is not None else result.recorded
-    if setting.plain:  # a bare client cannot be configured: keep Runtime's defaults
-        setting = Setting()
+def to_toml(result: TuneResult) -> str:
+    """:meth:`TuneResult.to_toml`: ``poll_metrics_s`` beside ``concurrency =
+    "engine"``, as the twin replayed it."""
+    best = result.chosen
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# agentrt tune: the best settings found, as Runtime keyword arguments",
-        f"# {now}; journals: {', '.join(str(p) for p in opts.journals)}",
+        f"# {now}; journals: {', '.join(str(p) for p in result.journals)}",
         f"# recorded with: {result.recorded.label()}",
         f"# chosen for a fleet of {_processes(result.fleet)} each running these settings"
         f" (from {'the journal' if result.fleet_source == 'journal' else '--fleet'})",
@@ -497,7 +624,7 @@ def to_toml(result: TuneResult, opts: TuneOptions) -> str:
             f"# score {best.score:.3f} +/- {best.spread:.3f}; confidence {result.confidence}"
         )
     lines.append("")
-    for key, value in setting.runtime_kwargs().items():
+    for key, value in result.runtime_kwargs().items():
         if key == "poll_metrics_s":
             lines.append(
                 '# "engine" caps only while it polls the engines\' /metrics (as vLLM serves)'

@@ -26,7 +26,7 @@ from ..sim import EngineConfig
 from ..sim._cost import _nnls, prefill_pairs
 from ..telemetry._report import JobReport
 
-__all__: list[str] = []
+__all__ = ["Fit"]
 
 MIN_CALLS = 8
 """Fewer finished calls than this: the preset is used as it is."""
@@ -36,16 +36,22 @@ MAX_CALLS = 4000
 
 @dataclass(frozen=True, slots=True)
 class Fit:
-    """How the engine was calibrated."""
+    """How the engine was calibrated: the preset's costs scaled to the journals'
+    latencies, a probe of a server, or the preset as it is."""
 
     source: str
     """``journal``, ``probe`` or ``preset`` (too few calls to fit)."""
     prefill_scale: float
+    """The preset's prefill cost times this."""
     decode_scale: float
+    """The preset's decode cost times this."""
     overhead_s: float
+    """Seconds each call takes beyond its prefill and decode (the calibrated engine's
+    ``request_overhead_s``)."""
     error: float | None
     """Median relative error of the fit on the calls it kept."""
     calls: int
+    """The calls fitted to."""
 
 
 def _features(engine: EngineConfig, prompt: int, cached: int, output: int) -> tuple[float, float]:

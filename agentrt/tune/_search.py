@@ -36,17 +36,22 @@ from ..bench._runner import ALONE, BenchConfig, ClientRun, PartResult, replay_pa
 from ..sim import EngineConfig
 from ._workload import scale_arrivals, window
 
-__all__: list[str] = []
+__all__ = ["CONCURRENCY", "LOADS", "POLICIES", "ROUTINGS", "Score", "Setting"]
 
 ROUTINGS: tuple[str, ...] = ("session_affinity", "least_loaded", "round_robin")
+"""The routings tune tries (``Runtime(routing=...)``)."""
 POLICIES: tuple[str, ...] = ("fcfs", "plas", "mlfq")
+"""The scheduling policies tune tries (``Runtime(policy=...)``)."""
 Concurrency = int | Literal["auto", "engine"] | None
 CONCURRENCY: tuple[Concurrency, ...] = ("engine", "auto", 4)
-"""Per-endpoint limits tried. ``engine`` (Runtime's default: no client-side cap unless
-the engine's metrics show a queue) is the real adaptive cap: the twin's client polls the
-replicas' metrics every :data:`~agentrt.bench._drivers.ENGINE_POLL_S` seconds, and the
-file tune writes sets ``poll_metrics_s`` beside it (without polling it never caps)."""
+"""The per-endpoint concurrency limits tune tries (``Runtime(concurrency=...)``).
+``engine`` (Runtime's default: no client-side cap unless the engine's metrics show a
+queue) is the real adaptive cap: the twin's client polls the replicas' metrics every
+second (``poll_metrics_s``), and the file tune writes sets ``poll_metrics_s`` beside it
+(without polling it never caps)."""
 LOADS: tuple[float, ...] = (1.0, 1.5, 2.0)
+"""The loads every setting is replayed at, as multiples of the observed one (the
+journals' arrival gaps divided): the keys of :attr:`Score.p50` and :attr:`Score.p90`."""
 STRETCH_SLO = 2.0
 """Throughput is the highest load at which the p90 stretch stays at or below this."""
 
@@ -54,7 +59,9 @@ STRETCH_SLO = 2.0
 @dataclass(frozen=True, slots=True)
 class Setting:
     """One configuration of the grid, as ``Runtime`` keyword arguments (or ``plain``:
-    a bare client, when the journal was recorded with one)."""
+    a bare client, when the journal was recorded with one). ``Setting()`` is Runtime's
+    defaults over several endpoints (where ``concurrency="engine"`` polls the engines'
+    metrics and caps while one queues)."""
 
     routing: str = "session_affinity"
     policy: str = "fcfs"
@@ -207,8 +214,10 @@ class Score:
 
     setting: Setting
     p50: dict[float, float]
-    """Per load: JCT p50 over the recorded setting's (geometric mean over samples)."""
+    """Per load (:data:`LOADS`): JCT p50 over the recorded setting's (geometric mean
+    over samples)."""
     p90: dict[float, float]
+    """Per load: JCT p90 over the recorded setting's, likewise."""
     rate: float
     """Load (times the observed) it sustains at p90 stretch <= 2, over the recorded's."""
     rate_abs: float
@@ -218,6 +227,7 @@ class Score:
     spread: float
     """Standard deviation of the per-sample scores (0 with one sample)."""
     samples: list[float]
+    """The score in each window."""
 
 
 @dataclass(slots=True)

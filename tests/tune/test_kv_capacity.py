@@ -13,7 +13,8 @@ import pytest
 from agentrt.bench._runner import ClientRun, prepare, replay_part
 from agentrt.cli import main
 from agentrt.sim import PRESETS, serve_async
-from agentrt.tune._command import TuneOptions, kv_capacity, tune
+from agentrt.tune import tune
+from agentrt.tune._command import TuneOptions, kv_capacity
 from agentrt.tune._fit import parse_cache_config, read_cache_config
 from agentrt.tune._search import TwinConfig
 from tests.tune._helpers import record_journal
@@ -153,4 +154,4 @@ def test_bad_capacities_are_one_line(
 def test_bad_capacities_are_refused_before_the_journals_are_read(blocks: int) -> None:
     # (the journal does not exist: the capacity is refused first)
     with pytest.raises(ValueError, match="--gpu-blocks must be a whole number"):
-        tune(_opts(gpu_blocks=blocks))
+        tune("j.jsonl", gpu_blocks=blocks)

@@ -123,6 +123,40 @@ def test_tune_end_to_end_writes_runtime_arguments(
     assert rt._core.settings is not None and rt._core.settings["routing"] == settings["routing"]
 
 
+def test_tune_from_python_is_what_the_command_prints_and_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # agentrt.tune.tune: the command's one path; it returns the ranking and writes nothing.
+    from agentrt.tune import LOADS, TuneResult, tune
+
+    path = _record(tmp_path, "react", 6)
+    monkeypatch.chdir(tmp_path)
+    header: list[str] = []
+    result = tune(path, sample=4, seeds=2, top=1, workers=1, echo=header.append)
+    assert isinstance(result, TuneResult) and not list(tmp_path.glob("*.toml"))
+    assert header[0].startswith("agentrt tune: 6 jobs") and capsys.readouterr().out == ""
+    assert result.journals == (path,) and result.jobs == 6
+    scores = [s.score for s in result.ranked]
+    assert len(scores) >= 2 and scores == sorted(scores)  # best first
+    assert all(set(s.p50) == set(LOADS) == set(s.p90) for s in result.ranked)
+    pick = result.chosen
+    assert pick is not None and pick in result.ranked
+    assert Setting.of(result.runtime_kwargs()) == pick.setting
+    written = tomllib.loads(result.to_toml())
+    assert {k: None if v == "none" else v for k, v in written.items()} == result.runtime_kwargs()
+
+    # The command: the same header and table (but its timing), the same file's settings.
+    out = tmp_path / "tuned.toml"
+    args = ["tune", str(path), "--out", str(out), "--sample", "4", "--seeds", "2"]
+    assert main([*args, "--workers", "1", "--top", "1"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    said = "\n".join(header).splitlines()
+    assert printed[: len(said)] == said
+    assert printed[len(said) : -2] == result.table()[:-1]  # "N replays in S s" aside
+    assert printed[-1] == f"best settings: {out}"
+    assert tomllib.loads(out.read_text()) == written
+
+
 def test_a_plain_clients_journal_is_tuned_against_the_plain_client(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

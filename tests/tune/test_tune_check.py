@@ -13,7 +13,7 @@ import pytest
 
 from agentrt import Runtime
 from agentrt._settings import load_config
-from agentrt.tune._search import Setting
+from agentrt.tune import Setting
 
 ROOT = Path(__file__).resolve().parents[2]
 

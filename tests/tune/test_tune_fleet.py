@@ -19,8 +19,7 @@ from agentrt.bench._plan import JobPlan
 from agentrt.bench._runner import BenchConfig, ClientRun, PartResult, prepare
 from agentrt.cli import main
 from agentrt.sim import PRESETS
-from agentrt.tune import _search
-from agentrt.tune._command import TuneOptions, tune
+from agentrt.tune import _search, tune
 from agentrt.tune._search import Setting, Twin
 from agentrt.tune._workload import load, to_plans
 from tests.tune._helpers import record_journal
@@ -192,8 +191,8 @@ def test_tune_records_the_fleet_and_its_source(
 ) -> None:
     seen = _spy(monkeypatch)
     out = tmp_path / "tuned.toml"
-    opts = TuneOptions([fleet_journal], out=out, sample=4, seeds=1, top=1, workers=1)
-    result = tune(opts, echo=print)
+    result = tune([fleet_journal], sample=4, seeds=1, top=1, workers=1, echo=print)
+    out.write_text(result.to_toml())
     text = capsys.readouterr().out
     assert (result.fleet, result.fleet_source) == (K, "journal")
     assert f"fleet: {K} processes, each with the settings, from the journal" in text
@@ -252,9 +251,9 @@ def test_a_bad_fleet_is_one_line_before_any_replay(
 
 
 @pytest.mark.parametrize("value", [0, -1, True, 2.0])
-def test_tune_options_check_the_fleet(fleet_journal: Path, tmp_path: Path, value: Any) -> None:
+def test_tune_options_check_the_fleet(fleet_journal: Path, value: Any) -> None:
     with pytest.raises(ValueError, match="--fleet must be a whole number of processes >= 1"):
-        tune(TuneOptions([fleet_journal], out=tmp_path / "t.toml", fleet=value))
+        tune(fleet_journal, fleet=value)
 
 
 def test_plan_dealing_follows_each_jobs_worker() -> None:

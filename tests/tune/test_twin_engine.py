@@ -12,7 +12,7 @@ from agentrt.bench import ClientSpec
 from agentrt.bench._drivers import ENGINE_POLL_S
 from agentrt.bench._runner import ClientRun, prepare, replay_part
 from agentrt.sim import PRESETS
-from agentrt.tune._command import TuneOptions, TuneResult, to_toml
+from agentrt.tune import TuneResult
 from agentrt.tune._fit import Fit
 from agentrt.tune._search import Setting, TwinConfig
 from agentrt.tune._workload import runtime_defaults
@@ -80,9 +80,11 @@ def test_the_file_polls_beside_engine(tmp_path: Path) -> None:
     recorded = Setting(concurrency=None)
     ranked.append(Score(recorded, loads, loads, 1.0, 1.0, 1.0, 0.0, [1.0]))
     fit = Fit("journal", 1.0, 1.0, 0.0, None, 10)
-    result = TuneResult(ranked, recorded, True, fit, 10, 10, 1, 1, 1.0, "low")
+    result = TuneResult(
+        ranked, recorded, True, fit, 10, 10, 1, 1, 1.0, "low", journals=(tmp_path / "j.jsonl",)
+    )
     out = tmp_path / "tuned.toml"
-    out.write_text(to_toml(result, TuneOptions(journals=(tmp_path / "j.jsonl",), out=out)))
+    out.write_text(result.to_toml())
     rt = Runtime(["http://127.0.0.1:9/v1"], config=out)
     assert rt._core.settings is not None
     assert rt._core.settings["concurrency"] == "engine"

@@ -1,4 +1,5 @@
-"""Fit the ``coding`` workload's generator to the Claude Code traces.
+"""Fit the ``coding`` workload's generator to the Claude Code traces: a maintainer's tool,
+for when the traces or the generator change (not a benchmark: it measures nothing).
 
 Reads every ``trace_*.json.gz`` in the traces folder (default: ``$AGENTRT_TRACES`` or
 ``../shared/traces/claude-code``) and prints the statistics that
@@ -18,8 +19,8 @@ Each distribution is kept as its quantiles at ``QS``; the generator draws from t
 inverse transform (log-linear between the points, clamped to the 1st and 99th
 percentiles).
 
-    python -m benchmarks twin fit            # prints the fit
-    python -m benchmarks twin fit --check    # the shipped FIT agrees
+    python scripts/fit_coding_workload.py            # prints the fit
+    python scripts/fit_coding_workload.py --check    # the shipped FIT agrees
 """
 
 from __future__ import annotations
@@ -32,10 +33,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrt.bench import TraceOptions
+from agentrt.bench import TraceOptions, quantile
 from agentrt.bench._coding import FIT, QS, CodingFit, Quantiles
-
-from ._harness import quantile
 
 
 def quantiles(values: Sequence[float]) -> Quantiles:
@@ -150,14 +149,17 @@ def fit(directory: Path) -> CodingFit:
     )
 
 
-def add_args(parser: argparse.ArgumentParser) -> None:
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python scripts/fit_coding_workload.py",
+        description="Fit the coding workload's generator to the Claude Code traces and "
+        "print it as agentrt/bench/_coding.py's FIT.",
+    )
     parser.add_argument("--traces", type=Path, default=None, help="the traces folder")
     parser.add_argument(
         "--check", action="store_true", help="exit 1 unless the shipped FIT equals this fit"
     )
-
-
-def main(args: argparse.Namespace) -> int:
+    args = parser.parse_args(argv)
     fitted = fit(TraceOptions(directory=args.traces).folder())
     print(f"# {fitted.sessions} sessions; quantiles at {QS}")
     print(fitted.literal())
@@ -167,3 +169,7 @@ def main(args: argparse.Namespace) -> int:
             return 1
         print("the shipped FIT matches", file=sys.stderr)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
