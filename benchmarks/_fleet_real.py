@@ -43,7 +43,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ._harness import ROOT, add_run_args, again, quantile, write_result
+from ._harness import ROOT, add_run_args, again, plain_clients, quantile, write_result
 
 CLIENTS = ("plain", "defaults", "hash")
 WORDS = (
@@ -109,22 +109,12 @@ async def _no_tool(_: float) -> AsyncIterator[None]:
 
 async def _plain_jobs(spec: dict[str, Any], run: Callable[..., Awaitable[None]]) -> dict[str, int]:
     import httpx
-    import openai
 
     urls = spec["urls"]
     start = random.Random(os.urandom(8)).randrange(len(urls))
     order = itertools.cycle([(start + i) % len(urls) for i in range(len(urls))])
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0)) as http:
-        clients = [
-            openai.AsyncOpenAI(
-                base_url=u,
-                api_key="x",
-                # legacy httpx: openai 3.x types http_client as httpx2's, and accepts it
-                http_client=http,  # type: ignore[arg-type,unused-ignore]
-                max_retries=0,
-            )
-            for u in urls
-        ]
+        clients = plain_clients(urls, http)
 
         async def job(plan: dict[str, Any]) -> dict[str, Any]:
             calls: list[list[int]] = []

@@ -184,3 +184,20 @@ def intervals(
     from agentrt.bench import bootstrap_interval
 
     return bootstrap_interval(values, qs, resamples, random.Random(seed))
+
+
+def plain_clients(urls: Sequence[str], http: Any) -> list[Any]:
+    """The plain baseline: one bare ``openai.AsyncOpenAI`` per replica URL, on the caller's
+    (legacy httpx) client, no retries: what agent code without agentrt uses."""
+    import openai
+
+    return [
+        openai.AsyncOpenAI(
+            base_url=u,
+            api_key="x",
+            # legacy httpx: openai 3.x types http_client as httpx2's, and accepts it
+            http_client=http,  # type: ignore[arg-type,unused-ignore]
+            max_retries=0,
+        )
+        for u in urls
+    ]

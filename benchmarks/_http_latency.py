@@ -43,7 +43,7 @@ import openai
 
 import agentrt
 
-from ._harness import add_run_args, interleaved, quantile, write_result
+from ._harness import add_run_args, interleaved, plain_clients, quantile, write_result
 
 SESSIONS = 8
 TURNS = 12
@@ -153,16 +153,7 @@ async def measure(args: argparse.Namespace, server: subprocess.Popen[bytes], ori
         http = await stack.enter_async_context(
             httpx.AsyncClient(limits=httpx.Limits(max_connections=None), timeout=60)
         )
-        plain = [
-            openai.AsyncOpenAI(
-                base_url=u,
-                api_key="x",
-                # legacy httpx: openai 3.x types http_client as httpx2's, and accepts it
-                http_client=http,  # type: ignore[arg-type,unused-ignore]
-                max_retries=0,
-            )
-            for u in urls
-        ]
+        plain = plain_clients(urls, http)
         rts = {}
         for routing, declare in (
             ("round_robin", True),

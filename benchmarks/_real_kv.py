@@ -68,14 +68,13 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import httpx
-import openai
 from openai.types.chat import ChatCompletionMessageParam
 
 import agentrt
 from agentrt.telemetry import Event, SessionMoved
 from agentrt.testing.vllm_cpu import SETUP_MESSAGE, ReplicaServer, ReplicaSpec, find_engine, launch
 
-from ._harness import add_run_args, quantile, write_result
+from ._harness import add_run_args, plain_clients, quantile, write_result
 
 WORDS = (
     "agent tool call session prefix cache token engine queue batch priority schedule latency "
@@ -344,16 +343,7 @@ async def run_plain(
     workload = Workload(shape)
     body = _body(shape)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0)) as http:
-        clients = [
-            openai.AsyncOpenAI(
-                base_url=u,
-                api_key="x",
-                # legacy httpx: openai 3.x types http_client as httpx2's, and accepts it
-                http_client=http,  # type: ignore[arg-type,unused-ignore]
-                max_retries=0,
-            )
-            for u in urls
-        ]
+        clients = plain_clients(urls, http)
         turn = itertools.cycle(range(len(urls)))
 
         async def ask(messages: list[ChatCompletionMessageParam]) -> tuple[str, CallRecord]:
