@@ -20,7 +20,8 @@ learned) and when it ends, and it sends every resume. :class:`Gate` uses them:
 * **Resume order**: a held session whose context is still resident there first (it is
   cheap to resume), then the longest held. A session held past half of ``max_hold_s``
   reserves its replica (nobody else is admitted there before it: large sessions do not
-  starve behind small ones), and one held ``max_hold_s`` goes on whatever the room (a
+  starve behind small ones; one with no healthy home, the replica with the most room
+  then, and only that one), and one held ``max_hold_s`` goes on whatever the room (a
   forced admission). No session waits past the bound.
 * **Where**: a session resumes on its own replica, unless that replica is down, or its
   context is no longer resident there and another replica has room (nothing is lost).
