@@ -55,6 +55,12 @@ ANY: Final = -1
 
 _FULL: Final = -2
 
+_SLACK: Final = 1e-6
+"""A held session reaches the bound this close to it (seconds): the timer sleeps until
+``since + max_hold_s``, and the clock it wakes to may read a rounding below that (where
+``now - since`` fell one unit short of the bound, the timer slept 0 s again and again at
+a clock that never moved: a virtual clock's replay spun there)."""
+
 
 @dataclass(frozen=True, slots=True)
 class LoadControl:
@@ -342,6 +348,7 @@ class Gate:
                     self._timer = w
                 if self._timer is w:
                     # Until the next tick, or the oldest held session's bound if sooner.
+                    # (Past a look, nobody is within _SLACK of it: the sleep moves the clock.)
                     due = self._waiters[0].since + bound - self._clock()
                     with anyio.move_on_after(max(min(tick, due), 0.0)):
                         await w.event.wait()
@@ -434,7 +441,7 @@ class Gate:
         bound, or half of it without a replica reserved yet (:meth:`_targets`)."""
         bound = self.settings.max_hold_s
         waiters = self._waiters
-        if now - waiters[0].since >= bound:
+        if now >= waiters[0].since + bound - _SLACK:
             return True
         half = bound / 2
         for w in waiters:  # the longest held first
@@ -459,7 +466,7 @@ class Gate:
         for w in waiters:
             self._still_resident(w)
         self._targets(now, rooms, up)
-        if now - waiters[0].since < bound and not self._any_fits(waiters, rooms, up):
+        if now < waiters[0].since + bound - _SLACK and not self._any_fits(waiters, rooms, up):
             return  # nothing is due and nothing fits: the common case when full
         half = bound / 2
         reserved: set[int] = set()
@@ -468,7 +475,7 @@ class Gate:
             waited = now - w.since
             home = w.home
             index = self._place(home, w.tokens, rooms, reserved, up, not w.resident)
-            if index == _FULL and waited >= bound:
+            if index == _FULL and now >= w.since + bound - _SLACK:
                 w.forced = True
                 if home is not None and up[home]:
                     index = home

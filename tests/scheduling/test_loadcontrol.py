@@ -237,6 +237,55 @@ async def test_the_timer_looks_again_only_once_something_changed() -> None:
     assert got == [0] and g.looks == before + 1
 
 
+class _Spinning(RuntimeError):
+    pass
+
+
+class _Bounded(Gate):
+    """A gate that stops a replay whose timer looks too often (it would spin forever)."""
+
+    __slots__ = ("looks",)
+
+    def _count(self) -> None:
+        self.looks = getattr(self, "looks", 0) + 1
+        if self.looks > 1000:
+            raise _Spinning
+
+    def _look(self, now: float) -> None:
+        self._count()
+        super()._look(now)
+
+    def _dispatch(self, now: float, *args: object) -> None:
+        self._count()
+        super()._dispatch(now, *args)  # type: ignore[arg-type]
+
+
+def test_the_bound_is_reached_where_the_clock_rounds_below_it() -> None:
+    # In virtual time, held from 1019.6758356529996 with a 300 s bound, the timer wakes at
+    # 1319.6758356529995: since + bound - now is 0.0, yet now - since is one unit short
+    # of 300. The timer then slept 0 s again and again at a clock that never moved (a
+    # replay at N = 96 spun there for minutes).
+    from agentrt.bench._clock import VirtualTimeLoop
+
+    since = 1019.6758356529996
+    assert since + 300.0 - 1319.6758356529995 == 0.0 and 1319.6758356529995 - since < 300.0
+    got: list[tuple[int, bool]] = []
+
+    async def main() -> None:
+        kv = KvShadow(1000)
+        running(kv, "a", 900)
+        running(kv, "b", 900)
+        settings = LoadControl(max_hold_s=300.0, watermark=1.0, tick_s=1.0)
+        g = _Bounded([kv], lambda i: True, settings, anyio.current_time)
+        await anyio.sleep(since - anyio.current_time())
+        assert anyio.current_time() == since
+        grant = await g.admit("b", 0, 900)
+        got.append((grant.replica, grant.forced))
+
+    anyio.run(main, backend_options={"loop_factory": VirtualTimeLoop})
+    assert got == [(0, True)]
+
+
 async def test_a_cancelled_hold_leaves_no_waiter() -> None:
     g, (kv,) = gate(1000)
     running(kv, "a", 900)
