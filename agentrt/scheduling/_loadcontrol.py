@@ -20,7 +20,8 @@ learned) and when it ends, and it sends every resume. :class:`Gate` uses them:
 * **Resume order**: a held session whose context is still resident there first (it is
   cheap to resume), then the longest held. A session held past half of ``max_hold_s``
   reserves its replica (nobody else is admitted there before it: large sessions do not
-  starve behind small ones), and one held ``max_hold_s`` goes on whatever the room (a
+  starve behind small ones; one with no healthy home, the replica with the most room
+  then, and only that one), and one held ``max_hold_s`` goes on whatever the room (a
   forced admission). No session waits past the bound.
 * **Where**: a session resumes on its own replica, unless that replica is down, or its
   context is no longer resident there and another replica has room (nothing is lost).
@@ -53,6 +54,12 @@ ANY: Final = -1
 """A grant that names no replica: no capacity is known, the router chooses."""
 
 _FULL: Final = -2
+
+_SLACK: Final = 1e-6
+"""A held session reaches the bound this close to it (seconds): the timer sleeps until
+``since + max_hold_s``, and the clock it wakes to may read a rounding below that (where
+``now - since`` fell one unit short of the bound, the timer slept 0 s again and again at
+a clock that never moved: a virtual clock's replay spun there)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +143,12 @@ class _Waiter:
     resident: bool = True
     """Its context may still be resident at home (once found gone, it stays gone while
     it is held: held, it touches nothing)."""
+    checked: tuple[int, int] | None = None
+    """Its home's (version, events) when :attr:`resident` was last worked out: it is
+    worked out again only once they change."""
+    target: int | None = None
+    """Held past half the bound without a home to wait for (a first turn, or its home
+    down): the replica it reserves, the one with the most room when it got there."""
 
 
 class Gate:
@@ -147,9 +160,27 @@ class Gate:
     Held sessions look for room whenever something frees some (:meth:`changed`: a call
     ended, a session ended); besides, one of them (the *timer*) wakes every ``tick_s``
     to look for all of them and to apply the bound, so that a thousand held sessions
-    cost one timeout, not a thousand."""
+    cost one timeout, not a thousand.
 
-    __slots__ = ("_clock", "_healthy", "_shadows", "_timer", "_waiters", "settings", "stats")
+    A look (a *pass* over the held sessions) runs only where it may tell something new:
+    something it reads changed since the last one (a replica's working set, health,
+    capacity, host tier or the engine's figures; a held session left), or a held
+    session reached the bound, or half of it without a replica reserved yet. With
+    nothing changed, a later look cannot admit what an earlier one did not: the room
+    only shrinks as sleeping sessions near their wake, and reservations only grow."""
+
+    __slots__ = (
+        "_clock",
+        "_dirty",
+        "_healthy",
+        "_passes",
+        "_seen",
+        "_shadows",
+        "_timer",
+        "_waiters",
+        "settings",
+        "stats",
+    )
 
     def __init__(
         self,
@@ -163,8 +194,15 @@ class Gate:
         self.settings = settings
         self._clock = clock
         self._waiters: list[_Waiter] = []
+        """The held sessions, the longest held first (appended as they come)."""
         self._timer: _Waiter | None = None
         self.stats = LoadStatistics()
+        self._seen: tuple[object, ...] | None = None
+        """What the last pass read (:meth:`_inputs`), taken as it began."""
+        self._dirty = True
+        """The held sessions changed (one left) since the last pass."""
+        self._passes = 0
+        """Passes over the held sessions so far (the tests count them)."""
 
     # ------------------------------------------------------------ the room
 
@@ -186,31 +224,38 @@ class Gate:
             out.append((room, demand <= 0.0))
         return out
 
+    def _up(self) -> list[bool]:
+        """Each replica's health, read once for a pass."""
+        return [self._healthy(i) for i in range(len(self._shadows))]
+
     def _place(
         self,
         home: int | None,
         tokens: int,
         rooms: list[tuple[float, bool] | None],
         reserved: set[int],
+        up: list[bool],
         movable: bool = False,
     ) -> int:
         """Where a session of ``tokens`` may go now: its home if it fits there; a new
         (or homeless) session, or one ``movable`` (its context no longer resident at
-        home: nothing is lost by moving), the healthy replica with the most room where
-        it fits, :data:`ANY` where some capacity is unknown; else ``_FULL``."""
-        if home is not None and self._healthy(home):
+        home: nothing is lost by moving), the healthy replica (``up``) with the most
+        room where it fits, :data:`ANY` where some capacity is unknown; else
+        ``_FULL``."""
+        home_up = home is not None and up[home]
+        if home_up:
+            assert home is not None
             room = rooms[home]
             if home not in reserved and (room is None or room[1] or room[0] >= tokens):
                 return home
             if not movable:
                 return _FULL
-        n = len(rooms)
-        healthy = [i for i in range(n) if self._healthy(i)] or list(range(n))
+        healthy = range(len(rooms)) if True not in up else (i for i, ok in enumerate(up) if ok)
         best, most = _FULL, -math.inf
         for i in healthy:
             room = rooms[i]
             if room is None:
-                return ANY if home is None or not self._healthy(home) else _FULL
+                return ANY if not home_up else _FULL
             if i in reserved or i == home:
                 continue
             if (room[1] or room[0] >= tokens) and room[0] > most:
@@ -230,6 +275,43 @@ class Gate:
         resident = shadow.resident(session_id)
         return resident is not None and 2 * resident >= shadow.context(session_id) > 0
 
+    def _still_resident(self, w: _Waiter) -> bool:
+        """Whether the held session's context may still be resident at home: worked out
+        again only where its home changed since it last was (the answer reads nothing
+        else)."""
+        home = w.home
+        if not w.resident or home is None:
+            w.resident = False
+            return False
+        shadow = self._shadows[home]
+        exact = shadow.exact
+        key = (shadow.version, -1 if exact is None else exact.events)
+        if key != w.checked:
+            w.checked = key
+            w.resident = self._resident(w.session_id, home)
+        return w.resident
+
+    def _inputs(self) -> tuple[object, ...]:
+        """What a pass reads besides the time and the held sessions: each replica's
+        working set (its version and its engine's events), health, capacity, host tier
+        and the engine's figures."""
+        out: list[object] = []
+        healthy = self._healthy
+        for i, shadow in enumerate(self._shadows):
+            exact = shadow.exact
+            out.append(
+                (
+                    shadow.version,
+                    -1 if exact is None else exact.events,
+                    healthy(i),
+                    shadow.capacity,
+                    shadow.host_tokens,
+                    shadow.engine_used,
+                    shadow.shared_at,
+                )
+            )
+        return tuple(out)
+
     # ------------------------------------------------------------ admission
 
     async def admit(self, session_id: str, home: int | None, tokens: int) -> Grant:
@@ -243,9 +325,10 @@ class Gate:
         # A running session's resume goes on where it fits; a new session queues behind
         # the held ones (they came first).
         if home is not None or not self._waiters:
+            up = self._up()
             rooms = self._rooms(now, session_id)
             movable = home is not None and not self._resident(session_id, home)
-            index = self._place(home, tokens, rooms, self._reserved(now), movable)
+            index = self._place(home, tokens, rooms, self._reserved(now, up), up, movable)
             if index != _FULL:
                 self._grant(session_id, index, tokens)
                 return Grant(index, 0.0, False)
@@ -253,22 +336,24 @@ class Gate:
         if home is not None:
             self._shadows[home].hold(session_id)
         self._waiters.append(w)
+        self._dirty = True
         stats = self.stats
         stats.holds += 1
         stats.held_now += 1
         tick, bound = self.settings.tick_s, self.settings.max_hold_s
         try:
-            self._dispatch(now)  # its leaving may make room for a resident one
+            self._look(now)  # its leaving may make room for a resident one
             while w.index == _FULL:
                 if self._timer is None:
                     self._timer = w
                 if self._timer is w:
                     # Until the next tick, or the oldest held session's bound if sooner.
-                    due = min(x.since for x in self._waiters) + bound - self._clock()
+                    # (Past a look, nobody is within _SLACK of it: the sleep moves the clock.)
+                    due = self._waiters[0].since + bound - self._clock()
                     with anyio.move_on_after(max(min(tick, due), 0.0)):
                         await w.event.wait()
                     if w.index == _FULL:
-                        self._dispatch(self._clock())
+                        self._look(self._clock())
                 else:
                     await w.event.wait()
                 if w.index == _FULL:
@@ -277,6 +362,7 @@ class Gate:
             stats.held_now -= 1
             if w.index == _FULL:  # cancelled while held
                 self._waiters.remove(w)
+                self._dirty = True  # its reservation, if any, is gone
             if self._timer is w:
                 self._timer = None
                 if self._waiters:  # the next one keeps time
@@ -292,58 +378,117 @@ class Gate:
         if index >= 0:
             self._shadows[index].admit(session_id, tokens)
 
-    def _reserved(self, now: float) -> set[int]:
-        """Replicas reserved for sessions held past half the bound."""
+    def _reserved(self, now: float, up: list[bool]) -> set[int]:
+        """Replicas reserved for sessions held past half the bound: each its home, or,
+        without a healthy home, its target (:meth:`_targets`)."""
         half = self.settings.max_hold_s / 2
         out: set[int] = set()
-        for w in self._waiters:
-            if now - w.since >= half:
-                if w.home is not None and self._healthy(w.home):
-                    out.add(w.home)
-                else:
-                    out.update(range(len(self._shadows)))
+        rooms: list[tuple[float, bool] | None] | None = None
+        for w in self._waiters:  # the longest held first
+            if now - w.since < half:
+                break
+            if w.home is not None and up[w.home]:
+                out.add(w.home)
+                continue
+            if rooms is None:
+                rooms = self._rooms(now)
+                self._targets(now, rooms, up)
+            if w.target is not None:
+                out.add(w.target)
         return out
+
+    def _targets(self, now: float, rooms: list[tuple[float, bool] | None], up: list[bool]) -> None:
+        """Give each session held past half the bound without a healthy home to wait for
+        (a first turn, or its home down) the replica it reserves, where it has none yet
+        (or that one is down): the healthy one with the most room, another's target
+        left out where another is left; kept while it stays healthy."""
+        half = self.settings.max_hold_s / 2
+        healthy = [i for i, ok in enumerate(up) if ok] or list(range(len(up)))
+        taken: set[int] = set()
+        pending: list[_Waiter] = []
+        for w in self._waiters:  # the longest held first
+            if now - w.since < half:
+                break
+            if w.home is not None and up[w.home]:
+                continue
+            if w.target is not None and up[w.target]:
+                taken.add(w.target)
+            else:
+                pending.append(w)
+        for w in pending:
+            free = [i for i in healthy if i not in taken] or healthy
+            w.target = max(free, key=lambda i: _room(rooms[i]))
+            taken.add(w.target)
 
     def changed(self) -> None:
         """Something freed room (a call ended, a session ended or moved): the held
         sessions that now fit go on."""
         if self._waiters:
-            self._dispatch(self._clock())
+            self._look(self._clock())
 
-    def _dispatch(self, now: float) -> None:
+    def _look(self, now: float) -> None:
+        """A pass over the held sessions, where it may tell something new (the class
+        docstring): else it is skipped, its outcome known (nobody goes on)."""
+        waiters = self._waiters
+        if not waiters:
+            return
+        inputs = self._inputs()
+        if self._dirty or inputs != self._seen or self._due(now):
+            self._dispatch(now, inputs)
+
+    def _due(self, now: float) -> bool:
+        """Whether time alone may change a pass's outcome: a held session reached the
+        bound, or half of it without a replica reserved yet (:meth:`_targets`)."""
+        bound = self.settings.max_hold_s
+        waiters = self._waiters
+        if now >= waiters[0].since + bound - _SLACK:
+            return True
+        half = bound / 2
+        for w in waiters:  # the longest held first
+            if now - w.since < half:
+                break
+            if w.target is None and (w.home is None or not self._healthy(w.home)):
+                return True
+        return False
+
+    def _dispatch(self, now: float, inputs: tuple[object, ...] | None = None) -> None:
         """Grant the held sessions that fit now (resident ones first, then the longest
         held), and those held ``max_hold_s`` whatever the room."""
         waiters = self._waiters
         if not waiters:
             return
+        self._passes += 1
+        self._seen = self._inputs() if inputs is None else inputs
+        self._dirty = False
+        up = self._up()
         bound = self.settings.max_hold_s
         rooms = self._rooms(now)
         for w in waiters:
-            if w.resident:
-                w.resident = self._resident(w.session_id, w.home)
-        if now - min(w.since for w in waiters) < bound and not self._any_fits(waiters, rooms):
+            self._still_resident(w)
+        self._targets(now, rooms, up)
+        if now < waiters[0].since + bound - _SLACK and not self._any_fits(waiters, rooms, up):
             return  # nothing is due and nothing fits: the common case when full
         half = bound / 2
         reserved: set[int] = set()
         order = sorted(waiters, key=lambda w: (not w.resident, w.since))
         for w in order:
             waited = now - w.since
-            index = self._place(w.home, w.tokens, rooms, reserved, not w.resident)
-            if index == _FULL and waited >= bound:
+            home = w.home
+            index = self._place(home, w.tokens, rooms, reserved, up, not w.resident)
+            if index == _FULL and now >= w.since + bound - _SLACK:
                 w.forced = True
-                home = w.home
-                if home is not None and self._healthy(home):
+                if home is not None and up[home]:
                     index = home
                 else:
-                    index = self._place(None, 0, rooms, set())
+                    index = self._place(None, 0, rooms, set(), up)
                     if index == _FULL:
                         index = ANY
             if index == _FULL:
                 if waited >= half:  # nobody else is admitted where it waits
-                    if w.home is not None and self._healthy(w.home):
-                        reserved.add(w.home)
-                    else:
-                        reserved.update(range(len(rooms)))
+                    if home is not None and up[home]:
+                        reserved.add(home)
+                    elif w.target is not None:  # only the replica it would take
+                        reserved.add(w.target)
                 continue
             waiters.remove(w)
             w.index = index
@@ -353,18 +498,20 @@ class Gate:
                 rooms[index] = (room[0] - w.tokens, False)
             w.event.set()
 
-    def _any_fits(self, waiters: list[_Waiter], rooms: list[tuple[float, bool] | None]) -> bool:
+    def _any_fits(
+        self, waiters: list[_Waiter], rooms: list[tuple[float, bool] | None], up: list[bool]
+    ) -> bool:
         """Whether some held session may fit somewhere now (a quick look, reservations
         aside)."""
         widest = -math.inf
         for i, room in enumerate(rooms):
             if room is None or room[1]:
                 return True
-            if self._healthy(i):
+            if up[i]:
                 widest = max(widest, room[0])
         for w in waiters:
             home = w.home
-            if home is not None and self._healthy(home):
+            if home is not None and up[home]:
                 room = rooms[home]
                 if room is not None and room[0] >= w.tokens:
                     return True
@@ -378,3 +525,8 @@ class Gate:
     def held(self) -> int:
         """Sessions held now."""
         return len(self._waiters)
+
+
+def _room(room: tuple[float, bool] | None) -> float:
+    """A replica's room as a number (unknown capacity: unbounded)."""
+    return math.inf if room is None else room[0]

@@ -95,10 +95,12 @@ class WorkingSet:
     """
 
     __slots__ = (
+        "_demand",
         "_given",
         "_learned",
         "_seq",
         "_sessions",
+        "_version",
         "capacity",
         "engine_used",
         "evictions",
@@ -136,6 +138,13 @@ class WorkingSet:
         self._learned: float | None = None
         self._sessions: dict[str, _Footprint] = {}
         self._seq = 0
+        self._version = 0
+        """Bumped on every change of the sessions or the learned capacity
+        (:attr:`version`)."""
+        self._demand: tuple[int, float, float] | None = None
+        """(version, since, demand): :meth:`demand` with nobody left out, kept while
+        nothing changes from ``since`` on (only where no live session weighs in part:
+        then later times give the same figure)."""
         self.evictions = 0
         """Resumed turns that found part of their context evicted here."""
         self.exact: KvLedger | None = None
@@ -197,6 +206,15 @@ class WorkingSet:
         return None if seen is None else float(seen)
 
     @property
+    def version(self) -> int:
+        """A number that changes whenever the shadow does (a session started, admitted,
+        held, finished or left; the learned capacity moved): with the same version and
+        the same figures from outside (capacity, host tier, the engine's), what it says
+        of its sessions only changes with the time (load control skips a look that
+        cannot tell anything new)."""
+        return self._version
+
+    @property
     def sessions(self) -> int:
         """Sessions in the working set (live, placed here)."""
         return len(self._sessions)
@@ -225,8 +243,18 @@ class WorkingSet:
         """Tokens the live sessions here will want cached soon: each session's context
         weighted by how soon it sends (module docstring); sessions held by load control
         and ``exclude`` left out."""
+        cached = self._demand
+        if cached is not None and cached[0] == self._version and now >= cached[1]:
+            # Nothing changed and every live session weighed fully then: it still does
+            # (a session due by then stays due), and the figure is a sum of integers, so
+            # leaving one out is exact.
+            f = None if exclude is None else self._sessions.get(exclude)
+            if f is None or f.held:
+                return cached[2]
+            return cached[2] - f.tokens
         horizon = self.horizon_s
         total = 0.0
+        partial = False
         for sid, f in self._sessions.items():
             if f.held or sid == exclude:
                 continue
@@ -235,6 +263,9 @@ class WorkingSet:
                 total += f.tokens
             else:
                 total += f.tokens * horizon / (wake - now)
+                partial = True
+        if exclude is None and not partial:
+            self._demand = (self._version, now, total)
         return total
 
     def context(self, session_id: str) -> int:
@@ -284,9 +315,13 @@ class WorkingSet:
         self._seq += 1
         return self._seq
 
+    def _changed(self) -> None:
+        self._version += 1
+
     def start(self, session_id: str, tokens: int) -> None:
         """A call of the session was sent here: its context (at least ``tokens``) is
         touched and in use."""
+        self._changed()
         if self.exact is not None:
             self.exact.started(session_id)
         f = self._sessions.get(session_id)
@@ -303,6 +338,7 @@ class WorkingSet:
         (at least ``tokens``) counts in the demand, as if in flight, so that nobody else
         takes its room. Not a touch: :meth:`start` touches it when the call is sent (its
         stack distance, measured then, stays the one since its previous call)."""
+        self._changed()
         f = self._sessions.get(session_id)
         if f is None:
             self._sessions[session_id] = _Footprint(tokens, self._tick(), None, True)
@@ -315,6 +351,7 @@ class WorkingSet:
         """Load control suspended the session at its tool boundary: its context counts in
         no demand here until its next call starts (it ages out of the cache as others
         run; :meth:`resident` tells how much is left)."""
+        self._changed()
         f = self._sessions.get(session_id)
         if f is not None:
             f.held = True
@@ -328,6 +365,7 @@ class WorkingSet:
     def finish(self, session_id: str, tokens: int | None, wake_at: float | None) -> None:
         """The session's call here ended: it holds ``tokens`` of context (None: as
         before) and will send again at ``wake_at`` (None: unknown)."""
+        self._changed()
         if self.exact is not None:
             self.exact.finished(session_id)
         f = self._sessions.get(session_id)
@@ -341,6 +379,7 @@ class WorkingSet:
 
     def leave(self, session_id: str) -> None:
         """The session ended, or moved away: its context counts here no more."""
+        self._changed()
         self._sessions.pop(session_id, None)
         if self.exact is not None:
             self.exact.forget(session_id)
@@ -363,6 +402,7 @@ class WorkingSet:
         client's view is")."""
         if previous < _MIN_CONTEXT or distance <= 0 or self.exact is not None:
             return  # with the engine's events, evictions are seen, not inferred
+        self._changed()
         if prompt is not None and 2 * prompt < previous:
             return
         estimate = self.capacity_tokens
@@ -385,6 +425,7 @@ class WorkingSet:
         capacity is known: one given as a setting wins over the engine's)."""
         if tokens <= 0:
             return
+        self._changed()
         self.capacity = tokens
         self._given = source
         if self._learned is not None and self._learned >= tokens:

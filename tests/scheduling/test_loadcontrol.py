@@ -178,6 +178,114 @@ async def test_a_session_held_past_half_the_bound_reserves_its_replica() -> None
     assert g.stats.forced >= 1
 
 
+async def test_a_first_turn_held_past_half_the_bound_reserves_only_one_replica() -> None:
+    # A session with no home to wait for reserves the replica it would take (the one
+    # with the most room), not every replica: sessions elsewhere go on meanwhile.
+    g, (k0, k1) = gate(1000, 1000, max_hold_s=2.0)
+    running(k0, "a", 800)  # 200 of room: the most
+    running(k1, "b", 900)
+    running(k1, "c", 50)
+    got: list[tuple[int, float, bool]] = []
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(g.admit, "new", None, 500)
+            await anyio.sleep(1.1)  # past half the bound: it fits nowhere
+            assert g.held == 1
+            with anyio.move_on_after(0.5):
+                got.append(tuple(await g.admit("c", 1, 50)))  # fits on replica 1
+            assert got == [(1, 0.0, False)]  # at once: replica 1 is not reserved
+            assert g._reserved(anyio.current_time(), [True, True]) == {0}
+            tg.cancel_scope.cancel()
+
+
+class _Counting(Gate):
+    """A gate that counts its passes over the held sessions."""
+
+    __slots__ = ("looks",)
+
+    def _dispatch(self, now: float, *args: object) -> None:
+        self.looks = getattr(self, "looks", 0) + 1
+        super()._dispatch(now, *args)  # type: ignore[arg-type]
+
+
+async def test_the_timer_looks_again_only_once_something_changed() -> None:
+    shadows = [WorkingSet(1000), WorkingSet(1000)]
+    settings = LoadControl(max_hold_s=60.0, watermark=1.0, tick_s=0.01)
+    g = _Counting(shadows, lambda i: True, settings, anyio.current_time)
+    kv = shadows[0]
+    running(kv, "a", 600)
+    running(kv, "b", 600)
+    running(shadows[1], "x", 900)
+    got: list[int] = []
+
+    async def resume_b() -> None:
+        got.append((await g.admit("b", 0, 600)).replica)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(resume_b)
+            await anyio.sleep(0.05)
+            assert g.held == 1
+            before = g.looks
+            await anyio.sleep(0.2)  # twenty ticks, nothing changed
+            assert g.looks == before
+            g.changed()  # told of a change that is none: no look either
+            assert g.looks == before
+            kv.host_tokens = 1200  # a figure from outside, no call to changed()
+            await anyio.sleep(0.05)  # the next tick sees it
+    assert got == [0] and g.looks == before + 1
+
+
+class _Spinning(RuntimeError):
+    pass
+
+
+class _Bounded(Gate):
+    """A gate that stops a replay whose timer looks too often (it would spin forever)."""
+
+    __slots__ = ("looks",)
+
+    def _count(self) -> None:
+        self.looks = getattr(self, "looks", 0) + 1
+        if self.looks > 1000:
+            raise _Spinning
+
+    def _look(self, now: float) -> None:
+        self._count()
+        super()._look(now)
+
+    def _dispatch(self, now: float, *args: object) -> None:
+        self._count()
+        super()._dispatch(now, *args)  # type: ignore[arg-type]
+
+
+def test_the_bound_is_reached_where_the_clock_rounds_below_it() -> None:
+    # In virtual time, held from 1019.6758356529996 with a 300 s bound, the timer wakes at
+    # 1319.6758356529995: since + bound - now is 0.0, yet now - since is one unit short
+    # of 300. The timer then slept 0 s again and again at a clock that never moved (a
+    # replay at N = 96 spun there for minutes).
+    from agentrt.bench._clock import VirtualTimeLoop
+
+    since = 1019.6758356529996
+    assert since + 300.0 - 1319.6758356529995 == 0.0 and 1319.6758356529995 - since < 300.0
+    got: list[tuple[int, bool]] = []
+
+    async def main() -> None:
+        kv = WorkingSet(1000)
+        running(kv, "a", 900)
+        running(kv, "b", 900)
+        settings = LoadControl(max_hold_s=300.0, watermark=1.0, tick_s=1.0)
+        g = _Bounded([kv], lambda i: True, settings, anyio.current_time)
+        await anyio.sleep(since - anyio.current_time())
+        assert anyio.current_time() == since
+        grant = await g.admit("b", 0, 900)
+        got.append((grant.replica, grant.forced))
+
+    anyio.run(main, backend_options={"loop_factory": VirtualTimeLoop})
+    assert got == [(0, True)]
+
+
 async def test_a_cancelled_hold_leaves_no_waiter() -> None:
     g, (kv,) = gate(1000)
     running(kv, "a", 900)

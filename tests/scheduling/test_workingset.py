@@ -59,6 +59,48 @@ def test_demand_weighs_sessions_by_when_they_wake() -> None:
     assert kv.sessions == 3 and kv.tokens() == 3400
 
 
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["start", "finish", "admit", "hold", "leave"]),
+            st.sampled_from("abcd"),
+            st.integers(1, 5000),
+            st.sampled_from([None, 5.0, 29.0, 31.0, 400.0]),
+            st.sampled_from([0.0, 0.5, 7.0, 40.0]),
+            st.sampled_from([None, "a", "b", "e"]),
+        ),
+        max_size=40,
+    )
+)
+def test_the_kept_demand_is_the_one_worked_out_afresh(
+    steps: list[tuple[str, str, int, float | None, float, str | None]],
+) -> None:
+    # Load control asks each replica's demand at every look: it is kept while nothing
+    # changes and every live session weighs fully, and must equal a fresh sum exactly
+    # (a look's decisions compare it with token counts).
+    kv = WorkingSet(10_000, horizon_s=30.0)
+    now = 0.0
+    for op, sid, tokens, wait, dt, exclude in steps:
+        now += dt
+        if op == "start":
+            kv.start(sid, tokens)
+        elif op == "finish":
+            kv.finish(sid, tokens, None if wait is None else now + wait)
+        elif op == "admit":
+            kv.admit(sid, tokens)
+        elif op == "hold":
+            kv.hold(sid)
+        else:
+            kv.leave(sid)
+        kv.demand(now)  # kept from now on, where it may be
+        for ex in (None, exclude):
+            for t in (now, now + dt):
+                kept = kv.demand(t, ex)
+                saved, kv._demand = kv._demand, None
+                assert kept == kv.demand(t, ex)  # worked out afresh
+                kv._demand = saved
+
+
 def test_an_eviction_teaches_the_capacity_and_hits_give_it_back() -> None:
     kv = WorkingSet()  # nothing known
     kv.observe(distance=5000, previous=2000, cached=0)  # evicted: held at most 5000
