@@ -233,7 +233,7 @@ async def run_agent(
 ) -> tuple[str, agentrt.JobReport]:
     """Run the assistant once; its answer and the job's report."""
     llm = model(rt, model_name)
-    callbacks = [instrument(rt)]
+    callbacks: list[Callbacks] = [instrument(rt)]
 
     async def word_count(path: str) -> str:
         """Count the words of a local text file."""

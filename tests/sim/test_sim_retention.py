@@ -208,8 +208,10 @@ def test_eviction_cost_does_not_grow_with_the_retained_sessions() -> None:
             assert kv.allocate(2)
         return (time.perf_counter() - t0) / sessions
 
-    small = min(per_eviction(2_000) for _ in range(3))
-    large = min(per_eviction(20_000) for _ in range(3))
+    # Interleaved, the best of five each: a busy machine slows both sizes alike.
+    rounds = [(per_eviction(2_000), per_eviction(20_000)) for _ in range(5)]
+    small = min(r[0] for r in rounds)
+    large = min(r[1] for r in rounds)
     assert large < 3 * small, (small, large)
 
 
