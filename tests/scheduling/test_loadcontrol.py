@@ -4,6 +4,8 @@ longest held, never past the bound."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import anyio
 import pytest
 
@@ -24,6 +26,16 @@ def gate(
     up = set(range(len(shadows))) if healthy is None else healthy
     settings = LoadControl(max_hold_s=max_hold_s, watermark=1.0, tick_s=0.01)
     return Gate(shadows, lambda i: i in up, settings, anyio.current_time), shadows
+
+
+def resumer(g: Gate, order: list[str]) -> Callable[[str, int], Awaitable[None]]:
+    """A task that resumes ``sid`` at replica 0 and notes when it went on."""
+
+    async def resume(sid: str, tokens: int) -> None:
+        await g.admit(sid, 0, tokens)
+        order.append(sid)
+
+    return resume
 
 
 def running(shadow: WorkingSet, sid: str, tokens: int) -> None:
@@ -163,10 +175,7 @@ async def test_a_session_held_past_half_the_bound_reserves_its_replica() -> None
     running(kv, "x", 700)
     running(kv, "big", 800)
     order: list[str] = []
-
-    async def resume(sid: str, tokens: int) -> None:
-        await g.admit(sid, 0, tokens)
-        order.append(sid)
+    resume = resumer(g, order)
 
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
@@ -176,6 +185,35 @@ async def test_a_session_held_past_half_the_bound_reserves_its_replica() -> None
             tg.start_soon(resume, "small", 250)  # would fit beside x, but big waits longer
     assert order[0] == "big"  # forced at the bound, then small
     assert g.stats.forced >= 1
+
+
+async def test_a_resident_session_does_not_take_the_room_a_longer_held_one_reserved() -> None:
+    # "old" (evicted) is held past half the bound: it reserves replica 0. "young"
+    # (resident, held briefly) would go first in a pass; it must not take the room
+    # old claims there, as on arrival it would not.
+    g, (kv,) = gate(1000, max_hold_s=2.0)
+    running(kv, "old", 700)
+    running(kv, "x", 700)
+    running(kv, "young", 400)  # ran last: resident; old is evicted
+    order: list[str] = []
+    resume = resumer(g, order)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(resume, "old", 700)
+            await anyio.sleep(1.05)  # old is past half the bound
+            tg.start_soon(resume, "young", 400)
+            await anyio.sleep(0.03)
+            assert order == [] and g.held == 2
+            kv.finish("x", 700, FAR)  # 1,000 of room: one of them fits, not both
+            g.changed()
+            await anyio.sleep(0.03)
+            assert order == ["old"]  # old's claim first; young does not fit beside it
+            assert g.stats.forced == 0
+            kv.leave("old")
+            g.changed()
+    assert order == ["old", "young"]
+    assert g.stats.forced == 0
 
 
 async def test_a_first_turn_held_past_half_the_bound_reserves_only_one_replica() -> None:
