@@ -172,6 +172,7 @@ async def test_a_resident_session_resumes_before_an_older_evicted_one() -> None:
 
 async def test_a_session_held_past_half_the_bound_reserves_its_replica() -> None:
     g, (kv,) = gate(1000, max_hold_s=1.0)
+    running(kv, "small", 250)  # ran first: evicted since (a resident one goes on)
     running(kv, "x", 700)
     running(kv, "big", 800)
     order: list[str] = []
@@ -181,39 +182,32 @@ async def test_a_session_held_past_half_the_bound_reserves_its_replica() -> None
         async with anyio.create_task_group() as tg:
             tg.start_soon(resume, "big", 800)
             await anyio.sleep(0.6)  # past half the bound
-            running(kv, "small", 250)
             tg.start_soon(resume, "small", 250)  # would fit beside x, but big waits longer
     assert order[0] == "big"  # forced at the bound, then small
     assert g.stats.forced >= 1
 
 
-async def test_a_resident_session_does_not_take_the_room_a_longer_held_one_reserved() -> None:
-    # "old" (evicted) is held past half the bound: it reserves replica 0. "young"
-    # (resident, held briefly) would go first in a pass; it must not take the room
-    # old claims there, as on arrival it would not.
+async def test_a_resident_resume_is_held_back_by_room_not_by_a_reservation() -> None:
+    # "big" is held past half the bound: it reserves replica 0. "small" ran last (its
+    # context is resident) and fits beside x: it goes on at once, on arrival as in a
+    # pass (held, its context would age out), and big is held until room or the bound.
     g, (kv,) = gate(1000, max_hold_s=2.0)
-    running(kv, "old", 700)
     running(kv, "x", 700)
-    running(kv, "young", 400)  # ran last: resident; old is evicted
+    running(kv, "big", 800)
     order: list[str] = []
-    resume = resumer(g, order)
 
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(resume, "old", 700)
-            await anyio.sleep(1.05)  # old is past half the bound
-            tg.start_soon(resume, "young", 400)
-            await anyio.sleep(0.03)
-            assert order == [] and g.held == 2
-            kv.finish("x", 700, FAR)  # 1,000 of room: one of them fits, not both
+            tg.start_soon(resumer(g, order), "big", 800)
+            await anyio.sleep(1.05)  # big is past half the bound
+            running(kv, "small", 250)
+            grant = await g.admit("small", 0, 250)
+            assert (grant.replica, grant.held_s, grant.forced) == (0, 0.0, False)
+            assert order == [] and g.held == 1  # big still waits for its room
+            kv.leave("x")
+            kv.finish("small", 250, FAR)
             g.changed()
-            await anyio.sleep(0.03)
-            assert order == ["old"]  # old's claim first; young does not fit beside it
-            assert g.stats.forced == 0
-            kv.leave("old")
-            g.changed()
-    assert order == ["old", "young"]
-    assert g.stats.forced == 0
+    assert order == ["big"] and g.stats.forced == 0
 
 
 async def test_a_first_turn_held_past_half_the_bound_reserves_only_one_replica() -> None:
