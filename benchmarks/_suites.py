@@ -195,6 +195,7 @@ SUITES: Final = (
                 "K runtimes on one embedded cluster, in virtual time",
                 "fleet_coding.json",
                 "fleet_claude_code.json",
+                "fleet_load_control.json",
                 module="_fleet",
             ),
             _p(

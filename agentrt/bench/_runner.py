@@ -184,6 +184,11 @@ class ClientResult:
     call_imbalance: float | None = None
     """On the embedded engine: the replica that served the most calls, over the mean (beside
     ``load_imbalance``, the same for busy time)."""
+    load_control: dict[str, Any] | None = None
+    """On the embedded engine, an agentrt client with load control on: ``held`` (tool
+    boundaries at which a session was held), ``held_s`` (seconds held in all),
+    ``hold_max_s`` (the longest hold) and ``forced_resumes`` (holds ended by the bound),
+    summed over a fleet's members."""
 
 
 @dataclass(slots=True)
@@ -325,6 +330,7 @@ def _summarize(
     fleet: int = 1,
     replicas: list[dict[str, float]] | None = None,
     kv_view: dict[str, Any] | None = None,
+    load_control: dict[str, Any] | None = None,
 ) -> ClientResult:
     ok = [r for r in results if r.status == "ok"]
     jcts = [r.jct_s for r in ok]
@@ -377,6 +383,7 @@ def _summarize(
         replicas=replicas,
         call_imbalance=_imbalance([r["calls"] for r in replicas]) if replicas else None,
         kv_view=kv_view,
+        load_control=load_control,
     )
 
 
@@ -643,16 +650,27 @@ async def _client(
         view = viewer.result() if viewer is not None else None
         replicas = _replica_figures(cluster, results)
         peer = cluster.gateway.policy.stats() if cluster.gateway is not None else None
-        if peer is None and isinstance(lone, AgentrtDriver):
-            held = lone.runtime.load_statistics()  # agentrt's own load control
-            if held is not None:
-                peer = {
-                    "held": held.holds,
-                    "hold_max_s": held.longest_s,
-                    "held_s": held.held_s,
-                    "forced_resumes": held.forced,
-                }
+        if peer is None:
+            peer = _load_control(driver)  # agentrt's own, summed over a fleet's members
     return ClientRun(results, makespan, stats, kv, replicas, view, peer)
+
+
+def _load_control(driver: object) -> dict[str, Any] | None:
+    """What agentrt's load control did (holds, seconds held, the longest hold, forced
+    resumes), summed over a fleet's members; None where no member had it on."""
+    members = driver.members if isinstance(driver, Fleet) else [driver]
+    out: dict[str, Any] | None = None
+    for member in members:
+        held = member.runtime.load_statistics() if isinstance(member, AgentrtDriver) else None
+        if held is None:
+            continue
+        if out is None:
+            out = {"held": 0, "hold_max_s": 0.0, "held_s": 0.0, "forced_resumes": 0}
+        out["held"] += held.holds
+        out["hold_max_s"] = max(out["hold_max_s"], held.longest_s)
+        out["held_s"] += held.held_s
+        out["forced_resumes"] += held.forced
+    return out
 
 
 def replay_part(
@@ -683,7 +701,8 @@ def sim_clients(cfg: BenchConfig, parts: dict[int, PartResult]) -> list[ClientRe
     for index, journal in enumerate(journal_paths(cfg)):
         run = parts[index]
         assert isinstance(run, ClientRun)
-        name = ClientSpec.parse(cfg.clients[index]).name
+        spec = ClientSpec.parse(cfg.clients[index])
+        name = spec.name
         out.append(
             _summarize(
                 name,
@@ -696,6 +715,7 @@ def sim_clients(cfg: BenchConfig, parts: dict[int, PartResult]) -> list[ClientRe
                 cfg.fleet,
                 run.replicas,
                 run.view,
+                None if spec.gateway else run.peer,
             )
         )
     return out

@@ -258,3 +258,16 @@ def test_fleet_options_reach_parallel_replays() -> None:
     (there,) = run_study([cfg], workers=2)
     assert [summary(c) for c in there.clients] == [summary(c) for c in here.clients]
     assert there.config["fleet"] == 2 and there.clients[0].fleet == 2
+
+
+def test_a_fleets_load_control_counters_are_summed_over_its_members() -> None:
+    cfg = small(
+        jobs=8,
+        fleet=2,
+        clients=("agentrt:defaults", "agentrt:defaults,load_control=off", "plain"),
+    )
+    on, off, plain = run_bench(cfg, workers=1).clients
+    assert on.load_control is not None
+    assert set(on.load_control) == {"held", "held_s", "hold_max_s", "forced_resumes"}
+    assert on.load_control["held"] >= on.load_control["forced_resumes"] >= 0
+    assert off.load_control is None and plain.load_control is None

@@ -102,7 +102,8 @@ def config(name: str, stream_interval: int = RECORDED_STREAM_INTERVAL) -> BenchC
 def canonical(result: BenchResult) -> dict[str, Any]:
     """What must not change: the call count and every client's summary (its journal's
     path aside, and the router's view of the KV sampled beside it: bench/_view.py, a
-    measurement of the replay added since, which moves nothing in it; so is each job
+    measurement of the replay added since, which moves nothing in it, as are load
+    control's counters; so is each job
     row's ``error``, the failed job's reason, and the call latency's p90, added since
     too)."""
     clients = []
@@ -110,6 +111,7 @@ def canonical(result: BenchResult) -> dict[str, Any]:
         row = asdict(c)
         row.pop("journal", None)
         row.pop("kv_view", None)
+        row.pop("load_control", None)
         row["call_latency"].pop("p90", None)
         for job in row["job_rows"]:
             job.pop("error", None)

@@ -4,6 +4,8 @@ longest held, never past the bound."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import anyio
 import pytest
 
@@ -24,6 +26,16 @@ def gate(
     up = set(range(len(shadows))) if healthy is None else healthy
     settings = LoadControl(max_hold_s=max_hold_s, watermark=1.0, tick_s=0.01)
     return Gate(shadows, lambda i: i in up, settings, anyio.current_time), shadows
+
+
+def resumer(g: Gate, order: list[str]) -> Callable[[str, int], Awaitable[None]]:
+    """A task that resumes ``sid`` at replica 0 and notes when it went on."""
+
+    async def resume(sid: str, tokens: int) -> None:
+        await g.admit(sid, 0, tokens)
+        order.append(sid)
+
+    return resume
 
 
 def running(shadow: WorkingSet, sid: str, tokens: int) -> None:
@@ -160,22 +172,42 @@ async def test_a_resident_session_resumes_before_an_older_evicted_one() -> None:
 
 async def test_a_session_held_past_half_the_bound_reserves_its_replica() -> None:
     g, (kv,) = gate(1000, max_hold_s=1.0)
+    running(kv, "small", 250)  # ran first: evicted since (a resident one goes on)
     running(kv, "x", 700)
     running(kv, "big", 800)
     order: list[str] = []
-
-    async def resume(sid: str, tokens: int) -> None:
-        await g.admit(sid, 0, tokens)
-        order.append(sid)
+    resume = resumer(g, order)
 
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             tg.start_soon(resume, "big", 800)
             await anyio.sleep(0.6)  # past half the bound
-            running(kv, "small", 250)
             tg.start_soon(resume, "small", 250)  # would fit beside x, but big waits longer
     assert order[0] == "big"  # forced at the bound, then small
     assert g.stats.forced >= 1
+
+
+async def test_a_resident_resume_is_held_back_by_room_not_by_a_reservation() -> None:
+    # "big" is held past half the bound: it reserves replica 0. "small" ran last (its
+    # context is resident) and fits beside x: it goes on at once, on arrival as in a
+    # pass (held, its context would age out), and big is held until room or the bound.
+    g, (kv,) = gate(1000, max_hold_s=2.0)
+    running(kv, "x", 700)
+    running(kv, "big", 800)
+    order: list[str] = []
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(resumer(g, order), "big", 800)
+            await anyio.sleep(1.05)  # big is past half the bound
+            running(kv, "small", 250)
+            grant = await g.admit("small", 0, 250)
+            assert (grant.replica, grant.held_s, grant.forced) == (0, 0.0, False)
+            assert order == [] and g.held == 1  # big still waits for its room
+            kv.leave("x")
+            kv.finish("small", 250, FAR)
+            g.changed()
+    assert order == ["big"] and g.stats.forced == 0
 
 
 async def test_a_first_turn_held_past_half_the_bound_reserves_only_one_replica() -> None:
