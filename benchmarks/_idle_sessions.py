@@ -19,7 +19,11 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
-import httpx2
+
+try:  # the HTTP library agentrt runs on: httpx2 under openai 3.x, httpx under 2.x
+    import httpx2
+except ImportError:
+    import httpx as httpx2  # type: ignore[no-redef]
 from openai.types.chat import ChatCompletionMessageParam
 
 import agentrt

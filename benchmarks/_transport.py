@@ -34,7 +34,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx2
+
+try:  # the HTTP library agentrt runs on: httpx2 under openai 3.x, httpx under 2.x
+    import httpx2
+except ImportError:
+    import httpx as httpx2  # type: ignore[no-redef]
 
 import agentrt
 from agentrt.telemetry import Event
