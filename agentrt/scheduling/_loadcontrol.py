@@ -211,8 +211,12 @@ class Gate:
 
     def _rooms(self, now: float, exclude: str | None = None) -> list[tuple[float, bool] | None]:
         """Each replica's room (tokens its live working set leaves under the watermark,
-        ``exclude``'s context left out) and whether nothing lives there; None where its
-        capacity is unknown (it is not gated)."""
+        ``exclude``'s context left out) and whether it is *idle*: nothing lives there,
+        or no call runs there (none of this process's in flight or admitted, and none
+        of other clients' that the engine shows). An idle replica takes one session
+        whatever the room (work conservation: sleeping sessions' demand never keeps a
+        replica idle while sessions are held for it); None where its capacity is
+        unknown (it is not gated)."""
         out: list[tuple[float, bool] | None] = []
         watermark, host = self.settings.watermark, self.settings.host_weight
         for shadow in self._shadows:
@@ -224,7 +228,8 @@ class Gate:
             # requests hold there as the engine reports it (0 where this process is alone).
             demand = shadow.demand(now, exclude) + shadow.others_tokens()
             room = (capacity + host * shadow.host_tokens) * watermark - demand
-            out.append((room, demand <= 0.0))
+            idle = demand <= 0.0 or (shadow.busy_tokens() == 0 and shadow.others_tokens() <= 0.0)
+            out.append((room, idle))
         return out
 
     def _up(self) -> list[bool]:
