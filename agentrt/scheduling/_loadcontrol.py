@@ -14,7 +14,13 @@ learned) and when it ends, and it sends every resume. :class:`Gate` uses them:
   working set there: the sessions running or due to wake within the horizon
   (``WorkingSet.demand``; a session waking later weighs in proportion). Otherwise the
   session is *held*: it counts in no demand (its KV ages out, or is released where the
-  engine takes a directive) until there is room again.
+  engine takes a directive) until there is room again. A sleeping session whose context
+  is already evicted counts in no demand either (nothing of it is left to keep).
+* **Work conservation.** A replica with no call in flight (none of this process's, none
+  of other clients' that the engine shows) takes one held session (or first turn)
+  whatever the room: the demand of sessions in tool waits never keeps a replica idle
+  while sessions are held for it, as an OS's load control never idles the processor
+  while processes are suspended. Every call's end looks again.
 * **First turns** of new sessions are admitted only where there is room: on the replica
   with the most, which placement then keeps them on.
 * **Resume order**: a held session whose context is still resident there first (it is

@@ -141,9 +141,9 @@ class WorkingSet:
         self._version = 0
         """Bumped on every change of the sessions or the learned capacity
         (:attr:`version`)."""
-        self._demand: tuple[tuple[int, int, float | None], float, float, frozenset[str]] | None = (
-            None
-        )
+        self._demand: (
+            tuple[tuple[int, int, float | None, int], float, float, frozenset[str]] | None
+        ) = None
         """(version, since, demand): :meth:`demand` with nobody left out, kept while
         nothing changes from ``since`` on (only where no live session weighs in part:
         then later times give the same figure)."""
@@ -248,7 +248,12 @@ class WorkingSet:
         evicted (:meth:`evicted`): there is nothing of theirs left to keep, and their
         next call recomputes it wherever it goes."""
         exact = self.exact
-        key = (self._version, -1 if exact is None else exact.events, self.capacity_tokens)
+        key = (
+            self._version,
+            -1 if exact is None else exact.events,
+            self.capacity_tokens,
+            self.host_tokens,
+        )
         cached = self._demand
         if cached is not None and cached[0] == key and now >= cached[1]:
             # Nothing changed and every live session weighed fully then: it still does
@@ -279,9 +284,15 @@ class WorkingSet:
         """The sessions without a call in flight here whose context is likely evicted
         already (under half of it resident, by :meth:`resident`'s rule), worked out for
         all of them in one pass: none while neither the capacity nor the engine's
-        events are known."""
+        events are known. A host tier holds what the accelerator evicts (it comes back
+        at a reload's cost): there a context is gone only once it would have left both,
+        by the estimate (the events tell the accelerator's cache alone)."""
         capacity = self.capacity_tokens
         exact = self.exact
+        if self.host_tokens > 0:
+            exact = None
+            if capacity is not None:
+                capacity += self.host_tokens
         if capacity is None and exact is None:
             return frozenset()
         sessions = self._sessions

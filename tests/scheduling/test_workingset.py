@@ -75,6 +75,8 @@ def test_a_sleeping_session_whose_context_is_evicted_weighs_nothing() -> None:
     kv.start("old", 600)  # in flight again, it weighs fully, and pushes x out
     assert kv.evicted() == {"x"} and kv.demand(0.0) == 900.0
     assert WorkingSet().evicted() == set()  # no capacity: nothing is known evicted
+    kv.host_tokens = 1000  # a host tier keeps what the accelerator evicts: x comes back
+    assert kv.evicted() == set() and kv.demand(0.0) == 1400.0
 
 
 @given(
