@@ -14,7 +14,13 @@ learned) and when it ends, and it sends every resume. :class:`Gate` uses them:
   working set there: the sessions running or due to wake within the horizon
   (``WorkingSet.demand``; a session waking later weighs in proportion). Otherwise the
   session is *held*: it counts in no demand (its KV ages out, or is released where the
-  engine takes a directive) until there is room again.
+  engine takes a directive) until there is room again. A sleeping session whose context
+  is already evicted counts in no demand either (nothing of it is left to keep).
+* **Work conservation.** A replica with no call in flight (none of this process's, none
+  of other clients' that the engine shows) takes one held session (or first turn)
+  whatever the room: the demand of sessions in tool waits never keeps a replica idle
+  while sessions are held for it, as an OS's load control never idles the processor
+  while processes are suspended. Every call's end looks again.
 * **First turns** of new sessions are admitted only where there is room: on the replica
   with the most, which placement then keeps them on.
 * **Resume order**: a held session whose context is still resident there first (it is
@@ -211,8 +217,12 @@ class Gate:
 
     def _rooms(self, now: float, exclude: str | None = None) -> list[tuple[float, bool] | None]:
         """Each replica's room (tokens its live working set leaves under the watermark,
-        ``exclude``'s context left out) and whether nothing lives there; None where its
-        capacity is unknown (it is not gated)."""
+        ``exclude``'s context left out) and whether it is *idle*: nothing lives there,
+        or no call runs there (none of this process's in flight or admitted, and none
+        of other clients' that the engine shows). An idle replica takes one session
+        whatever the room (work conservation: sleeping sessions' demand never keeps a
+        replica idle while sessions are held for it); None where its capacity is
+        unknown (it is not gated)."""
         out: list[tuple[float, bool] | None] = []
         watermark, host = self.settings.watermark, self.settings.host_weight
         for shadow in self._shadows:
@@ -224,7 +234,8 @@ class Gate:
             # requests hold there as the engine reports it (0 where this process is alone).
             demand = shadow.demand(now, exclude) + shadow.others_tokens()
             room = (capacity + host * shadow.host_tokens) * watermark - demand
-            out.append((room, demand <= 0.0))
+            idle = demand <= 0.0 or (shadow.busy_tokens() == 0 and shadow.others_tokens() <= 0.0)
+            out.append((room, idle))
         return out
 
     def _up(self) -> list[bool]:

@@ -141,7 +141,9 @@ class WorkingSet:
         self._version = 0
         """Bumped on every change of the sessions or the learned capacity
         (:attr:`version`)."""
-        self._demand: tuple[int, float, float] | None = None
+        self._demand: (
+            tuple[tuple[int, int, float | None, int], float, float, frozenset[str]] | None
+        ) = None
         """(version, since, demand): :meth:`demand` with nobody left out, kept while
         nothing changes from ``since`` on (only where no live session weighs in part:
         then later times give the same figure)."""
@@ -242,21 +244,31 @@ class WorkingSet:
     def demand(self, now: float, exclude: str | None = None) -> float:
         """Tokens the live sessions here will want cached soon: each session's context
         weighted by how soon it sends (module docstring); sessions held by load control
-        and ``exclude`` left out."""
+        and ``exclude`` left out, and so are sleeping sessions whose context is already
+        evicted (:meth:`evicted`): there is nothing of theirs left to keep, and their
+        next call recomputes it wherever it goes."""
+        exact = self.exact
+        key = (
+            self._version,
+            -1 if exact is None else exact.events,
+            self.capacity_tokens,
+            self.host_tokens,
+        )
         cached = self._demand
-        if cached is not None and cached[0] == self._version and now >= cached[1]:
+        if cached is not None and cached[0] == key and now >= cached[1]:
             # Nothing changed and every live session weighed fully then: it still does
             # (a session due by then stays due), and the figure is a sum of integers, so
             # leaving one out is exact.
             f = None if exclude is None else self._sessions.get(exclude)
-            if f is None or f.held:
+            if f is None or f.held or exclude in cached[3]:
                 return cached[2]
             return cached[2] - f.tokens
         horizon = self.horizon_s
+        gone = self.evicted()
         total = 0.0
         partial = False
         for sid, f in self._sessions.items():
-            if f.held or sid == exclude:
+            if f.held or sid == exclude or sid in gone:
                 continue
             wake = f.wake_at
             if f.busy or wake is None or wake - now <= horizon:
@@ -265,8 +277,44 @@ class WorkingSet:
                 total += f.tokens * horizon / (wake - now)
                 partial = True
         if exclude is None and not partial:
-            self._demand = (self._version, now, total)
+            self._demand = (key, now, total, gone)
         return total
+
+    def evicted(self) -> frozenset[str]:
+        """The sessions without a call in flight here whose context is likely evicted
+        already (under half of it resident, by :meth:`resident`'s rule), worked out for
+        all of them in one pass: none while neither the capacity nor the engine's
+        events are known. A host tier holds what the accelerator evicts (it comes back
+        at a reload's cost): there a context is gone only once it would have left both,
+        by the estimate (the events tell the accelerator's cache alone)."""
+        capacity = self.capacity_tokens
+        exact = self.exact
+        if self.host_tokens > 0:
+            exact = None
+            if capacity is not None:
+                capacity += self.host_tokens
+        if capacity is None and exact is None:
+            return frozenset()
+        sessions = self._sessions
+        busy = sum(f.tokens for f in sessions.values() if f.busy)
+        out: list[str] = []
+        later = 0  # tokens of the idle sessions touched after this one
+        idle = sorted(
+            ((sid, f) for sid, f in sessions.items() if not f.busy),
+            key=lambda item: -item[1].touched,
+        )
+        for sid, f in idle:
+            resident: int | None = None
+            if exact is not None:
+                known = exact.resident(sid)
+                if known is not None:
+                    resident = min(known, f.tokens)
+            if resident is None and capacity is not None:
+                resident = int(min(max(capacity - busy - later, 0.0), float(f.tokens)))
+            if resident is not None and 2 * resident < f.tokens:
+                out.append(sid)
+            later += f.tokens
+        return frozenset(out)
 
     def context(self, session_id: str) -> int:
         """The session's context tokens here (0 if it holds none)."""

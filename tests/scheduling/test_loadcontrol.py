@@ -44,6 +44,12 @@ def running(shadow: WorkingSet, sid: str, tokens: int) -> None:
     shadow.finish(sid, tokens, None)
 
 
+def calling(shadow: WorkingSet, sid: str, tokens: int) -> None:
+    """``sid`` holds ``tokens`` on ``shadow`` with a call in flight (a replica with no
+    call in flight takes a held session whatever the room)."""
+    shadow.start(sid, tokens)
+
+
 async def test_a_session_that_fits_goes_on_at_once_at_home() -> None:
     g, (kv,) = gate(1000)
     running(kv, "a", 400)
@@ -55,8 +61,8 @@ async def test_a_session_that_fits_goes_on_at_once_at_home() -> None:
 
 async def test_a_session_without_room_is_held_until_another_leaves() -> None:
     g, (kv,) = gate(1000)
-    running(kv, "a", 600)
-    running(kv, "b", 600)  # the replica is overcommitted: 1,200 of 1,000
+    running(kv, "b", 600)
+    calling(kv, "a", 600)  # the replica is overcommitted: 1,200 of 1,000
     got: list[tuple[int, bool]] = []
 
     async def resume_b() -> None:
@@ -78,6 +84,35 @@ async def test_a_session_without_room_is_held_until_another_leaves() -> None:
     assert 0.04 <= g.stats.longest_s < 1.0
 
 
+async def test_a_replica_with_no_call_in_flight_takes_a_held_session() -> None:
+    # Work conservation: sleeping sessions due back soon fill the room, yet once no
+    # call runs on the replica the held session goes on (before, it waited for the
+    # bound while the replica sat idle).
+    g, (kv,) = gate(1000, max_hold_s=60.0)
+    running(kv, "b", 500)
+    running(kv, "a", 300)  # due back soon: weighs fully
+    calling(kv, "c", 400)
+    got: list[tuple[int, bool]] = []
+
+    async def resume_b() -> None:
+        grant = await g.admit("b", 0, 500)
+        got.append((grant.replica, grant.forced))
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(resume_b)
+            await anyio.sleep(0.05)
+            assert not got and g.held == 1  # 700 live beside a call in flight: no room
+            kv.finish("c", 400, None)  # c's call ended; due back soon, it still weighs
+            assert kv.demand(anyio.current_time(), "b") == 700.0
+            g.changed()
+    assert got == [(0, False)] and g.stats.forced == 0
+    # b's call now runs there: a's resume waits for room, or for the replica to idle.
+    with anyio.move_on_after(0.05):
+        await g.admit("a", 0, 300)
+    assert g.stats.holds == 2
+
+
 async def test_a_sleeping_session_waking_past_the_horizon_leaves_room() -> None:
     g, (kv,) = gate(1000)
     kv.start("a", 900)
@@ -87,8 +122,8 @@ async def test_a_sleeping_session_waking_past_the_horizon_leaves_room() -> None:
 
 async def test_the_bound_forces_a_held_session_on() -> None:
     g, (kv,) = gate(1000, max_hold_s=0.1)
-    running(kv, "a", 900)
     running(kv, "b", 900)
+    calling(kv, "a", 900)
     with anyio.fail_after(2):
         assert (await g.admit("b", 0, 900))[::2] == (0, True)
     assert g.stats.forced == 1
@@ -121,7 +156,7 @@ async def test_a_session_alone_on_its_replica_always_fits() -> None:
 
 async def test_a_new_session_queues_behind_held_ones() -> None:
     g, (kv,) = gate(1000)
-    running(kv, "a", 800)
+    calling(kv, "a", 800)
     order: list[str] = []
 
     async def first_turn(sid: str) -> None:
@@ -147,8 +182,8 @@ async def test_a_resident_session_resumes_before_an_older_evicted_one() -> None:
     g, (kv,) = gate(1000)
     # "old" ran first, then a lot ran after it: its context is evicted (LRU).
     running(kv, "old", 700)
-    running(kv, "x", 700)
     running(kv, "young", 400)  # ran last: resident
+    calling(kv, "x", 700)
     order: list[str] = []
 
     async def resume(sid: str, tokens: int) -> None:
@@ -173,8 +208,8 @@ async def test_a_resident_session_resumes_before_an_older_evicted_one() -> None:
 async def test_a_session_held_past_half_the_bound_reserves_its_replica() -> None:
     g, (kv,) = gate(1000, max_hold_s=1.0)
     running(kv, "small", 250)  # ran first: evicted since (a resident one goes on)
-    running(kv, "x", 700)
     running(kv, "big", 800)
+    calling(kv, "x", 700)
     order: list[str] = []
     resume = resumer(g, order)
 
@@ -192,8 +227,8 @@ async def test_a_resident_resume_is_held_back_by_room_not_by_a_reservation() -> 
     # context is resident) and fits beside x: it goes on at once, on arrival as in a
     # pass (held, its context would age out), and big is held until room or the bound.
     g, (kv,) = gate(1000, max_hold_s=2.0)
-    running(kv, "x", 700)
     running(kv, "big", 800)
+    calling(kv, "x", 700)
     order: list[str] = []
 
     with anyio.fail_after(10):
@@ -214,9 +249,9 @@ async def test_a_first_turn_held_past_half_the_bound_reserves_only_one_replica()
     # A session with no home to wait for reserves the replica it would take (the one
     # with the most room), not every replica: sessions elsewhere go on meanwhile.
     g, (k0, k1) = gate(1000, 1000, max_hold_s=2.0)
-    running(k0, "a", 800)  # 200 of room: the most
-    running(k1, "b", 900)
+    calling(k0, "a", 800)  # 200 of room: the most
     running(k1, "c", 50)
+    calling(k1, "b", 900)
     got: list[tuple[int, float, bool]] = []
 
     with anyio.fail_after(10):
@@ -246,9 +281,9 @@ async def test_the_timer_looks_again_only_once_something_changed() -> None:
     settings = LoadControl(max_hold_s=60.0, watermark=1.0, tick_s=0.01)
     g = _Counting(shadows, lambda i: True, settings, anyio.current_time)
     kv = shadows[0]
-    running(kv, "a", 600)
     running(kv, "b", 600)
-    running(shadows[1], "x", 900)
+    calling(kv, "a", 600)
+    calling(shadows[1], "x", 900)
     got: list[int] = []
 
     async def resume_b() -> None:
@@ -305,8 +340,8 @@ def test_the_bound_is_reached_where_the_clock_rounds_below_it() -> None:
 
     async def main() -> None:
         kv = WorkingSet(1000)
-        running(kv, "a", 900)
         running(kv, "b", 900)
+        calling(kv, "a", 900)
         settings = LoadControl(max_hold_s=300.0, watermark=1.0, tick_s=1.0)
         g = _Bounded([kv], lambda i: True, settings, anyio.current_time)
         await anyio.sleep(since - anyio.current_time())
@@ -320,11 +355,11 @@ def test_the_bound_is_reached_where_the_clock_rounds_below_it() -> None:
 
 async def test_a_cancelled_hold_leaves_no_waiter() -> None:
     g, (kv,) = gate(1000)
-    running(kv, "a", 900)
     running(kv, "b", 900)
+    calling(kv, "a", 900)
     with anyio.move_on_after(0.05):
         await g.admit("b", 0, 900)
-    assert g.held == 0 and g.stats.held_now == 0
+    assert g.stats.holds == 1 and g.held == 0 and g.stats.held_now == 0
 
 
 async def test_a_down_home_resumes_where_there_is_room() -> None:
@@ -349,9 +384,9 @@ async def test_the_runtime_holds_a_session_whose_replica_is_full() -> None:
     from agentrt import Endpoint, Runtime
     from tests._fake import FakeEngine
 
-    fake = FakeEngine(prompt_tokens=550, completion_tokens=50)
+    fake = FakeEngine(prompt_tokens=550, completion_tokens=50, delay_s=0.3)
     url = "http://engine.test/v1"
-    b_ran = anyio.Event()
+    a_ran, b_runs = anyio.Event(), anyio.Event()
     rt = Runtime(
         [Endpoint(url, kv_capacity=1000)],
         transport=fake.transport(),
@@ -366,24 +401,27 @@ async def test_the_runtime_holds_a_session_whose_replica_is_full() -> None:
         async def a() -> None:
             async with rt.job("a") as job, job.session("main") as s:
                 await s.chat(model="m", messages=ask)
-                await b_ran.wait()  # b's context (600) now sits beside a's (600)
-                await s.chat(model="m", messages=ask)  # held until b's session ends
+                a_ran.set()
+                await b_runs.wait()
+                await anyio.sleep(0.05)  # b's call (600) now runs beside a's context (600)
+                await s.chat(model="m", messages=ask)  # held until b's call ends
 
         async def b() -> None:
             async with rt.job("b") as job, job.session("main") as s:
+                await a_ran.wait()
+                await s.chat(model="m", messages=ask)  # b's context: 600
+                b_runs.set()
+                # No call runs: the replica takes b whatever a's context leaves.
                 await s.chat(model="m", messages=ask)
-                b_ran.set()
-                await anyio.sleep(0.2)
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(a)
-            await anyio.sleep(0.05)
             tg.start_soon(b)
         del client
         reports = {r.name: r for r in rt.reports()}
         stats = rt.load_statistics()
     second = reports["a"].call_reports[1]
-    assert 0.1 <= second.held_s < 10.0  # b sleeps 0.2 s (a loaded machine: more)
+    assert 0.1 <= second.held_s < 10.0  # b's call takes 0.3 s (a loaded machine: more)
     assert reports["a"].held_s == second.held_s
     assert reports["b"].held_s == 0.0
     assert "held" in str(reports["a"])
@@ -409,8 +447,8 @@ async def test_load_control_off_holds_nothing() -> None:
 
 async def test_a_host_tier_counts_as_room_at_its_weight() -> None:
     g, (kv,) = gate(1000)
-    running(kv, "a", 900)
     running(kv, "b", 900)
+    calling(kv, "a", 900)
     with anyio.move_on_after(0.05):
         await g.admit("b", 0, 900)  # 1,800 of 1,000: held
     assert g.stats.holds == 1

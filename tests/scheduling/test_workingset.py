@@ -59,6 +59,26 @@ def test_demand_weighs_sessions_by_when_they_wake() -> None:
     assert kv.sessions == 3 and kv.tokens() == 3400
 
 
+def test_a_sleeping_session_whose_context_is_evicted_weighs_nothing() -> None:
+    # Its KV is gone already: nothing of it is left to keep, and its next call
+    # recomputes it wherever it goes (load control gates that call on its own).
+    kv = WorkingSet(1000, horizon_s=30.0)
+    kv.start("old", 600)
+    kv.finish("old", 600, None)  # due back soon
+    kv.start("x", 500)
+    kv.finish("x", 500, None)
+    kv.start("y", 300)  # in flight
+    # old: 800 touched since, 200 of its 600 left (under half): evicted
+    assert kv.resident("old") == 200 and kv.evicted() == {"old"}
+    assert kv.demand(0.0) == 800.0  # x and y; old weighs nothing
+    assert kv.demand(0.0, "x") == 300.0
+    kv.start("old", 600)  # in flight again, it weighs fully, and pushes x out
+    assert kv.evicted() == {"x"} and kv.demand(0.0) == 900.0
+    assert WorkingSet().evicted() == set()  # no capacity: nothing is known evicted
+    kv.host_tokens = 1000  # a host tier keeps what the accelerator evicts: x comes back
+    assert kv.evicted() == set() and kv.demand(0.0) == 1400.0
+
+
 @given(
     st.lists(
         st.tuples(
