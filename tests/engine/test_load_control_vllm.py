@@ -124,7 +124,10 @@ def test_load_control_holds_sessions_and_prefills_less_when_oversubscribed(
     assert all(c["held_s"] == 0.0 for c in off["calls_detail"]), figures
 
     # The sessions it let run kept their contexts cached: fewer uncached prompt tokens.
-    assert on["tokens"]["uncached"] < 0.8 * off["tokens"]["uncached"], figures
+    # Work conservation (a replica with no call in flight takes a held session) gives a
+    # little of that back for never idling a replica: 0.72-0.82x of the uncached tokens
+    # without load control in four runs on vLLM 0.32 CPU, against under 0.8x before.
+    assert on["tokens"]["uncached"] < 0.9 * off["tokens"]["uncached"], figures
 
     # It did not starve the replicas: it filled about the engine's figure (never a
     # collapsed learned one), let several calls run at once on a replica, and kept most
