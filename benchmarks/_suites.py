@@ -107,6 +107,7 @@ SUITES: Final = (
                 "steady_claude_code_oversub_waits.json",
                 "steady_claude_code_oversub_host.json",
                 "steady_claude_code_oversub_pressure.json",
+                "steady_claude_code_oversub_wc.json",
                 module="_steady_state",
             ),
             _p(
