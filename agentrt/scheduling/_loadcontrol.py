@@ -163,7 +163,7 @@ class _Waiter:
 class Gate:
     """Load control over the replicas' working sets (see the module docstring).
 
-    ``shadows[i]`` is replica ``i``'s working set (:class:`WorkingSet`), ``healthy(i)``
+    ``working_sets[i]`` is replica ``i``'s working set (:class:`WorkingSet`), ``healthy(i)``
     whether it answers, ``clock`` the event loop's time.
 
     Held sessions look for room whenever something frees some (:meth:`changed`: a call
@@ -184,21 +184,21 @@ class Gate:
         "_healthy",
         "_passes",
         "_seen",
-        "_shadows",
         "_timer",
         "_waiters",
+        "_working_sets",
         "settings",
         "stats",
     )
 
     def __init__(
         self,
-        shadows: Sequence[WorkingSet],
+        working_sets: Sequence[WorkingSet],
         healthy: Callable[[int], bool],
         settings: LoadControl,
         clock: Callable[[], float],
     ) -> None:
-        self._shadows = shadows
+        self._working_sets = working_sets
         self._healthy = healthy
         self.settings = settings
         self._clock = clock
@@ -225,22 +225,22 @@ class Gate:
         unknown (it is not gated)."""
         out: list[tuple[float, bool] | None] = []
         watermark, host = self.settings.watermark, self.settings.host_weight
-        for shadow in self._shadows:
-            capacity = shadow.gate_capacity
+        for ws in self._working_sets:
+            capacity = ws.gate_capacity
             if capacity is None:
                 out.append(None)
                 continue
             # Others': on a replica shared with other clients, what their running
             # requests hold there as the engine reports it (0 where this process is alone).
-            demand = shadow.demand(now, exclude) + shadow.others_tokens()
-            room = (capacity + host * shadow.host_tokens) * watermark - demand
-            idle = demand <= 0.0 or (shadow.busy_tokens() == 0 and shadow.others_tokens() <= 0.0)
+            demand = ws.demand(now, exclude) + ws.others_tokens()
+            room = (capacity + host * ws.host_tokens) * watermark - demand
+            idle = demand <= 0.0 or (ws.busy_tokens() == 0 and ws.others_tokens() <= 0.0)
             out.append((room, idle))
         return out
 
     def _up(self) -> list[bool]:
         """Each replica's health, read once for a pass."""
-        return [self._healthy(i) for i in range(len(self._shadows))]
+        return [self._healthy(i) for i in range(len(self._working_sets))]
 
     def _place(
         self,
@@ -279,15 +279,15 @@ class Gate:
     def _tokens(self, session_id: str, home: int | None, tokens: int) -> int:
         if home is None:
             return tokens
-        return max(tokens, self._shadows[home].context(session_id))
+        return max(tokens, self._working_sets[home].context(session_id))
 
     def _resident(self, session_id: str, home: int | None) -> bool:
         """Whether at least half the session's context is likely still cached at home."""
         if home is None:
             return False
-        shadow = self._shadows[home]
-        resident = shadow.resident(session_id)
-        return resident is not None and 2 * resident >= shadow.context(session_id) > 0
+        ws = self._working_sets[home]
+        resident = ws.resident(session_id)
+        return resident is not None and 2 * resident >= ws.context(session_id) > 0
 
     def _still_resident(self, w: _Waiter) -> bool:
         """Whether the held session's context may still be resident at home: worked out
@@ -297,9 +297,9 @@ class Gate:
         if not w.resident or home is None:
             w.resident = False
             return False
-        shadow = self._shadows[home]
-        exact = shadow.exact
-        key = (shadow.version, -1 if exact is None else exact.events)
+        ws = self._working_sets[home]
+        exact = ws.exact
+        key = (ws.version, -1 if exact is None else exact.events)
         if key != w.checked:
             w.checked = key
             w.resident = self._resident(w.session_id, home)
@@ -311,17 +311,17 @@ class Gate:
         and the engine's figures."""
         out: list[object] = []
         healthy = self._healthy
-        for i, shadow in enumerate(self._shadows):
-            exact = shadow.exact
+        for i, ws in enumerate(self._working_sets):
+            exact = ws.exact
             out.append(
                 (
-                    shadow.version,
+                    ws.version,
                     -1 if exact is None else exact.events,
                     healthy(i),
-                    shadow.capacity,
-                    shadow.host_tokens,
-                    shadow.engine_used,
-                    shadow.shared_at,
+                    ws.capacity,
+                    ws.host_tokens,
+                    ws.engine_used,
+                    ws.shared_at,
                 )
             )
         return tuple(out)
@@ -350,7 +350,7 @@ class Gate:
                 return Grant(index, 0.0, False)
         w = _Waiter(session_id, home, tokens, now)
         if home is not None:
-            self._shadows[home].hold(session_id)
+            self._working_sets[home].hold(session_id)
         self._waiters.append(w)
         self._dirty = True
         stats = self.stats
@@ -392,7 +392,7 @@ class Gate:
 
     def _grant(self, session_id: str, index: int, tokens: int) -> None:
         if index >= 0:
-            self._shadows[index].admit(session_id, tokens)
+            self._working_sets[index].admit(session_id, tokens)
 
     def _reserved(self, now: float, up: list[bool]) -> set[int]:
         """Replicas reserved for sessions held past half the bound: each its home, or,

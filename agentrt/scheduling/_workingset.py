@@ -209,7 +209,7 @@ class WorkingSet:
 
     @property
     def version(self) -> int:
-        """A number that changes whenever the shadow does (a session started, admitted,
+        """A number that changes whenever the working set does (a session started, admitted,
         held, finished or left; the learned capacity moved): with the same version and
         the same figures from outside (capacity, host tier, the engine's), what it says
         of its sessions only changes with the time (load control skips a look that
